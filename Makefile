@@ -1,0 +1,47 @@
+# tuvl: durable, agentic workflows inside PostgreSQL (PGXS build)
+
+EXTENSION = tuvl
+EXTVERSION = $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" tuvl.control)
+
+MODULE_big = tuvl
+OBJS = \
+	src/api.o \
+	src/executor.o \
+	src/journal.o \
+	src/jsonschema.o \
+	src/jsonutil.o \
+	src/launcher.o \
+	src/lease.o \
+	src/runtime.o \
+	src/spiutil.o \
+	src/step_sql.o \
+	src/template.o \
+	src/tuvl.o \
+	src/validate.o \
+	src/worker.o \
+	src/workflow.o \
+	src/yamlparse.o
+
+DATA = $(wildcard sql/tuvl--*.sql)
+DOCS = README.md
+
+# pg_regress: one file per area, inputs in sql/, outputs in expected/.
+REGRESS = version workflow template runs steps permissions
+REGRESS_OPTS = --load-extension=tuvl
+
+# Isolation specs live in test/specs, their outputs in test/expected.
+ISOLATION = claim fence
+ISOLATION_OPTS = --inputdir=test --load-extension=tuvl
+
+PG_CONFIG ?= pg_config
+
+PG_CPPFLAGS = -I$(srcdir)/src $(shell pkg-config --cflags libcurl yaml-0.1) \
+	-DTUVL_VERSION=\"$(EXTVERSION)\" -Wall -Wextra -Wno-unused-parameter \
+	-Wno-missing-field-initializers -Wno-sign-compare
+SHLIB_LINK = $(shell pkg-config --libs libcurl yaml-0.1)
+
+# LLVM bitcode is not needed and would pull clang into every build.
+override with_llvm = no
+
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)

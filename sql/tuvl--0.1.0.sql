@@ -1,0 +1,159 @@
+/* tuvl--0.1.0.sql: durable, agentic workflows inside PostgreSQL */
+
+\echo Use "CREATE EXTENSION tuvl" to load this file. \quit
+
+/*
+ * The role whose members may control any run (pause, resume, abort, steer)
+ * and read every run.  Roles are cluster-wide, so another database may
+ * have created it already.
+ */
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'tuvl_operator') THEN
+        CREATE ROLE tuvl_operator NOLOGIN;
+    END IF;
+END
+$$;
+
+CREATE FUNCTION tuvl.version()
+RETURNS text
+AS 'MODULE_PATHNAME', 'tuvl_version'
+LANGUAGE C STRICT STABLE PARALLEL SAFE;
+COMMENT ON FUNCTION tuvl.version() IS 'version of the loaded tuvl library';
+
+/* Every registered version of every workflow. */
+CREATE TABLE tuvl.workflows (
+    name text NOT NULL CHECK (name ~ '^[a-z_][a-z0-9_]*$'),
+    version integer NOT NULL CHECK (version > 0),
+    source text NOT NULL,
+    definition jsonb NOT NULL,
+    owner name NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (name, version)
+);
+COMMENT ON TABLE tuvl.workflows IS 'every registered version of every workflow; runs are pinned to one';
+
+CREATE TABLE tuvl.runs (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    workflow text NOT NULL,
+    workflow_version integer NOT NULL,
+    status text NOT NULL DEFAULT 'queued'
+        CHECK (status IN ('queued', 'running', 'waiting_human', 'waiting_approval',
+                          'paused', 'completed', 'failed', 'aborted',
+                          'compensating', 'compensated')),
+    input jsonb NOT NULL,
+    context jsonb NOT NULL,
+    current_step text,
+    step_state jsonb,
+    end_name text,
+    response jsonb,
+    error text,
+    attempt integer NOT NULL DEFAULT 0,
+    lease_owner integer,
+    lease_epoch bigint,
+    lease_expires_at timestamptz,
+    last_seq integer NOT NULL DEFAULT 0,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    started_at timestamptz,
+    finished_at timestamptz,
+    principal name NOT NULL,
+    FOREIGN KEY (workflow, workflow_version) REFERENCES tuvl.workflows (name, version)
+);
+COMMENT ON TABLE tuvl.runs IS 'one row per run: status, lease and checkpoint';
+COMMENT ON COLUMN tuvl.runs.attempt IS 'incremented at every claim; every write of a lease holder is fenced by it';
+COMMENT ON COLUMN tuvl.runs.lease_epoch IS 'server incarnation of the lease holder: leases of older epochs belong to dead processes';
+COMMENT ON COLUMN tuvl.runs.last_seq IS 'seq of the newest journal event of this run';
+
+/* Claims scan only queued runs; lease expiry scans only running ones. */
+CREATE INDEX runs_queued_idx ON tuvl.runs (id) WHERE status = 'queued';
+CREATE INDEX runs_leased_idx ON tuvl.runs (lease_expires_at) WHERE status = 'running';
+CREATE INDEX runs_workflow_idx ON tuvl.runs (workflow, created_at);
+
+/* The journal: append-only, seq is 1..n without gaps within a run. */
+CREATE TABLE tuvl.events (
+    run_id bigint NOT NULL,
+    seq integer NOT NULL,
+    ts timestamptz NOT NULL DEFAULT clock_timestamp(),
+    type text NOT NULL,
+    agent_id text,
+    engine text,
+    tokens integer,
+    latency_ms double precision,
+    payload jsonb NOT NULL DEFAULT '{}',
+    PRIMARY KEY (run_id, seq)
+);
+COMMENT ON TABLE tuvl.events IS 'the journal of every run; every row is also sent with NOTIFY on tuvl_events';
+CREATE INDEX events_ts_idx ON tuvl.events USING brin (ts);
+
+/* Every journal event is announced on channel tuvl_events. */
+CREATE FUNCTION tuvl._notify_event()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'tuvl_notify_event'
+LANGUAGE C;
+CREATE TRIGGER events_notify AFTER INSERT ON tuvl.events
+    FOR EACH ROW EXECUTE FUNCTION tuvl._notify_event();
+
+/*
+ * Visibility: a role sees its own runs and their journal; members of
+ * tuvl_operator see all of them.  Writes go only through the functions
+ * below and the workers.
+ */
+ALTER TABLE tuvl.runs ENABLE ROW LEVEL SECURITY;
+ALTER TABLE tuvl.events ENABLE ROW LEVEL SECURITY;
+CREATE POLICY runs_visible ON tuvl.runs FOR SELECT
+    USING (principal = current_user
+           OR pg_catalog.pg_has_role(current_user, 'tuvl_operator', 'USAGE'));
+CREATE POLICY events_visible ON tuvl.events FOR SELECT
+    USING (EXISTS (SELECT 1 FROM tuvl.runs r WHERE r.id = run_id));
+GRANT USAGE ON SCHEMA tuvl TO PUBLIC;
+GRANT SELECT ON tuvl.workflows, tuvl.runs, tuvl.events TO PUBLIC;
+
+/* Workflows */
+CREATE FUNCTION tuvl.register_workflow(source text)
+RETURNS integer
+AS 'MODULE_PATHNAME', 'tuvl_register_workflow'
+LANGUAGE C STRICT VOLATILE;
+COMMENT ON FUNCTION tuvl.register_workflow(text) IS 'parse, validate and store a workflow as a new version';
+
+CREATE FUNCTION tuvl.validate(source text, strict boolean DEFAULT false,
+                              OUT severity text, OUT path text, OUT message text)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'tuvl_validate'
+LANGUAGE C STRICT VOLATILE;
+COMMENT ON FUNCTION tuvl.validate(text, boolean) IS 'static checks of a workflow, one row per finding';
+
+/* Runs */
+CREATE FUNCTION tuvl.start_run(workflow text, input jsonb DEFAULT '{}')
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'tuvl_start_run'
+LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION tuvl.start_run(text, jsonb) IS 'validate the input and queue a run of the latest version of a workflow';
+
+CREATE FUNCTION tuvl.run(workflow text, input jsonb DEFAULT '{}', sync_timeout interval DEFAULT NULL)
+RETURNS jsonb
+AS 'MODULE_PATHNAME', 'tuvl_run'
+LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION tuvl.run(text, jsonb, interval) IS 'execute a run in this backend; past sync_timeout hand it to the workers';
+
+CREATE FUNCTION tuvl.wait(run_id bigint, timeout interval DEFAULT '30 seconds')
+RETURNS text
+AS 'MODULE_PATHNAME', 'tuvl_wait'
+LANGUAGE C STRICT VOLATILE;
+COMMENT ON FUNCTION tuvl.wait(bigint, interval) IS 'block until the run is terminal or waiting, or the timeout passes; return its status';
+
+/* Templates */
+CREATE FUNCTION tuvl.render(template jsonb, context jsonb DEFAULT '{}')
+RETURNS jsonb
+AS 'MODULE_PATHNAME', 'tuvl_render'
+LANGUAGE C STRICT STABLE;
+COMMENT ON FUNCTION tuvl.render(jsonb, jsonb) IS 'render a template value against a context, as a step would';
+
+/* Internal: tell the launcher a database now has the extension. */
+CREATE FUNCTION tuvl._extension_created()
+RETURNS void
+AS 'MODULE_PATHNAME', 'tuvl_extension_created'
+LANGUAGE C;
+SELECT tuvl._extension_created();
+
+REVOKE ALL ON FUNCTION tuvl._extension_created() FROM PUBLIC;
+REVOKE ALL ON FUNCTION tuvl._notify_event() FROM PUBLIC;

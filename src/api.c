@@ -1,0 +1,604 @@
+/*-------------------------------------------------------------------------
+ *
+ * api.c
+ *	  SQL-callable functions of schema tuvl.
+ *
+ * Each function checks its arguments and delegates.  They run as the
+ * calling role, which becomes a run's principal; writes to tuvl's own
+ * tables run as the extension's owner (the tables are not writable by
+ * other roles), switched with SetUserIdAndSecContext and restored by
+ * transaction abort if anything fails.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "storage/condition_variable.h"
+#include "storage/latch.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+#include "pgstat.h"
+
+#include "api.h"
+#include "jsonschema.h"
+#include "jsonutil.h"
+#include "launcher.h"
+#include "runtime.h"
+#include "spiutil.h"
+#include "template.h"
+#include "tuvl.h"
+#include "validate.h"
+#include "workflow.h"
+#include "yamlparse.h"
+
+PG_FUNCTION_INFO_V1(tuvl_version);
+PG_FUNCTION_INFO_V1(tuvl_register_workflow);
+PG_FUNCTION_INFO_V1(tuvl_validate);
+PG_FUNCTION_INFO_V1(tuvl_start_run);
+PG_FUNCTION_INFO_V1(tuvl_run);
+PG_FUNCTION_INFO_V1(tuvl_wait);
+PG_FUNCTION_INFO_V1(tuvl_render);
+PG_FUNCTION_INFO_V1(tuvl_extension_created);
+
+/* Runs created by the current transaction: waiting for them would hang. */
+static List *runs_created_here = NIL;
+static TransactionId runs_created_xid = InvalidTransactionId;
+static bool warned_no_workers = false;
+
+Datum
+tuvl_version(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_TEXT_P(cstring_to_text(TUVL_VERSION));
+}
+
+/* Switch to the extension owner for internal writes. */
+static void
+as_owner(Oid *save_user, int *save_sec)
+{
+	Oid			owner = TuvlOwnerId();
+
+	GetUserIdAndSecContext(save_user, save_sec);
+	SetUserIdAndSecContext(owner, *save_sec | SECURITY_LOCAL_USERID_CHANGE);
+}
+
+static void
+restore_user(Oid save_user, int save_sec)
+{
+	SetUserIdAndSecContext(save_user, save_sec);
+}
+
+/*
+ * register_workflow(source): parse, validate, store as a new version.
+ */
+Datum
+tuvl_register_workflow(PG_FUNCTION_ARGS)
+{
+	char	   *source = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	Jsonb	   *positions = NULL;
+	Jsonb	   *def = YamlToJsonb(source, "workflow", &positions);
+	List	   *findings = ValidateWorkflow(def, positions, false);
+	char	   *name = JsonGetString(def, "name");
+	ListCell   *lc;
+	int			version;
+	Oid			save_user;
+	int			save_sec;
+
+	if (FindingsHaveErrors(findings))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_OBJECT_DEFINITION),
+				 errmsg("workflow%s%s%s is not valid", name ? " \"" : "", name ? name : "",
+						name ? "\"" : ""),
+				 errdetail("%s", FindingsFormat(findings, "error")),
+				 errhint("Fix every problem listed; tuvl.validate(source) returns them as rows.")));
+	foreach(lc, findings)
+	{
+		Finding    *f = lfirst(lc);
+
+		ereport(NOTICE,
+				(errmsg("workflow \"%s\": %s%s%s", name, f->path, *f->path ? ": " : "",
+						f->message)));
+	}
+
+	SPI_connect();
+	{
+		static const Oid types[1] = {TEXTOID};
+		Datum		values[1];
+
+		values[0] = CStringGetTextDatum(name);
+		SpiExec("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('tuvl.workflow.' || $1, 0))",
+				1, types, values, NULL, SPI_OK_SELECT);
+		SpiExec("SELECT owner FROM tuvl.workflows WHERE name = $1 AND version = 1",
+				1, types, values, NULL, SPI_OK_SELECT);
+		if (SPI_processed > 0)
+		{
+			char	   *owner = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+			Oid			owner_oid = get_role_oid(owner, true);
+
+			if (!OidIsValid(owner_oid) || !has_privs_of_role(GetUserId(), owner_oid))
+				ereport(ERROR,
+						(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+						 errmsg("permission denied to register a new version of workflow \"%s\"", name),
+						 errdetail("Workflow \"%s\" belongs to role \"%s\".", name, owner),
+						 errhint("Register it as a member of role \"%s\", or choose another name.", owner)));
+		}
+	}
+	version = WorkflowLatestVersion(name, true) + 1;
+	{
+		static const Oid types[5] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, NAMEOID};
+		Datum		values[5];
+
+		values[0] = CStringGetTextDatum(name);
+		values[1] = Int32GetDatum(version);
+		values[2] = CStringGetTextDatum(source);
+		values[3] = JsonbPGetDatum(def);
+		values[4] = DirectFunctionCall1(namein, CStringGetDatum(GetUserNameFromId(GetUserId(), false)));
+		as_owner(&save_user, &save_sec);
+		SpiExec("INSERT INTO tuvl.workflows (name, version, source, definition, owner) "
+				"VALUES ($1, $2, $3, $4, $5)", 5, types, values, NULL, SPI_OK_INSERT);
+		restore_user(save_user, save_sec);
+	}
+	SPI_finish();
+	PG_RETURN_INT32(version);
+}
+
+/*
+ * Parse for validate(): a YAML error becomes a finding.  Parsing is pure
+ * computation (libyaml's handles are freed by a reset callback), but a
+ * subtransaction keeps this safe whatever the parser touches.
+ */
+static Jsonb *
+parse_for_validate(const char *source, Jsonb **positions, List **findings)
+{
+	MemoryContext oldcxt = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+	Jsonb	   *volatile def = NULL;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcxt);
+	PG_TRY();
+	{
+		def = YamlToJsonb(source, "workflow", positions);
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+		Finding    *f = palloc(sizeof(Finding));
+
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+		f->severity = "error";
+		f->path = "";
+		f->message = edata->detail ? psprintf("%s: %s", edata->message, edata->detail)
+			: edata->message;
+		*findings = lappend(*findings, f);
+	}
+	PG_END_TRY();
+	return def;
+}
+
+/*
+ * validate(source, strict): one row per finding.
+ */
+Datum
+tuvl_validate(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	char	   *source = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	bool		strict = PG_GETARG_BOOL(1);
+	List	   *findings = NIL;
+	Jsonb	   *positions = NULL;
+	Jsonb	   *def;
+	ListCell   *lc;
+
+	InitMaterializedSRF(fcinfo, 0);
+	def = parse_for_validate(source, &positions, &findings);
+	if (def)
+		findings = ValidateWorkflow(def, positions, strict);
+	foreach(lc, findings)
+	{
+		Finding    *f = lfirst(lc);
+		Datum		values[3];
+		bool		nulls[3] = {false, false, false};
+
+		values[0] = CStringGetTextDatum(f->severity);
+		values[1] = CStringGetTextDatum(f->path);
+		values[2] = CStringGetTextDatum(f->message);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
+}
+
+static void
+remember_created_run(int64 id)
+{
+	MemoryContext old;
+
+	if (runs_created_xid != GetTopTransactionId())
+	{
+		list_free(runs_created_here);
+		runs_created_here = NIL;
+		runs_created_xid = GetTopTransactionId();
+	}
+	old = MemoryContextSwitchTo(TopMemoryContext);
+	runs_created_here = lappend(runs_created_here, palloc(sizeof(int64)));
+	*(int64 *) llast(runs_created_here) = id;
+	MemoryContextSwitchTo(old);
+}
+
+static bool
+run_created_here(int64 id)
+{
+	ListCell   *lc;
+
+	if (!TransactionIdIsValid(runs_created_xid) ||
+		runs_created_xid != GetTopTransactionIdIfAny())
+		return false;
+	foreach(lc, runs_created_here)
+		if (*(int64 *) lfirst(lc) == id)
+			return true;
+	return false;
+}
+
+/*
+ * Validate input and insert a run of the latest version of workflow with
+ * its run_queued event.  running = true creates it already leased by
+ * this backend (the synchronous path).  SPI must be connected.
+ */
+int64
+ApiCreateRun(const char *workflow, Jsonb *input, bool running, int *version_out)
+{
+	static const Oid types[9] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, NAMEOID,
+	INT4OID, INT4OID, INT8OID, INTERVALOID};
+	int			version = WorkflowLatestVersion(workflow, false);
+	WorkflowDef *wf = WorkflowLoad(workflow, version);
+	char	   *principal = GetUserNameFromId(GetUserId(), false);
+	Datum		values[9];
+	char		nulls[9] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Interval   *lease = palloc0(sizeof(Interval));
+	Oid			save_user;
+	int			save_sec;
+	bool		isnull;
+	int64		id;
+	JsonObjBuilder b;
+
+	if (!JsonIsObject(input))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("run input must be a JSON object"),
+				 errhint("Pass input as '{\"key\": ...}'::jsonb.")));
+	if (wf->input_schema)
+		JsonSchemaValidateOrError(wf->input_schema, input, "run input");
+
+	lease->time = (int64) tuvl_lease_timeout * 1000;
+	values[0] = CStringGetTextDatum(workflow);
+	values[1] = Int32GetDatum(version);
+	values[2] = CStringGetTextDatum(running ? "running" : "queued");
+	values[3] = JsonbPGetDatum(input);
+	values[4] = DirectFunctionCall1(namein, CStringGetDatum(principal));
+	values[5] = Int32GetDatum(running ? 1 : 0);
+	values[6] = Int32GetDatum(MyProcPid);
+	values[7] = Int64GetDatum(TuvlShmem ? TuvlShmem->epoch : 0);
+	values[8] = IntervalPGetDatum(lease);
+	if (!running)
+		nulls[6] = nulls[7] = nulls[8] = 'n';
+
+	as_owner(&save_user, &save_sec);
+	SpiExec("INSERT INTO tuvl.runs (workflow, workflow_version, status, input, context, "
+			"  principal, attempt, lease_owner, lease_epoch, lease_expires_at, started_at, last_seq) "
+			"VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8, now() + $9, "
+			"  CASE WHEN $6 > 0 THEN now() END, 1) RETURNING id",
+			9, types, values, nulls, SPI_OK_INSERT_RETURNING);
+	id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "workflow", workflow);
+	JsonObjAddInt(&b, "version", version);
+	JsonObjAddString(&b, "principal", principal);
+	JsonObjAddJsonb(&b, "input", input);
+	{
+		static const Oid etypes[2] = {INT8OID, JSONBOID};
+		Datum		evalues[2];
+
+		evalues[0] = Int64GetDatum(id);
+		evalues[1] = JsonbPGetDatum(JsonObjEnd(&b));
+		SpiExec("INSERT INTO tuvl.events (run_id, seq, type, payload) "
+				"VALUES ($1, 1, 'run_queued', $2)", 2, etypes, evalues, NULL, SPI_OK_INSERT);
+	}
+	restore_user(save_user, save_sec);
+
+	remember_created_run(id);
+	if (version_out)
+		*version_out = version;
+	return id;
+}
+
+/*
+ * start_run(workflow, input): queue a run; the workers wake at commit.
+ */
+Datum
+tuvl_start_run(PG_FUNCTION_ARGS)
+{
+	char	   *workflow;
+	Jsonb	   *input;
+	int64		id;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("workflow name must not be null")));
+	workflow = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	input = PG_ARGISNULL(1) ? JsonEmptyObject() : PG_GETARG_JSONB_P(1);
+
+	SPI_connect();
+	id = ApiCreateRun(workflow, input, false, NULL);
+	SPI_finish();
+
+	if (TuvlPreloaded())
+		TuvlWakeWorkersAtCommit();
+	else if (!warned_no_workers)
+	{
+		warned_no_workers = true;
+		ereport(WARNING,
+				(errmsg("tuvl background workers are not running"),
+				 errdetail("Run " INT64_FORMAT " is queued but nothing will execute it.", id),
+				 errhint("Add tuvl to shared_preload_libraries and restart the server, or use tuvl.run().")));
+	}
+	PG_RETURN_INT64(id);
+}
+
+static const char handover_sql[] =
+"UPDATE tuvl.runs SET status = 'queued', lease_owner = NULL, lease_epoch = NULL, "
+"  lease_expires_at = NULL WHERE id = $1 AND attempt = $2";
+
+/*
+ * run(workflow, input, sync_timeout): execute in this backend, one
+ * transition at a time, inside the caller's transaction; past the
+ * timeout hand the run to the workers (they see it once this commits).
+ */
+Datum
+tuvl_run(PG_FUNCTION_ARGS)
+{
+	char	   *workflow;
+	Jsonb	   *input;
+	int			version;
+	int64		id;
+	RunState   *run;
+	WorkflowDef *wf;
+	int			timeout_ms;
+	TimestampTz deadline;
+	const char *status = "running";
+	char	   *end_name = NULL;
+	Jsonb	   *response = NULL;
+	char	   *error = NULL;
+	JsonObjBuilder b;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("workflow name must not be null")));
+	workflow = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	input = PG_ARGISNULL(1) ? JsonEmptyObject() : PG_GETARG_JSONB_P(1);
+
+	SPI_connect();
+	id = ApiCreateRun(workflow, input, true, &version);
+	wf = WorkflowLoad(workflow, version);
+	if (!PG_ARGISNULL(2))
+	{
+		Interval   *iv = PG_GETARG_INTERVAL_P(2);
+		int64		us = iv->time + (int64) iv->day * USECS_PER_DAY +
+		(int64) iv->month * 30 * USECS_PER_DAY;
+
+		timeout_ms = (int) Min(Max(us / 1000, 0), INT_MAX);
+	}
+	else if (wf->sync_timeout_ms >= 0)
+		timeout_ms = wf->sync_timeout_ms;
+	else
+		timeout_ms = tuvl_sync_timeout;
+	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
+
+	run = RunStateCreate(CurrentMemoryContext, id, 1, workflow, version,
+						 GetUserNameFromId(GetUserId(), false), input, NULL, 1);
+	run->owner = TuvlOwnerId();
+
+	for (;;)
+	{
+		CHECK_FOR_INTERRUPTS();
+		RunAdvance(run, tuvl_lease_timeout);
+		RunApplyTransition(run);
+		status = run->next_status;
+		if (strcmp(status, "running") != 0)
+			break;
+		if (GetCurrentTimestamp() >= deadline)
+		{
+			static const Oid types[2] = {INT8OID, INT4OID};
+			Datum		values[2];
+			Oid			save_user;
+			int			save_sec;
+
+			values[0] = Int64GetDatum(id);
+			values[1] = Int32GetDatum(run->attempt);
+			as_owner(&save_user, &save_sec);
+			SpiExec(handover_sql, 2, types, values, NULL, SPI_OK_UPDATE);
+			restore_user(save_user, save_sec);
+			status = "queued";
+			TuvlWakeWorkersAtCommit();
+			if (!TuvlPreloaded())
+				ereport(WARNING,
+						(errmsg("run " INT64_FORMAT " passed its sync_timeout and was queued, but tuvl background workers are not running", id),
+						 errhint("Add tuvl to shared_preload_libraries and restart the server.")));
+			break;
+		}
+	}
+
+	if (RunIsTerminalStatus(status))
+	{
+		static const Oid types[1] = {INT8OID};
+		Datum		values[1];
+		bool		isnull;
+		Datum		d;
+
+		values[0] = Int64GetDatum(id);
+		SpiExec("SELECT end_name, response, error FROM tuvl.runs WHERE id = $1",
+				1, types, values, NULL, SPI_OK_SELECT);
+		if (SPI_processed == 1)
+		{
+			end_name = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+			d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
+			if (!isnull)
+				response = DatumGetJsonbPCopy(d);
+			error = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3);
+		}
+	}
+
+	JsonObjStart(&b);
+	JsonObjAddInt(&b, "run_id", id);
+	JsonObjAddString(&b, "status", status);
+	JsonObjAddString(&b, "end", end_name);
+	JsonObjAddJsonb(&b, "response", response);
+	if (error)
+		JsonObjAddString(&b, "error", error);
+	{
+		Jsonb	   *res = JsonObjEnd(&b);
+
+		Jsonb	   *copy = SPI_palloc(VARSIZE(res));
+
+		memcpy(copy, res, VARSIZE(res));
+		SPI_finish();
+		PG_RETURN_JSONB_P(copy);
+	}
+}
+
+static bool
+status_is_settled(const char *status)
+{
+	return RunIsTerminalStatus(status) ||
+		strcmp(status, "waiting_human") == 0 ||
+		strcmp(status, "waiting_approval") == 0 ||
+		strcmp(status, "paused") == 0;
+}
+
+/* The run's status as the caller may see it; errors when invisible. */
+static char *
+fetch_status(int64 id)
+{
+	static const Oid types[1] = {INT8OID};
+	Datum		values[1];
+	char	   *status;
+
+	values[0] = Int64GetDatum(id);
+	SPI_connect();
+	SpiExec("SELECT status FROM tuvl.runs WHERE id = $1", 1, types, values, NULL, SPI_OK_SELECT);
+	if (SPI_processed != 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("run " INT64_FORMAT " does not exist", id),
+				 errhint("Runs are visible to the role that started them and to members of tuvl_operator.")));
+	status = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+	status = MemoryContextStrdup(TopTransactionContext, status);
+	SPI_finish();
+	return status;
+}
+
+/*
+ * wait(run_id, timeout): sleep until the run is terminal or waiting for
+ * someone, or the timeout passes; returns its status.  Workers broadcast
+ * a condition variable whenever a run settles, so no polling happens
+ * while the library is preloaded.
+ */
+Datum
+tuvl_wait(PG_FUNCTION_ARGS)
+{
+	int64		id = PG_GETARG_INT64(0);
+	Interval   *iv = PG_GETARG_INTERVAL_P(1);
+	int64		timeout_us = iv->time + (int64) iv->day * USECS_PER_DAY +
+	(int64) iv->month * 30 * USECS_PER_DAY;
+	TimestampTz deadline = GetCurrentTimestamp() + Max(timeout_us, 0);
+	char	   *status;
+
+	if (run_created_here(id))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("run " INT64_FORMAT " was started in this transaction", id),
+				 errdetail("The workers cannot see the run until this transaction commits."),
+				 errhint("Commit after tuvl.start_run(), then call tuvl.wait().")));
+	if (IsolationUsesXactSnapshot())
+		ereport(ERROR,
+				(errcode(ERRCODE_ACTIVE_SQL_TRANSACTION),
+				 errmsg("tuvl.wait() cannot be used in a REPEATABLE READ or SERIALIZABLE transaction"),
+				 errdetail("The transaction's snapshot would never show the run's progress."),
+				 errhint("Call it in a READ COMMITTED transaction.")));
+
+	if (TuvlShmem)
+		ConditionVariablePrepareToSleep(&TuvlShmem->run_cv);
+	for (;;)
+	{
+		long		remaining_ms;
+
+		status = fetch_status(id);
+		if (status_is_settled(status))
+			break;
+		remaining_ms = (long) ((deadline - GetCurrentTimestamp()) / 1000);
+		if (remaining_ms <= 0)
+			break;
+		if (TuvlShmem)
+			(void) ConditionVariableTimedSleep(&TuvlShmem->run_cv, Min(remaining_ms, 1000),
+											   PG_WAIT_EXTENSION);
+		else
+		{
+			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+							 Min(remaining_ms, 50), PG_WAIT_EXTENSION);
+			ResetLatch(MyLatch);
+			CHECK_FOR_INTERRUPTS();
+		}
+	}
+	if (TuvlShmem)
+		ConditionVariableCancelSleep();
+	PG_RETURN_TEXT_P(cstring_to_text(status));
+}
+
+/*
+ * render(template, context): what a step would see.
+ */
+Datum
+tuvl_render(PG_FUNCTION_ARGS)
+{
+	Jsonb	   *tmpl = PG_GETARG_JSONB_P(0);
+	Jsonb	   *ctx = PG_GETARG_JSONB_P(1);
+
+	PG_RETURN_JSONB_P(TemplateRenderJsonb(tmpl, ctx, NULL));
+}
+
+/*
+ * Called by the install script: the launcher starts workers here once
+ * CREATE EXTENSION commits.
+ */
+Datum
+tuvl_extension_created(PG_FUNCTION_ARGS)
+{
+	if (!TuvlPreloaded())
+	{
+		ereport(WARNING,
+				(errmsg("tuvl is not loaded via shared_preload_libraries"),
+				 errdetail("tuvl.run() and the other functions work, but no background worker will execute queued runs."),
+				 errhint("Add tuvl to shared_preload_libraries in postgresql.conf and restart the server.")));
+		PG_RETURN_VOID();
+	}
+	LauncherNoteExtensionCreated(MyDatabaseId);
+	TuvlWakeLauncherAtCommit();
+	PG_RETURN_VOID();
+}

@@ -1,0 +1,62 @@
+/*-------------------------------------------------------------------------
+ *
+ * executor.c
+ *	  The one dispatch table of step kinds, and the Router.
+ *
+ * Kinds whose executors arrive in later versions have an entry that
+ * raises a clear error, so a workflow using them fails on the error
+ * signal instead of crashing a worker.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "utils/builtins.h"
+
+#include "executor.h"
+#include "jsonutil.h"
+#include "template.h"
+
+const char *StepErrorType = "error";
+
+/* Router: the rendered value of "on" is the signal. */
+static void
+execute_router(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *result)
+{
+	JsonbValue *on = JsonGetField(step->spec, "on");
+	JsonbValue *v;
+
+	StepErrorType = "template_error";
+	v = TemplateRenderValue(on, ctx, NULL);
+	if (v->type == jbvNull)
+		result->signal = "default";
+	else
+		result->signal = JsonValueToText(v);
+	result->has_output = false;
+}
+
+static void
+execute_unavailable(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *result)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+			 errmsg("step kind %s is not available in tuvl %s", step->kind_name, TUVL_VERSION),
+			 errhint("Upgrade the extension, or route around this step.")));
+}
+
+static const StepExecutor executors[STEP_KIND_COUNT] = {
+	{STEP_FUNCTIONAL, StepExecuteFunctional},
+	{STEP_MODELOP, StepExecuteModelOp},
+	{STEP_ROUTER, execute_router},
+	{STEP_APICALL, execute_unavailable},
+	{STEP_MCP, execute_unavailable},
+	{STEP_AGENT, execute_unavailable},
+	{STEP_HUMAN, execute_unavailable},
+};
+
+const StepExecutor *
+ExecutorFor(StepKind kind)
+{
+	Assert(kind >= 0 && kind < STEP_KIND_COUNT);
+	return &executors[kind];
+}

@@ -1,0 +1,50 @@
+/*-------------------------------------------------------------------------
+ *
+ * executor.h
+ *	  The one dispatch table of step kinds.
+ *
+ * Every surface that executes a step (the workers, the synchronous
+ * tuvl.run(), replay, an agent dispatching a tool) goes through
+ * ExecutorFor(kind)->execute, so there are no per-surface forks.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef TUVL_EXECUTOR_H
+#define TUVL_EXECUTOR_H
+
+#include "runtime.h"
+#include "workflow.h"
+
+typedef struct StepResult
+{
+	bool		has_output;		/* write output to the step's output key */
+	Jsonb	   *output;			/* may be a JSON null */
+	char	   *signal;			/* NULL means "default" */
+} StepResult;
+
+/*
+ * Execute a step against ctx (the run's context, or an agent tool's view
+ * of it).  Runs inside the transition's subtransaction; raises on failure,
+ * which the caller turns into the "error" signal.  Before each phase an
+ * executor may set StepErrorType so the failure is classified.
+ */
+typedef void (*StepExecuteFn) (RunState *run, const StepDef *step, Jsonb *ctx,
+							   StepResult *result);
+
+typedef struct StepExecutor
+{
+	StepKind	kind;
+	StepExecuteFn execute;
+} StepExecutor;
+
+extern const char *StepErrorType;
+
+extern const StepExecutor *ExecutorFor(StepKind kind);
+
+/* step_sql.c */
+extern void StepExecuteFunctional(RunState *run, const StepDef *step, Jsonb *ctx,
+								  StepResult *result);
+extern void StepExecuteModelOp(RunState *run, const StepDef *step, Jsonb *ctx,
+							   StepResult *result);
+
+#endif							/* TUVL_EXECUTOR_H */

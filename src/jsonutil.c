@@ -1,0 +1,242 @@
+/*-------------------------------------------------------------------------
+ *
+ * jsonutil.c
+ *	  Small jsonb helpers shared by the runtime.
+ *
+ * Pure computation on jsonb values: no SPI, no transaction needed beyond
+ * what the jsonb input and output functions require.  Every result is
+ * allocated in CurrentMemoryContext.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "utils/builtins.h"
+#include "utils/fmgrprotos.h"
+#include "utils/jsonb.h"
+#include "utils/numeric.h"
+
+#include "jsonutil.h"
+
+/* Look up a key of an object; NULL when absent or when obj is not an object. */
+JsonbValue *
+JsonGetField(Jsonb *obj, const char *key)
+{
+	if (obj == NULL || !JB_ROOT_IS_OBJECT(obj))
+		return NULL;
+	return getKeyJsonValueFromContainer(&obj->root, key, strlen(key), NULL);
+}
+
+/* A string field as a C string; NULL when absent or not a string. */
+char *
+JsonGetString(Jsonb *obj, const char *key)
+{
+	JsonbValue *v = JsonGetField(obj, key);
+
+	if (v == NULL || v->type != jbvString)
+		return NULL;
+	return pnstrdup(v->val.string.val, v->val.string.len);
+}
+
+/* Any field as a standalone jsonb; NULL when absent. */
+Jsonb *
+JsonGetJsonb(Jsonb *obj, const char *key)
+{
+	JsonbValue *v = JsonGetField(obj, key);
+
+	return v ? JsonValueToJsonb(v) : NULL;
+}
+
+bool
+JsonGetBool(Jsonb *obj, const char *key, bool dflt)
+{
+	JsonbValue *v = JsonGetField(obj, key);
+
+	if (v == NULL || v->type != jbvBool)
+		return dflt;
+	return v->val.boolean;
+}
+
+/* Wrap any JsonbValue (scalar, binary container) as a Jsonb datum. */
+Jsonb *
+JsonValueToJsonb(JsonbValue *v)
+{
+	return JsonbValueToJsonb(v);
+}
+
+/*
+ * The text form of a value as a template would interpolate it: strings
+ * raw, everything else as compact JSON.
+ */
+char *
+JsonValueToText(JsonbValue *v)
+{
+	Jsonb	   *j;
+
+	if (v->type == jbvString)
+		return pnstrdup(v->val.string.val, v->val.string.len);
+	j = JsonbValueToJsonb(v);
+	return JsonbToCString(NULL, &j->root, VARSIZE(j));
+}
+
+Jsonb *
+JsonFromCString(const char *text)
+{
+	return DatumGetJsonbP(DirectFunctionCall1(jsonb_in, CStringGetDatum(text)));
+}
+
+Jsonb *
+JsonEmptyObject(void)
+{
+	JsonObjBuilder b;
+
+	JsonObjStart(&b);
+	return JsonObjEnd(&b);
+}
+
+bool
+JsonIsObject(Jsonb *j)
+{
+	return j != NULL && JB_ROOT_IS_OBJECT(j) && !JB_ROOT_IS_SCALAR(j);
+}
+
+Jsonb *
+JsonStringValue(const char *s)
+{
+	JsonbValue	v;
+
+	v.type = jbvString;
+	v.val.string.val = (char *) s;
+	v.val.string.len = strlen(s);
+	return JsonbValueToJsonb(&v);
+}
+
+/* a || b for two objects: keys of b win. */
+Jsonb *
+JsonMerge(Jsonb *a, Jsonb *b)
+{
+	return DatumGetJsonbP(DirectFunctionCall2(jsonb_concat,
+											  JsonbPGetDatum(a),
+											  JsonbPGetDatum(b)));
+}
+
+/* obj with key set to value (any JSON value). */
+Jsonb *
+JsonSetKey(Jsonb *obj, const char *key, Jsonb *value)
+{
+	JsonObjBuilder b;
+
+	JsonObjStart(&b);
+	JsonObjAddJsonb(&b, key, value);
+	return JsonMerge(obj, JsonObjEnd(&b));
+}
+
+Jsonb *
+JsonRemoveKey(Jsonb *obj, const char *key)
+{
+	return DatumGetJsonbP(DirectFunctionCall2(jsonb_delete,
+											  JsonbPGetDatum(obj),
+											  CStringGetTextDatum(key)));
+}
+
+void
+JsonObjStart(JsonObjBuilder *b)
+{
+	b->state = NULL;
+	pushJsonbValue(&b->state, WJB_BEGIN_OBJECT, NULL);
+}
+
+static void
+push_key(JsonObjBuilder *b, const char *key)
+{
+	JsonbValue	k;
+
+	k.type = jbvString;
+	k.val.string.val = (char *) key;
+	k.val.string.len = strlen(key);
+	pushJsonbValue(&b->state, WJB_KEY, &k);
+}
+
+void
+JsonObjAddString(JsonObjBuilder *b, const char *key, const char *val)
+{
+	JsonbValue	v;
+
+	if (val == NULL)
+	{
+		JsonObjAddNull(b, key);
+		return;
+	}
+	push_key(b, key);
+	v.type = jbvString;
+	v.val.string.val = (char *) val;
+	v.val.string.len = strlen(val);
+	pushJsonbValue(&b->state, WJB_VALUE, &v);
+}
+
+void
+JsonObjAddInt(JsonObjBuilder *b, const char *key, int64 val)
+{
+	JsonbValue	v;
+
+	push_key(b, key);
+	v.type = jbvNumeric;
+	v.val.numeric = int64_to_numeric(val);
+	pushJsonbValue(&b->state, WJB_VALUE, &v);
+}
+
+void
+JsonObjAddBool(JsonObjBuilder *b, const char *key, bool val)
+{
+	JsonbValue	v;
+
+	push_key(b, key);
+	v.type = jbvBool;
+	v.val.boolean = val;
+	pushJsonbValue(&b->state, WJB_VALUE, &v);
+}
+
+void
+JsonObjAddNull(JsonObjBuilder *b, const char *key)
+{
+	JsonbValue	v;
+
+	push_key(b, key);
+	v.type = jbvNull;
+	pushJsonbValue(&b->state, WJB_VALUE, &v);
+}
+
+/* Embed an already built jsonb (scalar, object or array) as a value. */
+void
+JsonObjAddJsonb(JsonObjBuilder *b, const char *key, Jsonb *val)
+{
+	JsonbValue	v;
+
+	if (val == NULL)
+	{
+		JsonObjAddNull(b, key);
+		return;
+	}
+	push_key(b, key);
+	if (JB_ROOT_IS_SCALAR(val))
+	{
+		JsonbValue	scalar;
+
+		/* a scalar is stored as a one-element raw array: unwrap it */
+		scalar = *getIthJsonbValueFromContainer(&val->root, 0);
+		pushJsonbValue(&b->state, WJB_VALUE, &scalar);
+		return;
+	}
+	v.type = jbvBinary;
+	v.val.binary.data = &val->root;
+	v.val.binary.len = VARSIZE(val) - VARHDRSZ;
+	pushJsonbValue(&b->state, WJB_VALUE, &v);
+}
+
+Jsonb *
+JsonObjEnd(JsonObjBuilder *b)
+{
+	JsonbValue *res = pushJsonbValue(&b->state, WJB_END_OBJECT, NULL);
+
+	return JsonbValueToJsonb(res);
+}

@@ -1,0 +1,44 @@
+/*-------------------------------------------------------------------------
+ *
+ * jsonutil.h
+ *	  Small jsonb helpers shared by the runtime: field access, building
+ *	  objects, merging keys into a context.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef TUVL_JSONUTIL_H
+#define TUVL_JSONUTIL_H
+
+#include "utils/jsonb.h"
+
+extern JsonbValue *JsonGetField(Jsonb *obj, const char *key);
+extern char *JsonGetString(Jsonb *obj, const char *key);
+extern Jsonb *JsonGetJsonb(Jsonb *obj, const char *key);
+extern bool JsonGetBool(Jsonb *obj, const char *key, bool dflt);
+extern Jsonb *JsonValueToJsonb(JsonbValue *v);
+extern char *JsonValueToText(JsonbValue *v);
+extern Jsonb *JsonFromCString(const char *text);
+extern Jsonb *JsonEmptyObject(void);
+extern bool JsonIsObject(Jsonb *j);
+extern Jsonb *JsonSetKey(Jsonb *obj, const char *key, Jsonb *value);
+extern Jsonb *JsonMerge(Jsonb *a, Jsonb *b);
+extern Jsonb *JsonRemoveKey(Jsonb *obj, const char *key);
+extern Jsonb *JsonStringValue(const char *s);
+
+/*
+ * A tiny builder for flat objects: JsonObjStart, JsonObjAdd*, JsonObjEnd.
+ */
+typedef struct JsonObjBuilder
+{
+	JsonbParseState *state;
+} JsonObjBuilder;
+
+extern void JsonObjStart(JsonObjBuilder *b);
+extern void JsonObjAddString(JsonObjBuilder *b, const char *key, const char *val);
+extern void JsonObjAddInt(JsonObjBuilder *b, const char *key, int64 val);
+extern void JsonObjAddBool(JsonObjBuilder *b, const char *key, bool val);
+extern void JsonObjAddJsonb(JsonObjBuilder *b, const char *key, Jsonb *val);
+extern void JsonObjAddNull(JsonObjBuilder *b, const char *key);
+extern Jsonb *JsonObjEnd(JsonObjBuilder *b);
+
+#endif							/* TUVL_JSONUTIL_H */

@@ -1,0 +1,177 @@
+/*-------------------------------------------------------------------------
+ *
+ * lease.c
+ *	  Claiming runs with SKIP LOCKED, renewing and reclaiming leases.
+ *
+ * A lease is (lease_owner, lease_epoch, lease_expires_at) plus the run's
+ * attempt number, which every claim increments and every write of the
+ * holder is fenced by.  Runs whose lease expired go back to the queue;
+ * runs leased in an older epoch (a server incarnation before the last
+ * start or crash restart) belong to dead processes and go back at once.
+ * All functions run inside the caller's transaction with SPI connected;
+ * the worker commits claims and renewals asynchronously, since losing
+ * one in a crash only means the run is claimed again.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/timestamp.h"
+
+#include "lease.h"
+#include "runtime.h"
+#include "spiutil.h"
+
+static const char claim_sql[] =
+"UPDATE tuvl.runs r SET status = 'running', attempt = r.attempt + 1, "
+"  lease_owner = $2, lease_epoch = $3, lease_expires_at = now() + $4, "
+"  started_at = coalesce(r.started_at, now()) "
+"FROM (SELECT id FROM tuvl.runs WHERE status = 'queued' ORDER BY id "
+"      LIMIT $1 FOR UPDATE SKIP LOCKED) c "
+"WHERE r.id = c.id "
+"RETURNING r.id, r.attempt, r.workflow, r.workflow_version, r.principal, "
+"  r.context, r.current_step, r.last_seq";
+
+/*
+ * Claim up to max_runs queued runs, oldest first; returns a List of
+ * RunState, each in its own context under runs_cxt.  A run that cannot
+ * be loaded (its workflow vanished) is failed in place.
+ */
+List *
+LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, Oid owner)
+{
+	static const Oid types[4] = {INT4OID, INT4OID, INT8OID, INTERVALOID};
+	Datum		values[4];
+	Interval   *lease = palloc0(sizeof(Interval));
+	List	   *runs = NIL;
+	uint64		n;
+	SPITupleTable *tt;
+
+	lease->time = (int64) lease_ms * 1000;
+	values[0] = Int32GetDatum(max_runs);
+	values[1] = Int32GetDatum(MyProcPid);
+	values[2] = Int64GetDatum(epoch);
+	values[3] = IntervalPGetDatum(lease);
+	n = SpiExec(claim_sql, 4, types, values, NULL, SPI_OK_UPDATE_RETURNING);
+	tt = SPI_tuptable;
+	for (uint64 i = 0; i < n; i++)
+	{
+		HeapTuple	tup = tt->vals[i];
+		TupleDesc	td = tt->tupdesc;
+		bool		isnull;
+		char	   *step = SPI_getvalue(tup, td, 7);
+		RunState   *run;
+
+		run = RunStateCreate(runs_cxt,
+							 DatumGetInt64(SPI_getbinval(tup, td, 1, &isnull)),
+							 DatumGetInt32(SPI_getbinval(tup, td, 2, &isnull)),
+							 SPI_getvalue(tup, td, 3),
+							 DatumGetInt32(SPI_getbinval(tup, td, 4, &isnull)),
+							 SPI_getvalue(tup, td, 5),
+							 DatumGetJsonbP(SPI_getbinval(tup, td, 6, &isnull)),
+							 step,
+							 DatumGetInt32(SPI_getbinval(tup, td, 8, &isnull)));
+		run->owner = owner;
+		runs = lappend(runs, run);
+	}
+	return runs;
+}
+
+static const char renew_sql[] =
+"UPDATE tuvl.runs r SET lease_expires_at = now() + $3 "
+"FROM unnest($1::bigint[], $2::int[]) AS h(id, attempt) "
+"WHERE r.id = h.id AND r.attempt = h.attempt AND r.status = 'running' "
+"RETURNING r.id";
+
+/*
+ * Renew the leases of runs; returns the runs whose lease was lost (the
+ * caller drops them).
+ */
+List *
+LeaseRenew(List *runs, int lease_ms)
+{
+	static const Oid types[3] = {INT8ARRAYOID, INT4ARRAYOID, INTERVALOID};
+	int			n = list_length(runs);
+	Datum	   *ids;
+	Datum	   *attempts;
+	Datum		values[3];
+	Interval   *lease = palloc0(sizeof(Interval));
+	uint64		kept;
+	List	   *lost = NIL;
+	ListCell   *lc;
+	int			i = 0;
+
+	if (n == 0)
+		return NIL;
+	ids = palloc(sizeof(Datum) * n);
+	attempts = palloc(sizeof(Datum) * n);
+	foreach(lc, runs)
+	{
+		RunState   *run = lfirst(lc);
+
+		ids[i] = Int64GetDatum(run->id);
+		attempts[i] = Int32GetDatum(run->attempt);
+		i++;
+	}
+	lease->time = (int64) lease_ms * 1000;
+	values[0] = PointerGetDatum(construct_array(ids, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
+	values[1] = PointerGetDatum(construct_array(attempts, n, INT4OID, 4, true, TYPALIGN_INT));
+	values[2] = IntervalPGetDatum(lease);
+	kept = SpiExec(renew_sql, 3, types, values, NULL, SPI_OK_UPDATE_RETURNING);
+	if (kept == (uint64) n)
+		return NIL;
+	foreach(lc, runs)
+	{
+		RunState   *run = lfirst(lc);
+		bool		found = false;
+
+		for (uint64 j = 0; j < kept && !found; j++)
+		{
+			bool		isnull;
+
+			found = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[j],
+												SPI_tuptable->tupdesc, 1, &isnull)) == run->id;
+		}
+		if (!found)
+			lost = lappend(lost, run);
+	}
+	return lost;
+}
+
+static const char reclaim_expired_sql[] =
+"UPDATE tuvl.runs SET status = 'queued', lease_owner = NULL, lease_epoch = NULL, "
+"  lease_expires_at = NULL "
+"WHERE id IN (SELECT id FROM tuvl.runs WHERE status = 'running' "
+"             AND lease_expires_at < now() FOR UPDATE SKIP LOCKED)";
+
+/* Return runs whose lease expired to the queue; returns how many. */
+uint64
+LeaseReclaimExpired(void)
+{
+	return SpiExec(reclaim_expired_sql, 0, NULL, NULL, NULL, SPI_OK_UPDATE);
+}
+
+static const char reclaim_orphans_sql[] =
+"UPDATE tuvl.runs SET status = 'queued', lease_owner = NULL, lease_epoch = NULL, "
+"  lease_expires_at = NULL "
+"WHERE id IN (SELECT id FROM tuvl.runs WHERE status = 'running' "
+"             AND lease_epoch IS DISTINCT FROM $1 FOR UPDATE SKIP LOCKED)";
+
+/*
+ * Return runs leased by processes of an older server incarnation to the
+ * queue, without waiting for their leases to expire; returns how many.
+ */
+uint64
+LeaseReclaimOrphans(int64 epoch)
+{
+	static const Oid types[1] = {INT8OID};
+	Datum		values[1];
+
+	values[0] = Int64GetDatum(epoch);
+	return SpiExec(reclaim_orphans_sql, 1, types, values, NULL, SPI_OK_UPDATE);
+}

@@ -1,0 +1,20 @@
+/*-------------------------------------------------------------------------
+ *
+ * lease.h
+ *	  Claiming runs with SKIP LOCKED, renewing and reclaiming leases.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef TUVL_LEASE_H
+#define TUVL_LEASE_H
+
+#include "nodes/pg_list.h"
+#include "utils/palloc.h"
+
+extern List *LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch,
+						int lease_ms, Oid owner);
+extern List *LeaseRenew(List *runs, int lease_ms);
+extern uint64 LeaseReclaimExpired(void);
+extern uint64 LeaseReclaimOrphans(int64 epoch);
+
+#endif							/* TUVL_LEASE_H */

@@ -1,0 +1,500 @@
+/*-------------------------------------------------------------------------
+ *
+ * runtime.c
+ *	  A run as a state machine: one transition per step.
+ *
+ * RunAdvance executes the run's current step and everything that follows
+ * from its signal, inside the caller's transaction: the step's own
+ * database work, its journal events (agent_started, agent_completed,
+ * signal, checkpoint, and run_started / run_completed / run_failed where
+ * they apply) and the run's new checkpoint.  The checkpoint write is
+ * fenced by the lease (id and attempt): a holder that lost its lease
+ * touches no row and raises, so its whole transition rolls back.  The
+ * caller owns the surrounding (sub)transaction and commits; only then
+ * does RunApplyTransition make the staged state current.
+ *
+ * The step itself runs in a nested subtransaction so that its failure
+ * becomes the "error" signal while the journal of that failure commits.
+ * Must be called with SPI connected; allocates in CurrentMemoryContext
+ * except for RunApplyTransition, which copies into the run's context.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "portability/instr_time.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/memutils.h"
+#include "utils/resowner.h"
+#include "utils/timestamp.h"
+
+#include "executor.h"
+#include "journal.h"
+#include "jsonutil.h"
+#include "runtime.h"
+#include "spiutil.h"
+#include "template.h"
+#include "tuvl.h"
+
+typedef struct RunErrorContext
+{
+	RunState   *run;
+	const char *step;
+} RunErrorContext;
+
+bool
+RunIsTerminalStatus(const char *status)
+{
+	return strcmp(status, "completed") == 0 || strcmp(status, "failed") == 0 ||
+		strcmp(status, "aborted") == 0 || strcmp(status, "compensated") == 0;
+}
+
+/*
+ * A run held in memory, in its own context under parent.
+ */
+RunState *
+RunStateCreate(MemoryContext parent, int64 id, int attempt,
+			   const char *workflow, int version, const char *principal,
+			   Jsonb *context, const char *current_step, int last_seq)
+{
+	MemoryContext cxt = AllocSetContextCreate(parent, "tuvl run",
+											  ALLOCSET_SMALL_SIZES);
+	MemoryContext old = MemoryContextSwitchTo(cxt);
+	RunState   *run = palloc0(sizeof(RunState));
+	WorkflowDef *wf;
+
+	run->cxt = cxt;
+	run->id = id;
+	run->attempt = attempt;
+	run->workflow = pstrdup(workflow);
+	run->version = version;
+	run->principal_name = pstrdup(principal);
+	run->principal = get_role_oid(principal, true);
+	run->context = DatumGetJsonbPCopy(JsonbPGetDatum(context));
+	run->last_seq = last_seq;
+	MemoryContextSwitchTo(old);
+
+	wf = WorkflowLoad(workflow, version);
+	if (current_step == NULL)
+		run->step = -1;
+	else
+	{
+		run->step = WorkflowFindStep(wf, current_step);
+		if (run->step < 0)
+			elog(ERROR, "run " INT64_FORMAT " is at step \"%s\", which its workflow does not have",
+				 id, current_step);
+	}
+	return run;
+}
+
+void
+RunStateFree(RunState *run)
+{
+	MemoryContextDelete(run->cxt);
+}
+
+static void
+run_error_callback(void *arg)
+{
+	RunErrorContext *ec = arg;
+
+	if (ec->step)
+		errcontext("tuvl run " INT64_FORMAT " of workflow \"%s\", step \"%s\"",
+				   ec->run->id, ec->run->workflow, ec->step);
+	else
+		errcontext("tuvl run " INT64_FORMAT " of workflow \"%s\"",
+				   ec->run->id, ec->run->workflow);
+}
+
+static const char fence_sql[] =
+"UPDATE tuvl.runs SET status = $3, context = $4, current_step = $5, last_seq = $6, "
+"  end_name = $7, response = $8, error = $9, "
+"  finished_at = CASE WHEN $3 IN ('completed', 'failed', 'aborted', 'compensated') "
+"                     THEN clock_timestamp() END, "
+"  lease_expires_at = CASE WHEN $3 = 'running' THEN now() + $10 END, "
+"  lease_owner = CASE WHEN $3 = 'running' THEN lease_owner END, "
+"  lease_epoch = CASE WHEN $3 = 'running' THEN lease_epoch END "
+"WHERE id = $1 AND attempt = $2 AND status = 'running'";
+
+/*
+ * Write the run's new checkpoint, fenced by the lease.  Raises when the
+ * lease was lost, which rolls back the caller's (sub)transaction.
+ */
+static void
+write_checkpoint(RunState *run, const char *status, Jsonb *context,
+				 const char *step, int last_seq, const char *end_name,
+				 Jsonb *response, const char *error, int lease_ms)
+{
+	static const Oid types[10] = {INT8OID, INT4OID, TEXTOID, JSONBOID, TEXTOID,
+	INT4OID, TEXTOID, JSONBOID, TEXTOID, INTERVALOID};
+	Datum		values[10];
+	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Interval   *lease = palloc0(sizeof(Interval));
+
+	lease->time = (int64) lease_ms * 1000;
+	values[0] = Int64GetDatum(run->id);
+	values[1] = Int32GetDatum(run->attempt);
+	values[2] = CStringGetTextDatum(status);
+	values[3] = JsonbPGetDatum(context);
+	if (step)
+		values[4] = CStringGetTextDatum(step);
+	else
+		nulls[4] = 'n';
+	values[5] = Int32GetDatum(last_seq);
+	if (end_name)
+		values[6] = CStringGetTextDatum(end_name);
+	else
+		nulls[6] = 'n';
+	if (response)
+		values[7] = JsonbPGetDatum(response);
+	else
+		nulls[7] = 'n';
+	if (error)
+		values[8] = CStringGetTextDatum(error);
+	else
+		nulls[8] = 'n';
+	values[9] = IntervalPGetDatum(lease);
+
+	if (SpiExec(fence_sql, 10, types, values, nulls, SPI_OK_UPDATE) != 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("lease on run " INT64_FORMAT " was lost", run->id),
+				 errdetail("Attempt %d no longer holds the run; another claimer took it over.",
+						   run->attempt)));
+}
+
+/* Payload helpers */
+static Jsonb *
+payload_step(const StepDef *step)
+{
+	JsonObjBuilder b;
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "kind", step->kind_name);
+	return JsonObjEnd(&b);
+}
+
+/*
+ * Where does signal lead from step?  Returns the target id, or NULL when
+ * the signal has no route and no implicit one.  *implicit_end is set when
+ * the default signal falls off the end of the main line.
+ */
+static const char *
+route_signal(WorkflowDef *wf, const StepDef *step, const char *signal, bool *implicit_end)
+{
+	char	   *target;
+
+	*implicit_end = false;
+	if (step->routes && (target = JsonGetString(step->routes, signal)) != NULL)
+		return target;
+	/* a Router's default route catches every value it does not map */
+	if (step->kind == STEP_ROUTER && strcmp(signal, "error") != 0 && step->routes &&
+		(target = JsonGetString(step->routes, "default")) != NULL)
+		return target;
+	if (strcmp(signal, "default") == 0)
+	{
+		if (step->next >= 0)
+			return wf->steps[step->next].id;
+		*implicit_end = true;
+	}
+	return NULL;
+}
+
+/*
+ * Render an end's response; on failure return NULL and set *error.
+ */
+static Jsonb *
+render_response(EndDef *end, Jsonb *context, char **error)
+{
+	MemoryContext oldcxt = CurrentMemoryContext;
+	Jsonb	   *volatile response = NULL;
+
+	PG_TRY();
+	{
+		response = TemplateRenderJsonb(end->response, context, NULL);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *e;
+
+		MemoryContextSwitchTo(oldcxt);
+		e = CopyErrorData();
+		FlushErrorState();
+		*error = psprintf("could not render the response of end \"%s\": %s",
+						  end->id, e->message);
+	}
+	PG_END_TRY();
+	return response;
+}
+
+/* What a transition knows before and after its step executed. */
+typedef struct Transition
+{
+	RunState   *run;
+	WorkflowDef *wf;
+	const StepDef *step;
+	List	   *events;
+	int			lease_ms;
+	instr_time	start;
+} Transition;
+
+/*
+ * Everything after the step: context update, journal, routing and the
+ * fenced checkpoint.  result is NULL when the step failed with edata.
+ * Runs in the transition's subtransaction.
+ */
+static void
+finish_transition(Transition *t, StepResult *result, ErrorData *edata)
+{
+	RunState   *run = t->run;
+	WorkflowDef *wf = t->wf;
+	const StepDef *step = t->step;
+	List	   *events = list_copy(t->events);
+	Jsonb	   *context = run->context;
+	const char *signal;
+	const char *target;
+	bool		implicit_end;
+	instr_time	duration;
+	JournalEvent *ev;
+	JsonObjBuilder b;
+	const char *status = "running";
+	const char *next_step_id = NULL;
+	const char *end_name = NULL;
+	Jsonb	   *response = NULL;
+	char	   *run_error = NULL;
+	Oid			save_user;
+	int			save_sec;
+
+	INSTR_TIME_SET_CURRENT(duration);
+	INSTR_TIME_SUBTRACT(duration, t->start);
+	if (result)
+	{
+		signal = result->signal ? result->signal : "default";
+		if (result->has_output)
+			context = JsonSetKey(context, step->output_key, result->output);
+	}
+	else
+	{
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "_last_error", edata->message);
+		JsonObjAddString(&b, "_last_error_type", StepErrorType);
+		context = JsonMerge(context, JsonObjEnd(&b));
+		signal = "error";
+	}
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "signal", signal);
+	if (edata)
+	{
+		char		sqlstate[6];
+
+		memcpy(sqlstate, unpack_sql_state(edata->sqlerrcode), 6);
+		JsonObjAddString(&b, "error", edata->message);
+		JsonObjAddString(&b, "error_type", StepErrorType);
+		JsonObjAddString(&b, "sqlstate", sqlstate);
+		if (edata->detail)
+			JsonObjAddString(&b, "detail", edata->detail);
+	}
+	else if (result->has_output)
+	{
+		JsonObjAddString(&b, "output_key", step->output_key);
+		JsonObjAddJsonb(&b, "output", result->output);
+	}
+	ev = JournalAdd(&events, "agent_completed", step->id, step->kind_name, JsonObjEnd(&b));
+	ev->latency_ms = INSTR_TIME_GET_MILLISEC(duration);
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "signal", signal);
+	JournalAdd(&events, "signal", step->id, step->kind_name, JsonObjEnd(&b));
+
+	target = route_signal(wf, step, signal, &implicit_end);
+	if (target && WorkflowFindStep(wf, target) >= 0)
+		next_step_id = target;
+	else if (target || implicit_end)
+	{
+		EndDef	   *end = target ? WorkflowFindEnd(wf, target) : NULL;
+
+		end_name = end ? end->id : NULL;
+		status = end ? end->status : "completed";
+		if (end && end->response)
+			response = render_response(end, context, &run_error);
+		if (run_error)
+			status = "failed";
+		else if (strcmp(status, "failed") == 0)
+			run_error = psprintf("the run reached end \"%s\", whose status is failed", end_name);
+	}
+	else if (strcmp(signal, "error") == 0)
+	{
+		status = "failed";
+		run_error = psprintf("step \"%s\" failed: %s", step->id, edata->message);
+	}
+	else
+	{
+		status = "failed";
+		run_error = psprintf("step \"%s\" produced signal \"%s\", which has no route",
+							 step->id, signal);
+	}
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "step", next_step_id);
+	if (strcmp(status, "running") != 0)
+		JsonObjAddString(&b, "end", end_name);
+	JsonObjAddString(&b, "status", status);
+	JournalAdd(&events, "checkpoint", step->id, step->kind_name, JsonObjEnd(&b));
+
+	if (strcmp(status, "running") != 0)
+	{
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "end", end_name);
+		JsonObjAddString(&b, "status", status);
+		JsonObjAddJsonb(&b, "response", response);
+		if (run_error)
+			JsonObjAddString(&b, "error", run_error);
+		JournalAdd(&events, strcmp(status, "completed") == 0 ? "run_completed" : "run_failed",
+				   NULL, NULL, JsonObjEnd(&b));
+	}
+
+	/* Internal writes run as the extension's owner. */
+	GetUserIdAndSecContext(&save_user, &save_sec);
+	SetUserIdAndSecContext(run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	run->next_seq = JournalWrite(run->id, run->last_seq, events);
+	write_checkpoint(run, status, context, next_step_id, run->next_seq,
+					 end_name, response, run_error, t->lease_ms);
+	SetUserIdAndSecContext(save_user, save_sec);
+
+	if (strcmp(status, "running") != 0)
+		TuvlRunChangedAtCommit();
+
+	run->next_context = context;
+	run->next_step = next_step_id ? WorkflowFindStep(wf, next_step_id) : -1;
+	run->next_status = status;
+	run->next_error = run_error;
+}
+
+/*
+ * Run fn(t, ...) in a subtransaction.  Returns NULL on success; on error
+ * the subtransaction is rolled back and the error returned (flushed).
+ */
+static ErrorData *
+in_subtransaction(Transition *t, bool execute, ErrorData *step_error,
+				  bool *step_failed)
+{
+	MemoryContext oldcxt = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+	volatile bool in_step = execute;
+	ErrorData  *volatile edata = NULL;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcxt);
+	PG_TRY();
+	{
+		if (execute)
+		{
+			StepResult	result;
+
+			memset(&result, 0, sizeof(result));
+			StepErrorType = "error";
+			ExecutorFor(t->step->kind)->execute(t->run, t->step, t->run->context, &result);
+			in_step = false;
+			finish_transition(t, &result, NULL);
+		}
+		else
+			finish_transition(t, NULL, step_error);
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+	}
+	PG_END_TRY();
+	*step_failed = edata != NULL && in_step;
+	return edata;
+}
+
+/*
+ * Execute one transition of run: see the file header.  Uses one
+ * subtransaction when the step succeeds, two when it fails (the step's
+ * work is rolled back, then the failure is journaled).  Any error raised
+ * from here left nothing behind in the caller's transaction.  The staged
+ * result is in run->next_*; call RunApplyTransition after commit.
+ */
+void
+RunAdvance(RunState *run, int lease_ms)
+{
+	Transition	t;
+	RunErrorContext ectx;
+	ErrorContextCallback errcallback;
+	JsonObjBuilder b;
+	ErrorData  *edata;
+	bool		step_failed;
+	int			cur;
+
+	memset(&t, 0, sizeof(t));
+	t.run = run;
+	t.wf = WorkflowLoad(run->workflow, run->version);
+	t.lease_ms = lease_ms;
+
+	ectx.run = run;
+	ectx.step = NULL;
+	errcallback.callback = run_error_callback;
+	errcallback.arg = &ectx;
+	errcallback.previous = error_context_stack;
+	error_context_stack = &errcallback;
+
+	cur = run->step;
+	if (cur < 0)
+	{
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "workflow", run->workflow);
+		JsonObjAddInt(&b, "version", run->version);
+		JsonObjAddString(&b, "principal", run->principal_name);
+		JsonObjAddInt(&b, "attempt", run->attempt);
+		JournalAdd(&t.events, "run_started", NULL, NULL, JsonObjEnd(&b));
+		cur = t.wf->start;
+	}
+	t.step = &t.wf->steps[cur];
+	ectx.step = t.step->id;
+
+	if (!OidIsValid(run->principal))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("role \"%s\" that started the run does not exist", run->principal_name)));
+
+	JournalAdd(&t.events, "agent_started", t.step->id, t.step->kind_name, payload_step(t.step));
+	INSTR_TIME_SET_CURRENT(t.start);
+
+	edata = in_subtransaction(&t, true, NULL, &step_failed);
+	if (edata && step_failed)
+		edata = in_subtransaction(&t, false, edata, &step_failed);
+	error_context_stack = errcallback.previous;
+	if (edata)
+		ReThrowError(edata);
+}
+
+/*
+ * Make the staged transition current, once its transaction committed.
+ */
+void
+RunApplyTransition(RunState *run)
+{
+	MemoryContext old = MemoryContextSwitchTo(run->cxt);
+	Jsonb	   *ctx = DatumGetJsonbPCopy(JsonbPGetDatum(run->next_context));
+
+	pfree(run->context);
+	run->context = ctx;
+	run->step = run->next_step;
+	run->last_seq = run->next_seq;
+	MemoryContextSwitchTo(old);
+}

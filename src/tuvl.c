@@ -1,0 +1,268 @@
+/*-------------------------------------------------------------------------
+ *
+ * tuvl.c
+ *	  Library entry point: GUCs, shared memory, the launcher's
+ *	  registration and commit-time wake-ups.
+ *
+ * The library works in two modes.  Preloaded (shared_preload_libraries),
+ * it owns a small shared memory segment and a static launcher that keeps
+ * a pool of workers in every database with the extension.  Loaded on
+ * demand, only the SQL functions that run in the calling backend work
+ * (tuvl.run, tuvl.validate, ...); anything needing workers says so with
+ * an error or a warning that carries a hint.
+ *
+ * Wake-ups are never sent mid-transaction: callers set backend-local
+ * flags and the transaction callback delivers them at commit, when the
+ * rows they announce are visible to the woken processes.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "postmaster/bgworker.h"
+#include "storage/ipc.h"
+#include "storage/proc.h"
+#include "storage/shmem.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/timestamp.h"
+
+#include "tuvl.h"
+
+PG_MODULE_MAGIC;
+
+void		_PG_init(void);
+
+TuvlSharedState *TuvlShmem = NULL;
+
+int			tuvl_workers_per_database = 2;
+int			tuvl_max_workers = 16;
+int			tuvl_lease_timeout = 30000;
+int			tuvl_heartbeat_interval = 5000;
+int			tuvl_runs_per_worker = 64;
+int			tuvl_launcher_naptime = 10000;
+int			tuvl_sync_timeout = 30000;
+
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+/* Backend-local wake-ups to deliver at commit. */
+static bool wake_workers_pending = false;
+static bool wake_launcher_pending = false;
+static bool run_changed_pending = false;
+
+static Size
+tuvl_shmem_size(void)
+{
+	return add_size(offsetof(TuvlSharedState, slots),
+					mul_size(sizeof(TuvlWorkerSlot), tuvl_max_workers));
+}
+
+static void
+tuvl_shmem_request(void)
+{
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+	RequestAddinShmemSpace(tuvl_shmem_size());
+	RequestNamedLWLockTranche("tuvl", 1);
+}
+
+/*
+ * Attach to (or create) the shared state.  Runs in the postmaster at every
+ * start and after every crash restart, so a new epoch is drawn each time.
+ */
+static void
+tuvl_shmem_startup(void)
+{
+	bool		found;
+
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	TuvlShmem = ShmemInitStruct("tuvl", tuvl_shmem_size(), &found);
+	if (!found)
+	{
+		memset(TuvlShmem, 0, tuvl_shmem_size());
+		TuvlShmem->lock = &(GetNamedLWLockTranche("tuvl"))->lock;
+		TuvlShmem->epoch = (int64) GetCurrentTimestamp();
+		TuvlShmem->nslots = tuvl_max_workers;
+		ConditionVariableInit(&TuvlShmem->run_cv);
+	}
+	LWLockRelease(AddinShmemInitLock);
+}
+
+/* Deliver pending wake-ups when the transaction that produced them commits. */
+static void
+tuvl_xact_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+			if (wake_workers_pending)
+				TuvlWakeWorkers(MyDatabaseId);
+			if (wake_launcher_pending && TuvlShmem)
+			{
+				Latch	   *latch;
+
+				LWLockAcquire(TuvlShmem->lock, LW_SHARED);
+				latch = TuvlShmem->launcher_latch;
+				LWLockRelease(TuvlShmem->lock);
+				if (latch)
+					SetLatch(latch);
+			}
+			if (run_changed_pending)
+				TuvlRunChangedNow();
+			/* FALLTHROUGH */
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+			wake_workers_pending = false;
+			wake_launcher_pending = false;
+			run_changed_pending = false;
+			break;
+		default:
+			break;
+	}
+}
+
+void
+TuvlWakeWorkersAtCommit(void)
+{
+	wake_workers_pending = true;
+}
+
+void
+TuvlWakeLauncherAtCommit(void)
+{
+	wake_launcher_pending = true;
+}
+
+void
+TuvlRunChangedAtCommit(void)
+{
+	run_changed_pending = true;
+}
+
+/* Set the latch of every worker serving the given database. */
+void
+TuvlWakeWorkers(Oid dboid)
+{
+	if (TuvlShmem == NULL)
+		return;
+	LWLockAcquire(TuvlShmem->lock, LW_SHARED);
+	for (int i = 0; i < TuvlShmem->nslots; i++)
+	{
+		TuvlWorkerSlot *slot = &TuvlShmem->slots[i];
+
+		if (slot->in_use && slot->dboid == dboid && slot->latch)
+			SetLatch(slot->latch);
+	}
+	LWLockRelease(TuvlShmem->lock);
+}
+
+/* Wake every backend sleeping in tuvl.wait(). */
+void
+TuvlRunChangedNow(void)
+{
+	if (TuvlShmem)
+		ConditionVariableBroadcast(&TuvlShmem->run_cv);
+}
+
+bool
+TuvlPreloaded(void)
+{
+	return TuvlShmem != NULL;
+}
+
+/*
+ * Raise an error explaining that a feature needs the library preloaded.
+ */
+void
+TuvlRequirePreload(const char *feature)
+{
+	if (TuvlShmem == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("%s requires tuvl to be loaded via shared_preload_libraries", feature),
+				 errhint("Add tuvl to shared_preload_libraries in postgresql.conf and restart the server.")));
+}
+
+static void
+define_gucs(void)
+{
+	DefineCustomIntVariable("tuvl.workers_per_database",
+							"Background workers executing runs in each database with the extension.",
+							"Changes take effect on reload: the launcher starts or stops workers.",
+							&tuvl_workers_per_database, 2, 0, 64,
+							PGC_SIGHUP, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("tuvl.max_workers",
+							"Maximum number of tuvl workers across all databases.",
+							"Each also needs a slot of max_worker_processes.",
+							&tuvl_max_workers, 16, 1, 1024,
+							PGC_POSTMASTER, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("tuvl.lease_timeout",
+							"How long a worker's claim on a run lasts without renewal.",
+							"A run whose lease expired is returned to the queue.",
+							&tuvl_lease_timeout, 30000, 1000, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
+	DefineCustomIntVariable("tuvl.heartbeat_interval",
+							"How often workers renew the leases of the runs they hold.",
+							"Keep it well below tuvl.lease_timeout.",
+							&tuvl_heartbeat_interval, 5000, 100, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
+	DefineCustomIntVariable("tuvl.runs_per_worker",
+							"Maximum number of runs one worker holds at once.",
+							"Ready runs held by a worker advance one step each per transaction.",
+							&tuvl_runs_per_worker, 64, 1, 100000,
+							PGC_SIGHUP, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("tuvl.launcher_naptime",
+							"How often the launcher rescans databases without being woken.",
+							NULL,
+							&tuvl_launcher_naptime, 10000, 100, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
+	DefineCustomIntVariable("tuvl.sync_timeout",
+							"Default time tuvl.run() executes a run before handing it to the workers.",
+							"A workflow's trigger.sync_timeout and the sync_timeout argument override it.",
+							&tuvl_sync_timeout, 30000, 0, INT_MAX,
+							PGC_USERSET, GUC_UNIT_MS, NULL, NULL, NULL);
+	MarkGUCPrefixReserved("tuvl");
+}
+
+static void
+register_launcher(void)
+{
+	BackgroundWorker worker;
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = 1;
+	strlcpy(worker.bgw_library_name, "tuvl", BGW_MAXLEN);
+	strlcpy(worker.bgw_function_name, "TuvlLauncherMain", BGW_MAXLEN);
+	strlcpy(worker.bgw_name, "tuvl launcher", BGW_MAXLEN);
+	strlcpy(worker.bgw_type, "tuvl launcher", BGW_MAXLEN);
+	RegisterBackgroundWorker(&worker);
+}
+
+void
+_PG_init(void)
+{
+	if (IsBinaryUpgrade)
+		return;
+
+	define_gucs();
+	RegisterXactCallback(tuvl_xact_callback, NULL);
+
+	if (!process_shared_preload_libraries_in_progress)
+		return;
+
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = tuvl_shmem_request;
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = tuvl_shmem_startup;
+	register_launcher();
+}

@@ -1,0 +1,91 @@
+/*-------------------------------------------------------------------------
+ *
+ * tuvl.h
+ *	  Shared declarations of the tuvl extension: GUCs, shared memory and
+ *	  the wake-up protocol between backends, the launcher and the workers.
+ *
+ * Shared memory exists only when the library is in
+ * shared_preload_libraries; TuvlShmem is NULL otherwise and every caller
+ * must cope (the synchronous path works without it, the workers do not).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef TUVL_H
+#define TUVL_H
+
+#include "storage/condition_variable.h"
+#include "storage/latch.h"
+#include "storage/lwlock.h"
+
+#ifndef TUVL_VERSION
+#define TUVL_VERSION "unknown"
+#endif
+
+/* Upper bound on databases the launcher tracks at once. */
+#define TUVL_MAX_DATABASES 64
+
+/* What the launcher knows about one database. */
+typedef enum TuvlDbState
+{
+	TUVL_DB_UNKNOWN = 0,		/* not probed yet, or woken by CREATE EXTENSION */
+	TUVL_DB_ABSENT,				/* probed: the extension is not installed */
+	TUVL_DB_PRESENT				/* workers run here */
+} TuvlDbState;
+
+typedef struct TuvlDbEntry
+{
+	Oid			dboid;			/* InvalidOid: free entry */
+	TuvlDbState state;
+	TimestampTz probed_at;		/* when state became ABSENT */
+} TuvlDbEntry;
+
+/* One background worker slot. */
+typedef struct TuvlWorkerSlot
+{
+	bool		in_use;			/* reserved by the launcher */
+	Oid			dboid;
+	int			number;			/* 1-based number within its database */
+	pid_t		pid;			/* 0 until the worker has started */
+	Latch	   *latch;			/* the worker's process latch */
+	bool		stop_requested; /* the launcher wants this worker gone */
+} TuvlWorkerSlot;
+
+typedef struct TuvlSharedState
+{
+	LWLock	   *lock;			/* protects everything below */
+	int64		epoch;			/* changes at every (re)initialisation of
+								 * shared memory, i.e. every server start and
+								 * crash restart: leases of older epochs
+								 * belong to dead processes */
+	pid_t		launcher_pid;
+	Latch	   *launcher_latch;
+	ConditionVariable run_cv;	/* broadcast when a run becomes terminal or
+								 * waiting; tuvl.wait() sleeps on it */
+	TuvlDbEntry dbs[TUVL_MAX_DATABASES];
+	int			nslots;
+	TuvlWorkerSlot slots[FLEXIBLE_ARRAY_MEMBER];
+} TuvlSharedState;
+
+extern TuvlSharedState *TuvlShmem;
+
+/* GUCs */
+extern int	tuvl_workers_per_database;
+extern int	tuvl_max_workers;
+extern int	tuvl_lease_timeout;
+extern int	tuvl_heartbeat_interval;
+extern int	tuvl_runs_per_worker;
+extern int	tuvl_launcher_naptime;
+extern int	tuvl_sync_timeout;
+
+/* Wake-ups: recorded now, delivered when the transaction commits. */
+extern void TuvlWakeWorkersAtCommit(void);
+extern void TuvlWakeLauncherAtCommit(void);
+extern void TuvlRunChangedAtCommit(void);
+extern void TuvlWakeWorkers(Oid dboid);
+extern void TuvlRunChangedNow(void);
+
+/* Raise a clear error when a feature needs shared_preload_libraries. */
+extern void TuvlRequirePreload(const char *feature);
+extern bool TuvlPreloaded(void);
+
+#endif							/* TUVL_H */

@@ -1,0 +1,596 @@
+/*-------------------------------------------------------------------------
+ *
+ * validate.c
+ *	  Static checks of a workflow definition.
+ *
+ * ValidateWorkflow walks the parsed YAML (jsonb) and returns every
+ * finding at once, each with the path of the offending node and, where
+ * the YAML position is known, its line and column in the message.  It
+ * never raises for a bad workflow: callers decide (register_workflow
+ * refuses any error, validate() returns the rows).  Pure computation;
+ * results in CurrentMemoryContext.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <ctype.h>
+
+#include "lib/stringinfo.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+
+#include "jsonschema.h"
+#include "jsonutil.h"
+#include "validate.h"
+#include "workflow.h"
+#include "yamlparse.h"
+
+typedef struct ValidateState
+{
+	List	   *findings;
+	Jsonb	   *positions;
+	bool		strict;
+	Jsonb	   *definition;
+	/* ids of steps and ends, for route checks */
+	List	   *step_ids;
+	List	   *end_ids;
+} ValidateState;
+
+static const char *const top_level_keys[] = {
+	"name", "description", "trigger", "start", "steps", "ends", "hooks",
+	"supervisor", NULL
+};
+
+static const char *const step_common_keys[] = {
+	"id", "kind", "description", "output", "routes", "compensate", "hooks",
+	"context_injection", "timeout", "retry", NULL
+};
+
+static pg_attribute_printf(4, 5) void
+add_finding(ValidateState *vs, const char *severity, const char *path,
+			const char *fmt,...)
+{
+	Finding    *f = palloc(sizeof(Finding));
+	StringInfoData buf;
+	va_list		args;
+	char	   *pos = NULL;
+
+	initStringInfo(&buf);
+	for (;;)
+	{
+		int			needed;
+
+		va_start(args, fmt);
+		needed = appendStringInfoVA(&buf, fmt, args);
+		va_end(args);
+		if (needed == 0)
+			break;
+		enlargeStringInfo(&buf, needed);
+	}
+	if (vs->positions && path && *path)
+		pos = YamlPositionText(vs->positions, path);
+	if (pos)
+		appendStringInfo(&buf, " (%s)", pos);
+
+	f->severity = severity;
+	f->path = pstrdup(path ? path : "");
+	f->message = buf.data;
+	vs->findings = lappend(vs->findings, f);
+}
+
+static bool
+valid_identifier(const char *s, bool allow_dash)
+{
+	if (s == NULL || *s == '\0')
+		return false;
+	if (!(isalpha((unsigned char) *s) || *s == '_'))
+		return false;
+	for (s++; *s; s++)
+		if (!(isalnum((unsigned char) *s) || *s == '_' || (allow_dash && *s == '-')))
+			return false;
+	return true;
+}
+
+static bool
+valid_workflow_name(const char *s)
+{
+	if (s == NULL || *s == '\0' || !((*s >= 'a' && *s <= 'z') || *s == '_'))
+		return false;
+	for (s++; *s; s++)
+		if (!((*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') || *s == '_'))
+			return false;
+	return true;
+}
+
+static bool
+list_has_string(List *l, const char *s)
+{
+	ListCell   *lc;
+
+	foreach(lc, l)
+		if (strcmp((char *) lfirst(lc), s) == 0)
+			return true;
+	return false;
+}
+
+static const char *
+json_type_name(JsonbValue *v)
+{
+	switch (v->type)
+	{
+		case jbvNull:
+			return "null";
+		case jbvString:
+			return "a string";
+		case jbvNumeric:
+			return "a number";
+		case jbvBool:
+			return "a boolean";
+		case jbvBinary:
+			return JsonContainerIsObject(v->val.binary.data) ? "a mapping" : "a list";
+		default:
+			return "a value";
+	}
+}
+
+static bool
+is_mapping(JsonbValue *v)
+{
+	return v && v->type == jbvBinary && JsonContainerIsObject(v->val.binary.data);
+}
+
+static bool
+is_list(JsonbValue *v)
+{
+	return v && v->type == jbvBinary && JsonContainerIsArray(v->val.binary.data);
+}
+
+/* Report keys of obj not in the allowed list(s) as warnings. */
+static void
+check_unknown_keys(ValidateState *vs, Jsonb *obj, const char *path,
+				   const char *const *allowed, const char *const *allowed2)
+{
+	JsonbIterator *it = JsonbIteratorInit(&obj->root);
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		char	   *key;
+		bool		known = false;
+
+		if (tok != WJB_KEY)
+			continue;
+		key = pnstrdup(v.val.string.val, v.val.string.len);
+		for (int i = 0; allowed[i]; i++)
+			known |= strcmp(allowed[i], key) == 0;
+		for (int i = 0; allowed2 && allowed2[i]; i++)
+			known |= strcmp(allowed2[i], key) == 0;
+		if (!known)
+			add_finding(vs, "warning", psprintf("%s%s%s", path, *path ? "." : "", key),
+						"unknown key \"%s\" is ignored; check its spelling", key);
+	}
+}
+
+/* A required string field of a mapping. */
+static char *
+require_string(ValidateState *vs, Jsonb *obj, const char *key, const char *path,
+			   const char *what)
+{
+	JsonbValue *v = JsonGetField(obj, key);
+	char	   *p = psprintf("%s.%s", path, key);
+
+	if (v == NULL)
+	{
+		add_finding(vs, "error", path, "%s is missing required key \"%s\"", what, key);
+		return NULL;
+	}
+	if (v->type != jbvString || v->val.string.len == 0)
+	{
+		add_finding(vs, "error", p, "\"%s\" must be a non-empty string, not %s",
+					key, json_type_name(v));
+		return NULL;
+	}
+	return pnstrdup(v->val.string.val, v->val.string.len);
+}
+
+static void
+check_duration(ValidateState *vs, Jsonb *obj, const char *key, const char *path)
+{
+	JsonbValue *v = JsonGetField(obj, key);
+	int			ms;
+
+	if (v && !DurationFromJson(v, &ms))
+		add_finding(vs, "error", psprintf("%s.%s", path, key),
+					"\"%s\" must be a duration such as 500ms, 10s or 5m", key);
+}
+
+static bool
+is_target(ValidateState *vs, const char *target)
+{
+	return list_has_string(vs->step_ids, target) || list_has_string(vs->end_ids, target);
+}
+
+static void
+check_routes(ValidateState *vs, Jsonb *step, const char *path)
+{
+	JsonbValue *routes = JsonGetField(step, "routes");
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	char	   *rpath = psprintf("%s.routes", path);
+
+	if (routes == NULL)
+		return;
+	if (!is_mapping(routes))
+	{
+		add_finding(vs, "error", rpath,
+					"routes must be a mapping of signal to step or end, such as { default: next_step }");
+		return;
+	}
+	it = JsonbIteratorInit(routes->val.binary.data);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		char	   *signal;
+		char	   *spath;
+
+		if (tok != WJB_KEY)
+			continue;
+		signal = pnstrdup(v.val.string.val, v.val.string.len);
+		spath = psprintf("%s.%s", rpath, signal);
+		tok = JsonbIteratorNext(&it, &v, true);
+		if (v.type != jbvString)
+		{
+			add_finding(vs, "error", spath,
+						"the route for signal \"%s\" must name a step or an end, not %s",
+						signal, json_type_name(&v));
+			continue;
+		}
+		else
+		{
+			char	   *target = pnstrdup(v.val.string.val, v.val.string.len);
+
+			if (!is_target(vs, target))
+				add_finding(vs, "error", spath,
+							"route target \"%s\" is neither a step nor an end of this workflow",
+							target);
+		}
+	}
+}
+
+/* Kind-specific fields of a step. */
+static void
+check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
+{
+	static const char *const functional_keys[] = {"function", NULL};
+	static const char *const modelop_keys[] = {"sql", "params", NULL};
+	static const char *const router_keys[] = {"on", NULL};
+	static const char *const apicall_keys[] = {"http", NULL};
+	static const char *const mcp_keys[] = {"mcp", NULL};
+	static const char *const agent_keys[] = {"mode", "agent", "guardrails", NULL};
+	static const char *const human_keys[] = {"form", NULL};
+	const char *const *extra = NULL;
+	JsonbValue *v;
+
+	switch (kind)
+	{
+		case STEP_FUNCTIONAL:
+			extra = functional_keys;
+			require_string(vs, step, "function", path, "a Functional step");
+			break;
+		case STEP_MODELOP:
+			extra = modelop_keys;
+			require_string(vs, step, "sql", path, "a ModelOp step");
+			v = JsonGetField(step, "params");
+			if (v && !is_list(v))
+				add_finding(vs, "error", psprintf("%s.params", path),
+							"params must be a list of values or templates, such as [\"{{ order_id }}\"]");
+			break;
+		case STEP_ROUTER:
+			extra = router_keys;
+			if (JsonGetField(step, "on") == NULL)
+				add_finding(vs, "error", path,
+							"a Router step is missing required key \"on\"; write on: \"{{ some.key }}\"");
+			if (JsonGetField(step, "routes") == NULL)
+				add_finding(vs, "error", path,
+							"a Router step needs routes mapping each value of \"on\" to a step or an end");
+			break;
+		case STEP_APICALL:
+			extra = apicall_keys;
+			v = JsonGetField(step, "http");
+			if (!is_mapping(v))
+				add_finding(vs, "error", path,
+							"an APICall step needs an http mapping with at least a url");
+			else
+			{
+				Jsonb	   *http = JsonValueToJsonb(v);
+
+				require_string(vs, http, "url", psprintf("%s.http", path), "the http mapping");
+				check_duration(vs, http, "timeout", psprintf("%s.http", path));
+			}
+			break;
+		case STEP_MCP:
+			extra = mcp_keys;
+			v = JsonGetField(step, "mcp");
+			if (!is_mapping(v))
+				add_finding(vs, "error", path,
+							"an MCP step needs an mcp mapping with url and tool");
+			else
+			{
+				Jsonb	   *mcp = JsonValueToJsonb(v);
+				char	   *mpath = psprintf("%s.mcp", path);
+
+				require_string(vs, mcp, "url", mpath, "the mcp mapping");
+				require_string(vs, mcp, "tool", mpath, "the mcp mapping");
+			}
+			break;
+		case STEP_AGENT:
+			extra = agent_keys;
+			v = JsonGetField(step, "mode");
+			if (v == NULL)
+				add_finding(vs, "error", path,
+							"an Agent step needs mode: completion or mode: autonomous");
+			else if (v->type != jbvString ||
+					 (strncmp(v->val.string.val, "completion", v->val.string.len) != 0 &&
+					  strncmp(v->val.string.val, "autonomous", v->val.string.len) != 0))
+				add_finding(vs, "error", psprintf("%s.mode", path),
+							"mode must be completion or autonomous");
+			if (!is_mapping(JsonGetField(step, "agent")))
+				add_finding(vs, "error", path,
+							"an Agent step needs an agent mapping with at least a model");
+			break;
+		case STEP_HUMAN:
+			extra = human_keys;
+			v = JsonGetField(step, "form");
+			if (!is_mapping(v))
+				add_finding(vs, "error", path,
+							"a Human step needs a form: a JSON Schema of the data people submit");
+			else
+			{
+				ListCell   *lc;
+
+				foreach(lc, JsonSchemaCheck(JsonValueToJsonb(v), psprintf("%s.form", path)))
+				{
+					JsonSchemaError *e = lfirst(lc);
+
+					add_finding(vs, "error", e->path, "%s", e->message);
+				}
+			}
+			break;
+		default:
+			break;
+	}
+	check_unknown_keys(vs, step, path, step_common_keys, extra);
+}
+
+static void
+check_trigger(ValidateState *vs, JsonbValue *tv)
+{
+	static const char *const trigger_keys[] = {"input", "schedule", "sync_timeout", "http", NULL};
+	Jsonb	   *trigger;
+	JsonbValue *input;
+	JsonbValue *schedule;
+
+	if (!is_mapping(tv))
+	{
+		add_finding(vs, "error", "trigger", "trigger must be a mapping, such as { input: {...} }");
+		return;
+	}
+	trigger = JsonValueToJsonb(tv);
+	check_unknown_keys(vs, trigger, "trigger", trigger_keys, NULL);
+	input = JsonGetField(trigger, "input");
+	if (input)
+	{
+		ListCell   *lc;
+
+		foreach(lc, JsonSchemaCheck(JsonValueToJsonb(input), "trigger.input"))
+		{
+			JsonSchemaError *e = lfirst(lc);
+
+			add_finding(vs, "error", e->path, "%s", e->message);
+		}
+	}
+	check_duration(vs, trigger, "sync_timeout", "trigger");
+	schedule = JsonGetField(trigger, "schedule");
+	if (schedule && schedule->type != jbvString)
+		add_finding(vs, "error", "trigger.schedule",
+					"schedule must be a cron expression string such as \"*/5 * * * *\"");
+}
+
+/*
+ * Check a parsed workflow; returns a List of Finding (NIL when clean).
+ */
+List *
+ValidateWorkflow(Jsonb *def, Jsonb *positions, bool strict)
+{
+	ValidateState vs;
+	JsonbValue *v;
+	JsonbValue *steps;
+	JsonbValue *ends;
+	int			nsteps = 0;
+	int			nends = 0;
+
+	memset(&vs, 0, sizeof(vs));
+	vs.positions = positions;
+	vs.strict = strict;
+	vs.definition = def;
+
+	if (!JsonIsObject(def))
+	{
+		add_finding(&vs, "error", "", "a workflow must be a YAML mapping with name and steps");
+		return vs.findings;
+	}
+	check_unknown_keys(&vs, def, "", top_level_keys, NULL);
+
+	v = JsonGetField(def, "name");
+	if (v == NULL)
+		add_finding(&vs, "error", "", "the workflow is missing required key \"name\"");
+	else if (v->type != jbvString ||
+			 !valid_workflow_name(pnstrdup(v->val.string.val, v->val.string.len)))
+		add_finding(&vs, "error", "name",
+					"name must match [a-z_][a-z0-9_]*, such as refund_request");
+
+	v = JsonGetField(def, "description");
+	if (v && v->type != jbvString)
+		add_finding(&vs, "error", "description", "description must be a string");
+
+	v = JsonGetField(def, "trigger");
+	if (v)
+		check_trigger(&vs, v);
+
+	/* First pass: collect ids so routes can be checked in any order. */
+	steps = JsonGetField(def, "steps");
+	if (steps == NULL)
+		add_finding(&vs, "error", "", "the workflow is missing required key \"steps\"");
+	else if (!is_list(steps) || JsonContainerSize(steps->val.binary.data) == 0)
+		add_finding(&vs, "error", "steps", "steps must be a non-empty list of step mappings");
+	else
+		nsteps = JsonContainerSize(steps->val.binary.data);
+
+	ends = JsonGetField(def, "ends");
+	if (ends && !is_list(ends))
+		add_finding(&vs, "error", "ends", "ends must be a list such as - { id: done, status: completed }");
+	else if (ends)
+		nends = JsonContainerSize(ends->val.binary.data);
+
+	for (int i = 0; i < nsteps; i++)
+	{
+		JsonbValue *s = getIthJsonbValueFromContainer(steps->val.binary.data, i);
+		char	   *path = psprintf("steps[%d]", i);
+		char	   *id;
+
+		if (!is_mapping(s))
+		{
+			add_finding(&vs, "error", path, "a step must be a mapping with id and kind, not %s",
+						json_type_name(s));
+			continue;
+		}
+		id = require_string(&vs, JsonValueToJsonb(s), "id", path, "the step");
+		if (id == NULL)
+			continue;
+		if (!valid_identifier(id, true))
+			add_finding(&vs, "error", psprintf("%s.id", path),
+						"step id \"%s\" must start with a letter or underscore and contain only letters, digits, _ and -",
+						id);
+		if (list_has_string(vs.step_ids, id))
+			add_finding(&vs, "error", psprintf("%s.id", path),
+						"step id \"%s\" is used twice; step ids must be unique", id);
+		vs.step_ids = lappend(vs.step_ids, id);
+	}
+	for (int i = 0; i < nends; i++)
+	{
+		JsonbValue *e = getIthJsonbValueFromContainer(ends->val.binary.data, i);
+		char	   *path = psprintf("ends[%d]", i);
+		Jsonb	   *end;
+		char	   *id;
+		char	   *status;
+
+		if (!is_mapping(e))
+		{
+			add_finding(&vs, "error", path, "an end must be a mapping such as { id: done, status: completed }");
+			continue;
+		}
+		end = JsonValueToJsonb(e);
+		id = require_string(&vs, end, "id", path, "the end");
+		if (id && (list_has_string(vs.step_ids, id) || list_has_string(vs.end_ids, id)))
+			add_finding(&vs, "error", psprintf("%s.id", path),
+						"end id \"%s\" is already used by a step or another end", id);
+		if (id)
+			vs.end_ids = lappend(vs.end_ids, id);
+		v = JsonGetField(end, "status");
+		status = (v && v->type == jbvString) ? pnstrdup(v->val.string.val, v->val.string.len) : NULL;
+		if (v && (status == NULL ||
+				  (strcmp(status, "completed") != 0 && strcmp(status, "failed") != 0)))
+			add_finding(&vs, "error", psprintf("%s.status", path),
+						"an end's status must be completed or failed");
+		{
+			static const char *const end_keys[] = {"id", "status", "response", "rollback", "description", NULL};
+
+			check_unknown_keys(&vs, end, path, end_keys, NULL);
+		}
+		v = JsonGetField(end, "rollback");
+		if (v && v->type != jbvBool)
+			add_finding(&vs, "error", psprintf("%s.rollback", path), "rollback must be true or false");
+	}
+
+	/* Second pass: kinds, kind-specific fields, routes. */
+	for (int i = 0; i < nsteps; i++)
+	{
+		JsonbValue *s = getIthJsonbValueFromContainer(steps->val.binary.data, i);
+		char	   *path = psprintf("steps[%d]", i);
+		Jsonb	   *step;
+		char	   *kind;
+		StepKind	k;
+		JsonbValue *c;
+
+		if (!is_mapping(s))
+			continue;
+		step = JsonValueToJsonb(s);
+		kind = require_string(&vs, step, "kind", path, "the step");
+		if (kind && !StepKindFromName(kind, &k))
+			add_finding(&vs, "error", psprintf("%s.kind", path),
+						"unknown step kind \"%s\"; use one of Functional, ModelOp, Router, APICall, MCP, Agent, Human",
+						kind);
+		else if (kind)
+			check_step_kind(&vs, step, k, path);
+
+		v = JsonGetField(step, "output");
+		if (v && (v->type != jbvString || v->val.string.len == 0))
+			add_finding(&vs, "error", psprintf("%s.output", path),
+						"output must name the context key the step writes");
+		check_routes(&vs, step, path);
+		c = JsonGetField(step, "compensate");
+		if (c)
+		{
+			if (c->type != jbvString ||
+				!list_has_string(vs.step_ids, pnstrdup(c->val.string.val, c->val.string.len)))
+				add_finding(&vs, "error", psprintf("%s.compensate", path),
+							"compensate must name a step of this workflow");
+		}
+	}
+
+	v = JsonGetField(def, "start");
+	if (v)
+	{
+		if (v->type != jbvString ||
+			!list_has_string(vs.step_ids, pnstrdup(v->val.string.val, v->val.string.len)))
+			add_finding(&vs, "error", "start", "start must name a step of this workflow");
+	}
+	return vs.findings;
+}
+
+bool
+FindingsHaveErrors(List *findings)
+{
+	ListCell   *lc;
+
+	foreach(lc, findings)
+		if (strcmp(((Finding *) lfirst(lc))->severity, "error") == 0)
+			return true;
+	return false;
+}
+
+/* One line per finding of the given severity: "path: message". */
+char *
+FindingsFormat(List *findings, const char *severity)
+{
+	StringInfoData buf;
+	ListCell   *lc;
+
+	initStringInfo(&buf);
+	foreach(lc, findings)
+	{
+		Finding    *f = lfirst(lc);
+
+		if (strcmp(f->severity, severity) != 0)
+			continue;
+		if (buf.len > 0)
+			appendStringInfoChar(&buf, '\n');
+		if (*f->path)
+			appendStringInfo(&buf, "%s: %s", f->path, f->message);
+		else
+			appendStringInfoString(&buf, f->message);
+	}
+	return buf.data;
+}

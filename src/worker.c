@@ -1,0 +1,448 @@
+/*-------------------------------------------------------------------------
+ *
+ * worker.c
+ *	  The tuvl worker: claims runs of one database and advances them.
+ *
+ * A worker holds up to tuvl.runs_per_worker runs under lease.  Each round
+ * it claims queued runs (FOR UPDATE SKIP LOCKED), then advances every
+ * held run by one transition, many transitions per transaction, each in
+ * its own subtransaction: one commit covers the batch, and a failing
+ * transition rolls back alone.  Nothing a transition produced is used
+ * before its transaction commits.  Idle, the worker sleeps on its latch,
+ * which start_run and friends set at commit; a timed wake-up remains for
+ * lease renewal, lease expiry and noticing DROP EXTENSION.
+ *
+ * Signals: SIGTERM uses die(), so a long statement is cancelled and the
+ * worker exits at once; runs it held are reclaimed by the next worker's
+ * maintenance (their holder's pid is gone) or at lease expiry.  SIGHUP
+ * reloads the configuration.  ERRORs outside a transition are caught by
+ * the sigsetjmp block: the worker logs, aborts, forgets its runs (their
+ * leases lapse) and carries on.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <setjmp.h>
+
+#include "access/xact.h"
+#include "commands/extension.h"
+#include "executor/spi.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/proc.h"
+#include "tcop/tcopprot.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+
+#include "lease.h"
+#include "runtime.h"
+#include "spiutil.h"
+#include "tuvl.h"
+#include "worker.h"
+
+/* Transitions per commit: stays under the 64 cached subxids of a PGPROC. */
+#define MAX_STEPS_PER_COMMIT 60
+
+/* How often an idle worker checks that the extension still exists. */
+#define MAINTENANCE_INTERVAL_MS 1000
+
+static int	my_slot = -1;
+static List *held = NIL;			/* RunState *, in runs_cxt */
+static MemoryContext runs_cxt = NULL;
+static MemoryContext round_cxt = NULL;
+static Oid	owner_id = InvalidOid;
+static int64 epoch = 0;
+
+static void
+release_slot(int code, Datum arg)
+{
+	if (my_slot < 0 || TuvlShmem == NULL)
+		return;
+	LWLockAcquire(TuvlShmem->lock, LW_EXCLUSIVE);
+	TuvlShmem->slots[my_slot].in_use = false;
+	TuvlShmem->slots[my_slot].pid = 0;
+	TuvlShmem->slots[my_slot].latch = NULL;
+	LWLockRelease(TuvlShmem->lock);
+}
+
+/* Begin a worker transaction in the worker_spi rhythm. */
+static void
+begin_tx(const char *activity)
+{
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	SPI_connect();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, activity);
+	MemoryContextSwitchTo(round_cxt);
+}
+
+static void
+commit_tx(void)
+{
+	SPI_finish();
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	pgstat_report_stat(false);
+	pgstat_report_activity(STATE_IDLE, NULL);
+	MemoryContextSwitchTo(round_cxt);
+}
+
+/*
+ * This transaction may commit without waiting for its WAL flush: it only
+ * claims or renews leases, which a crash makes moot anyway.
+ */
+static void
+async_commit(void)
+{
+	(void) set_config_option("synchronous_commit", "off", PGC_SUSET, PGC_S_SESSION,
+							 GUC_ACTION_LOCAL, true, 0, false);
+}
+
+static void
+forget_run(RunState *run)
+{
+	held = list_delete_ptr(held, run);
+	RunStateFree(run);
+}
+
+static void
+forget_all_runs(void)
+{
+	while (held != NIL)
+		forget_run(linitial(held));
+}
+
+/* Is the extension still installed here?  Inside a transaction. */
+static bool
+extension_present(void)
+{
+	return OidIsValid(get_extension_oid("tuvl", true));
+}
+
+/* The extension is gone: tell the launcher and leave quietly. */
+static void
+exit_extension_dropped(void)
+{
+	if (TuvlShmem)
+	{
+		LWLockAcquire(TuvlShmem->lock, LW_EXCLUSIVE);
+		for (int i = 0; i < TUVL_MAX_DATABASES; i++)
+			if (TuvlShmem->dbs[i].dboid == MyDatabaseId)
+			{
+				TuvlShmem->dbs[i].state = TUVL_DB_ABSENT;
+				TuvlShmem->dbs[i].probed_at = GetCurrentTimestamp();
+			}
+		LWLockRelease(TuvlShmem->lock);
+	}
+	ereport(LOG,
+			(errmsg("tuvl worker exiting: extension tuvl is not installed in this database")));
+	proc_exit(0);
+}
+
+/* The extension is here: tell the launcher, which fills the pool. */
+static void
+note_extension_present(void)
+{
+	Latch	   *launcher = NULL;
+
+	LWLockAcquire(TuvlShmem->lock, LW_EXCLUSIVE);
+	for (int i = 0; i < TUVL_MAX_DATABASES; i++)
+		if (TuvlShmem->dbs[i].dboid == MyDatabaseId &&
+			TuvlShmem->dbs[i].state != TUVL_DB_PRESENT)
+		{
+			TuvlShmem->dbs[i].state = TUVL_DB_PRESENT;
+			launcher = TuvlShmem->launcher_latch;
+		}
+	LWLockRelease(TuvlShmem->lock);
+	if (launcher)
+		SetLatch(launcher);
+}
+
+static const char reclaim_dead_sql[] =
+"UPDATE tuvl.runs SET status = 'queued', lease_owner = NULL, lease_epoch = NULL, "
+"  lease_expires_at = NULL "
+"WHERE id IN (SELECT id FROM tuvl.runs WHERE status = 'running' AND lease_epoch = $1 "
+"             AND lease_owner <> ALL (SELECT pid FROM pg_catalog.pg_stat_get_activity(NULL) "
+"                                     WHERE pid IS NOT NULL) "
+"             FOR UPDATE SKIP LOCKED)";
+
+/*
+ * Housekeeping: the extension still exists, dead holders' runs and
+ * expired leases go back to the queue, our leases are renewed.
+ */
+static void
+maintenance(bool renew)
+{
+	uint64		n;
+	Datum		values[1];
+	static const Oid types[1] = {INT8OID};
+
+	begin_tx("tuvl maintenance");
+	if (!extension_present())
+	{
+		SPI_finish();
+		PopActiveSnapshot();
+		AbortCurrentTransaction();
+		exit_extension_dropped();
+	}
+	async_commit();
+	n = LeaseReclaimOrphans(epoch);
+	values[0] = Int64GetDatum(epoch);
+	n += SpiExec(reclaim_dead_sql, 1, types, values, NULL, SPI_OK_UPDATE);
+	n += LeaseReclaimExpired();
+	if (renew && held != NIL)
+	{
+		List	   *lost = LeaseRenew(held, tuvl_lease_timeout);
+		ListCell   *lc;
+
+		foreach(lc, lost)
+		{
+			RunState   *run = lfirst(lc);
+
+			ereport(LOG,
+					(errmsg("tuvl worker lost the lease on run " INT64_FORMAT, run->id)));
+			forget_run(run);
+		}
+	}
+	commit_tx();
+	if (n > 0)
+		TuvlWakeWorkers(MyDatabaseId);
+}
+
+/* Claim queued runs up to our limit; returns how many were claimed. */
+static int
+claim(void)
+{
+	int			room = tuvl_runs_per_worker - list_length(held);
+	List	   *runs;
+
+	if (room <= 0)
+		return 0;
+	begin_tx("tuvl claiming runs");
+	/* a lost claim only means the run is claimed again */
+	async_commit();
+	runs = LeaseClaim(runs_cxt, room, epoch, tuvl_lease_timeout, owner_id);
+	commit_tx();
+	held = list_concat(held, runs);
+	return list_length(runs);
+}
+
+/*
+ * One transition; false (logged) when it could not be made.  RunAdvance
+ * leaves nothing behind in the transaction when it raises.
+ */
+static bool
+try_advance(RunState *run)
+{
+	MemoryContext oldcxt = CurrentMemoryContext;
+	volatile bool ok = true;
+
+	PG_TRY();
+	{
+		RunAdvance(run, tuvl_lease_timeout);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		ereport(LOG,
+				(errmsg("tuvl worker dropped run " INT64_FORMAT ": %s", run->id, edata->message)));
+		ok = false;
+	}
+	PG_END_TRY();
+	return ok;
+}
+
+/*
+ * Advance up to MAX_STEPS_PER_COMMIT held runs by one transition each, in
+ * one transaction.  Runs whose transition failed (lost lease, broken
+ * workflow) are dropped; runs that ended are released.
+ */
+static void
+advance_batch(void)
+{
+	List	   *batch = NIL;
+	List	   *advanced = NIL;
+	List	   *failed = NIL;
+	ListCell   *lc;
+	char		activity[64];
+
+	foreach(lc, held)
+	{
+		batch = lappend(batch, lfirst(lc));
+		if (list_length(batch) >= MAX_STEPS_PER_COMMIT)
+			break;
+	}
+	snprintf(activity, sizeof(activity), "tuvl advancing %d runs", list_length(batch));
+	begin_tx(activity);
+	foreach(lc, batch)
+	{
+		RunState   *run = lfirst(lc);
+
+		if (try_advance(run))
+			advanced = lappend(advanced, run);
+		else
+			failed = lappend(failed, run);
+	}
+	commit_tx();
+
+	foreach(lc, advanced)
+	{
+		RunState   *run = lfirst(lc);
+
+		RunApplyTransition(run);
+		if (strcmp(run->next_status, "running") != 0)
+			forget_run(run);
+		else
+		{
+			/* move to the back so every held run gets its turn */
+			held = list_delete_ptr(held, run);
+			held = lappend(held, run);
+		}
+	}
+	foreach(lc, failed)
+		forget_run(lfirst(lc));
+}
+
+static void
+set_my_name(int number)
+{
+	char		name[64];
+
+	snprintf(name, sizeof(name), "tuvl worker %d", number);
+	SetConfigOption("application_name", name, PGC_USERSET, PGC_S_SESSION);
+	pgstat_report_appname(name);
+}
+
+void
+TuvlWorkerMain(Datum main_arg)
+{
+	sigjmp_buf	local_sigjmp_buf;
+	Oid			dboid;
+	volatile TimestampTz next_maintenance = 0;
+	volatile TimestampTz next_renewal = 0;
+	volatile bool want_claim = true;
+
+	my_slot = DatumGetInt32(main_arg);
+	memcpy(&dboid, MyBgworkerEntry->bgw_extra, sizeof(Oid));
+
+	pqsignal(SIGTERM, die);
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	BackgroundWorkerUnblockSignals();
+
+	if (TuvlShmem == NULL)
+		proc_exit(1);
+	before_shmem_exit(release_slot, (Datum) 0);
+
+	LWLockAcquire(TuvlShmem->lock, LW_EXCLUSIVE);
+	TuvlShmem->slots[my_slot].pid = MyProcPid;
+	TuvlShmem->slots[my_slot].latch = MyLatch;
+	epoch = TuvlShmem->epoch;
+	LWLockRelease(TuvlShmem->lock);
+
+	BackgroundWorkerInitializeConnectionByOid(dboid, InvalidOid, 0);
+	set_my_name(TuvlShmem->slots[my_slot].number);
+
+	runs_cxt = AllocSetContextCreate(TopMemoryContext, "tuvl runs", ALLOCSET_DEFAULT_SIZES);
+	round_cxt = AllocSetContextCreate(TopMemoryContext, "tuvl round", ALLOCSET_DEFAULT_SIZES);
+	MemoryContextSwitchTo(round_cxt);
+
+	StartTransactionCommand();
+	if (!extension_present())
+	{
+		AbortCurrentTransaction();
+		exit_extension_dropped();
+	}
+	owner_id = TuvlOwnerId();
+	CommitTransactionCommand();
+	MemoryContextSwitchTo(round_cxt);
+	note_extension_present();
+
+	ereport(LOG, (errmsg("tuvl worker %d started", TuvlShmem->slots[my_slot].number)));
+
+	/* A long-lived worker survives its own errors, like the bgwriter. */
+	if (sigsetjmp(local_sigjmp_buf, 1) != 0)
+	{
+		error_context_stack = NULL;
+		HOLD_INTERRUPTS();
+		EmitErrorReport();
+		AbortOutOfAnyTransaction();
+		SPI_finish();
+		MemoryContextSwitchTo(round_cxt);
+		FlushErrorState();
+		forget_all_runs();
+		MemoryContextReset(round_cxt);
+		RESUME_INTERRUPTS();
+
+		/* a dropped extension shows up as errors first */
+		StartTransactionCommand();
+		if (!extension_present())
+		{
+			AbortCurrentTransaction();
+			exit_extension_dropped();
+		}
+		CommitTransactionCommand();
+		MemoryContextSwitchTo(round_cxt);
+		pg_usleep(100000L);
+	}
+	PG_exception_stack = &local_sigjmp_buf;
+
+	for (;;)
+	{
+		TimestampTz now;
+		long		timeout;
+
+		CHECK_FOR_INTERRUPTS();
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+		}
+		if (TuvlShmem->slots[my_slot].stop_requested)
+		{
+			ereport(LOG, (errmsg("tuvl worker stopping at the launcher's request")));
+			proc_exit(0);
+		}
+		MemoryContextReset(round_cxt);
+		ResetLatch(MyLatch);
+
+		now = GetCurrentTimestamp();
+		if (now >= next_maintenance)
+		{
+			bool		renew = now >= next_renewal;
+
+			maintenance(renew);
+			next_maintenance = TimestampTzPlusMilliseconds(now, MAINTENANCE_INTERVAL_MS);
+			if (renew)
+				next_renewal = TimestampTzPlusMilliseconds(now, tuvl_heartbeat_interval);
+			want_claim = true;
+		}
+
+		if (want_claim || held != NIL)
+			want_claim = claim() > 0;
+
+		if (held != NIL)
+		{
+			advance_batch();
+			continue;
+		}
+
+		now = GetCurrentTimestamp();
+		timeout = Max(1, (long) ((next_maintenance - now) / 1000));
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 timeout, PG_WAIT_EXTENSION);
+		want_claim = true;
+	}
+}

@@ -1,0 +1,369 @@
+/*-------------------------------------------------------------------------
+ *
+ * workflow.c
+ *	  The in-memory model of a registered workflow version, and its cache.
+ *
+ * A workflow version never changes once registered, so a compiled
+ * WorkflowDef is cached for the life of the backend, in its own memory
+ * context under CacheMemoryContext.  The cache is flushed when tuvl's
+ * workflows table is invalidated (DROP EXTENSION, for instance), since
+ * the same name and version may then come back with other contents.
+ * Compilation assumes the definition passed validation.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <ctype.h>
+
+#include "catalog/namespace.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "utils/builtins.h"
+#include "utils/hsearch.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+
+#include "jsonutil.h"
+#include "spiutil.h"
+#include "workflow.h"
+
+const char *const StepKindNames[STEP_KIND_COUNT] = {
+	"Functional", "ModelOp", "Router", "APICall", "MCP", "Agent", "Human"
+};
+
+typedef struct WorkflowCacheKey
+{
+	char		name[NAMEDATALEN];
+	int			version;
+} WorkflowCacheKey;
+
+typedef struct WorkflowCacheEntry
+{
+	WorkflowCacheKey key;
+	WorkflowDef *def;
+	MemoryContext cxt;
+} WorkflowCacheEntry;
+
+static HTAB *workflow_cache = NULL;
+static bool callback_registered = false;
+
+bool
+StepKindFromName(const char *name, StepKind *kind)
+{
+	for (int i = 0; i < STEP_KIND_COUNT; i++)
+	{
+		if (strcmp(name, StepKindNames[i]) == 0)
+		{
+			*kind = (StepKind) i;
+			return true;
+		}
+	}
+	return false;
+}
+
+/*
+ * Parse "250ms", "10s", "5m", "1h" or a plain number of seconds.
+ * Returns false when the text is not a duration.
+ */
+bool
+DurationParse(const char *text, int *ms)
+{
+	char	   *end;
+	double		v;
+	double		mult;
+
+	errno = 0;
+	v = strtod(text, &end);
+	if (end == text || errno != 0 || v < 0)
+		return false;
+	while (isspace((unsigned char) *end))
+		end++;
+	if (*end == '\0' || strcmp(end, "s") == 0)
+		mult = 1000;
+	else if (strcmp(end, "ms") == 0)
+		mult = 1;
+	else if (strcmp(end, "m") == 0 || strcmp(end, "min") == 0)
+		mult = 60000;
+	else if (strcmp(end, "h") == 0)
+		mult = 3600000;
+	else
+		return false;
+	if (v * mult > INT_MAX)
+		return false;
+	*ms = (int) (v * mult);
+	return true;
+}
+
+/* A duration given as a YAML number (seconds) or string. */
+bool
+DurationFromJson(JsonbValue *v, int *ms)
+{
+	char	   *text;
+
+	if (v == NULL)
+		return false;
+	if (v->type == jbvNumeric)
+		text = DatumGetCString(DirectFunctionCall1(numeric_out,
+												   NumericGetDatum(v->val.numeric)));
+	else if (v->type == jbvString)
+		text = pnstrdup(v->val.string.val, v->val.string.len);
+	else
+		return false;
+	return DurationParse(text, ms);
+}
+
+/* Collect the ids of steps used as compensators or agent tools. */
+static bool
+step_is_side_line(Jsonb *definition, const char *id)
+{
+	Jsonb	   *steps = JsonGetJsonb(definition, "steps");
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+
+	/* cheap scan: every "compensate" or "ref" string value equal to id */
+	it = JsonbIteratorInit(&steps->root);
+	while ((tok = JsonbIteratorNext(&it, &v, false)) != WJB_DONE)
+	{
+		if (tok == WJB_KEY &&
+			((v.val.string.len == 10 && strncmp(v.val.string.val, "compensate", 10) == 0) ||
+			 (v.val.string.len == 3 && strncmp(v.val.string.val, "ref", 3) == 0)))
+		{
+			tok = JsonbIteratorNext(&it, &v, false);
+			if (tok == WJB_VALUE && v.type == jbvString &&
+				v.val.string.len == strlen(id) &&
+				strncmp(v.val.string.val, id, v.val.string.len) == 0)
+				return true;
+		}
+	}
+	return false;
+}
+
+/*
+ * Build a WorkflowDef from a validated definition, in CurrentMemoryContext.
+ */
+WorkflowDef *
+WorkflowCompile(const char *name, int version, Jsonb *definition)
+{
+	WorkflowDef *wf = palloc0(sizeof(WorkflowDef));
+	Jsonb	   *steps = JsonGetJsonb(definition, "steps");
+	Jsonb	   *ends = JsonGetJsonb(definition, "ends");
+	Jsonb	   *trigger = JsonGetJsonb(definition, "trigger");
+	char	   *start;
+	bool	   *side;
+
+	wf->name = pstrdup(name);
+	wf->version = version;
+	wf->definition = definition;
+	wf->sync_timeout_ms = -1;
+	if (trigger && JsonIsObject(trigger))
+	{
+		wf->input_schema = JsonGetJsonb(trigger, "input");
+		if (!DurationFromJson(JsonGetField(trigger, "sync_timeout"), &wf->sync_timeout_ms))
+			wf->sync_timeout_ms = -1;
+	}
+
+	wf->nsteps = steps ? JsonContainerSize(&steps->root) : 0;
+	wf->steps = palloc0(sizeof(StepDef) * Max(wf->nsteps, 1));
+	side = palloc0(sizeof(bool) * Max(wf->nsteps, 1));
+	for (int i = 0; i < wf->nsteps; i++)
+	{
+		StepDef    *s = &wf->steps[i];
+		JsonbValue *v = getIthJsonbValueFromContainer(&steps->root, i);
+		char	   *kind;
+
+		s->spec = JsonValueToJsonb(v);
+		s->id = JsonGetString(s->spec, "id");
+		kind = JsonGetString(s->spec, "kind");
+		if (kind == NULL || !StepKindFromName(kind, &s->kind))
+			elog(ERROR, "workflow \"%s\" version %d has an invalid step kind", name, version);
+		s->kind_name = StepKindNames[s->kind];
+		s->output_key = JsonGetString(s->spec, "output");
+		if (s->output_key == NULL)
+			s->output_key = psprintf("%s_result", s->id);
+		s->routes = JsonGetJsonb(s->spec, "routes");
+		side[i] = step_is_side_line(definition, s->id);
+	}
+	for (int i = 0; i < wf->nsteps; i++)
+	{
+		wf->steps[i].next = -1;
+		for (int j = i + 1; j < wf->nsteps; j++)
+			if (!side[j])
+			{
+				wf->steps[i].next = j;
+				break;
+			}
+	}
+
+	wf->nends = ends ? JsonContainerSize(&ends->root) : 0;
+	wf->ends = palloc0(sizeof(EndDef) * Max(wf->nends, 1));
+	for (int i = 0; i < wf->nends; i++)
+	{
+		EndDef	   *e = &wf->ends[i];
+		Jsonb	   *obj = JsonValueToJsonb(getIthJsonbValueFromContainer(&ends->root, i));
+
+		e->id = JsonGetString(obj, "id");
+		e->status = JsonGetString(obj, "status");
+		if (e->status == NULL)
+			e->status = "completed";
+		e->response = JsonGetJsonb(obj, "response");
+		e->rollback = JsonGetBool(obj, "rollback", false);
+	}
+
+	start = JsonGetString(definition, "start");
+	wf->start = start ? WorkflowFindStep(wf, start) : 0;
+	if (wf->start < 0 || wf->nsteps == 0)
+		elog(ERROR, "workflow \"%s\" version %d has no start step", name, version);
+	return wf;
+}
+
+int
+WorkflowFindStep(WorkflowDef *wf, const char *id)
+{
+	for (int i = 0; i < wf->nsteps; i++)
+		if (strcmp(wf->steps[i].id, id) == 0)
+			return i;
+	return -1;
+}
+
+EndDef *
+WorkflowFindEnd(WorkflowDef *wf, const char *id)
+{
+	for (int i = 0; i < wf->nends; i++)
+		if (strcmp(wf->ends[i].id, id) == 0)
+			return &wf->ends[i];
+	return NULL;
+}
+
+/* Any invalidation of tuvl.workflows (or of everything) empties the cache. */
+static void
+workflow_cache_inval(Datum arg, Oid relid)
+{
+	HASH_SEQ_STATUS status;
+	WorkflowCacheEntry *entry;
+	Oid			nsp;
+
+	if (workflow_cache == NULL)
+		return;
+	if (OidIsValid(relid))
+	{
+		nsp = get_rel_namespace(relid);
+		if (OidIsValid(nsp))
+		{
+			char	   *nspname = get_namespace_name(nsp);
+
+			if (nspname == NULL || strcmp(nspname, "tuvl") != 0)
+				return;
+		}
+	}
+	hash_seq_init(&status, workflow_cache);
+	while ((entry = hash_seq_search(&status)) != NULL)
+	{
+		MemoryContextDelete(entry->cxt);
+		hash_search(workflow_cache, &entry->key, HASH_REMOVE, NULL);
+	}
+}
+
+static const char load_sql[] =
+"SELECT definition FROM tuvl.workflows WHERE name = $1 AND version = $2";
+
+/*
+ * The compiled definition of a workflow version, from the cache or the
+ * table.  SPI must be connected.  The result lives in the cache: do not
+ * modify or free it.
+ */
+WorkflowDef *
+WorkflowLoad(const char *name, int version)
+{
+	static const Oid types[2] = {TEXTOID, INT4OID};
+	WorkflowCacheKey key;
+	WorkflowCacheEntry *entry;
+	bool		found;
+	Datum		values[2];
+	bool		isnull;
+	Jsonb	   *definition;
+	MemoryContext cxt;
+	MemoryContext old;
+
+	if (workflow_cache == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(WorkflowCacheKey);
+		ctl.entrysize = sizeof(WorkflowCacheEntry);
+		ctl.hcxt = CacheMemoryContext;
+		workflow_cache = hash_create("tuvl workflows", 32, &ctl,
+									 HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	if (!callback_registered)
+	{
+		CacheRegisterRelcacheCallback(workflow_cache_inval, (Datum) 0);
+		callback_registered = true;
+	}
+
+	memset(&key, 0, sizeof(key));
+	strlcpy(key.name, name, NAMEDATALEN);
+	key.version = version;
+	entry = hash_search(workflow_cache, &key, HASH_FIND, NULL);
+	if (entry)
+		return entry->def;
+
+	values[0] = CStringGetTextDatum(name);
+	values[1] = Int32GetDatum(version);
+	if (SpiExec(load_sql, 2, types, values, NULL, SPI_OK_SELECT) != 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("workflow \"%s\" version %d does not exist", name, version)));
+
+	cxt = AllocSetContextCreate(CacheMemoryContext, "tuvl workflow",
+								ALLOCSET_SMALL_SIZES);
+	old = MemoryContextSwitchTo(cxt);
+	definition = DatumGetJsonbPCopy(SPI_getbinval(SPI_tuptable->vals[0],
+												  SPI_tuptable->tupdesc, 1, &isnull));
+	PG_TRY();
+	{
+		WorkflowDef *def = WorkflowCompile(name, version, definition);
+
+		MemoryContextSwitchTo(old);
+		entry = hash_search(workflow_cache, &key, HASH_ENTER, &found);
+		entry->def = def;
+		entry->cxt = cxt;
+	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(old);
+		MemoryContextDelete(cxt);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	return entry->def;
+}
+
+static const char latest_sql[] =
+"SELECT max(version) FROM tuvl.workflows WHERE name = $1";
+
+/* The newest version of a workflow; 0 or an error when there is none. */
+int
+WorkflowLatestVersion(const char *name, bool missing_ok)
+{
+	static const Oid types[1] = {TEXTOID};
+	Datum		values[1];
+	bool		isnull;
+	Datum		d;
+
+	values[0] = CStringGetTextDatum(name);
+	SpiExec(latest_sql, 1, types, values, NULL, SPI_OK_SELECT);
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (isnull)
+	{
+		if (missing_ok)
+			return 0;
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("workflow \"%s\" does not exist", name),
+				 errhint("Register it first with tuvl.register_workflow().")));
+	}
+	return DatumGetInt32(d);
+}

@@ -1,0 +1,108 @@
+# test/lib.sh: shared by the demo and the test runner (source it).
+#
+# tuvl_setup      install missing Debian packages (quietly, idempotently),
+#                 build and install the extension
+# tuvl_start      create and start a throwaway cluster in a temporary
+#                 directory with its own port and socket directory; exports
+#                 PGHOST, PGPORT, PGUSER, TUVL_TMP, TUVL_PGDATA
+# tuvl_stop       stop everything started here and remove the directory
+#                 (installed as an EXIT/INT/TERM trap by tuvl_start)
+# tuvl_spawn CMD  start a helper server in the background; stopped by tuvl_stop
+
+TUVL_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
+TUVL_PIDS=()
+
+TUVL_PACKAGES="postgresql-15 postgresql-server-dev-15 libcurl4-openssl-dev libyaml-dev
+postgresql-15-cron postgresql-15-pgtap libtap-parser-sourcehandler-pgtap-perl
+python3 python3-psycopg2 python3-pytest make gcc pkg-config procps iproute2"
+
+tuvl_log() { printf '== %s\n' "$*" >&2; }
+
+# Install what is missing; a machine that has everything does no network work.
+tuvl_install_packages() {
+    local missing=() p
+    for p in $TUVL_PACKAGES; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "missing packages: ${missing[*]} (run as root to install them)" >&2
+        return 1
+    fi
+    tuvl_log "installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+tuvl_build() {
+    tuvl_log "building tuvl"
+    make -s -C "$TUVL_ROOT" >/dev/null
+    make -s -C "$TUVL_ROOT" install >/dev/null
+}
+
+tuvl_setup() {
+    tuvl_install_packages
+    tuvl_build
+}
+
+# Run a server-side command as the cluster's owner (initdb refuses root).
+as_pg() {
+    if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+tuvl_free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+tuvl_start() {
+    TUVL_TMP=$(mktemp -d /tmp/tuvl-test.XXXXXX)
+    trap tuvl_stop EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    chmod 755 "$TUVL_TMP"
+    [ "$(id -u)" -eq 0 ] && chown postgres: "$TUVL_TMP"
+    TUVL_PGDATA=$TUVL_TMP/data
+    PGPORT=$(tuvl_free_port)
+    as_pg "$PGBIN/initdb" -D "$TUVL_PGDATA" -U postgres -A trust --no-sync -E UTF8 \
+        --locale=C >"$TUVL_TMP/initdb.log" 2>&1 || { cat "$TUVL_TMP/initdb.log" >&2; return 1; }
+    cat >>"$TUVL_PGDATA/postgresql.conf" <<CONF
+port = $PGPORT
+unix_socket_directories = '$TUVL_TMP'
+listen_addresses = '127.0.0.1'
+shared_preload_libraries = 'tuvl,pg_cron'
+cron.database_name = 'postgres'
+max_worker_processes = 40
+max_connections = 200
+log_line_prefix = '%m [%p] %q%a '
+${TUVL_EXTRA_CONF:-}
+CONF
+    as_pg "$PGBIN/pg_ctl" -D "$TUVL_PGDATA" -l "$TUVL_TMP/server.log" -w -t 60 start >/dev/null
+    export PGHOST=$TUVL_TMP PGPORT PGUSER=postgres TUVL_TMP TUVL_PGDATA
+    tuvl_log "cluster on port $PGPORT in $TUVL_TMP"
+}
+
+tuvl_spawn() {
+    "$@" &
+    TUVL_PIDS+=($!)
+}
+
+tuvl_stop() {
+    local rc=$? pid
+    trap - EXIT INT TERM
+    for pid in "${TUVL_PIDS[@]}"; do
+        kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+    done
+    TUVL_PIDS=()
+    if [ -n "${TUVL_PGDATA:-}" ] && [ -f "$TUVL_PGDATA/postmaster.pid" ]; then
+        as_pg "$PGBIN/pg_ctl" -D "$TUVL_PGDATA" -m immediate -w stop >/dev/null 2>&1 || true
+    fi
+    if [ -n "${TUVL_TMP:-}" ] && [ -d "$TUVL_TMP" ]; then
+        [ -n "${TUVL_KEEP_LOG:-}" ] && cp "$TUVL_TMP/server.log" "$TUVL_KEEP_LOG" 2>/dev/null
+        rm -rf "$TUVL_TMP"
+    fi
+    TUVL_TMP=
+    TUVL_PGDATA=
+    return $rc
+}
