@@ -38,8 +38,8 @@ static const char claim_sql[] =
 "  r.context, r.current_step, r.last_seq";
 
 /*
- * Claim up to max_runs queued runs, oldest first; returns a List of
- * RunState, each in its own context under runs_cxt.  A run that cannot
+ * Claim up to max_runs queued runs, oldest first; returns a List (in
+ * runs_cxt) of RunState, each in its own context under runs_cxt.  A run that cannot
  * be loaded (its workflow vanished) is failed in place.
  */
 List *
@@ -51,6 +51,7 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, Oid 
 	List	   *runs = NIL;
 	uint64		n;
 	SPITupleTable *tt;
+	MemoryContext old;
 
 	lease->time = (int64) lease_ms * 1000;
 	values[0] = Int32GetDatum(max_runs);
@@ -77,7 +78,9 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, Oid 
 							 step,
 							 DatumGetInt32(SPI_getbinval(tup, td, 8, &isnull)));
 		run->owner = owner;
+		old = MemoryContextSwitchTo(runs_cxt);
 		runs = lappend(runs, run);
+		MemoryContextSwitchTo(old);
 	}
 	return runs;
 }

@@ -370,10 +370,16 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 	if (strcmp(status, "running") != 0)
 		TuvlRunChangedAtCommit();
 
-	run->next_context = context;
+	/* SPI's memory is gone at commit: keep the new context with the run */
+	{
+		MemoryContext old = MemoryContextSwitchTo(run->cxt);
+
+		run->next_context = DatumGetJsonbPCopy(JsonbPGetDatum(context));
+		MemoryContextSwitchTo(old);
+	}
 	run->next_step = next_step_id ? WorkflowFindStep(wf, next_step_id) : -1;
 	run->next_status = status;
-	run->next_error = run_error;
+	run->next_error = run_error ? MemoryContextStrdup(run->cxt, run_error) : NULL;
 }
 
 /*
@@ -489,12 +495,9 @@ RunAdvance(RunState *run, int lease_ms)
 void
 RunApplyTransition(RunState *run)
 {
-	MemoryContext old = MemoryContextSwitchTo(run->cxt);
-	Jsonb	   *ctx = DatumGetJsonbPCopy(JsonbPGetDatum(run->next_context));
-
 	pfree(run->context);
-	run->context = ctx;
+	run->context = run->next_context;
+	run->next_context = NULL;
 	run->step = run->next_step;
 	run->last_seq = run->next_seq;
-	MemoryContextSwitchTo(old);
 }

@@ -107,6 +107,16 @@ async_commit(void)
 							 GUC_ACTION_LOCAL, true, 0, false);
 }
 
+/* The list of held runs lives in runs_cxt, like the runs themselves. */
+static void
+hold_runs(List *runs)
+{
+	MemoryContext old = MemoryContextSwitchTo(runs_cxt);
+
+	held = list_concat(held, runs);
+	MemoryContextSwitchTo(old);
+}
+
 static void
 forget_run(RunState *run)
 {
@@ -232,7 +242,7 @@ claim(void)
 	async_commit();
 	runs = LeaseClaim(runs_cxt, room, epoch, tuvl_lease_timeout, owner_id);
 	commit_tx();
-	held = list_concat(held, runs);
+	hold_runs(runs);
 	return list_length(runs);
 }
 
@@ -290,8 +300,11 @@ advance_batch(void)
 	foreach(lc, batch)
 	{
 		RunState   *run = lfirst(lc);
+		bool		ok = try_advance(run);
 
-		if (try_advance(run))
+		/* SPI calls leave CurrentMemoryContext at SPI's, gone at commit */
+		MemoryContextSwitchTo(round_cxt);
+		if (ok)
 			advanced = lappend(advanced, run);
 		else
 			failed = lappend(failed, run);
@@ -309,7 +322,7 @@ advance_batch(void)
 		{
 			/* move to the back so every held run gets its turn */
 			held = list_delete_ptr(held, run);
-			held = lappend(held, run);
+			hold_runs(list_make1(run));
 		}
 	}
 	foreach(lc, failed)

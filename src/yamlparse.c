@@ -15,8 +15,8 @@
  * CurrentMemoryContext; scratch memory lives in a private child context that
  * is deleted before returning.  libyaml allocates with malloc, so the parser
  * and the current event are released by a reset callback on that child
- * context: on success we delete it ourselves, and if an ERROR escapes it
- * goes away with its parent.  No libyaml callbacks are installed, so no
+ * context, which YamlToJsonb deletes both on success and (in PG_CATCH,
+ * before re-throwing) on error.  No libyaml callbacks are installed, so no
  * PostgreSQL code ever runs inside libyaml.
  *
  * src/yamlparse.c
@@ -157,7 +157,10 @@ offset_position(const char *src, size_t offset, int *line, int *column)
 	for (i = 0; i < offset && src[i] != '\0'; i++)
 	{
 		if (src[i] == '\n')
-			(*line)++, *column = 1;
+		{
+			(*line)++;
+			*column = 1;
+		}
 		else if (((unsigned char) src[i] & 0xC0) != 0x80)
 			(*column)++;
 	}
@@ -265,10 +268,24 @@ too_deep(YamlParse *yp, YNode *node)
 					   YAML_MAX_DEPTH, node->line, node->column)));
 }
 
+/* Error out if node exceeds the node or size limit; "at" names the place. */
+static void
+check_size(YamlParse *yp, YNode *node, YNode *at)
+{
+	if (node->count > YAML_MAX_NODES ||
+		node->size > (int64) YAML_MAX_SIZE_MB * 1024 * 1024)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("%s YAML is too large", yp->what),
+				 errdetail("The limit of %d nodes or %d MB of text and paths was reached at line %d, column %d, counting each alias as a copy of its anchor.",
+						   YAML_MAX_NODES, YAML_MAX_SIZE_MB, at->line, at->column),
+				 errhint("Use fewer aliases or split the document.")));
+}
+
 /*
  * Account for a child just added to a container: expanded node count, size
  * (text plus the bytes its paths will take) and height.  "segment" is the
- * length the child adds to the path.  Raises an error when a limit is hit.
+ * length the child adds to the path.
  */
 static void
 count_child(YamlParse *yp, YNode *parent, YNode *child, int segment)
@@ -276,14 +293,7 @@ count_child(YamlParse *yp, YNode *parent, YNode *child, int segment)
 	parent->count += child->count;
 	parent->size += child->size + (int64) segment * child->count;
 	parent->height = Max(parent->height, child->height + 1);
-	if (parent->count > YAML_MAX_NODES ||
-		parent->size > (int64) YAML_MAX_SIZE_MB * 1024 * 1024)
-		ereport(ERROR,
-				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("%s YAML is too large", yp->what),
-				 errdetail("The limit of %d nodes or %d MB of text and paths was reached at line %d, column %d, counting each alias as a copy of its anchor.",
-						   YAML_MAX_NODES, YAML_MAX_SIZE_MB, child->line, child->column),
-				 errhint("Use fewer aliases or split the document.")));
+	check_size(yp, parent, child);
 }
 
 /*
@@ -780,6 +790,7 @@ parse_stream(YamlParse *yp)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("%s is empty", yp->what),
 				 errdetail("The YAML text contains no value, only whitespace, comments or document markers.")));
+	check_size(yp, root, root);
 	return root;
 }
 
@@ -853,17 +864,15 @@ build_node(BuildState *bs, YNode *node, JsonbIteratorToken token)
 }
 
 /*
- * Parse YAML source into jsonb; see yamlparse.h.  The result (and
- * *positions) are palloc'd in the caller's memory context.  Errors: syntax
- * errors, empty or multi-document input, duplicate or non-scalar keys,
- * unsupported tags, values not fitting their tag, infinities and NaNs,
- * unknown aliases, bad strings, and the node, size and depth limits.
+ * Body of YamlToJsonb: parse and build with scratch memory in workcxt, which
+ * must be a fresh child of the current context.  The results are palloc'd in
+ * the current context, which is current again on return.
  */
-Jsonb *
-YamlToJsonb(const char *source, const char *what, Jsonb **positions)
+static Jsonb *
+yaml_to_jsonb(const char *source, const char *what, Jsonb **positions,
+			  MemoryContext workcxt)
 {
-	MemoryContext callercxt = CurrentMemoryContext;
-	MemoryContext workcxt;
+	MemoryContext callercxt = MemoryContextSwitchTo(workcxt);
 	YamlParse  *yp;
 	ErrorContextCallback errcb;
 	BuildState	bs;
@@ -871,8 +880,6 @@ YamlToJsonb(const char *source, const char *what, Jsonb **positions)
 	Jsonb	   *result;
 	int			encoding = GetDatabaseEncoding();
 
-	workcxt = AllocSetContextCreate(callercxt, "YAML parser", ALLOCSET_DEFAULT_SIZES);
-	MemoryContextSwitchTo(workcxt);
 	yp = palloc0(sizeof(YamlParse));
 	yp->what = what;
 	yp->cleanup.func = free_libyaml;
@@ -914,6 +921,37 @@ YamlToJsonb(const char *source, const char *what, Jsonb **positions)
 	result = JsonbValueToJsonb(bs.root->kind == YN_SCALAR ? &bs.root->value : bs.result);
 	if (positions)
 		*positions = JsonbValueToJsonb(posval);
+	return result;
+}
+
+/*
+ * Parse YAML source into jsonb; see yamlparse.h.  The result (and
+ * *positions) are palloc'd in the caller's memory context.  Errors: syntax
+ * errors, empty or multi-document input, duplicate or non-scalar keys,
+ * unsupported tags, values not fitting their tag, infinities and NaNs,
+ * unknown aliases, bad strings, and the node, size and depth limits.  The
+ * scratch context, and with it libyaml's memory, is deleted on error too,
+ * so callers that catch errors in a long-lived context leak nothing.
+ */
+Jsonb *
+YamlToJsonb(const char *source, const char *what, Jsonb **positions)
+{
+	MemoryContext callercxt = CurrentMemoryContext;
+	MemoryContext workcxt = AllocSetContextCreate(callercxt, "YAML parser",
+												  ALLOCSET_DEFAULT_SIZES);
+	Jsonb	   *volatile result = NULL;
+
+	PG_TRY();
+	{
+		result = yaml_to_jsonb(source, what, positions, workcxt);
+	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(callercxt);
+		MemoryContextDelete(workcxt);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
 	MemoryContextDelete(workcxt);
 	return result;
 }
