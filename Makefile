@@ -26,12 +26,9 @@ DATA = $(wildcard sql/tuvl--*.sql)
 DOCS = README.md
 
 # pg_regress: one file per area, inputs in sql/, outputs in expected/.
-REGRESS = version workflow template runs steps permissions
+REGRESS = version workflow template runs steps permissions cleanup
 REGRESS_OPTS = --load-extension=tuvl
 
-# Isolation specs live in test/specs, their outputs in test/expected.
-ISOLATION = claim fence
-ISOLATION_OPTS = --inputdir=test --load-extension=tuvl
 
 PG_CONFIG ?= pg_config
 

@@ -1,0 +1,23 @@
+-- The public SQL surface of the contract exists with the documented signatures.
+BEGIN;
+SELECT plan(28);
+
+SELECT has_schema('tuvl');
+SELECT has_table('tuvl', 'workflows', 'tuvl.workflows exists');
+SELECT has_table('tuvl', 'runs', 'tuvl.runs exists');
+SELECT has_table('tuvl', 'events', 'tuvl.events exists');
+SELECT columns_are('tuvl', 'events',
+    ARRAY['run_id', 'seq', 'ts', 'type', 'agent_id', 'engine', 'tokens', 'latency_ms', 'payload'],
+    'the journal has the contract''s columns');
+SELECT has_column('tuvl', 'runs', c, 'tuvl.runs has ' || c)
+FROM unnest(ARRAY['id', 'workflow', 'workflow_version', 'status', 'input', 'context',
+                  'current_step', 'end_name', 'response', 'error', 'attempt', 'lease_owner',
+                  'lease_expires_at', 'created_at', 'started_at', 'finished_at', 'principal']) AS c;
+SELECT has_function('tuvl', 'register_workflow', ARRAY['text']);
+SELECT has_function('tuvl', 'validate', ARRAY['text', 'boolean']);
+SELECT has_function('tuvl', 'start_run', ARRAY['text', 'jsonb']);
+SELECT has_function('tuvl', 'run', ARRAY['text', 'jsonb', 'interval']);
+SELECT has_function('tuvl', 'wait', ARRAY['bigint', 'interval']);
+SELECT has_role('tuvl_operator');
+SELECT * FROM finish();
+ROLLBACK;
