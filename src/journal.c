@@ -33,8 +33,9 @@
 PG_FUNCTION_INFO_V1(tuvl_notify_event);
 
 /*
- * Queue an event in a transition's in-memory list.  The event is written
- * by JournalWrite; fields can be completed (tokens, latency) before that.
+ * Queue an event in a transition's in-memory list, stamped with the time
+ * it happened.  The event is written by JournalWrite; fields can be
+ * completed (tokens, latency) before that.
  */
 JournalEvent *
 JournalAdd(List **events, const char *type, const char *agent_id,
@@ -42,6 +43,7 @@ JournalAdd(List **events, const char *type, const char *agent_id,
 {
 	JournalEvent *ev = palloc0(sizeof(JournalEvent));
 
+	ev->ts = GetCurrentTimestamp();
 	ev->type = pstrdup(type);
 	ev->agent_id = agent_id ? pstrdup(agent_id) : NULL;
 	ev->engine = engine ? pstrdup(engine) : NULL;
@@ -53,8 +55,8 @@ JournalAdd(List **events, const char *type, const char *agent_id,
 }
 
 static const char insert_event_sql[] =
-"INSERT INTO tuvl.events (run_id, seq, type, agent_id, engine, tokens, latency_ms, payload) "
-"VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
+"INSERT INTO tuvl.events (run_id, seq, type, agent_id, engine, tokens, latency_ms, payload, ts) "
+"VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 /*
  * Write events with seq last_seq+1, last_seq+2, ...; returns the new last
@@ -63,15 +65,15 @@ static const char insert_event_sql[] =
 int
 JournalWrite(int64 run_id, int last_seq, List *events)
 {
-	static const Oid types[8] = {INT8OID, INT4OID, TEXTOID, TEXTOID, TEXTOID,
-	INT4OID, FLOAT8OID, JSONBOID};
+	static const Oid types[9] = {INT8OID, INT4OID, TEXTOID, TEXTOID, TEXTOID,
+	INT4OID, FLOAT8OID, JSONBOID, TIMESTAMPTZOID};
 	ListCell   *lc;
 
 	foreach(lc, events)
 	{
 		JournalEvent *ev = lfirst(lc);
-		Datum		values[8];
-		char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+		Datum		values[9];
+		char		nulls[9] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 
 		values[0] = Int64GetDatum(run_id);
 		values[1] = Int32GetDatum(++last_seq);
@@ -93,7 +95,8 @@ JournalWrite(int64 run_id, int last_seq, List *events)
 		else
 			nulls[6] = 'n';
 		values[7] = JsonbPGetDatum(ev->payload ? ev->payload : JsonEmptyObject());
-		SpiExec(insert_event_sql, 8, types, values, nulls, SPI_OK_INSERT);
+		values[8] = TimestampTzGetDatum(ev->ts);
+		SpiExec(insert_event_sql, 9, types, values, nulls, SPI_OK_INSERT);
 	}
 	return last_seq;
 }

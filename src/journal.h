@@ -10,9 +10,11 @@
 
 #include "nodes/pg_list.h"
 #include "utils/jsonb.h"
+#include "utils/timestamp.h"
 
 typedef struct JournalEvent
 {
+	TimestampTz ts;				/* when it happened (JournalAdd time) */
 	char	   *type;
 	char	   *agent_id;		/* the step id, or NULL for run events */
 	char	   *engine;			/* the step kind, or NULL */

@@ -1,0 +1,74 @@
+"""Helpers shared by the tuvl benchmark scripts (standard library + psycopg2).
+
+Connections use the libpq environment (PGHOST, PGPORT, PGUSER) that
+test/lib.sh's tuvl_start exports; only the database name is passed.
+"""
+import json
+import math
+import sys
+import time
+
+import psycopg2
+
+
+def connect(dbname, autocommit=True):
+    conn = psycopg2.connect(dbname=dbname, application_name="tuvl bench")
+    conn.autocommit = autocommit
+    return conn
+
+
+def log(msg):
+    print("== " + msg, file=sys.stderr, flush=True)
+
+
+def percentile(sorted_values, p):
+    """Nearest-rank percentile of an already sorted list."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(1, math.ceil(p / 100.0 * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+def summarize_ms(values):
+    v = sorted(values)
+    return {
+        "n": len(v),
+        "min": v[0],
+        "median": percentile(v, 50),
+        "p95": percentile(v, 95),
+        "p99": percentile(v, 99),
+        "max": v[-1],
+        "mean": sum(v) / len(v),
+    }
+
+
+def register_workflow_once(cur, name, source):
+    """Register a workflow unless a version of it exists already."""
+    cur.execute("SELECT 1 FROM tuvl.workflows WHERE name = %s", (name,))
+    if cur.fetchone() is None:
+        cur.execute("SELECT tuvl.register_workflow(%s)", (source,))
+
+
+def wait_for_workers(dbname, want=1, timeout=30.0):
+    """Wait until at least `want` tuvl workers are connected to dbname."""
+    conn = connect("postgres")
+    cur = conn.cursor()
+    deadline = time.time() + timeout
+    n = 0
+    while time.time() < deadline:
+        cur.execute("SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = %s AND backend_type = 'tuvl worker'", (dbname,))
+        n = cur.fetchone()[0]
+        if n >= want:
+            break
+        time.sleep(0.1)
+    conn.close()
+    if n < want:
+        raise SystemExit("only %d tuvl workers in database %s after %.0f s" % (n, dbname, timeout))
+    return n
+
+
+def write_json(path, data):
+    if path:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=2, default=str)

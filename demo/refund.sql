@@ -1,0 +1,73 @@
+-- The demo: a refund workflow over a small shop schema, run by the workers.
+\set ON_ERROR_STOP on
+\pset pager off
+CREATE EXTENSION IF NOT EXISTS tuvl;
+
+CREATE SCHEMA shop;
+CREATE TABLE shop.orders (id int PRIMARY KEY, customer text, status text, amount numeric);
+CREATE TABLE shop.refunds (order_id int PRIMARY KEY, amount numeric, reason text,
+                           created_at timestamptz DEFAULT now());
+INSERT INTO shop.orders VALUES (1, 'ada', 'paid', 42.50), (2, 'bob', 'shipped', 10);
+
+-- A Functional step: any SQL function f(ctx jsonb) returns jsonb.
+CREATE FUNCTION shop.assess(ctx jsonb) RETURNS jsonb LANGUAGE sql AS $$
+    SELECT jsonb_build_object(
+        'signal', CASE WHEN (ctx->'order'->0->>'amount')::numeric <= 100 THEN 'auto' ELSE 'manual' END,
+        'reason', 'amount within the automatic refund limit')
+$$;
+
+SELECT tuvl.register_workflow($$
+name: refund_request
+description: Refund a paid order
+trigger:
+  input:
+    type: object
+    required: [order_id]
+    properties: { order_id: { type: integer, minimum: 1 } }
+steps:
+  - id: load_order
+    kind: ModelOp
+    description: Load the order row
+    sql: SELECT id, customer, status, amount FROM shop.orders WHERE id = $1
+    params: ["{{ order_id }}"]
+    output: order
+    routes: { default: check }
+  - id: check
+    kind: Router
+    on: "{{ order.0.status }}"
+    routes: { paid: assess, default: rejected }
+  - id: assess
+    kind: Functional
+    function: shop.assess
+    routes: { auto: refund, manual: rejected }
+  - id: refund
+    kind: ModelOp
+    sql: INSERT INTO shop.refunds (order_id, amount, reason) VALUES ($1, $2, $3) RETURNING order_id, amount
+    params: ["{{ order_id }}", "{{ order.0.amount }}", "{{ assess_result.reason }}"]
+    routes: { default: done }
+ends:
+  - { id: done, status: completed, response: { refunded: true, amount: "{{ refund_result.0.amount }}" } }
+  - { id: rejected, status: completed, response: { refunded: false, status: "{{ order.0.status }}" } }
+$$) AS version;
+
+-- Queue two runs; the background workers wake when this commits.
+SELECT tuvl.start_run('refund_request', '{"order_id": 1}') AS paid_run \gset
+SELECT tuvl.start_run('refund_request', '{"order_id": 2}') AS shipped_run \gset
+
+SELECT tuvl.wait(:paid_run, '30 seconds') AS paid_status,
+       tuvl.wait(:shipped_run, '30 seconds') AS shipped_status;
+
+\echo
+\echo '== Runs'
+SELECT id, status, end_name, response, attempt FROM tuvl.runs ORDER BY id;
+
+\echo '== Journal of the paid order''s run'
+SELECT seq, to_char(ts, 'HH24:MI:SS.US') AS ts, type, agent_id AS step, engine,
+       round(latency_ms::numeric, 3) AS ms, payload
+FROM tuvl.events WHERE run_id = :paid_run ORDER BY seq;
+
+\echo '== Refunds written by the workflow (exactly once, in the step''s transaction)'
+SELECT order_id, amount, reason FROM shop.refunds;
+
+\echo '== The same workflow, synchronously in this session'
+SELECT tuvl.run('refund_request', '{"order_id": 2}');
