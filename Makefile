@@ -42,3 +42,6 @@ override with_llvm = no
 
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+
+# Every object depends on every local header: a changed struct rebuilds all.
+$(OBJS): $(wildcard src/*.h)

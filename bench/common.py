@@ -49,10 +49,13 @@ def register_workflow_once(cur, name, source):
         cur.execute("SELECT tuvl.register_workflow(%s)", (source,))
 
 
-def wait_for_workers(dbname, want=1, timeout=30.0):
-    """Wait until at least `want` tuvl workers are connected to dbname."""
+def wait_for_workers(dbname, want=None, timeout=30.0):
+    """Wait until the database's tuvl workers are connected (all of them by default)."""
     conn = connect("postgres")
     cur = conn.cursor()
+    if want is None:
+        cur.execute("SHOW tuvl.workers_per_database")
+        want = int(cur.fetchone()[0])
     deadline = time.time() + timeout
     n = 0
     while time.time() < deadline:
@@ -64,7 +67,7 @@ def wait_for_workers(dbname, want=1, timeout=30.0):
         time.sleep(0.1)
     conn.close()
     if n < want:
-        raise SystemExit("only %d tuvl workers in database %s after %.0f s" % (n, dbname, timeout))
+        raise SystemExit("only %d of %d tuvl workers in database %s after %.0f s" % (n, want, dbname, timeout))
     return n
 
 

@@ -148,6 +148,13 @@ AS 'MODULE_PATHNAME', 'tuvl_render'
 LANGUAGE C STRICT STABLE;
 COMMENT ON FUNCTION tuvl.render(jsonb, jsonb) IS 'render a template value against a context, as a step would';
 
+/* Internal: is the process holding a lease still heartbeating? */
+CREATE FUNCTION tuvl._lease_holder_alive(pid integer, epoch bigint)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'tuvl_lease_holder_alive'
+LANGUAGE C VOLATILE;
+REVOKE ALL ON FUNCTION tuvl._lease_holder_alive(integer, bigint) FROM PUBLIC;
+
 /* Internal: tell the launcher a database now has the extension. */
 CREATE FUNCTION tuvl._extension_created()
 RETURNS void

@@ -47,6 +47,7 @@ PG_FUNCTION_INFO_V1(tuvl_run);
 PG_FUNCTION_INFO_V1(tuvl_wait);
 PG_FUNCTION_INFO_V1(tuvl_render);
 PG_FUNCTION_INFO_V1(tuvl_extension_created);
+PG_FUNCTION_INFO_V1(tuvl_lease_holder_alive);
 
 /* Runs created by the current transaction: waiting for them would hang. */
 static List *runs_created_here = NIL;
@@ -530,12 +531,6 @@ tuvl_wait(PG_FUNCTION_ARGS)
 	TimestampTz deadline = GetCurrentTimestamp() + Max(timeout_us, 0);
 	char	   *status;
 
-	if (run_created_here(id))
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("run " INT64_FORMAT " was started in this transaction", id),
-				 errdetail("The workers cannot see the run until this transaction commits."),
-				 errhint("Commit after tuvl.start_run(), then call tuvl.wait().")));
 	if (IsolationUsesXactSnapshot())
 		ereport(ERROR,
 				(errcode(ERRCODE_ACTIVE_SQL_TRANSACTION),
@@ -552,6 +547,12 @@ tuvl_wait(PG_FUNCTION_ARGS)
 		status = fetch_status(id);
 		if (status_is_settled(status))
 			break;
+		if (run_created_here(id))
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("run " INT64_FORMAT " was started in this transaction", id),
+					 errdetail("The workers cannot see the run until this transaction commits."),
+					 errhint("Commit after tuvl.start_run(), then call tuvl.wait().")));
 		remaining_ms = (long) ((deadline - GetCurrentTimestamp()) / 1000);
 		if (remaining_ms <= 0)
 			break;
@@ -601,4 +602,15 @@ tuvl_extension_created(PG_FUNCTION_ARGS)
 	LauncherNoteExtensionCreated(MyDatabaseId);
 	TuvlWakeLauncherAtCommit();
 	PG_RETURN_VOID();
+}
+
+/*
+ * _lease_holder_alive(pid, epoch): used by the workers' reclaim query.
+ */
+Datum
+tuvl_lease_holder_alive(PG_FUNCTION_ARGS)
+{
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
+		PG_RETURN_BOOL(false);
+	PG_RETURN_BOOL(TuvlLeaseHolderAlive(PG_GETARG_INT32(0), PG_GETARG_INT64(1)));
 }

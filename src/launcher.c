@@ -49,7 +49,10 @@
 
 static BackgroundWorkerHandle **handles = NULL;
 
-/* Databases that accept connections and are not templates. */
+/*
+ * Databases that accept connections and are not templates, as a List in
+ * the caller's memory context.
+ */
 static List *
 list_databases(void)
 {
@@ -57,6 +60,7 @@ list_databases(void)
 	Relation	rel;
 	TableScanDesc scan;
 	HeapTuple	tup;
+	MemoryContext caller = CurrentMemoryContext;
 
 	StartTransactionCommand();
 	(void) GetTransactionSnapshot();
@@ -67,7 +71,13 @@ list_databases(void)
 		Form_pg_database db = (Form_pg_database) GETSTRUCT(tup);
 
 		if (db->datallowconn && !db->datistemplate)
+		{
+			/* the list must outlive the transaction */
+			MemoryContext old = MemoryContextSwitchTo(caller);
+
 			dbs = lappend_oid(dbs, db->oid);
+			MemoryContextSwitchTo(old);
+		}
 	}
 	table_endscan(scan);
 	table_close(rel, AccessShareLock);

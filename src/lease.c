@@ -5,9 +5,11 @@
  *
  * A lease is (lease_owner, lease_epoch, lease_expires_at) plus the run's
  * attempt number, which every claim increments and every write of the
- * holder is fenced by.  Runs whose lease expired go back to the queue;
- * runs leased in an older epoch (a server incarnation before the last
- * start or crash restart) belong to dead processes and go back at once.
+ * holder is fenced by.  A lease lasts as long as its holder heartbeats
+ * (see TuvlLeaseHolderAlive): runs of dead holders and of older server
+ * incarnations go back to the queue at once, runs of a holder stalled for
+ * longer than tuvl.lease_timeout go back then.  lease_expires_at shows
+ * the last renewal plus the timeout, for monitoring.
  * All functions run inside the caller's transaction with SPI connected;
  * the worker commits claims and renewals asynchronously, since losing
  * one in a crash only means the run is claimed again.
@@ -146,35 +148,22 @@ LeaseRenew(List *runs, int lease_ms)
 	return lost;
 }
 
-static const char reclaim_expired_sql[] =
+static const char reclaim_sql[] =
 "UPDATE tuvl.runs SET status = 'queued', lease_owner = NULL, lease_epoch = NULL, "
 "  lease_expires_at = NULL "
 "WHERE id IN (SELECT id FROM tuvl.runs WHERE status = 'running' "
-"             AND lease_expires_at < now() FOR UPDATE SKIP LOCKED)";
-
-/* Return runs whose lease expired to the queue; returns how many. */
-uint64
-LeaseReclaimExpired(void)
-{
-	return SpiExec(reclaim_expired_sql, 0, NULL, NULL, NULL, SPI_OK_UPDATE);
-}
-
-static const char reclaim_orphans_sql[] =
-"UPDATE tuvl.runs SET status = 'queued', lease_owner = NULL, lease_epoch = NULL, "
-"  lease_expires_at = NULL "
-"WHERE id IN (SELECT id FROM tuvl.runs WHERE status = 'running' "
-"             AND lease_epoch IS DISTINCT FROM $1 FOR UPDATE SKIP LOCKED)";
+"             AND NOT tuvl._lease_holder_alive(lease_owner, lease_epoch) "
+"             FOR UPDATE SKIP LOCKED)";
 
 /*
- * Return runs leased by processes of an older server incarnation to the
- * queue, without waiting for their leases to expire; returns how many.
+ * Return to the queue every run whose lease holder no longer heartbeats:
+ * it died, exited, belongs to an older server incarnation (crash or
+ * restart), or has been stalled for longer than tuvl.lease_timeout.
+ * Runs of dead holders come back at once, not after the lease timeout.
+ * Returns how many runs were requeued.
  */
 uint64
-LeaseReclaimOrphans(int64 epoch)
+LeaseReclaim(void)
 {
-	static const Oid types[1] = {INT8OID};
-	Datum		values[1];
-
-	values[0] = Int64GetDatum(epoch);
-	return SpiExec(reclaim_orphans_sql, 1, types, values, NULL, SPI_OK_UPDATE);
+	return SpiExec(reclaim_sql, 0, NULL, NULL, NULL, SPI_OK_UPDATE);
 }

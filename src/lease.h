@@ -14,7 +14,6 @@
 extern List *LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch,
 						int lease_ms, Oid owner);
 extern List *LeaseRenew(List *runs, int lease_ms);
-extern uint64 LeaseReclaimExpired(void);
-extern uint64 LeaseReclaimOrphans(int64 epoch);
+extern uint64 LeaseReclaim(void);
 
 #endif							/* TUVL_LEASE_H */

@@ -331,7 +331,9 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 	else if (strcmp(signal, "error") == 0)
 	{
 		status = "failed";
-		run_error = psprintf("step \"%s\" failed: %s", step->id, edata->message);
+		run_error = edata
+			? psprintf("step \"%s\" failed: %s", step->id, edata->message)
+			: psprintf("step \"%s\" produced signal \"error\", which has no route", step->id);
 	}
 	else
 	{
@@ -362,9 +364,11 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 	/* Internal writes run as the extension's owner. */
 	GetUserIdAndSecContext(&save_user, &save_sec);
 	SetUserIdAndSecContext(run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
-	run->next_seq = JournalWrite(run->id, run->last_seq, events);
+	/* the fenced update first: a holder that lost its lease stops here */
+	run->next_seq = run->last_seq + list_length(events);
 	write_checkpoint(run, status, context, next_step_id, run->next_seq,
 					 end_name, response, run_error, t->lease_ms);
+	(void) JournalWrite(run->id, run->last_seq, events);
 	SetUserIdAndSecContext(save_user, save_sec);
 
 	if (strcmp(status, "running") != 0)

@@ -172,6 +172,36 @@ TuvlRunChangedNow(void)
 		ConditionVariableBroadcast(&TuvlShmem->run_cv);
 }
 
+/*
+ * Does the process that holds a lease still heartbeat?  The holder is
+ * alive when it is a tuvl worker of the current server incarnation whose
+ * heartbeat timer fired within tuvl.lease_timeout.  A worker executing a
+ * long step keeps heartbeating (the timer is a signal handler); one that
+ * died, exited or was stopped (SIGSTOP) does not.
+ */
+bool
+TuvlLeaseHolderAlive(int pid, int64 epoch)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	bool		alive = false;
+
+	if (TuvlShmem == NULL || epoch != TuvlShmem->epoch)
+		return false;
+	LWLockAcquire(TuvlShmem->lock, LW_SHARED);
+	for (int i = 0; i < TuvlShmem->nslots; i++)
+	{
+		TuvlWorkerSlot *slot = &TuvlShmem->slots[i];
+
+		if (slot->in_use && slot->pid == pid)
+		{
+			alive = !TimestampDifferenceExceeds(slot->alive_at, now, tuvl_lease_timeout);
+			break;
+		}
+	}
+	LWLockRelease(TuvlShmem->lock);
+	return alive;
+}
+
 bool
 TuvlPreloaded(void)
 {
@@ -199,11 +229,13 @@ define_gucs(void)
 							"Changes take effect on reload: the launcher starts or stops workers.",
 							&tuvl_workers_per_database, 2, 0, 64,
 							PGC_SIGHUP, 0, NULL, NULL, NULL);
-	DefineCustomIntVariable("tuvl.max_workers",
-							"Maximum number of tuvl workers across all databases.",
-							"Each also needs a slot of max_worker_processes.",
-							&tuvl_max_workers, 16, 1, 1024,
-							PGC_POSTMASTER, 0, NULL, NULL, NULL);
+	/* a postmaster-level setting can only be defined while preloading */
+	if (process_shared_preload_libraries_in_progress)
+		DefineCustomIntVariable("tuvl.max_workers",
+								"Maximum number of tuvl workers across all databases.",
+								"Each also needs a slot of max_worker_processes.",
+								&tuvl_max_workers, 16, 1, 1024,
+								PGC_POSTMASTER, 0, NULL, NULL, NULL);
 	DefineCustomIntVariable("tuvl.lease_timeout",
 							"How long a worker's claim on a run lasts without renewal.",
 							"A run whose lease expired is returned to the queue.",

@@ -48,6 +48,8 @@ typedef struct TuvlWorkerSlot
 	pid_t		pid;			/* 0 until the worker has started */
 	Latch	   *latch;			/* the worker's process latch */
 	bool		stop_requested; /* the launcher wants this worker gone */
+	volatile TimestampTz alive_at;	/* heartbeat, written by a timer even
+									 * while the worker executes a step */
 } TuvlWorkerSlot;
 
 typedef struct TuvlSharedState
@@ -87,5 +89,6 @@ extern void TuvlRunChangedNow(void);
 /* Raise a clear error when a feature needs shared_preload_libraries. */
 extern void TuvlRequirePreload(const char *feature);
 extern bool TuvlPreloaded(void);
+extern bool TuvlLeaseHolderAlive(int pid, int64 epoch);
 
 #endif							/* TUVL_H */

@@ -332,8 +332,8 @@ check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
 				add_finding(vs, "error", path,
 							"an Agent step needs mode: completion or mode: autonomous");
 			else if (v->type != jbvString ||
-					 (strncmp(v->val.string.val, "completion", v->val.string.len) != 0 &&
-					  strncmp(v->val.string.val, "autonomous", v->val.string.len) != 0))
+					 (strcmp(pnstrdup(v->val.string.val, v->val.string.len), "completion") != 0 &&
+					  strcmp(pnstrdup(v->val.string.val, v->val.string.len), "autonomous") != 0))
 				add_finding(vs, "error", psprintf("%s.mode", path),
 							"mode must be completion or autonomous");
 			if (!is_mapping(JsonGetField(step, "agent")))

@@ -40,6 +40,7 @@
 #include "utils/guc.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
+#include "utils/timeout.h"
 #include "utils/timestamp.h"
 
 #include "lease.h"
@@ -60,6 +61,18 @@ static MemoryContext runs_cxt = NULL;
 static MemoryContext round_cxt = NULL;
 static Oid	owner_id = InvalidOid;
 static int64 epoch = 0;
+static TimeoutId heartbeat_id;
+
+/* How often the heartbeat timer fires. */
+#define HEARTBEAT_TICK_MS 1000
+
+/* SIGALRM-driven heartbeat: async-signal-safe, no allocation. */
+static void
+heartbeat_timeout(void)
+{
+	if (my_slot >= 0 && TuvlShmem)
+		TuvlShmem->slots[my_slot].alive_at = GetCurrentTimestamp();
+}
 
 static void
 release_slot(int code, Datum arg)
@@ -177,24 +190,14 @@ note_extension_present(void)
 		SetLatch(launcher);
 }
 
-static const char reclaim_dead_sql[] =
-"UPDATE tuvl.runs SET status = 'queued', lease_owner = NULL, lease_epoch = NULL, "
-"  lease_expires_at = NULL "
-"WHERE id IN (SELECT id FROM tuvl.runs WHERE status = 'running' AND lease_epoch = $1 "
-"             AND lease_owner <> ALL (SELECT pid FROM pg_catalog.pg_stat_get_activity(NULL) "
-"                                     WHERE pid IS NOT NULL) "
-"             FOR UPDATE SKIP LOCKED)";
-
 /*
- * Housekeeping: the extension still exists, dead holders' runs and
- * expired leases go back to the queue, our leases are renewed.
+ * Housekeeping: the extension still exists, runs of holders that stopped
+ * heartbeating go back to the queue, our leases are renewed.
  */
 static void
 maintenance(bool renew)
 {
 	uint64		n;
-	Datum		values[1];
-	static const Oid types[1] = {INT8OID};
 
 	begin_tx("tuvl maintenance");
 	if (!extension_present())
@@ -205,10 +208,7 @@ maintenance(bool renew)
 		exit_extension_dropped();
 	}
 	async_commit();
-	n = LeaseReclaimOrphans(epoch);
-	values[0] = Int64GetDatum(epoch);
-	n += SpiExec(reclaim_dead_sql, 1, types, values, NULL, SPI_OK_UPDATE);
-	n += LeaseReclaimExpired();
+	n = LeaseReclaim();
 	if (renew && held != NIL)
 	{
 		List	   *lost = LeaseRenew(held, tuvl_lease_timeout);
@@ -368,6 +368,13 @@ TuvlWorkerMain(Datum main_arg)
 	BackgroundWorkerInitializeConnectionByOid(dboid, InvalidOid, 0);
 	set_my_name(TuvlShmem->slots[my_slot].number);
 
+	/* heartbeat even while a long step executes */
+	heartbeat_timeout();
+	heartbeat_id = RegisterTimeout(USER_TIMEOUT, heartbeat_timeout);
+	enable_timeout_every(heartbeat_id,
+						 TimestampTzPlusMilliseconds(GetCurrentTimestamp(), HEARTBEAT_TICK_MS),
+						 HEARTBEAT_TICK_MS);
+
 	runs_cxt = AllocSetContextCreate(TopMemoryContext, "tuvl runs", ALLOCSET_DEFAULT_SIZES);
 	round_cxt = AllocSetContextCreate(TopMemoryContext, "tuvl round", ALLOCSET_DEFAULT_SIZES);
 	MemoryContextSwitchTo(round_cxt);
@@ -408,7 +415,8 @@ TuvlWorkerMain(Datum main_arg)
 		}
 		CommitTransactionCommand();
 		MemoryContextSwitchTo(round_cxt);
-		pg_usleep(100000L);
+		/* do not spin on a persistent error */
+		pg_usleep(1000000L);
 	}
 	PG_exception_stack = &local_sigjmp_buf;
 
@@ -430,6 +438,7 @@ TuvlWorkerMain(Datum main_arg)
 		}
 		MemoryContextReset(round_cxt);
 		ResetLatch(MyLatch);
+		heartbeat_timeout();
 
 		now = GetCurrentTimestamp();
 		if (now >= next_maintenance)

@@ -114,28 +114,40 @@ DurationFromJson(JsonbValue *v, int *ms)
 	return DurationParse(text, ms);
 }
 
-/* Collect the ids of steps used as compensators or agent tools. */
+/*
+ * Is step id used off the main line: as some step's compensator, or as a
+ * tool of some agent?  Such steps run only when called.
+ */
 static bool
 step_is_side_line(Jsonb *definition, const char *id)
 {
 	Jsonb	   *steps = JsonGetJsonb(definition, "steps");
-	JsonbIterator *it;
-	JsonbValue	v;
-	JsonbIteratorToken tok;
+	int			n = steps ? JsonContainerSize(&steps->root) : 0;
 
-	/* cheap scan: every "compensate" or "ref" string value equal to id */
-	it = JsonbIteratorInit(&steps->root);
-	while ((tok = JsonbIteratorNext(&it, &v, false)) != WJB_DONE)
+	for (int i = 0; i < n; i++)
 	{
-		if (tok == WJB_KEY &&
-			((v.val.string.len == 10 && strncmp(v.val.string.val, "compensate", 10) == 0) ||
-			 (v.val.string.len == 3 && strncmp(v.val.string.val, "ref", 3) == 0)))
+		Jsonb	   *step = JsonValueToJsonb(getIthJsonbValueFromContainer(&steps->root, i));
+		char	   *comp = JsonGetString(step, "compensate");
+		Jsonb	   *agent = JsonGetJsonb(step, "agent");
+		Jsonb	   *tools = agent && JsonIsObject(agent) ? JsonGetJsonb(agent, "tools") : NULL;
+
+		if (comp && strcmp(comp, id) == 0)
+			return true;
+		if (tools && JB_ROOT_IS_ARRAY(tools) && !JB_ROOT_IS_SCALAR(tools))
 		{
-			tok = JsonbIteratorNext(&it, &v, false);
-			if (tok == WJB_VALUE && v.type == jbvString &&
-				v.val.string.len == strlen(id) &&
-				strncmp(v.val.string.val, id, v.val.string.len) == 0)
-				return true;
+			int			ntools = JsonContainerSize(&tools->root);
+
+			for (int t = 0; t < ntools; t++)
+			{
+				JsonbValue *tv = getIthJsonbValueFromContainer(&tools->root, t);
+				char	   *ref;
+
+				if (tv->type != jbvBinary)
+					continue;
+				ref = JsonGetString(JsonValueToJsonb(tv), "ref");
+				if (ref && strcmp(ref, id) == 0)
+					return true;
+			}
 		}
 	}
 	return false;

@@ -1,0 +1,342 @@
+"""The launcher and the worker pools: start, stop, replace, resize, report.
+
+Workers are background processes visible in pg_stat_activity with
+backend_type 'tuvl worker' and application_name 'tuvl worker N'.  CREATE and
+DROP EXTENSION start and stop a database's pool without a server restart.
+"""
+import os
+import re
+import signal
+import threading
+import time
+
+import psycopg2
+import psycopg2.errors
+import pytest
+
+from conftest import (GucSetter, ServerLog, connect, launcher_pid, q, q1, query, reload_conf,
+                      wait_until, worker_pids, worker_rows)
+
+EXPECTED_NAMES = ["tuvl worker 1", "tuvl worker 2"]
+
+
+def pool_names(dbname):
+    return sorted(r[1] for r in worker_rows(dbname))
+
+
+def timed_wait(predicate, timeout, message):
+    started = time.monotonic()
+    wait_until(predicate, timeout, interval=0.02, message=message)
+    return time.monotonic() - started
+
+
+def test_create_and_drop_extension_start_and_stop_the_pool(fresh_databases):
+    name = fresh_databases("tuvl_workers_lifecycle")
+    conn = connect(name)
+    try:
+        # The launcher may probe the new database with one worker, which must leave
+        # again since the extension is not there.
+        wait_until(lambda: not worker_pids(name), 15, interval=0.1,
+                   message="no worker in a database without the extension")
+
+        q(conn, "CREATE EXTENSION tuvl")
+        took = timed_wait(lambda: pool_names(name) == EXPECTED_NAMES, 2,
+                          "two workers after CREATE EXTENSION")
+        # Every backend named like a worker is one (no impostor, no leftover probe).
+        rows = query(name, "SELECT pid, backend_type, application_name FROM pg_stat_activity "
+                           "WHERE datname = current_database() "
+                           "AND application_name LIKE 'tuvl worker%%'")
+        assert sorted(r[1:] for r in rows) == [("tuvl worker", n) for n in EXPECTED_NAMES], rows
+        print(f"\nCREATE EXTENSION -> 2 workers in {took:.2f} s")
+
+        old = set(worker_pids(name))
+        q(conn, "DROP EXTENSION tuvl")
+        took_drop = timed_wait(lambda: not worker_pids(name), 2, "the workers to exit after DROP")
+        print(f"DROP EXTENSION -> workers gone in {took_drop:.2f} s")
+        # They stay gone (nothing restarts them in a database without the extension).
+        time.sleep(1.0)
+        assert worker_pids(name) == []
+
+        q(conn, "CREATE EXTENSION tuvl")
+        took_again = timed_wait(lambda: pool_names(name) == EXPECTED_NAMES, 2,
+                                "two workers after CREATE EXTENSION again")
+        assert not old & set(worker_pids(name)), "the pool must be new processes"
+        print(f"CREATE EXTENSION again -> 2 workers in {took_again:.2f} s")
+        # A recreated extension has a working pool: it executes runs.
+        q(conn, "CREATE FUNCTION public.one(ctx jsonb) RETURNS jsonb LANGUAGE sql "
+                "AS $$ SELECT '{\"one\": 1}'::jsonb $$")
+        q(conn, """SELECT tuvl.register_workflow($$
+name: after_recreate
+steps:
+  - { id: s, kind: Functional, function: public.one }
+ends:
+  - { id: done, status: completed }
+$$)""")
+        run_id = q1(conn, "SELECT tuvl.start_run('after_recreate')")
+        assert q1(conn, "SELECT tuvl.wait(%s, '5 s')", (run_id,)) == "completed"
+    finally:
+        conn.close()
+
+
+BUSY_WORKFLOW = """
+name: busy
+steps:
+  - { id: a, kind: Functional, function: public.nap }
+  - { id: b, kind: Functional, function: public.nap }
+ends:
+  - { id: done, status: completed }
+"""
+
+
+def start_busy_runs(conn, name, n=400):
+    """Install the extension and leave runs executing in both workers."""
+    q(conn, "CREATE EXTENSION tuvl")
+    wait_until(lambda: pool_names(name) == EXPECTED_NAMES, 3, message="the pool")
+    q(conn, """CREATE OR REPLACE FUNCTION public.nap(ctx jsonb) RETURNS jsonb LANGUAGE plpgsql
+               AS $$ BEGIN PERFORM pg_sleep(0.02); RETURN '{}'; END $$""")
+    q(conn, "SELECT tuvl.register_workflow(%s)", (BUSY_WORKFLOW,))
+    q(conn, "SELECT count(tuvl.start_run('busy')) FROM generate_series(1, %s)", (n,))
+    wait_until(lambda: q1(conn, "SELECT count(*) FROM tuvl.runs WHERE status = 'completed'") > 0,
+               10, message="the first completed runs")
+    assert q1(conn, "SELECT count(*) FROM tuvl.runs WHERE status = 'running'") > 0
+
+
+def test_drop_extension_while_runs_execute_stops_the_pool_cleanly(fresh_databases, server_log):
+    name = fresh_databases("tuvl_workers_busy_drop")
+    conn = connect(name)
+    try:
+        start_busy_runs(conn, name)
+        mark = server_log.mark()
+        q(conn, "SET statement_timeout = '10s'")
+        started = time.monotonic()
+        deadlocks = 0
+        while True:
+            try:
+                q(conn, "DROP EXTENSION tuvl")
+                break
+            except psycopg2.errors.DeadlockDetected:
+                # see test_drop_extension_while_runs_execute_does_not_deadlock
+                deadlocks += 1
+                assert deadlocks < 5
+        dropped = time.monotonic() - started
+        gone = timed_wait(lambda: not worker_pids(name), 2, "the workers to exit after DROP")
+        print(f"\nDROP EXTENSION with runs in flight took {dropped:.2f} s ({deadlocks} deadlocks); "
+              f"workers gone {gone:.2f} s later")
+        assert dropped < 10
+        time.sleep(0.5)
+        log = server_log.since(mark)
+        assert not re.search(r"terminated by signal|reinitializing|PANIC", log), log
+        assert worker_pids(name) == []
+        # The extension comes back empty and working.
+        q(conn, "CREATE EXTENSION tuvl")
+        wait_until(lambda: pool_names(name) == EXPECTED_NAMES, 3, message="the pool again")
+        assert q1(conn, "SELECT count(*) FROM tuvl.runs") == 0
+        q(conn, "SELECT tuvl.register_workflow(%s)", (BUSY_WORKFLOW,))
+        run_id = q1(conn, "SELECT tuvl.start_run('busy')")
+        assert q1(conn, "SELECT tuvl.wait(%s, '5 s')", (run_id,)) == "completed"
+    finally:
+        conn.close()
+
+
+LONG_WORKFLOW = "name: long_busy\nsteps:\n" + "".join(
+    f"  - {{ id: s{i}, kind: Functional, function: public.nap }}\n" for i in range(10)) + \
+    "ends:\n  - { id: done, status: completed }\n"
+
+
+@pytest.mark.xfail(reason="BUG: DROP EXTENSION tuvl while workers advance runs can fail with "
+                          "'deadlock detected': DROP holds AccessExclusiveLock on tuvl.runs and "
+                          "waits for tuvl.events, which a worker's transition wrote first "
+                          "(JournalWrite) before queueing for tuvl.runs (the fenced checkpoint); "
+                          "workers lock the journal before the runs table, DROP the other way",
+                   strict=False)
+def test_drop_extension_while_runs_execute_does_not_deadlock(fresh_databases, server_log):
+    """Deterministic form of the race: a session holding a lock on tuvl.runs makes DROP
+    wait there (as a worker's long batch would); the workers meanwhile start transitions."""
+    name = fresh_databases("tuvl_workers_deadlock")
+    conn = connect(name)
+    holder = connect(name, autocommit=False)
+    try:
+        q(conn, "CREATE EXTENSION tuvl")
+        wait_until(lambda: pool_names(name) == EXPECTED_NAMES, 3, message="the pool")
+        q(conn, """CREATE FUNCTION public.nap(ctx jsonb) RETURNS jsonb LANGUAGE plpgsql
+                   AS $$ BEGIN PERFORM pg_sleep(0.005); RETURN '{}'; END $$""")
+        q(conn, "SELECT tuvl.register_workflow(%s)", (LONG_WORKFLOW,))
+        q(conn, "SELECT count(tuvl.start_run('long_busy')) FROM generate_series(1, 300)")
+        wait_until(lambda: q1(conn, "SELECT count(*) FROM tuvl.runs WHERE status = 'running'") >= 128,
+                   5, message="both workers holding runs")
+        q(holder, "LOCK TABLE tuvl.runs IN ACCESS SHARE MODE")
+        mark = server_log.mark()
+        q(conn, "SET statement_timeout = '15s'")
+        outcome = {}
+
+        def drop():
+            try:
+                q(conn, "DROP EXTENSION tuvl")
+                outcome["ok"] = True
+            except psycopg2.Error as exc:
+                outcome["error"] = exc
+
+        t = threading.Thread(target=drop)
+        t.start()
+        time.sleep(1.5)
+        holder.commit()
+        t.join(20)
+        deadlocks = [l for l in server_log.since(mark).splitlines() if "deadlock detected" in l]
+        assert "error" not in outcome, f"DROP EXTENSION failed: {outcome['error']}"
+        assert outcome.get("ok")
+        assert deadlocks == [], deadlocks
+        wait_until(lambda: not worker_pids(name), 2, message="the workers to exit")
+    finally:
+        holder.close()
+        conn.close()
+
+
+@pytest.mark.xfail(reason="BUG: a CREATE EXTENSION that commits after the launcher's probe "
+                          "worker looked at the database (launcher.c: the probe marks it ABSENT "
+                          "after LauncherNoteExtensionCreated already set UNKNOWN) gets no "
+                          "workers until the ABSENT re-probe, 6 naptimes (60 s) later",
+                   strict=False)
+def test_create_extension_in_a_long_transaction_still_starts_the_pool(fresh_databases):
+    slow = fresh_databases("tuvl_workers_slow_create")
+    other = fresh_databases("tuvl_workers_other")
+    wait_until(lambda: not worker_pids(slow), 15, interval=0.1,
+               message="no worker in a database without the extension")
+    conn = connect(slow, autocommit=False)
+    try:
+        q(conn, "CREATE EXTENSION tuvl")  # not committed yet
+        # Anything that makes the launcher look at the databases meanwhile, e.g. a
+        # CREATE EXTENSION elsewhere, probes this one and finds no extension yet.
+        oc = connect(other)
+        q(oc, "CREATE EXTENSION tuvl")
+        oc.close()
+        wait_until(lambda: len(worker_pids(other)) == 2, 3, message="the other database's pool")
+        time.sleep(1.0)
+        conn.commit()
+        took = timed_wait(lambda: pool_names(slow) == EXPECTED_NAMES, 3,
+                          "two workers once the CREATE EXTENSION committed")
+        print(f"\nCREATE EXTENSION committed after a probe -> workers in {took:.2f} s")
+    finally:
+        conn.close()
+
+
+def test_sigterm_stops_a_worker_at_once_and_the_launcher_replaces_it(db):
+    before = worker_rows(db)
+    assert [r[1] for r in before] and sorted(r[1] for r in before) == EXPECTED_NAMES
+    victim, victim_name = before[0][0], before[0][1]
+    survivor = before[1][0]
+    os.kill(victim, signal.SIGTERM)
+    took = timed_wait(lambda: victim not in worker_pids(db), 1, "the worker to exit on SIGTERM")
+    replaced = timed_wait(lambda: pool_names(db) == EXPECTED_NAMES and victim not in worker_pids(db),
+                          3, "the launcher to start a replacement")
+    after = {r[0]: r[1] for r in worker_rows(db)}
+    assert survivor in after, "the other worker must not be touched"
+    new = [p for p in after if p != survivor]
+    assert len(new) == 1 and after[new[0]] == victim_name, after
+    print(f"\nSIGTERM: worker gone in {took:.2f} s, replaced {replaced:.2f} s later")
+    # The replacement executes runs.
+    conn = connect(db)
+    try:
+        q(conn, "CREATE FUNCTION public.noop(ctx jsonb) RETURNS jsonb LANGUAGE sql "
+                "AS $$ SELECT '{}'::jsonb $$")
+        q(conn, """SELECT tuvl.register_workflow($$
+name: after_sigterm
+steps:
+  - { id: s, kind: Functional, function: public.noop }
+ends:
+  - { id: done, status: completed }
+$$)""")
+        ids = [r[0] for r in q(conn, "SELECT tuvl.start_run('after_sigterm') "
+                                     "FROM generate_series(1, 20)")]
+        assert q1(conn, "SELECT tuvl.wait(%s, '5 s')", (ids[-1],)) == "completed"
+        wait_until(lambda: q1(conn, "SELECT count(*) FROM tuvl.runs WHERE id = ANY(%s) "
+                                    "AND status = 'completed'", (ids,)) == 20, 5,
+                   message="every run to complete")
+    finally:
+        conn.close()
+
+
+@pytest.mark.xfail(reason="BUG: pg_reload_conf() makes the tuvl launcher crash with SIGSEGV "
+                          "(pfree in ParseConfigFile <- ProcessConfigFile <- TuvlLauncherMain, "
+                          "launcher.c:292), and the postmaster then reinitialises the whole "
+                          "cluster; suspected cause: list_databases() builds its List in the "
+                          "transaction's memory context, which CommitTransactionCommand frees "
+                          "before balance_pools() reads and list_free()s it",
+                   strict=False)
+def test_config_reload_does_not_crash_the_server(db):
+    log = ServerLog()
+    mark = log.mark()
+    launcher_before = launcher_pid()
+    pids_before = worker_pids(db)
+    crashed = reload_conf()
+    time.sleep(0.5)
+    text = log.since(mark)
+    assert not crashed, "server log after pg_reload_conf():\n" + "\n".join(
+        l for l in text.splitlines() if re.search(r"signal|terminat|reinitial", l))
+    assert launcher_pid() == launcher_before
+    assert worker_pids(db) == pids_before
+
+
+@pytest.mark.xfail(reason="BUG: pg_reload_conf() crashes the tuvl launcher (SIGSEGV) and the "
+                          "server reinitialises, so the pool is resized only by a crash restart "
+                          "that also kills the workers that should have kept running",
+                   strict=False)
+def test_workers_per_database_grows_and_shrinks_the_pool_on_reload(db):
+    gucs = GucSetter()
+    try:
+        before = set(worker_pids(db))
+        assert len(before) == 2
+        gucs({"tuvl.workers_per_database": ("3", "3")})
+        took = timed_wait(lambda: len(worker_pids(db)) == 3, 5, "the pool to grow to 3")
+        grown = set(worker_pids(db))
+        assert before <= grown, "growing the pool must keep the running workers"
+        assert pool_names(db) == ["tuvl worker 1", "tuvl worker 2", "tuvl worker 3"]
+
+        gucs({"tuvl.workers_per_database": ("1", "1")})
+        took2 = timed_wait(lambda: len(worker_pids(db)) == 1, 5, "the pool to shrink to 1")
+        # Stay at the new size: the launcher must not start the stopped ones again.
+        time.sleep(1.0)
+        left = set(worker_pids(db))
+        assert len(left) == 1 and left <= grown, "shrinking must stop workers, not replace them"
+        print(f"\npool 2 -> 3 in {took:.2f} s, 3 -> 1 in {took2:.2f} s")
+    finally:
+        gucs.reset()
+        wait_until(lambda: len(worker_pids(db)) == 2, 10, message="the default pool of 2 again",
+                   ignore=(psycopg2.OperationalError,))
+
+
+def test_a_busy_worker_reports_what_it_does_in_pg_stat_activity(db):
+    conn = connect(db)
+    try:
+        q(conn, """CREATE FUNCTION public.nap(ctx jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
+                   BEGIN PERFORM pg_sleep(1.5); RETURN '{}'; END $$""")
+        q(conn, """SELECT tuvl.register_workflow($$
+name: napper
+steps:
+  - { id: nap, kind: Functional, function: public.nap }
+ends:
+  - { id: done, status: completed }
+$$)""")
+        # Idle workers say so (they wake briefly every second for maintenance).
+        wait_until(lambda: all(r[2] == "idle" for r in worker_rows(db)), 2,
+                   message="every worker idle")
+        run_id = q1(conn, "SELECT tuvl.start_run('napper')")
+
+        def busy():
+            rows = q(conn, """SELECT pid, application_name, state, query, wait_event
+                                FROM pg_stat_activity
+                               WHERE backend_type = 'tuvl worker' AND state = 'active'
+                                 AND query LIKE 'tuvl advancing%%'
+                                 AND wait_event IS NOT DISTINCT FROM 'PgSleep'""")
+            return rows[0] if rows else None
+
+        # Active, saying what it advances, and waiting in the step's own pg_sleep.
+        pid, app, state, query, wait_event = wait_until(busy, 3, interval=0.02,
+                                                        message="an active worker in the step")
+        assert pid in worker_pids(db) and app in EXPECTED_NAMES
+        assert query == "tuvl advancing 1 runs"
+        assert q1(conn, "SELECT lease_owner FROM tuvl.runs WHERE id = %s", (run_id,)) == pid
+        assert q1(conn, "SELECT tuvl.wait(%s, '5 s')", (run_id,)) == "completed"
+        wait_until(lambda: all(r[2] == "idle" for r in worker_rows(db)), 2,
+                   message="every worker idle again")
+    finally:
+        conn.close()
