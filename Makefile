@@ -6,7 +6,9 @@ EXTVERSION = $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" tuvl.control)
 MODULE_big = tuvl
 OBJS = \
 	src/api.o \
+	src/effect.o \
 	src/executor.o \
+	src/http.o \
 	src/journal.o \
 	src/jsonschema.o \
 	src/jsonutil.o \
@@ -14,6 +16,7 @@ OBJS = \
 	src/lease.o \
 	src/runtime.o \
 	src/spiutil.o \
+	src/step_http.o \
 	src/step_sql.o \
 	src/template.o \
 	src/tuvl.o \

@@ -8,15 +8,18 @@ trivial SQL function).  For each run:
     t0 = time.time(); conn.commit(); t1 = time.time()
 
 then wait for the run's journal to arrive on LISTEN tuvl_events (second
-connection) and read ts of its agent_started event (tuvl.events.ts is
-clock_timestamp() at insert; client and server share the clock).
+connection) and read ts of its agent_started event.  The worker stamps each
+journal event with the clock when the event happens (agent_started: just
+before the step executes, after the claim transaction committed), and the
+client and the server share the machine's clock, so
 
     latency       = ts(agent_started) - t1   (commit returned)
     latency_pre   = ts(agent_started) - t0   (before commit)
 
-Note that agent_started is inserted, with the rest of the transition's
-journal, after the step executed, so ts includes the step (microseconds for
-the trivial function here) as well as the claim transaction.
+The worker is woken by the committing backend before the commit's reply
+reaches the client, so `latency` can be negative; `latency_pre` includes
+the commit itself (WAL flush and round trip).  The next run starts as soon
+as the previous one's journal arrived (--gap-ms adds a pause).
 
 Prints a summary per round to stderr and writes JSON with --json.
 """

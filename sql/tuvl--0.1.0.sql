@@ -85,6 +85,31 @@ CREATE TABLE tuvl.events (
 COMMENT ON TABLE tuvl.events IS 'the journal of every run; every row is also sent with NOTIFY on tuvl_events';
 CREATE INDEX events_ts_idx ON tuvl.events USING brin (ts);
 
+/*
+ * Secrets (API keys) reach requests only through {{ secrets.NAME }}
+ * templates.  Nobody but the extension's owner can read this table.
+ */
+CREATE TABLE tuvl.secrets (
+    name text PRIMARY KEY CHECK (name ~ '^[A-Za-z_][A-Za-z0-9_]*$'),
+    value text NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    updated_by name NOT NULL
+);
+COMMENT ON TABLE tuvl.secrets IS 'secrets for {{ secrets.NAME }} templates; readable only by the extension owner';
+REVOKE ALL ON tuvl.secrets FROM PUBLIC;
+
+CREATE FUNCTION tuvl.set_secret(name text, value text)
+RETURNS void
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    INSERT INTO tuvl.secrets (name, value, updated_by) VALUES ($1, $2, session_user)
+    ON CONFLICT ON CONSTRAINT secrets_pkey
+    DO UPDATE SET value = excluded.value, updated_at = now(), updated_by = excluded.updated_by
+$$;
+COMMENT ON FUNCTION tuvl.set_secret(text, text) IS 'store or replace a secret; its value is never readable back by other roles';
+REVOKE ALL ON FUNCTION tuvl.set_secret(text, text) FROM PUBLIC;
+
 /* Every journal event is announced on channel tuvl_events. */
 CREATE FUNCTION tuvl._notify_event()
 RETURNS trigger
@@ -147,6 +172,13 @@ RETURNS jsonb
 AS 'MODULE_PATHNAME', 'tuvl_render'
 LANGUAGE C STRICT STABLE;
 COMMENT ON FUNCTION tuvl.render(jsonb, jsonb) IS 'render a template value against a context, as a step would';
+
+/* pg_dump keeps the workflows, runs, journal and secrets. */
+SELECT pg_catalog.pg_extension_config_dump('tuvl.workflows', '');
+SELECT pg_catalog.pg_extension_config_dump('tuvl.runs', '');
+SELECT pg_catalog.pg_extension_config_dump('tuvl.runs_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('tuvl.events', '');
+SELECT pg_catalog.pg_extension_config_dump('tuvl.secrets', '');
 
 /* Internal: is the process holding a lease still heartbeating? */
 CREATE FUNCTION tuvl._lease_holder_alive(pid integer, epoch bigint)

@@ -28,6 +28,7 @@
 #include "pgstat.h"
 
 #include "api.h"
+#include "effect.h"
 #include "jsonschema.h"
 #include "jsonutil.h"
 #include "launcher.h"
@@ -413,7 +414,7 @@ tuvl_run(PG_FUNCTION_ARGS)
 	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
 
 	run = RunStateCreate(CurrentMemoryContext, id, 1, workflow, version,
-						 GetUserNameFromId(GetUserId(), false), input, NULL, 1);
+						 GetUserNameFromId(GetUserId(), false), input, NULL, 1, NULL);
 	run->owner = TuvlOwnerId();
 
 	for (;;)
@@ -424,6 +425,13 @@ tuvl_run(PG_FUNCTION_ARGS)
 		status = run->next_status;
 		if (strcmp(status, "running") != 0)
 			break;
+		if (run->send)
+		{
+			/* an effect: performed right here, its result journaled next */
+			run->fresh_effect = EffectPerform(run->send);
+			run->send = NULL;
+			continue;
+		}
 		if (GetCurrentTimestamp() >= deadline)
 		{
 			static const Oid types[2] = {INT8OID, INT4OID};

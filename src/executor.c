@@ -48,7 +48,7 @@ static const StepExecutor executors[STEP_KIND_COUNT] = {
 	{STEP_FUNCTIONAL, StepExecuteFunctional},
 	{STEP_MODELOP, StepExecuteModelOp},
 	{STEP_ROUTER, execute_router},
-	{STEP_APICALL, execute_unavailable},
+	{STEP_APICALL, StepExecuteAPICall},
 	{STEP_MCP, execute_unavailable},
 	{STEP_AGENT, execute_unavailable},
 	{STEP_HUMAN, execute_unavailable},

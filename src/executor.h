@@ -15,18 +15,25 @@
 #include "runtime.h"
 #include "workflow.h"
 
+struct EffectRequest;
+
 typedef struct StepResult
 {
 	bool		has_output;		/* write output to the step's output key */
 	Jsonb	   *output;			/* may be a JSON null */
 	char	   *signal;			/* NULL means "default" */
+	bool		pending;		/* the step needs an effect first */
+	struct EffectRequest *effect;	/* ... this one */
 } StepResult;
 
 /*
  * Execute a step against ctx (the run's context, or an agent tool's view
  * of it).  Runs inside the transition's subtransaction; raises on failure,
  * which the caller turns into the "error" signal.  Before each phase an
- * executor may set StepErrorType so the failure is classified.
+ * executor may set StepErrorType so the failure is classified.  A step
+ * that needs work outside the database sets result->pending and
+ * result->effect and returns; it is executed again once the effect's
+ * result is journaled, and finds it with EffectAt (see effect.c).
  */
 typedef void (*StepExecuteFn) (RunState *run, const StepDef *step, Jsonb *ctx,
 							   StepResult *result);
@@ -40,6 +47,10 @@ typedef struct StepExecutor
 extern const char *StepErrorType;
 
 extern const StepExecutor *ExecutorFor(StepKind kind);
+
+/* step_http.c */
+extern void StepExecuteAPICall(RunState *run, const StepDef *step, Jsonb *ctx,
+							   StepResult *result);
 
 /* step_sql.c */
 extern void StepExecuteFunctional(RunState *run, const StepDef *step, Jsonb *ctx,

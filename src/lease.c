@@ -37,7 +37,7 @@ static const char claim_sql[] =
 "      LIMIT $1 FOR UPDATE SKIP LOCKED) c "
 "WHERE r.id = c.id "
 "RETURNING r.id, r.attempt, r.workflow, r.workflow_version, r.principal, "
-"  r.context, r.current_step, r.last_seq";
+"  r.context, r.current_step, r.last_seq, r.step_state";
 
 /*
  * Claim up to max_runs queued runs, oldest first; returns a List (in
@@ -78,7 +78,18 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, Oid 
 							 SPI_getvalue(tup, td, 5),
 							 DatumGetJsonbP(SPI_getbinval(tup, td, 6, &isnull)),
 							 step,
-							 DatumGetInt32(SPI_getbinval(tup, td, 8, &isnull)));
+							 DatumGetInt32(SPI_getbinval(tup, td, 8, &isnull)),
+							 NULL);
+		{
+			Datum		ss = SPI_getbinval(tup, td, 9, &isnull);
+
+			if (!isnull)
+			{
+				old = MemoryContextSwitchTo(run->cxt);
+				run->step_state = DatumGetJsonbPCopy(ss);
+				MemoryContextSwitchTo(old);
+			}
+		}
 		run->owner = owner;
 		old = MemoryContextSwitchTo(runs_cxt);
 		runs = lappend(runs, run);

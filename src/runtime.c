@@ -33,6 +33,7 @@
 #include "utils/resowner.h"
 #include "utils/timestamp.h"
 
+#include "effect.h"
 #include "executor.h"
 #include "journal.h"
 #include "jsonutil.h"
@@ -60,7 +61,8 @@ RunIsTerminalStatus(const char *status)
 RunState *
 RunStateCreate(MemoryContext parent, int64 id, int attempt,
 			   const char *workflow, int version, const char *principal,
-			   Jsonb *context, const char *current_step, int last_seq)
+			   Jsonb *context, const char *current_step, int last_seq,
+			   Jsonb *step_state)
 {
 	MemoryContext cxt = AllocSetContextCreate(parent, "tuvl run",
 											  ALLOCSET_SMALL_SIZES);
@@ -77,6 +79,7 @@ RunStateCreate(MemoryContext parent, int64 id, int attempt,
 	run->principal = get_role_oid(principal, true);
 	run->context = DatumGetJsonbPCopy(JsonbPGetDatum(context));
 	run->last_seq = last_seq;
+	run->step_state = step_state ? DatumGetJsonbPCopy(JsonbPGetDatum(step_state)) : NULL;
 	MemoryContextSwitchTo(old);
 
 	wf = WorkflowLoad(workflow, version);
@@ -113,7 +116,7 @@ run_error_callback(void *arg)
 
 static const char fence_sql[] =
 "UPDATE tuvl.runs SET status = $3, context = $4, current_step = $5, last_seq = $6, "
-"  end_name = $7, response = $8, error = $9, "
+"  end_name = $7, response = $8, error = $9, step_state = $11, "
 "  finished_at = CASE WHEN $3 IN ('completed', 'failed', 'aborted', 'compensated') "
 "                     THEN clock_timestamp() END, "
 "  lease_expires_at = CASE WHEN $3 = 'running' THEN now() + $10 END, "
@@ -128,12 +131,13 @@ static const char fence_sql[] =
 static void
 write_checkpoint(RunState *run, const char *status, Jsonb *context,
 				 const char *step, int last_seq, const char *end_name,
-				 Jsonb *response, const char *error, int lease_ms)
+				 Jsonb *response, const char *error, int lease_ms,
+				 Jsonb *step_state)
 {
-	static const Oid types[10] = {INT8OID, INT4OID, TEXTOID, JSONBOID, TEXTOID,
-	INT4OID, TEXTOID, JSONBOID, TEXTOID, INTERVALOID};
-	Datum		values[10];
-	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	static const Oid types[11] = {INT8OID, INT4OID, TEXTOID, JSONBOID, TEXTOID,
+	INT4OID, TEXTOID, JSONBOID, TEXTOID, INTERVALOID, JSONBOID};
+	Datum		values[11];
+	char		nulls[11] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	Interval   *lease = palloc0(sizeof(Interval));
 
 	lease->time = (int64) lease_ms * 1000;
@@ -159,8 +163,12 @@ write_checkpoint(RunState *run, const char *status, Jsonb *context,
 	else
 		nulls[8] = 'n';
 	values[9] = IntervalPGetDatum(lease);
+	if (step_state)
+		values[10] = JsonbPGetDatum(step_state);
+	else
+		nulls[10] = 'n';
 
-	if (SpiExec(fence_sql, 10, types, values, nulls, SPI_OK_UPDATE) != 1)
+	if (SpiExec(fence_sql, 11, types, values, nulls, SPI_OK_UPDATE) != 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 				 errmsg("lease on run " INT64_FORMAT " was lost", run->id),
@@ -238,10 +246,76 @@ typedef struct Transition
 	RunState   *run;
 	WorkflowDef *wf;
 	const StepDef *step;
-	List	   *events;
+	List	   *events;			/* journaled whatever the step does */
 	int			lease_ms;
 	instr_time	start;
+	bool		first_entry;	/* agent_started is among events */
 } Transition;
+
+/* The step_state written while a step waits for an effect. */
+static Jsonb *
+pending_step_state(Transition *t, EffectRequest *effect)
+{
+	JsonObjBuilder b;
+	JsonObjBuilder p;
+
+	JsonObjStart(&p);
+	JsonObjAddInt(&p, "position", EffectCount(t->run));
+	if (effect->idempotency_key)
+		JsonObjAddString(&p, "idempotency_key", effect->idempotency_key);
+	JsonObjAddJsonb(&p, "request", effect->journal);
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "step", t->step->id);
+	JsonObjAddInt(&b, "entry_seq", t->run->entry_seq);
+	JsonObjAddJsonb(&b, "effects", t->run->working_effects ? t->run->working_effects
+					: JsonFromCString("[]"));
+	JsonObjAddJsonb(&b, "pending", JsonObjEnd(&p));
+	return JsonObjEnd(&b);
+}
+
+/*
+ * The step asked for an effect: journal tool_call, keep the step current
+ * with its step_state, and stage the request for sending after commit.
+ */
+static void
+finish_pending(Transition *t, StepResult *result)
+{
+	RunState   *run = t->run;
+	List	   *events = list_copy(t->events);
+	EffectRequest *effect = result->effect;
+	Jsonb	   *state = pending_step_state(t, effect);
+	JsonObjBuilder b;
+	Oid			save_user;
+	int			save_sec;
+
+	JsonObjStart(&b);
+	JsonObjAddInt(&b, "position", EffectCount(run));
+	JsonObjAddJsonb(&b, "request", effect->journal);
+	if (effect->delay_ms > 0)
+		JsonObjAddInt(&b, "delay_ms", effect->delay_ms);
+	JournalAdd(&events, "tool_call", t->step->id, t->step->kind_name, JsonObjEnd(&b));
+
+	GetUserIdAndSecContext(&save_user, &save_sec);
+	SetUserIdAndSecContext(run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	run->next_seq = run->last_seq + list_length(events);
+	write_checkpoint(run, "running", run->context, t->step->id, run->next_seq,
+					 NULL, NULL, NULL, t->lease_ms, state);
+	(void) JournalWrite(run->id, run->last_seq, events);
+	SetUserIdAndSecContext(save_user, save_sec);
+
+	{
+		MemoryContext old = MemoryContextSwitchTo(run->cxt);
+
+		run->next_context = DatumGetJsonbPCopy(JsonbPGetDatum(run->context));
+		run->next_step_state = DatumGetJsonbPCopy(JsonbPGetDatum(state));
+		MemoryContextSwitchTo(old);
+	}
+	run->send = EffectRequestCopy(effect, run->cxt);
+	run->next_step = WorkflowFindStep(t->wf, t->step->id);	/* stays here */
+	run->next_status = "running";
+	run->next_error = NULL;
+}
 
 /*
  * Everything after the step: context update, journal, routing and the
@@ -254,7 +328,7 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 	RunState   *run = t->run;
 	WorkflowDef *wf = t->wf;
 	const StepDef *step = t->step;
-	List	   *events = list_copy(t->events);
+	List	   *events;
 	Jsonb	   *context = run->context;
 	const char *signal;
 	const char *target;
@@ -269,6 +343,13 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 	char	   *run_error = NULL;
 	Oid			save_user;
 	int			save_sec;
+
+	if (result && result->pending)
+	{
+		finish_pending(t, result);
+		return;
+	}
+	events = list_copy(t->events);
 
 	INSTR_TIME_SET_CURRENT(duration);
 	INSTR_TIME_SUBTRACT(duration, t->start);
@@ -364,10 +445,11 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 	/* Internal writes run as the extension's owner. */
 	GetUserIdAndSecContext(&save_user, &save_sec);
 	SetUserIdAndSecContext(run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
+
 	/* the fenced update first: a holder that lost its lease stops here */
 	run->next_seq = run->last_seq + list_length(events);
 	write_checkpoint(run, status, context, next_step_id, run->next_seq,
-					 end_name, response, run_error, t->lease_ms);
+					 end_name, response, run_error, t->lease_ms, NULL);
 	(void) JournalWrite(run->id, run->last_seq, events);
 	SetUserIdAndSecContext(save_user, save_sec);
 
@@ -381,14 +463,17 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 		run->next_context = DatumGetJsonbPCopy(JsonbPGetDatum(context));
 		MemoryContextSwitchTo(old);
 	}
+	run->next_step_state = NULL;
 	run->next_step = next_step_id ? WorkflowFindStep(wf, next_step_id) : -1;
 	run->next_status = status;
 	run->next_error = run_error ? MemoryContextStrdup(run->cxt, run_error) : NULL;
 }
 
 /*
- * Run fn(t, ...) in a subtransaction.  Returns NULL on success; on error
- * the subtransaction is rolled back and the error returned (flushed).
+ * Run the step (when execute) and finish the transition in a
+ * subtransaction.  Returns NULL on success; on error the subtransaction
+ * is rolled back and the error returned (flushed); *step_failed tells
+ * whether the step itself raised (rather than the journaling).
  */
 static ErrorData *
 in_subtransaction(Transition *t, bool execute, ErrorData *step_error,
@@ -434,6 +519,35 @@ in_subtransaction(Transition *t, bool execute, ErrorData *step_error,
 }
 
 /*
+ * Journal the result of the effect the step was waiting for and make it
+ * visible to the step (run->working_effects).
+ */
+static void
+take_fresh_effect(Transition *t)
+{
+	RunState   *run = t->run;
+	JsonObjBuilder b;
+	JournalEvent *ev;
+	JsonbValue *lat;
+	Jsonb	   *one;
+
+	if (run->fresh_effect == NULL)
+		return;
+	JsonObjStart(&b);
+	JsonObjAddInt(&b, "position", EffectCount(run));
+	JsonObjAddJsonb(&b, "result", run->fresh_effect);
+	ev = JournalAdd(&t->events, "tool_result", t->step->id, t->step->kind_name, JsonObjEnd(&b));
+	lat = JsonGetField(run->fresh_effect, "latency_ms");
+	if (lat && lat->type == jbvNumeric)
+		ev->latency_ms = DatumGetFloat8(DirectFunctionCall1(numeric_float8,
+															NumericGetDatum(lat->val.numeric)));
+
+	one = JsonFromCString(psprintf("[%s]", JsonbToCString(NULL, &run->fresh_effect->root,
+														  VARSIZE(run->fresh_effect))));
+	run->working_effects = run->working_effects ? JsonMerge(run->working_effects, one) : one;
+}
+
+/*
  * Execute one transition of run: see the file header.  Uses one
  * subtransaction when the step succeeds, two when it fails (the step's
  * work is rolled back, then the failure is journaled).  Any error raised
@@ -450,11 +564,13 @@ RunAdvance(RunState *run, int lease_ms)
 	ErrorData  *edata;
 	bool		step_failed;
 	int			cur;
+	char	   *state_step;
 
 	memset(&t, 0, sizeof(t));
 	t.run = run;
 	t.wf = WorkflowLoad(run->workflow, run->version);
 	t.lease_ms = lease_ms;
+	run->send = NULL;
 
 	ectx.run = run;
 	ectx.step = NULL;
@@ -482,7 +598,25 @@ RunAdvance(RunState *run, int lease_ms)
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("role \"%s\" that started the run does not exist", run->principal_name)));
 
-	JournalAdd(&t.events, "agent_started", t.step->id, t.step->kind_name, payload_step(t.step));
+	/* entering the step, or continuing it after an effect? */
+	state_step = run->step_state ? JsonGetString(run->step_state, "step") : NULL;
+	if (state_step && strcmp(state_step, t.step->id) == 0)
+	{
+		JsonbValue *es = JsonGetField(run->step_state, "entry_seq");
+
+		run->entry_seq = es && es->type == jbvNumeric
+			? DatumGetInt32(DirectFunctionCall1(numeric_int4, NumericGetDatum(es->val.numeric)))
+			: 0;
+		run->working_effects = JsonGetJsonb(run->step_state, "effects");
+	}
+	else
+	{
+		JournalAdd(&t.events, "agent_started", t.step->id, t.step->kind_name, payload_step(t.step));
+		run->entry_seq = run->last_seq + list_length(t.events);
+		run->working_effects = NULL;
+		t.first_entry = true;
+	}
+	take_fresh_effect(&t);
 	INSTR_TIME_SET_CURRENT(t.start);
 
 	edata = in_subtransaction(&t, true, NULL, &step_failed);
@@ -490,7 +624,10 @@ RunAdvance(RunState *run, int lease_ms)
 		edata = in_subtransaction(&t, false, edata, &step_failed);
 	error_context_stack = errcallback.previous;
 	if (edata)
+	{
+		run->send = NULL;
 		ReThrowError(edata);
+	}
 }
 
 /*
@@ -504,4 +641,11 @@ RunApplyTransition(RunState *run)
 	run->next_context = NULL;
 	run->step = run->next_step;
 	run->last_seq = run->next_seq;
+	if (run->step_state)
+		pfree(run->step_state);
+	run->step_state = run->next_step_state;
+	run->next_step_state = NULL;
+	if (run->fresh_effect)
+		pfree(run->fresh_effect);
+	run->fresh_effect = NULL;
 }

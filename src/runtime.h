@@ -10,6 +10,7 @@
 
 #include "utils/jsonb.h"
 #include "utils/palloc.h"
+#include "utils/timestamp.h"
 
 #include "workflow.h"
 
@@ -31,10 +32,23 @@ typedef struct RunState
 	Jsonb	   *context;
 	int			step;			/* index of the current step; -1: start */
 	int			last_seq;
+	Jsonb	   *step_state;		/* state within the current step, or NULL:
+								 * {step, entry_seq, effects: [...]} */
 	MemoryContext cxt;			/* "tuvl run": owns the fields above */
+
+	/* effects (see effect.c), owned by cxt */
+	Jsonb	   *fresh_effect;	/* result of the pending effect, to journal */
+	struct EffectRequest *send; /* to perform once the transition commits */
+	TimestampTz send_at;		/* not before this time */
+	void	   *transfer;		/* the worker's in-flight HttpTransfer */
+
+	/* during a transition */
+	Jsonb	   *working_effects;	/* journaled results of this step's effects */
+	int			entry_seq;		/* seq of this step's agent_started */
 
 	/* staged by RunAdvance, applied by RunApplyTransition */
 	Jsonb	   *next_context;
+	Jsonb	   *next_step_state;
 	int			next_step;
 	int			next_seq;
 	const char *next_status;	/* "running" or a terminal status */
@@ -44,7 +58,8 @@ typedef struct RunState
 extern RunState *RunStateCreate(MemoryContext parent, int64 id, int attempt,
 								const char *workflow, int version,
 								const char *principal, Jsonb *context,
-								const char *current_step, int last_seq);
+								const char *current_step, int last_seq,
+								Jsonb *step_state);
 extern void RunStateFree(RunState *run);
 extern void RunAdvance(RunState *run, int lease_ms);
 extern void RunApplyTransition(RunState *run);

@@ -42,9 +42,14 @@ int			tuvl_workers_per_database = 2;
 int			tuvl_max_workers = 16;
 int			tuvl_lease_timeout = 30000;
 int			tuvl_heartbeat_interval = 5000;
-int			tuvl_runs_per_worker = 64;
+int			tuvl_runs_per_worker = 512;
 int			tuvl_launcher_naptime = 10000;
 int			tuvl_sync_timeout = 30000;
+char	   *tuvl_http_allowed_hosts = NULL;
+int			tuvl_http_timeout = 30000;
+int			tuvl_http_max_response_size = 10 * 1024 * 1024;
+int			tuvl_http_max_redirects = 5;
+bool		tuvl_http_verify_tls = true;
 
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
@@ -248,8 +253,8 @@ define_gucs(void)
 							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
 	DefineCustomIntVariable("tuvl.runs_per_worker",
 							"Maximum number of runs one worker holds at once.",
-							"Ready runs held by a worker advance one step each per transaction.",
-							&tuvl_runs_per_worker, 64, 1, 100000,
+							"Held runs waiting for HTTP effects count too: this bounds the transfers in flight per worker.",
+							&tuvl_runs_per_worker, 512, 1, 100000,
 							PGC_SIGHUP, 0, NULL, NULL, NULL);
 	DefineCustomIntVariable("tuvl.launcher_naptime",
 							"How often the launcher rescans databases without being woken.",
@@ -261,6 +266,32 @@ define_gucs(void)
 							"A workflow's trigger.sync_timeout and the sync_timeout argument override it.",
 							&tuvl_sync_timeout, 30000, 0, INT_MAX,
 							PGC_USERSET, GUC_UNIT_MS, NULL, NULL, NULL);
+	DefineCustomStringVariable("tuvl.http_allowed_hosts",
+							   "Hosts that HTTP effects (APICall, MCP, LLM calls) may reach.",
+							   "A comma-separated list of host, host:port, *.domain or host:* patterns; "
+							   "empty (the default) allows none, * allows any.",
+							   &tuvl_http_allowed_hosts, "",
+							   PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("tuvl.http_timeout",
+							"Default timeout of one HTTP request.",
+							"A step's own timeout overrides it.",
+							&tuvl_http_timeout, 30000, 100, INT_MAX,
+							PGC_USERSET, GUC_UNIT_MS, NULL, NULL, NULL);
+	DefineCustomIntVariable("tuvl.http_max_response_size",
+							"Largest HTTP response body accepted; larger ones fail the request.",
+							NULL,
+							&tuvl_http_max_response_size, 10 * 1024 * 1024, 1024, 1024 * 1024 * 1024,
+							PGC_SUSET, GUC_UNIT_BYTE, NULL, NULL, NULL);
+	DefineCustomIntVariable("tuvl.http_max_redirects",
+							"Redirects an HTTP request follows at most (each target must be allowed).",
+							NULL,
+							&tuvl_http_max_redirects, 5, 0, 50,
+							PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomBoolVariable("tuvl.http_verify_tls",
+							 "Verify TLS certificates and host names of HTTPS requests.",
+							 "Turn off only for testing.",
+							 &tuvl_http_verify_tls, true,
+							 PGC_SUSET, 0, NULL, NULL, NULL);
 	MarkGUCPrefixReserved("tuvl");
 }
 

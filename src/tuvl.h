@@ -78,6 +78,11 @@ extern int	tuvl_heartbeat_interval;
 extern int	tuvl_runs_per_worker;
 extern int	tuvl_launcher_naptime;
 extern int	tuvl_sync_timeout;
+extern char *tuvl_http_allowed_hosts;
+extern int	tuvl_http_timeout;
+extern int	tuvl_http_max_response_size;
+extern int	tuvl_http_max_redirects;
+extern bool tuvl_http_verify_tls;
 
 /* Wake-ups: recorded now, delivered when the transaction commits. */
 extern void TuvlWakeWorkersAtCommit(void);

@@ -43,6 +43,8 @@
 #include "utils/timeout.h"
 #include "utils/timestamp.h"
 
+#include "effect.h"
+#include "http.h"
 #include "lease.h"
 #include "runtime.h"
 #include "spiutil.h"
@@ -134,6 +136,8 @@ static void
 forget_run(RunState *run)
 {
 	held = list_delete_ptr(held, run);
+	if (run->transfer)
+		HttpDisown(run->transfer);
 	RunStateFree(run);
 }
 
@@ -275,12 +279,21 @@ try_advance(RunState *run)
 	return ok;
 }
 
+/* Is the run ready for a transition (not waiting for an effect)? */
+static bool
+run_ready(RunState *run)
+{
+	return run->send == NULL && run->transfer == NULL;
+}
+
 /*
- * Advance up to MAX_STEPS_PER_COMMIT held runs by one transition each, in
- * one transaction.  Runs whose transition failed (lost lease, broken
- * workflow) are dropped; runs that ended are released.
+ * Advance up to MAX_STEPS_PER_COMMIT ready runs by one transition each,
+ * in one transaction.  Runs whose transition failed (lost lease, broken
+ * workflow) are dropped; runs that ended are released; runs that asked
+ * for an effect get it started once the transaction committed.
+ * Returns the number of runs advanced.
  */
-static void
+static int
 advance_batch(void)
 {
 	List	   *batch = NIL;
@@ -291,10 +304,14 @@ advance_batch(void)
 
 	foreach(lc, held)
 	{
+		if (!run_ready(lfirst(lc)))
+			continue;
 		batch = lappend(batch, lfirst(lc));
 		if (list_length(batch) >= MAX_STEPS_PER_COMMIT)
 			break;
 	}
+	if (batch == NIL)
+		return 0;
 	snprintf(activity, sizeof(activity), "tuvl advancing %d runs", list_length(batch));
 	begin_tx(activity);
 	foreach(lc, batch)
@@ -320,6 +337,9 @@ advance_batch(void)
 			forget_run(run);
 		else
 		{
+			if (run->send)
+				run->send_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+														   run->send->delay_ms);
 			/* move to the back so every held run gets its turn */
 			held = list_delete_ptr(held, run);
 			hold_runs(list_make1(run));
@@ -327,6 +347,81 @@ advance_batch(void)
 	}
 	foreach(lc, failed)
 		forget_run(lfirst(lc));
+	return list_length(batch);
+}
+
+/* The result of an effect, or of a failure to even start it. */
+static void
+effect_done(RunState *run, Jsonb *result)
+{
+	MemoryContext old = MemoryContextSwitchTo(run->cxt);
+
+	run->fresh_effect = DatumGetJsonbPCopy(JsonbPGetDatum(result));
+	MemoryContextSwitchTo(old);
+	run->transfer = NULL;
+	run->send = NULL;
+}
+
+/* Start the transfers whose time has come; no transaction is open. */
+static void
+start_due_sends(TimestampTz *next_send)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	ListCell   *lc;
+
+	*next_send = 0;
+	foreach(lc, held)
+	{
+		RunState   *run = lfirst(lc);
+		MemoryContext oldcxt = CurrentMemoryContext;
+
+		if (run->send == NULL || run->transfer != NULL)
+			continue;
+		if (run->send_at > now)
+		{
+			if (*next_send == 0 || run->send_at < *next_send)
+				*next_send = run->send_at;
+			continue;
+		}
+		PG_TRY();
+		{
+			run->transfer = HttpStart(&run->send->http, run);
+		}
+		PG_CATCH();
+		{
+			ErrorData  *edata;
+			HttpResult res;
+
+			MemoryContextSwitchTo(oldcxt);
+			edata = CopyErrorData();
+			FlushErrorState();
+			memset(&res, 0, sizeof(res));
+			res.error_kind = "error";
+			res.error = edata->message;
+			res.body = "";
+			effect_done(run, EffectResultToJsonb(&res, run->send->secrets));
+		}
+		PG_END_TRY();
+	}
+}
+
+/* Hand finished transfers to their runs. */
+static void
+collect_done(void)
+{
+	ListCell   *lc;
+
+	foreach(lc, HttpCollectDone())
+	{
+		HttpTransfer *t = lfirst(lc);
+		RunState   *run = HttpTransferOwner(t);
+		HttpResult *res = HttpTakeResult(t);
+
+		/* the run may have been dropped (lost lease) meanwhile */
+		if (run == NULL || list_member_ptr(held, run) == false || run->transfer != t)
+			continue;
+		effect_done(run, EffectResultToJsonb(res, run->send->secrets));
+	}
 }
 
 static void
@@ -402,6 +497,7 @@ TuvlWorkerMain(Datum main_arg)
 		SPI_finish();
 		MemoryContextSwitchTo(round_cxt);
 		FlushErrorState();
+		HttpAbortAll();
 		forget_all_runs();
 		MemoryContextReset(round_cxt);
 		RESUME_INTERRUPTS();
@@ -423,7 +519,10 @@ TuvlWorkerMain(Datum main_arg)
 	for (;;)
 	{
 		TimestampTz now;
+		TimestampTz wake;
+		TimestampTz next_send;
 		long		timeout;
+		int			room;
 
 		CHECK_FOR_INTERRUPTS();
 		if (ConfigReloadPending)
@@ -437,7 +536,6 @@ TuvlWorkerMain(Datum main_arg)
 			proc_exit(0);
 		}
 		MemoryContextReset(round_cxt);
-		ResetLatch(MyLatch);
 		heartbeat_timeout();
 
 		now = GetCurrentTimestamp();
@@ -452,19 +550,37 @@ TuvlWorkerMain(Datum main_arg)
 			want_claim = true;
 		}
 
-		if (want_claim || held != NIL)
-			want_claim = claim() > 0;
+		/* keep claiming while the queue may hold more than we took */
+		room = tuvl_runs_per_worker - list_length(held);
+		if (want_claim && room > 0)
+			want_claim = claim() >= room;
 
-		if (held != NIL)
+		start_due_sends(&next_send);
+		if (advance_batch() > 0)
 		{
-			advance_batch();
+			/* a start_run() committed while we were busy? */
+			if (MyLatch->is_set)
+			{
+				ResetLatch(MyLatch);
+				want_claim = true;
+			}
+			/* collect whatever finished meanwhile, without sleeping */
+			if (HttpInFlight() > 0)
+			{
+				(void) HttpWait(0);
+				collect_done();
+			}
 			continue;
 		}
 
+		/* nothing ready: sleep until the latch, a transfer or a timer */
 		now = GetCurrentTimestamp();
-		timeout = Max(1, (long) ((next_maintenance - now) / 1000));
-		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 timeout, PG_WAIT_EXTENSION);
-		want_claim = true;
+		wake = next_maintenance;
+		if (next_send != 0 && next_send < wake)
+			wake = next_send;
+		timeout = Max(0, (long) ((wake - now) / 1000));
+		if (HttpWait(timeout))
+			want_claim = true;
+		collect_done();
 	}
 }

@@ -1,0 +1,315 @@
+/*-------------------------------------------------------------------------
+ *
+ * effect.c
+ *	  Effects: work outside the database whose results are journaled
+ *	  before anything uses them.
+ *
+ * A step that needs an effect returns it as an EffectRequest; the runtime
+ * journals tool_call, commits, and the worker (or the synchronous path)
+ * performs the request outside any transaction.  The next transition
+ * journals the result as tool_result, appends it to the run's step_state
+ * and executes the step again, which now finds the result at the effect's
+ * position (EffectAt) and continues.  A run reclaimed after a crash sees
+ * exactly the results that were journaled, so only the effect in flight
+ * at the crash is repeated, with the same idempotency key.
+ *
+ * Secrets reach requests through templates and nothing else: every value
+ * read is remembered (SecretUse) and scrubbed from whatever is journaled
+ * or stored in the context, including response bodies that echo it.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "common/jsonapi.h"
+#include "executor/spi.h"
+#include "lib/stringinfo.h"
+#include "mb/pg_wchar.h"
+#include "miscadmin.h"
+#include "storage/latch.h"
+#include "utils/builtins.h"
+#include "utils/json.h"
+#include "utils/memutils.h"
+#include "pgstat.h"
+
+#include "effect.h"
+#include "jsonutil.h"
+#include "spiutil.h"
+
+#define REDACTED "[redacted]"
+
+/*
+ * Template hook: read a secret as the extension owner and remember its
+ * value.  Never puts the value in an error.
+ */
+static const char *
+secret_hook(const char *name, void *arg)
+{
+	SecretUse  *use = arg;
+	static const Oid types[1] = {TEXTOID};
+	Datum		values[1];
+	Oid			save_user;
+	int			save_sec;
+	char	   *value = NULL;
+	bool		connected = false;
+
+	GetUserIdAndSecContext(&save_user, &save_sec);
+	if (SPI_connect() == SPI_OK_CONNECT)
+		connected = true;
+	SetUserIdAndSecContext(TuvlOwnerId(), save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	values[0] = CStringGetTextDatum(name);
+	if (SpiExec("SELECT value FROM tuvl.secrets WHERE name = $1", 1, types, values,
+				NULL, SPI_OK_SELECT) == 1)
+	{
+		char	   *v = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+
+		value = v ? SPI_palloc(strlen(v) + 1) : NULL;
+		if (value)
+			strcpy(value, v);
+	}
+	SetUserIdAndSecContext(save_user, save_sec);
+	if (connected)
+		SPI_finish();
+	if (value)
+		use->values = lappend(use->values, value);
+	return value;
+}
+
+void
+SecretUseInit(SecretUse *use)
+{
+	memset(use, 0, sizeof(SecretUse));
+	use->opts.secret_hook = secret_hook;
+	use->opts.secret_arg = use;
+}
+
+static char *
+replace_all(const char *text, const char *needle, const char *with)
+{
+	StringInfoData buf;
+	const char *p = text;
+	const char *hit;
+	size_t		nl = strlen(needle);
+
+	if (nl == 0 || strstr(text, needle) == NULL)
+		return (char *) text;
+	initStringInfo(&buf);
+	while ((hit = strstr(p, needle)) != NULL)
+	{
+		appendBinaryStringInfo(&buf, p, hit - p);
+		appendStringInfoString(&buf, with);
+		p = hit + nl;
+	}
+	appendStringInfoString(&buf, p);
+	return buf.data;
+}
+
+/* text with every secret value (raw or JSON-escaped) replaced. */
+char *
+SecretScrub(const char *text, List *secrets)
+{
+	ListCell   *lc;
+	char	   *out = (char *) text;
+
+	foreach(lc, secrets)
+	{
+		const char *s = lfirst(lc);
+		StringInfoData esc;
+
+		if (s == NULL || *s == '\0')
+			continue;
+		out = replace_all(out, s, REDACTED);
+		initStringInfo(&esc);
+		escape_json(&esc, s);
+		/* strip the quotes escape_json adds */
+		esc.data[esc.len - 1] = '\0';
+		if (strcmp(esc.data + 1, s) != 0)
+			out = replace_all(out, esc.data + 1, REDACTED);
+	}
+	return out;
+}
+
+Jsonb *
+SecretScrubJsonb(Jsonb *j, List *secrets)
+{
+	char	   *text;
+	char	   *scrubbed;
+
+	if (j == NULL || secrets == NIL)
+		return j;
+	text = JsonbToCString(NULL, &j->root, VARSIZE(j));
+	scrubbed = SecretScrub(text, secrets);
+	return scrubbed == text ? j : JsonFromCString(scrubbed);
+}
+
+int
+EffectCount(RunState *run)
+{
+	if (run->working_effects == NULL)
+		return 0;
+	return JsonContainerSize(&run->working_effects->root);
+}
+
+/* The journaled result of the step's effect at position, or NULL. */
+Jsonb *
+EffectAt(RunState *run, int position)
+{
+	if (position < 0 || position >= EffectCount(run))
+		return NULL;
+	return JsonValueToJsonb(getIthJsonbValueFromContainer(&run->working_effects->root,
+														  position));
+}
+
+/*
+ * The idempotency key of the step's logical call number `logical`: made
+ * only of the run, the journal position where the step was entered and
+ * the call's number, so retries, crash recovery and replay agree on it.
+ */
+char *
+EffectKey(RunState *run, int logical)
+{
+	return psprintf("tuvl-" INT64_FORMAT "-%d-%d", run->id, run->entry_seq, logical);
+}
+
+EffectRequest *
+EffectRequestCopy(EffectRequest *req, MemoryContext cxt)
+{
+	MemoryContext old = MemoryContextSwitchTo(cxt);
+	EffectRequest *c = palloc0(sizeof(EffectRequest));
+	ListCell   *lc;
+
+	c->http.method = pstrdup(req->http.method);
+	c->http.url = pstrdup(req->http.url);
+	foreach(lc, req->http.headers)
+	{
+		HttpHeader *h = lfirst(lc);
+		HttpHeader *hc = palloc(sizeof(HttpHeader));
+
+		hc->name = pstrdup(h->name);
+		hc->value = pstrdup(h->value);
+		c->http.headers = lappend(c->http.headers, hc);
+	}
+	if (req->http.body)
+	{
+		char	   *b = palloc(req->http.body_len + 1);
+
+		memcpy(b, req->http.body, req->http.body_len);
+		b[req->http.body_len] = '\0';
+		c->http.body = b;
+		c->http.body_len = req->http.body_len;
+	}
+	c->http.timeout_ms = req->http.timeout_ms;
+	c->journal = req->journal ? DatumGetJsonbPCopy(JsonbPGetDatum(req->journal)) : NULL;
+	c->idempotency_key = req->idempotency_key ? pstrdup(req->idempotency_key) : NULL;
+	c->delay_ms = req->delay_ms;
+	foreach(lc, req->secrets)
+		c->secrets = lappend(c->secrets, pstrdup(lfirst(lc)));
+	MemoryContextSwitchTo(old);
+	return c;
+}
+
+/*
+ * A response body as a JSON value: parsed when it is valid JSON and the
+ * server said JSON (or it plainly looks like JSON), else a string.  Bytes
+ * that cannot be text in this database become an error instead.
+ */
+static void
+add_body(JsonObjBuilder *b, HttpResult *res)
+{
+	const char *ctype = HttpResultHeader(res, "content-type");
+	bool		says_json = ctype && strstr(ctype, "json") != NULL;
+	JsonLexContext *lex;
+
+	if (strlen(res->body) != res->body_len)
+	{
+		JsonObjAddNull(b, "body");
+		JsonObjAddString(b, "body_error", "response body contains NUL bytes");
+		return;
+	}
+	if (!pg_verifymbstr(res->body, res->body_len, true))
+	{
+		JsonObjAddNull(b, "body");
+		JsonObjAddString(b, "body_error", "response body is not valid text in the database encoding");
+		return;
+	}
+	if (res->body_len > 0)
+	{
+		lex = makeJsonLexContextCstringLen(res->body, res->body_len, GetDatabaseEncoding(), true);
+		if (pg_parse_json(lex, &nullSemAction) == JSON_SUCCESS)
+		{
+			if (says_json || res->body[0] == '{' || res->body[0] == '[')
+			{
+				JsonObjAddJsonb(b, "body", JsonFromCString(res->body));
+				return;
+			}
+		}
+		else if (says_json)
+		{
+			JsonObjAddString(b, "body", res->body);
+			JsonObjAddString(b, "body_error", "response body is not valid JSON");
+			return;
+		}
+	}
+	JsonObjAddString(b, "body", res->body);
+}
+
+/*
+ * The journal form of an HTTP result: {status, headers, body, error,
+ * error_kind, latency_ms}, with every secret scrubbed.
+ */
+Jsonb *
+EffectResultToJsonb(HttpResult *res, List *secrets)
+{
+	JsonObjBuilder b;
+	JsonObjBuilder h;
+	ListCell   *lc;
+
+	JsonObjStart(&b);
+	if (res->status > 0)
+		JsonObjAddInt(&b, "status", res->status);
+	else
+		JsonObjAddNull(&b, "status");
+	JsonObjStart(&h);
+	foreach(lc, res->headers)
+	{
+		HttpHeader *hd = lfirst(lc);
+
+		JsonObjAddString(&h, hd->name, hd->value);
+	}
+	JsonObjAddJsonb(&b, "headers", JsonObjEnd(&h));
+	add_body(&b, res);
+	if (res->error)
+	{
+		JsonObjAddString(&b, "error", res->error);
+		JsonObjAddString(&b, "error_kind", res->error_kind);
+	}
+	JsonObjAddInt(&b, "latency_ms", (int64) res->latency_ms);
+	return SecretScrubJsonb(JsonObjEnd(&b), secrets);
+}
+
+/*
+ * Perform an effect in this backend (the synchronous path): wait out its
+ * delay, then the request, checking for interrupts all along.
+ */
+Jsonb *
+EffectPerform(EffectRequest *req)
+{
+	if (req->delay_ms > 0)
+	{
+		TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), req->delay_ms);
+
+		for (;;)
+		{
+			long		ms = (long) ((until - GetCurrentTimestamp()) / 1000);
+
+			if (ms <= 0)
+				break;
+			(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+							 ms, PG_WAIT_EXTENSION);
+			ResetLatch(MyLatch);
+			CHECK_FOR_INTERRUPTS();
+		}
+	}
+	return EffectResultToJsonb(HttpPerform(&req->http), req->secrets);
+}

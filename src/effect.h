@@ -1,0 +1,51 @@
+/*-------------------------------------------------------------------------
+ *
+ * effect.h
+ *	  Effects: work outside the database whose results are journaled
+ *	  before anything uses them.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef TUVL_EFFECT_H
+#define TUVL_EFFECT_H
+
+#include "utils/jsonb.h"
+
+#include "http.h"
+#include "runtime.h"
+#include "template.h"
+
+/*
+ * What a step needs done outside the database.  The request is rendered
+ * with secrets; journal is its redacted description for the tool_call
+ * event.  A step's effects are numbered 0, 1, ... in the order it asks
+ * for them; retries of one logical call share its idempotency key.
+ */
+typedef struct EffectRequest
+{
+	HttpRequest http;
+	Jsonb	   *journal;		/* redacted: method, url, ... */
+	char	   *idempotency_key;	/* NULL: none */
+	int			delay_ms;		/* wait this long before sending */
+	List	   *secrets;		/* secret values used: scrubbed from results */
+} EffectRequest;
+
+/* Secrets used while rendering one step's request. */
+typedef struct SecretUse
+{
+	TemplateOptions opts;
+	List	   *values;			/* char *, the values read */
+} SecretUse;
+
+extern void SecretUseInit(SecretUse *use);
+extern char *SecretScrub(const char *text, List *secrets);
+extern Jsonb *SecretScrubJsonb(Jsonb *j, List *secrets);
+
+extern int	EffectCount(RunState *run);
+extern Jsonb *EffectAt(RunState *run, int position);
+extern char *EffectKey(RunState *run, int logical);
+extern EffectRequest *EffectRequestCopy(EffectRequest *req, MemoryContext cxt);
+extern Jsonb *EffectResultToJsonb(HttpResult *res, List *secrets);
+extern Jsonb *EffectPerform(EffectRequest *req);
+
+#endif							/* TUVL_EFFECT_H */

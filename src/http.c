@@ -1,0 +1,828 @@
+/*-------------------------------------------------------------------------
+ *
+ * http.c
+ *	  HTTP effects through one libcurl multi handle per process.
+ *
+ * A worker starts many transfers (HttpStart), then waits for any of them
+ * together with its latch and postmaster death (HttpWait), and collects
+ * those that finished (HttpCollectDone).  The transfers' sockets live in
+ * an epoll set maintained by libcurl's socket callback; that epoll fd is
+ * one entry of a small, persistent WaitEventSet, so waiting costs the same
+ * with one transfer or a thousand.  No transaction may be open while
+ * waiting.
+ *
+ * libcurl's callbacks never palloc or ereport: transfers, their buffers
+ * and headers are malloc'd, and HttpTakeResult copies a finished transfer
+ * into palloc'd memory and frees it.  An ERROR in the caller must be
+ * followed by HttpAbortAll (the worker's error recovery does it).  Every
+ * URL, including each redirect target, must pass tuvl.http_allowed_hosts;
+ * redirects are followed here, not by libcurl, so that the check applies.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <sys/epoll.h>
+#include <unistd.h>
+#include <curl/curl.h>
+
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "portability/instr_time.h"
+#include "storage/latch.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+
+#include "http.h"
+#include "tuvl.h"
+
+struct HttpTransfer
+{
+	CURL	   *easy;
+	void	   *owner;
+	struct curl_slist *hdrs;
+	char	   *method;
+	char	   *url;
+	char	   *body;
+	size_t		body_len;
+	int			timeout_ms;
+	int			redirects;
+	instr_time	start;
+	/* response, malloc'd */
+	char	   *buf;
+	size_t		len;
+	size_t		cap;
+	bool		too_large;
+	char	   *hbuf;
+	size_t		hlen;
+	size_t		hcap;
+	char		errbuf[CURL_ERROR_SIZE];
+	CURLcode	code;
+	long		status;
+	const char *fail_kind;		/* set when we failed it ourselves */
+	char	   *fail_msg;		/* malloc'd */
+	bool		done;
+	HttpTransfer *next;
+};
+
+static CURLM *multi = NULL;
+static int	epfd = -1;
+static WaitEventSet *wait_set = NULL;
+static TimestampTz curl_deadline = 0;	/* 0: no timer */
+static HttpTransfer *in_flight = NULL;
+static HttpTransfer *done_list = NULL;
+static int	n_in_flight = 0;
+
+/* ---- allow-list ---- */
+
+static bool
+pattern_matches(const char *pattern, size_t plen, const char *host, const char *port)
+{
+	char	   *pat = pnstrdup(pattern, plen);
+	char	   *colon = strrchr(pat, ':');
+	char	   *pport = NULL;
+
+	/* "[::1]:8080" or "host:port"; a bare IPv6 address has several colons */
+	if (colon && (pat[0] == '[' ? colon > strchr(pat, ']') : strchr(pat, ':') == colon))
+	{
+		*colon = '\0';
+		pport = colon + 1;
+	}
+	if (pat[0] == '[')
+	{
+		size_t		l = strlen(pat);
+
+		if (l >= 2 && pat[l - 1] == ']')
+		{
+			memmove(pat, pat + 1, l - 2);
+			pat[l - 2] = '\0';
+		}
+	}
+	if (pport && strcmp(pport, "*") != 0 && strcmp(pport, port) != 0)
+		return false;
+	if (strcmp(pat, "*") == 0)
+		return true;
+	if (strncmp(pat, "*.", 2) == 0)
+	{
+		size_t		hl = strlen(host);
+		size_t		sl = strlen(pat + 1);
+
+		return hl > sl && pg_strcasecmp(host + hl - sl, pat + 1) == 0;
+	}
+	return pg_strcasecmp(pat, host) == 0;
+}
+
+/*
+ * May an HTTP effect reach url?  Only http and https, to a host (and
+ * port) listed in tuvl.http_allowed_hosts.  On refusal *reason says why.
+ */
+bool
+HttpUrlAllowed(const char *url, char **reason)
+{
+	CURLU	   *u = curl_url();
+	char	   *scheme = NULL;
+	char	   *host = NULL;
+	char	   *port = NULL;
+	bool		ok = false;
+	char		hostbuf[256];
+	char		portbuf[16];
+	const char *p;
+
+	*reason = NULL;
+	if (curl_url_set(u, CURLUPART_URL, url, 0) != CURLUE_OK ||
+		curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK ||
+		curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK ||
+		curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) != CURLUE_OK)
+	{
+		*reason = psprintf("\"%s\" is not a valid URL", url);
+		goto done;
+	}
+	if (strcmp(scheme, "http") != 0 && strcmp(scheme, "https") != 0)
+	{
+		*reason = psprintf("scheme \"%s\" is not allowed; use http or https", scheme);
+		goto done;
+	}
+	strlcpy(hostbuf, host[0] == '[' ? host + 1 : host, sizeof(hostbuf));
+	if (host[0] == '[' && strlen(hostbuf) > 0)
+		hostbuf[strlen(hostbuf) - 1] = '\0';
+	strlcpy(portbuf, port, sizeof(portbuf));
+
+	p = tuvl_http_allowed_hosts ? tuvl_http_allowed_hosts : "";
+	while (*p)
+	{
+		const char *end;
+
+		while (*p == ',' || *p == ' ')
+			p++;
+		end = p;
+		while (*end && *end != ',' && *end != ' ')
+			end++;
+		if (end > p && pattern_matches(p, end - p, hostbuf, portbuf))
+		{
+			ok = true;
+			break;
+		}
+		p = end;
+	}
+	if (!ok)
+		*reason = psprintf("host \"%s\" port %s is not in tuvl.http_allowed_hosts", hostbuf, portbuf);
+done:
+	curl_free(scheme);
+	curl_free(host);
+	curl_free(port);
+	curl_url_cleanup(u);
+	return ok;
+}
+
+/* Raise when url may not be reached. */
+void
+HttpCheckAllowed(const char *url)
+{
+	char	   *reason;
+
+	if (!HttpUrlAllowed(url, &reason))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("HTTP request to %s is not allowed", HttpRedactUrl(url)),
+				 errdetail("%s.", reason),
+				 errhint("A superuser can add the host to tuvl.http_allowed_hosts, for example 'api.example.com:443'.")));
+}
+
+/* The URL without user:password, for the journal and messages. */
+char *
+HttpRedactUrl(const char *url)
+{
+	CURLU	   *u = curl_url();
+	char	   *out = NULL;
+	char	   *res;
+
+	if (curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK)
+	{
+		curl_url_set(u, CURLUPART_USER, NULL, 0);
+		curl_url_set(u, CURLUPART_PASSWORD, NULL, 0);
+		curl_url_get(u, CURLUPART_URL, &out, 0);
+	}
+	res = pstrdup(out ? out : url);
+	curl_free(out);
+	curl_url_cleanup(u);
+	return res;
+}
+
+/* ---- libcurl callbacks: malloc only, never palloc or ereport ---- */
+
+static size_t
+write_cb(char *data, size_t size, size_t nmemb, void *userp)
+{
+	HttpTransfer *t = userp;
+	size_t		n = size * nmemb;
+
+	if (t->len + n > (size_t) tuvl_http_max_response_size)
+	{
+		t->too_large = true;
+		return 0;
+	}
+	if (t->len + n + 1 > t->cap)
+	{
+		size_t		cap = Max(t->cap * 2, t->len + n + 1);
+		char	   *nb = realloc(t->buf, Max(cap, 4096));
+
+		if (nb == NULL)
+			return 0;
+		t->buf = nb;
+		t->cap = Max(cap, 4096);
+	}
+	memcpy(t->buf + t->len, data, n);
+	t->len += n;
+	t->buf[t->len] = '\0';
+	return n;
+}
+
+static size_t
+header_cb(char *data, size_t size, size_t nmemb, void *userp)
+{
+	HttpTransfer *t = userp;
+	size_t		n = size * nmemb;
+
+	/* a new status line starts a new header block (100 Continue) */
+	if (n >= 5 && strncmp(data, "HTTP/", 5) == 0)
+		t->hlen = 0;
+	if (t->hlen + n + 1 > 65536)
+		return n;				/* ignore pathological headers */
+	if (t->hlen + n + 1 > t->hcap)
+	{
+		size_t		cap = Max(t->hcap * 2, t->hlen + n + 1);
+		char	   *nb = realloc(t->hbuf, Max(cap, 1024));
+
+		if (nb == NULL)
+			return 0;
+		t->hbuf = nb;
+		t->hcap = Max(cap, 1024);
+	}
+	memcpy(t->hbuf + t->hlen, data, n);
+	t->hlen += n;
+	t->hbuf[t->hlen] = '\0';
+	return n;
+}
+
+static int
+socket_cb(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
+{
+	struct epoll_event ev;
+
+	memset(&ev, 0, sizeof(ev));
+	ev.data.fd = s;
+	if (what == CURL_POLL_REMOVE)
+	{
+		epoll_ctl(epfd, EPOLL_CTL_DEL, s, NULL);
+		curl_multi_assign(multi, s, NULL);
+		return 0;
+	}
+	if (what == CURL_POLL_IN || what == CURL_POLL_INOUT)
+		ev.events |= EPOLLIN;
+	if (what == CURL_POLL_OUT || what == CURL_POLL_INOUT)
+		ev.events |= EPOLLOUT;
+	if (socketp == NULL)
+	{
+		if (epoll_ctl(epfd, EPOLL_CTL_ADD, s, &ev) != 0)
+			epoll_ctl(epfd, EPOLL_CTL_MOD, s, &ev);
+		curl_multi_assign(multi, s, (void *) 1);
+	}
+	else
+		epoll_ctl(epfd, EPOLL_CTL_MOD, s, &ev);
+	return 0;
+}
+
+static int
+timer_cb(CURLM *m, long timeout_ms, void *userp)
+{
+	if (timeout_ms < 0)
+		curl_deadline = 0;
+	else
+		curl_deadline = GetCurrentTimestamp() + (TimestampTz) timeout_ms * 1000;
+	return 0;
+}
+
+/* ---- the engine ---- */
+
+/* Create the multi handle, the epoll set and the wait set once. */
+static void
+engine_init(void)
+{
+	static bool global_done = false;
+
+	if (multi != NULL)
+		return;
+	if (!global_done)
+	{
+		if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+			elog(ERROR, "could not initialize libcurl");
+		global_done = true;
+	}
+	epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (epfd < 0)
+		ereport(ERROR,
+				(errcode_for_socket_access(),
+				 errmsg("could not create epoll set: %m")));
+	multi = curl_multi_init();
+	if (multi == NULL)
+		elog(ERROR, "could not create a libcurl multi handle");
+	curl_multi_setopt(multi, CURLMOPT_SOCKETFUNCTION, socket_cb);
+	curl_multi_setopt(multi, CURLMOPT_TIMERFUNCTION, timer_cb);
+	curl_multi_setopt(multi, CURLMOPT_MAX_HOST_CONNECTIONS, 0L);
+
+	wait_set = CreateWaitEventSet(TopMemoryContext, 3);
+	AddWaitEventToSet(wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
+	if (IsUnderPostmaster)
+		AddWaitEventToSet(wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
+	AddWaitEventToSet(wait_set, WL_SOCKET_READABLE, epfd, NULL, NULL);
+}
+
+static void
+transfer_free(HttpTransfer *t)
+{
+	if (t->easy)
+		curl_easy_cleanup(t->easy);
+	curl_slist_free_all(t->hdrs);
+	free(t->method);
+	free(t->url);
+	free(t->body);
+	free(t->buf);
+	free(t->hbuf);
+	free(t->fail_msg);
+	free(t);
+}
+
+static char *
+xstrdup(const char *s)
+{
+	char	   *r = s ? strdup(s) : NULL;
+
+	if (s && r == NULL)
+		ereport(ERROR, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("out of memory")));
+	return r;
+}
+
+/* (Re)configure the easy handle for t->method and t->url and add it. */
+static void
+transfer_submit(HttpTransfer *t)
+{
+	CURL	   *e = t->easy;
+
+	curl_easy_reset(e);
+	curl_easy_setopt(e, CURLOPT_URL, t->url);
+	curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+	curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 0L);
+	curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long) t->timeout_ms);
+	curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long) Min(t->timeout_ms, 30000));
+	curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, tuvl_http_verify_tls ? 1L : 0L);
+	curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, tuvl_http_verify_tls ? 2L : 0L);
+	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, write_cb);
+	curl_easy_setopt(e, CURLOPT_WRITEDATA, t);
+	curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, header_cb);
+	curl_easy_setopt(e, CURLOPT_HEADERDATA, t);
+	curl_easy_setopt(e, CURLOPT_ERRORBUFFER, t->errbuf);
+	curl_easy_setopt(e, CURLOPT_PRIVATE, t);
+	curl_easy_setopt(e, CURLOPT_USERAGENT, "tuvl/" TUVL_VERSION);
+	curl_easy_setopt(e, CURLOPT_ACCEPT_ENCODING, "");
+	curl_easy_setopt(e, CURLOPT_HTTPHEADER, t->hdrs);
+	if (strcmp(t->method, "GET") == 0)
+		curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
+	else if (strcmp(t->method, "HEAD") == 0)
+		curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
+	else
+	{
+		curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, t->method);
+		if (t->body)
+		{
+			curl_easy_setopt(e, CURLOPT_POSTFIELDS, t->body);
+			curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t) t->body_len);
+		}
+	}
+	t->len = 0;
+	t->hlen = 0;
+	t->too_large = false;
+	t->errbuf[0] = '\0';
+	curl_multi_add_handle(multi, e);
+}
+
+/*
+ * Start a request; the returned transfer is collected by HttpCollectDone
+ * once finished.  Raises when the URL is not allowed.
+ */
+HttpTransfer *
+HttpStart(const HttpRequest *req, void *owner)
+{
+	HttpTransfer *t;
+	ListCell   *lc;
+
+	HttpCheckAllowed(req->url);
+	engine_init();
+
+	t = calloc(1, sizeof(HttpTransfer));
+	if (t == NULL)
+		ereport(ERROR, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("out of memory")));
+	t->owner = owner;
+	t->method = xstrdup(req->method ? req->method : "GET");
+	t->url = xstrdup(req->url);
+	if (req->body)
+	{
+		t->body = malloc(req->body_len + 1);
+		memcpy(t->body, req->body, req->body_len);
+		t->body[req->body_len] = '\0';
+		t->body_len = req->body_len;
+	}
+	t->timeout_ms = req->timeout_ms > 0 ? req->timeout_ms : tuvl_http_timeout;
+	foreach(lc, req->headers)
+	{
+		HttpHeader *h = lfirst(lc);
+		char	   *line = psprintf("%s: %s", h->name, h->value);
+
+		t->hdrs = curl_slist_append(t->hdrs, line);
+		pfree(line);
+	}
+	/* no "Expect: 100-continue" round trip */
+	t->hdrs = curl_slist_append(t->hdrs, "Expect:");
+	t->easy = curl_easy_init();
+	if (t->easy == NULL)
+	{
+		transfer_free(t);
+		elog(ERROR, "could not create a libcurl handle");
+	}
+	INSTR_TIME_SET_CURRENT(t->start);
+	transfer_submit(t);
+	t->next = in_flight;
+	in_flight = t;
+	n_in_flight++;
+	return t;
+}
+
+int
+HttpInFlight(void)
+{
+	return n_in_flight;
+}
+
+/* Milliseconds until libcurl needs attention; -1 when it does not. */
+long
+HttpTimeoutMs(void)
+{
+	long		ms;
+
+	if (multi == NULL || curl_deadline == 0)
+		return -1;
+	ms = (long) ((curl_deadline - GetCurrentTimestamp()) / 1000);
+	return Max(ms, 0);
+}
+
+static void
+unlink_in_flight(HttpTransfer *t)
+{
+	HttpTransfer **pp = &in_flight;
+
+	while (*pp && *pp != t)
+		pp = &(*pp)->next;
+	if (*pp)
+	{
+		*pp = t->next;
+		n_in_flight--;
+	}
+	t->next = NULL;
+}
+
+/* Follow a redirect ourselves, so the allow-list applies; false if not one. */
+static bool
+maybe_redirect(HttpTransfer *t)
+{
+	char	   *location = NULL;
+	char	   *reason;
+	MemoryContext old;
+
+	if (t->code != CURLE_OK || t->status < 300 || t->status > 399 ||
+		t->status == 304 || t->status == 300)
+		return false;
+	curl_easy_getinfo(t->easy, CURLINFO_REDIRECT_URL, &location);
+	if (location == NULL)
+		return false;
+	if (t->redirects >= tuvl_http_max_redirects)
+	{
+		t->fail_kind = "redirects";
+		t->fail_msg = strdup("too many redirects");
+		return false;
+	}
+	old = MemoryContextSwitchTo(TopMemoryContext);
+	if (!HttpUrlAllowed(location, &reason))
+	{
+		t->fail_kind = "not_allowed";
+		t->fail_msg = strdup(psprintf("redirect refused: %s", reason));
+		MemoryContextSwitchTo(old);
+		return false;
+	}
+	MemoryContextSwitchTo(old);
+	t->redirects++;
+	free(t->url);
+	t->url = xstrdup(location);
+	/* 301/302/303 turn a POST into a GET, as browsers and curl do */
+	if (t->status == 303 || ((t->status == 301 || t->status == 302) &&
+							 strcmp(t->method, "POST") == 0))
+	{
+		free(t->method);
+		t->method = xstrdup("GET");
+		free(t->body);
+		t->body = NULL;
+		t->body_len = 0;
+	}
+	curl_multi_remove_handle(multi, t->easy);
+	transfer_submit(t);
+	return true;
+}
+
+/* Move finished transfers to the done list. */
+static void
+drain_messages(void)
+{
+	CURLMsg    *msg;
+	int			left;
+
+	while ((msg = curl_multi_info_read(multi, &left)) != NULL)
+	{
+		HttpTransfer *t;
+
+		if (msg->msg != CURLMSG_DONE)
+			continue;
+		curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **) &t);
+		t->code = msg->data.result;
+		curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &t->status);
+		if (maybe_redirect(t))
+			continue;
+		curl_multi_remove_handle(multi, t->easy);
+		t->done = true;
+		unlink_in_flight(t);
+		t->next = done_list;
+		done_list = t;
+	}
+}
+
+/*
+ * Wait up to timeout_ms (-1: forever) for the latch or transfer progress,
+ * and drive libcurl.  Returns true when the latch was set (and resets it).
+ * Must not be called inside a transaction.
+ */
+bool
+HttpWait(long timeout_ms)
+{
+	WaitEvent	events[4];
+	int			n;
+	bool		latch = false;
+	long		curl_ms;
+	int			running;
+
+	engine_init();
+	curl_ms = HttpTimeoutMs();
+	if (curl_ms >= 0 && (timeout_ms < 0 || curl_ms < timeout_ms))
+		timeout_ms = curl_ms;
+
+	n = WaitEventSetWait(wait_set, timeout_ms, events, lengthof(events), PG_WAIT_EXTENSION);
+	for (int i = 0; i < n; i++)
+	{
+		if (events[i].events & WL_LATCH_SET)
+		{
+			ResetLatch(MyLatch);
+			latch = true;
+		}
+		if (events[i].events & WL_SOCKET_READABLE)
+		{
+			struct epoll_event evs[256];
+			int			m;
+
+			while ((m = epoll_wait(epfd, evs, lengthof(evs), 0)) > 0)
+			{
+				for (int j = 0; j < m; j++)
+				{
+					int			flags = 0;
+
+					if (evs[j].events & (EPOLLIN | EPOLLHUP | EPOLLERR))
+						flags |= CURL_CSELECT_IN;
+					if (evs[j].events & EPOLLOUT)
+						flags |= CURL_CSELECT_OUT;
+					if (evs[j].events & EPOLLERR)
+						flags |= CURL_CSELECT_ERR;
+					curl_multi_socket_action(multi, evs[j].data.fd, flags, &running);
+				}
+				if (m < (int) lengthof(evs))
+					break;
+			}
+		}
+	}
+	if (curl_deadline != 0 && GetCurrentTimestamp() >= curl_deadline)
+	{
+		curl_deadline = 0;
+		curl_multi_socket_action(multi, CURL_SOCKET_TIMEOUT, 0, &running);
+	}
+	drain_messages();
+	return latch;
+}
+
+/* The transfers that finished since the last call (a List, palloc'd). */
+List *
+HttpCollectDone(void)
+{
+	List	   *done = NIL;
+
+	while (done_list)
+	{
+		HttpTransfer *t = done_list;
+
+		done_list = t->next;
+		t->next = NULL;
+		done = lappend(done, t);
+	}
+	return done;
+}
+
+void *
+HttpTransferOwner(HttpTransfer *t)
+{
+	return t->owner;
+}
+
+/* The owner no longer wants the result: it is discarded when done. */
+void
+HttpDisown(HttpTransfer *t)
+{
+	t->owner = NULL;
+}
+
+/* Parse the raw header block into HttpHeader items, names lower-cased. */
+static List *
+parse_headers(const char *raw)
+{
+	List	   *headers = NIL;
+	const char *p = raw;
+
+	while (p && *p)
+	{
+		const char *eol = strstr(p, "\r\n");
+		const char *colon;
+		size_t		linelen = eol ? (size_t) (eol - p) : strlen(p);
+
+		colon = memchr(p, ':', linelen);
+		if (colon && strncmp(p, "HTTP/", 5) != 0)
+		{
+			HttpHeader *h = palloc(sizeof(HttpHeader));
+			const char *v = colon + 1;
+
+			h->name = pnstrdup(p, colon - p);
+			for (char *c = h->name; *c; c++)
+				*c = pg_tolower((unsigned char) *c);
+			while (*v == ' ' || *v == '\t')
+				v++;
+			h->value = pnstrdup(v, p + linelen - v);
+			headers = lappend(headers, h);
+		}
+		if (!eol)
+			break;
+		p = eol + 2;
+	}
+	return headers;
+}
+
+/*
+ * Copy a finished transfer into a palloc'd result and free the transfer.
+ */
+HttpResult *
+HttpTakeResult(HttpTransfer *t)
+{
+	HttpResult *res = palloc0(sizeof(HttpResult));
+	instr_time	d;
+
+	INSTR_TIME_SET_CURRENT(d);
+	INSTR_TIME_SUBTRACT(d, t->start);
+	res->latency_ms = INSTR_TIME_GET_MILLISEC(d);
+	res->final_url = HttpRedactUrl(t->url);
+	res->headers = parse_headers(t->hbuf);
+	res->body = t->buf ? pnstrdup(t->buf, t->len) : pstrdup("");
+	res->body_len = t->len;
+	res->status = (int) t->status;
+
+	if (t->fail_kind)
+	{
+		res->error_kind = t->fail_kind;
+		res->error = pstrdup(t->fail_msg ? t->fail_msg : t->fail_kind);
+		res->status = 0;
+	}
+	else if (t->too_large)
+	{
+		res->error_kind = "too_large";
+		res->error = psprintf("response body exceeds tuvl.http_max_response_size (%d bytes)",
+							  tuvl_http_max_response_size);
+		res->status = 0;
+		res->body = pstrdup("");
+		res->body_len = 0;
+	}
+	else if (t->code == CURLE_OPERATION_TIMEDOUT)
+	{
+		res->error_kind = "timeout";
+		res->error = psprintf("request timed out after %d ms", t->timeout_ms);
+		res->status = 0;
+	}
+	else if (t->code != CURLE_OK)
+	{
+		res->error_kind = "error";
+		res->error = pstrdup(t->errbuf[0] ? t->errbuf : curl_easy_strerror(t->code));
+		res->status = 0;
+	}
+	transfer_free(t);
+	return res;
+}
+
+/* Abandon every transfer (after an ERROR, or at exit). */
+void
+HttpAbortAll(void)
+{
+	while (in_flight)
+	{
+		HttpTransfer *t = in_flight;
+
+		in_flight = t->next;
+		curl_multi_remove_handle(multi, t->easy);
+		transfer_free(t);
+	}
+	while (done_list)
+	{
+		HttpTransfer *t = done_list;
+
+		done_list = t->next;
+		transfer_free(t);
+	}
+	n_in_flight = 0;
+}
+
+/*
+ * Execute one request to completion in this backend (the synchronous
+ * path), checking for interrupts while it is in flight.
+ */
+HttpResult *
+HttpPerform(const HttpRequest *req)
+{
+	HttpTransfer *volatile t = HttpStart(req, NULL);
+	HttpResult *res = NULL;
+
+	PG_TRY();
+	{
+		while (!t->done)
+		{
+			CHECK_FOR_INTERRUPTS();
+			(void) HttpWait(100);
+		}
+	}
+	PG_CATCH();
+	{
+		if (!t->done)
+		{
+			unlink_in_flight(t);
+			curl_multi_remove_handle(multi, t->easy);
+		}
+		else
+		{
+			HttpTransfer **pp = &done_list;
+
+			while (*pp && *pp != t)
+				pp = &(*pp)->next;
+			if (*pp)
+				*pp = t->next;
+		}
+		transfer_free(t);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+
+	/* take it off the done list */
+	{
+		HttpTransfer **pp = &done_list;
+
+		while (*pp && *pp != t)
+			pp = &(*pp)->next;
+		if (*pp)
+			*pp = t->next;
+	}
+	res = HttpTakeResult(t);
+	return res;
+}
+
+/* A response header's value (names are lower-case), or NULL. */
+const char *
+HttpResultHeader(HttpResult *res, const char *name)
+{
+	ListCell   *lc;
+
+	foreach(lc, res->headers)
+	{
+		HttpHeader *h = lfirst(lc);
+
+		if (pg_strcasecmp(h->name, name) == 0)
+			return h->value;
+	}
+	return NULL;
+}
