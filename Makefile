@@ -13,6 +13,7 @@ OBJS = \
 	src/jsonschema.o \
 	src/jsonutil.o \
 	src/launcher.o \
+	src/mcp.o \
 	src/lease.o \
 	src/runtime.o \
 	src/spiutil.o \

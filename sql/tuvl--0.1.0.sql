@@ -166,6 +166,13 @@ AS 'MODULE_PATHNAME', 'tuvl_wait'
 LANGUAGE C STRICT VOLATILE;
 COMMENT ON FUNCTION tuvl.wait(bigint, interval) IS 'block until the run is terminal or waiting, or the timeout passes; return its status';
 
+/* MCP */
+CREATE FUNCTION tuvl.mcp_list_tools(url text)
+RETURNS jsonb
+AS 'MODULE_PATHNAME', 'tuvl_mcp_list_tools'
+LANGUAGE C STRICT VOLATILE;
+COMMENT ON FUNCTION tuvl.mcp_list_tools(text) IS 'the tools an MCP server offers (tools/list), with their input schemas';
+
 /* Templates */
 CREATE FUNCTION tuvl.render(template jsonb, context jsonb DEFAULT '{}')
 RETURNS jsonb

@@ -205,6 +205,7 @@ EffectRequestCopy(EffectRequest *req, MemoryContext cxt)
 	c->delay_ms = req->delay_ms;
 	foreach(lc, req->secrets)
 		c->secrets = lappend(c->secrets, pstrdup(lfirst(lc)));
+	c->tag = req->tag ? DatumGetJsonbPCopy(JsonbPGetDatum(req->tag)) : NULL;
 	MemoryContextSwitchTo(old);
 	return c;
 }
@@ -288,6 +289,15 @@ EffectResultToJsonb(HttpResult *res, List *secrets)
 	return SecretScrubJsonb(JsonObjEnd(&b), secrets);
 }
 
+/* The journal form of a request's result, with the request's tag. */
+Jsonb *
+EffectFinish(EffectRequest *req, HttpResult *res)
+{
+	Jsonb	   *j = EffectResultToJsonb(res, req->secrets);
+
+	return req->tag ? JsonMerge(j, req->tag) : j;
+}
+
 /*
  * Perform an effect in this backend (the synchronous path): wait out its
  * delay, then the request, checking for interrupts all along.
@@ -311,5 +321,5 @@ EffectPerform(EffectRequest *req)
 			CHECK_FOR_INTERRUPTS();
 		}
 	}
-	return EffectResultToJsonb(HttpPerform(&req->http), req->secrets);
+	return EffectFinish(req, HttpPerform(&req->http));
 }

@@ -28,6 +28,8 @@ typedef struct EffectRequest
 	char	   *idempotency_key;	/* NULL: none */
 	int			delay_ms;		/* wait this long before sending */
 	List	   *secrets;		/* secret values used: scrubbed from results */
+	Jsonb	   *tag;			/* merged into the journaled result, so a
+								 * re-executed step knows what it asked for */
 } EffectRequest;
 
 /* Secrets used while rendering one step's request. */
@@ -46,6 +48,7 @@ extern Jsonb *EffectAt(RunState *run, int position);
 extern char *EffectKey(RunState *run, int logical);
 extern EffectRequest *EffectRequestCopy(EffectRequest *req, MemoryContext cxt);
 extern Jsonb *EffectResultToJsonb(HttpResult *res, List *secrets);
+extern Jsonb *EffectFinish(EffectRequest *req, HttpResult *res);
 extern Jsonb *EffectPerform(EffectRequest *req);
 
 #endif							/* TUVL_EFFECT_H */

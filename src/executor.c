@@ -49,7 +49,7 @@ static const StepExecutor executors[STEP_KIND_COUNT] = {
 	{STEP_MODELOP, StepExecuteModelOp},
 	{STEP_ROUTER, execute_router},
 	{STEP_APICALL, StepExecuteAPICall},
-	{STEP_MCP, execute_unavailable},
+	{STEP_MCP, StepExecuteMCP},
 	{STEP_AGENT, execute_unavailable},
 	{STEP_HUMAN, execute_unavailable},
 };

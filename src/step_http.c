@@ -221,7 +221,7 @@ build_request(RunState *run, const StepDef *step, Jsonb *http, Jsonb *ctx, Secre
 	StepErrorType = "template_error";
 	url = TemplateRenderText(json_text_field(http, "url"), ctx, &use->opts);
 	url = url_with_query(url, JsonGetJsonb(http, "query"), ctx, use);
-	req->http.method = method ? method : (body ? "POST" : "GET");
+	req->http.method = pstrdup(method ? method : (body ? "POST" : "GET"));
 	for (char *c = (char *) req->http.method; *c; c++)
 		*c = pg_toupper((unsigned char) *c);
 	req->http.url = url;

@@ -399,7 +399,7 @@ start_due_sends(TimestampTz *next_send)
 			res.error_kind = "error";
 			res.error = edata->message;
 			res.body = "";
-			effect_done(run, EffectResultToJsonb(&res, run->send->secrets));
+			effect_done(run, EffectFinish(run->send, &res));
 		}
 		PG_END_TRY();
 	}
@@ -420,7 +420,7 @@ collect_done(void)
 		/* the run may have been dropped (lost lease) meanwhile */
 		if (run == NULL || list_member_ptr(held, run) == false || run->transfer != t)
 			continue;
-		effect_done(run, EffectResultToJsonb(res, run->send->secrets));
+		effect_done(run, EffectFinish(run->send, res));
 	}
 }
 

@@ -175,13 +175,19 @@ def log_timestamp(line):
                        (f"{m.group(1)} {m.group(2)}",))[0][0])
 
 
-def listen_notifies(conn, timeout, until):
-    """Collect notifications on conn until until(list) is true; returns them."""
+def listen_notifies(conn, timeout, until, complete=False):
+    """Collect notifications on conn until until(list) is true; returns them.
+
+    With complete=True, collect for the whole timeout and return what arrived
+    (everything already queued is delivered at once).
+    """
     got = []
     deadline = time.monotonic() + timeout
     while not until(got):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
+            if complete:
+                return got
             raise AssertionError(f"timed out after {timeout} s; notifications so far: {got}")
         if select.select([conn], [], [], min(remaining, 0.5)) == ([], [], []):
             continue
@@ -330,11 +336,11 @@ CRASH_PATTERN = r"terminated by signal|all server processes terminated; reinitia
 def reload_conf():
     """pg_reload_conf(); returns True when the reload crashed the server.
 
-    A reload must never take the server down.  If it does (see
-    test_workers.py::test_config_reload_does_not_crash_the_server) the
-    server has been reinitialised with the new settings: wait until it
-    accepts connections again, so the tests that only need the settings
-    still test their own behaviour.
+    A reload must never take the server down (it once crashed the launcher:
+    test_workers.py::test_config_reload_does_not_crash_the_server).  If it
+    does, the server has been reinitialised with the new settings: wait
+    until it accepts connections again, so that the tests that only need
+    the settings still test their own behaviour, and warn.
     """
     log = ServerLog()
     mark = log.mark()
@@ -352,7 +358,7 @@ def reload_conf():
         time.sleep(0.05)
         crashed = re.search(CRASH_PATTERN, log.since(mark)) is not None
     if crashed:
-        warnings.warn("pg_reload_conf() crashed the server (a tuvl bug); it was reinitialised")
+        warnings.warn("pg_reload_conf() crashed the server; it was reinitialised")
         log.wait_for(mark, r"database system is ready to accept connections", SERVER_START_TIMEOUT)
         wait_for_server()
     return crashed

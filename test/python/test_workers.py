@@ -143,15 +143,11 @@ LONG_WORKFLOW = "name: long_busy\nsteps:\n" + "".join(
     "ends:\n  - { id: done, status: completed }\n"
 
 
-@pytest.mark.xfail(reason="BUG: DROP EXTENSION tuvl while workers advance runs can fail with "
-                          "'deadlock detected': DROP holds AccessExclusiveLock on tuvl.runs and "
-                          "waits for tuvl.events, which a worker's transition wrote first "
-                          "(JournalWrite) before queueing for tuvl.runs (the fenced checkpoint); "
-                          "workers lock the journal before the runs table, DROP the other way",
-                   strict=False)
 def test_drop_extension_while_runs_execute_does_not_deadlock(fresh_databases, server_log):
-    """Deterministic form of the race: a session holding a lock on tuvl.runs makes DROP
-    wait there (as a worker's long batch would); the workers meanwhile start transitions."""
+    """DROP EXTENSION locks tuvl.runs before tuvl.events; a worker's transition must not
+    hold the journal while it queues for tuvl.runs (it used to: 'deadlock detected').
+    Deterministic form of the race: a session holding a lock on tuvl.runs makes DROP
+    wait there (as a worker's long batch would) while the workers start transitions."""
     name = fresh_databases("tuvl_workers_deadlock")
     conn = connect(name)
     holder = connect(name, autocommit=False)
@@ -191,10 +187,11 @@ def test_drop_extension_while_runs_execute_does_not_deadlock(fresh_databases, se
         conn.close()
 
 
-@pytest.mark.xfail(reason="BUG: a CREATE EXTENSION that commits after the launcher's probe "
-                          "worker looked at the database (launcher.c: the probe marks it ABSENT "
-                          "after LauncherNoteExtensionCreated already set UNKNOWN) gets no "
-                          "workers until the ABSENT re-probe, 6 naptimes (60 s) later",
+@pytest.mark.xfail(reason="BUG: CREATE EXTENSION marks the database UNKNOWN before it commits "
+                          "(LauncherNoteExtensionCreated); a launcher round meanwhile starts a "
+                          "probe worker that cannot see the uncommitted extension and marks the "
+                          "database ABSENT; the wake-up at commit then starts nothing, and the "
+                          "ABSENT database is re-probed only after 6 x tuvl.launcher_naptime (60 s)",
                    strict=False)
 def test_create_extension_in_a_long_transaction_still_starts_the_pool(fresh_databases):
     slow = fresh_databases("tuvl_workers_slow_create")
@@ -255,14 +252,9 @@ $$)""")
         conn.close()
 
 
-@pytest.mark.xfail(reason="BUG: pg_reload_conf() makes the tuvl launcher crash with SIGSEGV "
-                          "(pfree in ParseConfigFile <- ProcessConfigFile <- TuvlLauncherMain, "
-                          "launcher.c:292), and the postmaster then reinitialises the whole "
-                          "cluster; suspected cause: list_databases() builds its List in the "
-                          "transaction's memory context, which CommitTransactionCommand frees "
-                          "before balance_pools() reads and list_free()s it",
-                   strict=False)
 def test_config_reload_does_not_crash_the_server(db):
+    """pg_reload_conf() used to crash the launcher (SIGSEGV: its list of databases was
+    freed with the transaction that built it) and so reinitialise the whole cluster."""
     log = ServerLog()
     mark = log.mark()
     launcher_before = launcher_pid()
@@ -276,10 +268,6 @@ def test_config_reload_does_not_crash_the_server(db):
     assert worker_pids(db) == pids_before
 
 
-@pytest.mark.xfail(reason="BUG: pg_reload_conf() crashes the tuvl launcher (SIGSEGV) and the "
-                          "server reinitialises, so the pool is resized only by a crash restart "
-                          "that also kills the workers that should have kept running",
-                   strict=False)
 def test_workers_per_database_grows_and_shrinks_the_pool_on_reload(db):
     gucs = GucSetter()
     try:

@@ -1,0 +1,565 @@
+/*-------------------------------------------------------------------------
+ *
+ * mcp.c
+ *	  A Model Context Protocol client over the streamable HTTP transport
+ *	  (protocol revision 2025-11-25), and the MCP step.
+ *
+ * Every message is one HTTP POST of a JSON-RPC message, made as an effect
+ * (effect.c), so each is journaled before use and a crashed step resumes
+ * where it was.  A step's effects are, in order: `initialize` (unless the
+ * process already holds a session for the server's URL), the
+ * `notifications/initialized` notification, and `tools/call`.  Each
+ * effect's journaled result is tagged with what it was ({"op", "session"}),
+ * so re-executing the step walks the same path whatever the session cache
+ * holds now.  A call answered 404 or 400 on a cached session means the
+ * server lost it: the step initializes again and repeats the call.
+ *
+ * Responses arrive as application/json or text/event-stream; in a stream,
+ * priming events (empty data), comments and notifications (progress) are
+ * skipped, multi-line data is joined, and the response is the message
+ * whose id matches the request.  The transport is stateless apart from
+ * the session header, so the stateless 2026-07-28 revision only needs a
+ * different handshake here.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "common/jsonapi.h"
+#include "lib/stringinfo.h"
+#include "mb/pg_wchar.h"
+#include "utils/builtins.h"
+#include "utils/hsearch.h"
+#include "utils/jsonb.h"
+#include "utils/memutils.h"
+#include "fmgr.h"
+
+#include "effect.h"
+#include "executor.h"
+#include "jsonutil.h"
+#include "mcp.h"
+#include "template.h"
+#include "tuvl.h"
+#include "workflow.h"
+
+PG_FUNCTION_INFO_V1(tuvl_mcp_list_tools);
+
+/* Sessions this process holds, by server URL. */
+typedef struct McpSession
+{
+	char		url[1024];		/* hash key */
+	char		session_id[256];
+	char		version[32];
+} McpSession;
+
+static HTAB *sessions = NULL;
+
+static McpSession *
+session_lookup(const char *url, bool create)
+{
+	char		key[1024];
+	bool		found;
+
+	if (sessions == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(key);
+		ctl.entrysize = sizeof(McpSession);
+		sessions = hash_create("tuvl MCP sessions", 16, &ctl, HASH_ELEM | HASH_STRINGS);
+	}
+	if (strlen(url) >= sizeof(key))
+		return NULL;
+	memset(key, 0, sizeof(key));
+	strlcpy(key, url, sizeof(key));
+	return hash_search(sessions, key, create ? HASH_ENTER : HASH_FIND, &found);
+}
+
+static void
+session_forget(const char *url)
+{
+	char		key[1024];
+
+	if (sessions == NULL || strlen(url) >= sizeof(key))
+		return;
+	memset(key, 0, sizeof(key));
+	strlcpy(key, url, sizeof(key));
+	hash_search(sessions, key, HASH_REMOVE, NULL);
+}
+
+static bool
+valid_json(const char *s, size_t len)
+{
+	JsonLexContext *lex;
+
+	if (!pg_verifymbstr(s, len, true))
+		return false;
+	lex = makeJsonLexContextCstringLen((char *) s, len, GetDatabaseEncoding(), true);
+	return pg_parse_json(lex, &nullSemAction) == JSON_SUCCESS;
+}
+
+/* Is msg the JSON-RPC response to request id? */
+static bool
+is_response_to(Jsonb *msg, int id)
+{
+	JsonbValue *v = JsonGetField(msg, "id");
+
+	if (v == NULL || (JsonGetField(msg, "result") == NULL && JsonGetField(msg, "error") == NULL))
+		return false;
+	if (v->type == jbvNumeric)
+		return DatumGetInt32(DirectFunctionCall1(numeric_int4, NumericGetDatum(v->val.numeric))) == id;
+	if (v->type == jbvString)
+		return atoi(pnstrdup(v->val.string.val, v->val.string.len)) == id;
+	return false;
+}
+
+/*
+ * Find the JSON-RPC response to request id in a response body, which is
+ * either one JSON message (or a batch array) or a text/event-stream.
+ * Returns NULL with *error set when there is none.
+ */
+Jsonb *
+McpParseMessage(const char *body, const char *content_type, int id, char **error)
+{
+	*error = NULL;
+	if (body == NULL || *body == '\0')
+	{
+		*error = "the server sent an empty response";
+		return NULL;
+	}
+	if (content_type && strstr(content_type, "text/event-stream"))
+	{
+		StringInfoData data;
+		const char *p = body;
+
+		initStringInfo(&data);
+		for (;;)
+		{
+			const char *eol = strpbrk(p, "\r\n");
+			size_t		len = eol ? (size_t) (eol - p) : strlen(p);
+
+			if (len == 0)
+			{
+				/* blank line: dispatch the event */
+				if (data.len > 0 && valid_json(data.data, data.len))
+				{
+					Jsonb	   *msg = JsonFromCString(data.data);
+
+					if (JsonIsObject(msg) && is_response_to(msg, id))
+						return msg;
+				}
+				resetStringInfo(&data);
+			}
+			else if (len >= 5 && strncmp(p, "data:", 5) == 0)
+			{
+				const char *v = p + 5;
+
+				if (*v == ' ')
+					v++;
+				if (data.len > 0)
+					appendStringInfoChar(&data, '\n');
+				appendBinaryStringInfo(&data, v, p + len - v);
+			}
+			/* id:, event:, retry: and ":" comments need nothing */
+			if (eol == NULL)
+				break;
+			p = eol + ((eol[0] == '\r' && eol[1] == '\n') ? 2 : 1);
+		}
+		if (data.len > 0 && valid_json(data.data, data.len))
+		{
+			Jsonb	   *msg = JsonFromCString(data.data);
+
+			if (JsonIsObject(msg) && is_response_to(msg, id))
+				return msg;
+		}
+		*error = psprintf("the event stream holds no response to request %d", id);
+		return NULL;
+	}
+	if (!valid_json(body, strlen(body)))
+	{
+		*error = "the response is not valid JSON";
+		return NULL;
+	}
+	{
+		Jsonb	   *msg = JsonFromCString(body);
+
+		if (JsonIsObject(msg) && is_response_to(msg, id))
+			return msg;
+		if (JB_ROOT_IS_ARRAY(msg) && !JB_ROOT_IS_SCALAR(msg))
+		{
+			int			n = JsonContainerSize(&msg->root);
+
+			for (int i = 0; i < n; i++)
+			{
+				Jsonb	   *m = JsonValueToJsonb(getIthJsonbValueFromContainer(&msg->root, i));
+
+				if (JsonIsObject(m) && is_response_to(m, id))
+					return m;
+			}
+		}
+	}
+	*error = psprintf("the response holds no answer to request %d", id);
+	return NULL;
+}
+
+/* A JSON-RPC request as an HTTP effect. */
+static EffectRequest *
+rpc_request(const char *url, const char *method, Jsonb *params, int id,
+			const char *session, const char *version, const char *op, int timeout_ms)
+{
+	EffectRequest *req = palloc0(sizeof(EffectRequest));
+	JsonObjBuilder b;
+	Jsonb	   *msg;
+	HttpHeader *h;
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "jsonrpc", "2.0");
+	if (id > 0)
+		JsonObjAddInt(&b, "id", id);
+	JsonObjAddString(&b, "method", method);
+	if (params)
+		JsonObjAddJsonb(&b, "params", params);
+	msg = JsonObjEnd(&b);
+
+	req->http.method = "POST";
+	req->http.url = pstrdup(url);
+	req->http.body = JsonbToCString(NULL, &msg->root, VARSIZE(msg));
+	req->http.body_len = strlen(req->http.body);
+	req->http.timeout_ms = timeout_ms;
+	h = palloc(sizeof(HttpHeader));
+	h->name = "Content-Type";
+	h->value = "application/json";
+	req->http.headers = lappend(req->http.headers, h);
+	h = palloc(sizeof(HttpHeader));
+	h->name = "Accept";
+	h->value = "application/json, text/event-stream";
+	req->http.headers = lappend(req->http.headers, h);
+	if (session)
+	{
+		h = palloc(sizeof(HttpHeader));
+		h->name = "Mcp-Session-Id";
+		h->value = pstrdup(session);
+		req->http.headers = lappend(req->http.headers, h);
+	}
+	if (version)
+	{
+		h = palloc(sizeof(HttpHeader));
+		h->name = "MCP-Protocol-Version";
+		h->value = pstrdup(version);
+		req->http.headers = lappend(req->http.headers, h);
+	}
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "method", "POST");
+	JsonObjAddString(&b, "url", HttpRedactUrl(url));
+	JsonObjAddString(&b, "rpc", method);
+	req->journal = JsonObjEnd(&b);
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "op", op);
+	if (session)
+		JsonObjAddString(&b, "session", session);
+	if (version)
+		JsonObjAddString(&b, "version", version);
+	req->tag = JsonObjEnd(&b);
+	return req;
+}
+
+static Jsonb *
+initialize_params(void)
+{
+	return JsonFromCString("{\"protocolVersion\": \"" MCP_PROTOCOL_VERSION "\", "
+						   "\"capabilities\": {}, "
+						   "\"clientInfo\": {\"name\": \"tuvl\", \"version\": \"" TUVL_VERSION "\"}}");
+}
+
+static int
+json_int(Jsonb *j, const char *key)
+{
+	JsonbValue *v = JsonGetField(j, key);
+
+	if (v == NULL || v->type != jbvNumeric)
+		return 0;
+	return DatumGetInt32(DirectFunctionCall1(numeric_int4, NumericGetDatum(v->val.numeric)));
+}
+
+static char *
+header_of(Jsonb *result, const char *name)
+{
+	Jsonb	   *h = JsonGetJsonb(result, "headers");
+
+	return h ? JsonGetString(h, name) : NULL;
+}
+
+/* The text of an effect's body, whatever JSON type it was stored as. */
+static char *
+body_text(Jsonb *result)
+{
+	JsonbValue *b = JsonGetField(result, "body");
+
+	if (b == NULL || b->type == jbvNull)
+		return "";
+	return JsonValueToText(b);
+}
+
+/* Fail the step with what a transport-level failure says. */
+static void
+fail_transport(Jsonb *result, const char *what)
+{
+	int			status = json_int(result, "status");
+	char	   *err = JsonGetString(result, "error");
+
+	StepErrorType = "mcp_error";
+	if (status == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+				 errmsg("MCP %s failed: %s", what, err ? err : "no response")));
+	ereport(ERROR,
+			(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+			 errmsg("MCP %s failed: the server answered HTTP %d", what, status),
+			 errdetail("%s", body_text(result))));
+}
+
+/* The JSON-RPC message answering request id in an effect result. */
+static Jsonb *
+rpc_answer(Jsonb *result, int id, const char *what)
+{
+	char	   *error;
+	Jsonb	   *msg = McpParseMessage(body_text(result), header_of(result, "content-type"), id, &error);
+
+	if (msg == NULL)
+	{
+		StepErrorType = "mcp_error";
+		ereport(ERROR,
+				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+				 errmsg("MCP %s failed: %s", what, error)));
+	}
+	if (JsonGetField(msg, "error"))
+	{
+		Jsonb	   *e = JsonGetJsonb(msg, "error");
+		char	   *m = JsonIsObject(e) ? JsonGetString(e, "message") : NULL;
+
+		StepErrorType = "mcp_error";
+		ereport(ERROR,
+				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+				 errmsg("MCP %s failed: %s", what, m ? m : "JSON-RPC error"),
+				 errdetail("JSON-RPC error code %d.", JsonIsObject(e) ? json_int(e, "code") : 0)));
+	}
+	return JsonGetJsonb(msg, "result");
+}
+
+/*
+ * Turn a tools/call result into the step output: the joined text
+ * content, the content list, and structuredContent when present.
+ */
+static Jsonb *
+call_output(Jsonb *res, const char *tool)
+{
+	Jsonb	   *content = JsonGetJsonb(res, "content");
+	StringInfoData text;
+	JsonObjBuilder b;
+
+	initStringInfo(&text);
+	if (content && JB_ROOT_IS_ARRAY(content) && !JB_ROOT_IS_SCALAR(content))
+	{
+		int			n = JsonContainerSize(&content->root);
+
+		for (int i = 0; i < n; i++)
+		{
+			Jsonb	   *c = JsonValueToJsonb(getIthJsonbValueFromContainer(&content->root, i));
+			char	   *type = JsonIsObject(c) ? JsonGetString(c, "type") : NULL;
+			char	   *t = type && strcmp(type, "text") == 0 ? JsonGetString(c, "text") : NULL;
+
+			if (t)
+			{
+				if (text.len > 0)
+					appendStringInfoChar(&text, '\n');
+				appendStringInfoString(&text, t);
+			}
+		}
+	}
+	if (JsonGetBool(res, "isError", false))
+	{
+		StepErrorType = "mcp_tool_error";
+		ereport(ERROR,
+				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+				 errmsg("MCP tool \"%s\" failed: %s", tool, text.len > 0 ? text.data : "no message")));
+	}
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "text", text.data);
+	JsonObjAddJsonb(&b, "content", content ? content : JsonFromCString("[]"));
+	if (JsonGetField(res, "structuredContent"))
+		JsonObjAddJsonb(&b, "structuredContent", JsonGetJsonb(res, "structuredContent"));
+	return JsonObjEnd(&b);
+}
+
+/*
+ * The MCP step: see the file header.  Positions of effects double as
+ * JSON-RPC ids (position + 1).
+ */
+void
+StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *result)
+{
+	Jsonb	   *mcp = JsonGetJsonb(step->spec, "mcp");
+	char	   *url;
+	char	   *tool = JsonGetString(mcp, "tool");
+	JsonbValue *argv = JsonGetField(mcp, "arguments");
+	Jsonb	   *args;
+	int			n = EffectCount(run);
+	int			timeout_ms = tuvl_http_timeout;
+	char	   *session = NULL;
+	char	   *version = NULL;
+	bool		notified = false;
+	bool		from_cache = false;
+	JsonObjBuilder b;
+	SecretUse	use;
+	EffectRequest *req;
+
+	SecretUseInit(&use);
+	StepErrorType = "template_error";
+	url = TemplateRenderText(JsonGetString(mcp, "url"), ctx, &use.opts);
+	tool = TemplateRenderText(tool, ctx, &use.opts);
+	args = argv ? JsonValueToJsonb(TemplateRenderValue(argv, ctx, &use.opts)) : JsonEmptyObject();
+	(void) DurationFromJson(JsonGetField(mcp, "timeout"), &timeout_ms);
+	StepErrorType = "mcp_error";
+	HttpCheckAllowed(url);
+
+	/* walk what happened so far */
+	for (int i = 0; i < n; i++)
+	{
+		Jsonb	   *r = EffectAt(run, i);
+		char	   *op = JsonGetString(r, "op");
+		int			status = json_int(r, "status");
+
+		if (op == NULL)
+			continue;
+		if (strcmp(op, "initialize") == 0)
+		{
+			Jsonb	   *init;
+
+			if (status < 200 || status >= 300)
+				fail_transport(r, "initialize");
+			init = rpc_answer(r, i + 1, "initialize");
+			session = header_of(r, "mcp-session-id");
+			version = init ? JsonGetString(init, "protocolVersion") : NULL;
+			if (version == NULL)
+				version = MCP_PROTOCOL_VERSION;
+			notified = false;
+			from_cache = false;
+		}
+		else if (strcmp(op, "initialized") == 0)
+		{
+			if (status >= 400 || status == 0)
+				fail_transport(r, "notifications/initialized");
+			notified = true;
+		}
+		else if (strcmp(op, "call") == 0)
+		{
+			if (i == 0)
+			{
+				/* the first call used a session cached by this process */
+				session = JsonGetString(r, "session");
+				version = JsonGetString(r, "version");
+				from_cache = true;
+			}
+			if ((status == 404 || status == 400) && from_cache)
+			{
+				/* the server lost the session: initialize again */
+				session_forget(url);
+				session = NULL;
+				version = NULL;
+				notified = false;
+				from_cache = false;
+				continue;
+			}
+			if (status < 200 || status >= 300)
+				fail_transport(r, "tools/call");
+			result->output = call_output(rpc_answer(r, i + 1, "tools/call"), tool);
+			result->output = SecretScrubJsonb(result->output, use.values);
+			result->has_output = true;
+			return;
+		}
+	}
+
+	/* what next */
+	if (n == 0)
+	{
+		McpSession *s = session_lookup(url, false);
+
+		if (s && s->session_id[0])
+		{
+			session = s->session_id;
+			version = s->version;
+			notified = true;
+			from_cache = true;
+		}
+	}
+	else if (session && !from_cache)
+	{
+		McpSession *s = session_lookup(url, true);
+
+		if (s)
+		{
+			strlcpy(s->session_id, session, sizeof(s->session_id));
+			strlcpy(s->version, version, sizeof(s->version));
+		}
+	}
+
+	if (session == NULL && version == NULL)
+		req = rpc_request(url, "initialize", initialize_params(), n + 1, NULL, NULL,
+						  "initialize", timeout_ms);
+	else if (!notified)
+		req = rpc_request(url, "notifications/initialized", NULL, 0, session, version,
+						  "initialized", timeout_ms);
+	else
+	{
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "name", tool);
+		JsonObjAddJsonb(&b, "arguments", args);
+		req = rpc_request(url, "tools/call", JsonObjEnd(&b), n + 1, session, version,
+						  "call", timeout_ms);
+		req->journal = JsonMerge(req->journal, JsonSetKey(JsonEmptyObject(), "tool",
+														  JsonStringValue(tool)));
+	}
+	req->secrets = use.values;
+	req->journal = SecretScrubJsonb(req->journal, use.values);
+	result->pending = true;
+	result->effect = req;
+}
+
+/*
+ * tuvl.mcp_list_tools(url): initialize a session and list the server's
+ * tools, synchronously in this backend.  Returns the tools array.
+ */
+Datum
+tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
+{
+	char	   *url = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	EffectRequest *req;
+	Jsonb	   *r;
+	Jsonb	   *init;
+	Jsonb	   *list;
+	char	   *session;
+	char	   *version;
+
+	req = rpc_request(url, "initialize", initialize_params(), 1, NULL, NULL, "initialize",
+					  tuvl_http_timeout);
+	r = EffectPerform(req);
+	if (json_int(r, "status") < 200 || json_int(r, "status") >= 300)
+		fail_transport(r, "initialize");
+	init = rpc_answer(r, 1, "initialize");
+	session = header_of(r, "mcp-session-id");
+	version = init ? JsonGetString(init, "protocolVersion") : NULL;
+	r = EffectPerform(rpc_request(url, "notifications/initialized", NULL, 0, session,
+								  version ? version : MCP_PROTOCOL_VERSION, "initialized",
+								  tuvl_http_timeout));
+	if (json_int(r, "status") >= 400 || json_int(r, "status") == 0)
+		fail_transport(r, "notifications/initialized");
+	r = EffectPerform(rpc_request(url, "tools/list", JsonEmptyObject(), 2, session,
+								  version ? version : MCP_PROTOCOL_VERSION, "list",
+								  tuvl_http_timeout));
+	if (json_int(r, "status") < 200 || json_int(r, "status") >= 300)
+		fail_transport(r, "tools/list");
+	list = rpc_answer(r, 2, "tools/list");
+	PG_RETURN_JSONB_P(list ? JsonGetJsonb(list, "tools") : JsonFromCString("[]"));
+}

@@ -1,0 +1,19 @@
+/*-------------------------------------------------------------------------
+ *
+ * mcp.h
+ *	  A Model Context Protocol client over the streamable HTTP transport.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef TUVL_MCP_H
+#define TUVL_MCP_H
+
+#include "utils/jsonb.h"
+
+#define MCP_PROTOCOL_VERSION "2025-11-25"
+
+extern Jsonb *McpParseMessage(const char *body, const char *content_type, int id,
+							  char **error);
+extern Jsonb *McpListTools(const char *url);
+
+#endif							/* TUVL_MCP_H */
