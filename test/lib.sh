@@ -8,6 +8,9 @@
 # tuvl_stop       stop everything started here and remove the directory
 #                 (installed as an EXIT/INT/TERM trap by tuvl_start)
 # tuvl_spawn CMD  start a helper server in the background; stopped by tuvl_stop
+# tuvl_peers      start the peers the tests talk to on 127.0.0.1: the HTTP test
+#                 server (TUVL_HTTP_PORT) and the reference MCP server
+#                 @modelcontextprotocol/server-everything (TUVL_MCP_URL)
 
 TUVL_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
@@ -36,6 +39,25 @@ tuvl_install_packages() {
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+# The reference MCP server, from npm, into test/servers/mcp (not committed).
+TUVL_MCP_PACKAGE="@modelcontextprotocol/server-everything@2026.8.31"
+tuvl_install_mcp() {
+    local dir=$TUVL_ROOT/test/servers/mcp
+    [ -x "$dir/node_modules/.bin/mcp-server-everything" ] && return 0
+    if ! command -v npm >/dev/null 2>&1; then
+        if [ "$(id -u)" -eq 0 ]; then
+            tuvl_log "installing nodejs and npm"
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+        else
+            echo "npm is missing" >&2
+            return 1
+        fi
+    fi
+    tuvl_log "installing $TUVL_MCP_PACKAGE"
+    mkdir -p "$dir"
+    (cd "$dir" && npm install --no-audit --no-fund --silent "$TUVL_MCP_PACKAGE" >/dev/null)
+}
+
 tuvl_build() {
     tuvl_log "building tuvl"
     make -s -C "$TUVL_ROOT" >/dev/null
@@ -45,6 +67,33 @@ tuvl_build() {
 tuvl_setup() {
     tuvl_install_packages
     tuvl_build
+}
+
+# Wait until something listens on 127.0.0.1:$1.
+tuvl_wait_port() {
+    local i
+    for i in $(seq 1 100); do
+        (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "nothing listens on port $1" >&2
+    return 1
+}
+
+tuvl_peers() {
+    TUVL_HTTP_PORT=$(tuvl_free_port)
+    tuvl_spawn python3 "$TUVL_ROOT/test/servers/http_server.py" --port "$TUVL_HTTP_PORT"
+    tuvl_wait_port "$TUVL_HTTP_PORT"
+    export TUVL_HTTP_PORT
+    if tuvl_install_mcp; then
+        local port
+        port=$(tuvl_free_port)
+        PORT=$port tuvl_spawn "$TUVL_ROOT/test/servers/mcp/node_modules/.bin/mcp-server-everything" \
+            streamableHttp >"$TUVL_TMP/mcp.log" 2>&1
+        tuvl_wait_port "$port"
+        export TUVL_MCP_URL="http://127.0.0.1:$port/mcp" TUVL_MCP_PORT=$port
+    fi
+    tuvl_log "peers: HTTP test server on $TUVL_HTTP_PORT, MCP server at ${TUVL_MCP_URL:-none}"
 }
 
 # Run a server-side command as the cluster's owner (initdb refuses root).
@@ -76,6 +125,7 @@ cron.database_name = 'postgres'
 max_worker_processes = 40
 max_connections = 200
 log_line_prefix = '%m [%p] %q%a '
+tuvl.http_allowed_hosts = '127.0.0.1:*,localhost:*'
 ${TUVL_EXTRA_CONF:-}
 CONF
     as_pg "$PGBIN/pg_ctl" -D "$TUVL_PGDATA" -l "$TUVL_TMP/server.log" -w -t 60 start >/dev/null
