@@ -13,10 +13,12 @@ OBJS = \
 	src/jsonschema.o \
 	src/jsonutil.o \
 	src/launcher.o \
+	src/llm.o \
 	src/mcp.o \
 	src/lease.o \
 	src/runtime.o \
 	src/spiutil.o \
+	src/step_agent.o \
 	src/step_http.o \
 	src/step_sql.o \
 	src/template.o \
@@ -36,9 +38,10 @@ REGRESS_OPTS = --load-extension=tuvl
 
 PG_CONFIG ?= pg_config
 
+# -Wall -Wextra, except -Wunused-parameter, which PostgreSQL's own headers
+# (lib/ilist.h, storage/bufpage.h, fmgr.h) and every callback signature trip.
 PG_CPPFLAGS = -I$(srcdir)/src $(shell pkg-config --cflags libcurl yaml-0.1) \
-	-DTUVL_VERSION=\"$(EXTVERSION)\" -Wall -Wextra -Wno-unused-parameter \
-	-Wno-missing-field-initializers -Wno-sign-compare
+	-DTUVL_VERSION=\"$(EXTVERSION)\" -Wall -Wextra -Wno-unused-parameter
 SHLIB_LINK = $(shell pkg-config --libs libcurl yaml-0.1)
 
 # LLVM bitcode is not needed and would pull clang into every build.

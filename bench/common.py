@@ -18,7 +18,7 @@ def connect(dbname, autocommit=True):
 
 
 def log(msg):
-    print("== " + msg, file=sys.stderr, flush=True)
+    print("== %s %s" % (time.strftime("%H:%M:%S"), msg), file=sys.stderr, flush=True)
 
 
 def percentile(sorted_values, p):

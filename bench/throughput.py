@@ -217,6 +217,7 @@ def main():
     if not args.no_pgbench:
         log("pgbench -i -s %d %s" % (args.pgbench_scale, args.pgbench_db))
         pgbench_init(args.pgbench_db, args.pgbench_scale)
+        log("pgbench -i done")
 
     rounds = []
     for r in range(args.rounds):

@@ -85,6 +85,24 @@ CREATE TABLE tuvl.events (
 COMMENT ON TABLE tuvl.events IS 'the journal of every run; every row is also sent with NOTIFY on tuvl_events';
 CREATE INDEX events_ts_idx ON tuvl.events USING brin (ts);
 
+/* Model configurations, by name (register_llm replaces). */
+CREATE TABLE tuvl.llms (
+    name text PRIMARY KEY,
+    provider text NOT NULL CHECK (provider IN ('openai', 'anthropic')),
+    source text NOT NULL,
+    definition jsonb NOT NULL,
+    owner name NOT NULL,
+    updated_at timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE tuvl.llms IS 'model configurations for Agent steps; API keys live in tuvl.secrets';
+GRANT SELECT ON tuvl.llms TO PUBLIC;
+
+CREATE FUNCTION tuvl.register_llm(source text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'tuvl_register_llm'
+LANGUAGE C STRICT VOLATILE;
+COMMENT ON FUNCTION tuvl.register_llm(text) IS 'store or replace a model configuration (YAML)';
+
 /*
  * Secrets (API keys) reach requests only through {{ secrets.NAME }}
  * templates.  Nobody but the extension's owner can read this table.
@@ -186,6 +204,7 @@ SELECT pg_catalog.pg_extension_config_dump('tuvl.runs', '');
 SELECT pg_catalog.pg_extension_config_dump('tuvl.runs_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('tuvl.events', '');
 SELECT pg_catalog.pg_extension_config_dump('tuvl.secrets', '');
+SELECT pg_catalog.pg_extension_config_dump('tuvl.llms', '');
 
 /* Internal: is the process holding a lease still heartbeating? */
 CREATE FUNCTION tuvl._lease_holder_alive(pid integer, epoch bigint)

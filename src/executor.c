@@ -50,7 +50,7 @@ static const StepExecutor executors[STEP_KIND_COUNT] = {
 	{STEP_ROUTER, execute_router},
 	{STEP_APICALL, StepExecuteAPICall},
 	{STEP_MCP, StepExecuteMCP},
-	{STEP_AGENT, execute_unavailable},
+	{STEP_AGENT, StepExecuteAgent},
 	{STEP_HUMAN, execute_unavailable},
 };
 

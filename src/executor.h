@@ -52,6 +52,10 @@ extern const StepExecutor *ExecutorFor(StepKind kind);
 extern void StepExecuteAPICall(RunState *run, const StepDef *step, Jsonb *ctx,
 							   StepResult *result);
 
+/* step_agent.c */
+extern void StepExecuteAgent(RunState *run, const StepDef *step, Jsonb *ctx,
+							 StepResult *result);
+
 /* mcp.c */
 extern void StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx,
 						   StepResult *result);

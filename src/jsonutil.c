@@ -11,6 +11,8 @@
  */
 #include "postgres.h"
 
+#include "common/jsonapi.h"
+#include "mb/pg_wchar.h"
 #include "utils/builtins.h"
 #include "utils/fmgrprotos.h"
 #include "utils/jsonb.h"
@@ -85,6 +87,24 @@ JsonFromCString(const char *text)
 	return DatumGetJsonbP(DirectFunctionCall1(jsonb_in, CStringGetDatum(text)));
 }
 
+/*
+ * Parse text that came from outside (a model, a server) as JSON; NULL
+ * when it is not valid JSON in the database encoding.  Never raises on
+ * bad input, unlike jsonb_in.
+ */
+Jsonb *
+JsonParseSafe(const char *text, size_t len)
+{
+	JsonLexContext *lex;
+
+	if (text == NULL || strlen(text) != len || !pg_verifymbstr(text, len, true))
+		return NULL;
+	lex = makeJsonLexContextCstringLen((char *) text, len, GetDatabaseEncoding(), true);
+	if (pg_parse_json(lex, &nullSemAction) != JSON_SUCCESS)
+		return NULL;
+	return JsonFromCString(text);
+}
+
 Jsonb *
 JsonEmptyObject(void)
 {
@@ -109,6 +129,38 @@ JsonStringValue(const char *s)
 	v.val.string.val = (char *) s;
 	v.val.string.len = strlen(s);
 	return JsonbValueToJsonb(&v);
+}
+
+/*
+ * The context without its private keys (those starting with "_"): the
+ * only part of a run's context a model may ever see.
+ */
+Jsonb *
+JsonPublicContext(Jsonb *ctx)
+{
+	JsonbParseState *state = NULL;
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+
+	if (!JsonIsObject(ctx))
+		return JsonEmptyObject();
+	pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
+	it = JsonbIteratorInit(&ctx->root);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		bool		private;
+
+		if (tok != WJB_KEY)
+			continue;
+		private = v.val.string.len > 0 && v.val.string.val[0] == '_';
+		if (!private)
+			pushJsonbValue(&state, WJB_KEY, &v);
+		tok = JsonbIteratorNext(&it, &v, true);
+		if (!private)
+			pushJsonbValue(&state, WJB_VALUE, &v);
+	}
+	return JsonbValueToJsonb(pushJsonbValue(&state, WJB_END_OBJECT, NULL));
 }
 
 /* a || b for two objects: keys of b win. */

@@ -18,12 +18,14 @@ extern bool JsonGetBool(Jsonb *obj, const char *key, bool dflt);
 extern Jsonb *JsonValueToJsonb(JsonbValue *v);
 extern char *JsonValueToText(JsonbValue *v);
 extern Jsonb *JsonFromCString(const char *text);
+extern Jsonb *JsonParseSafe(const char *text, size_t len);
 extern Jsonb *JsonEmptyObject(void);
 extern bool JsonIsObject(Jsonb *j);
 extern Jsonb *JsonSetKey(Jsonb *obj, const char *key, Jsonb *value);
 extern Jsonb *JsonMerge(Jsonb *a, Jsonb *b);
 extern Jsonb *JsonRemoveKey(Jsonb *obj, const char *key);
 extern Jsonb *JsonStringValue(const char *s);
+extern Jsonb *JsonPublicContext(Jsonb *ctx);
 
 /*
  * A tiny builder for flat objects: JsonObjStart, JsonObjAdd*, JsonObjEnd.

@@ -36,6 +36,7 @@
 #include "effect.h"
 #include "executor.h"
 #include "journal.h"
+#include "llm.h"
 #include "jsonutil.h"
 #include "runtime.h"
 #include "spiutil.h"
@@ -289,12 +290,17 @@ finish_pending(Transition *t, StepResult *result)
 	Oid			save_user;
 	int			save_sec;
 
-	JsonObjStart(&b);
-	JsonObjAddInt(&b, "position", EffectCount(run));
-	JsonObjAddJsonb(&b, "request", effect->journal);
-	if (effect->delay_ms > 0)
-		JsonObjAddInt(&b, "delay_ms", effect->delay_ms);
-	JournalAdd(&events, "tool_call", t->step->id, t->step->kind_name, JsonObjEnd(&b));
+	/* an LLM call is journaled once, as llm_turn, when it answered */
+	if (!(effect->tag && JsonGetString(effect->tag, "op") &&
+		  strcmp(JsonGetString(effect->tag, "op"), "llm") == 0))
+	{
+		JsonObjStart(&b);
+		JsonObjAddInt(&b, "position", EffectCount(run));
+		JsonObjAddJsonb(&b, "request", effect->journal);
+		if (effect->delay_ms > 0)
+			JsonObjAddInt(&b, "delay_ms", effect->delay_ms);
+		JournalAdd(&events, "tool_call", t->step->id, t->step->kind_name, JsonObjEnd(&b));
+	}
 
 	GetUserIdAndSecContext(&save_user, &save_sec);
 	SetUserIdAndSecContext(run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
@@ -531,19 +537,36 @@ take_fresh_effect(Transition *t)
 	JsonbValue *lat;
 	Jsonb	   *one;
 
+	Jsonb	   *kept = run->fresh_effect;
+	char	   *op;
+
 	if (run->fresh_effect == NULL)
 		return;
-	JsonObjStart(&b);
-	JsonObjAddInt(&b, "position", EffectCount(run));
-	JsonObjAddJsonb(&b, "result", run->fresh_effect);
-	ev = JournalAdd(&t->events, "tool_result", t->step->id, t->step->kind_name, JsonObjEnd(&b));
+	op = JsonGetString(run->fresh_effect, "op");
+	if (op && strcmp(op, "llm") == 0)
+	{
+		int			tokens = 0;
+		Jsonb	   *payload = LlmTurnPayload(run->fresh_effect, &tokens);
+
+		payload = JsonSetKey(payload, "position", JsonFromCString(psprintf("%d", EffectCount(run))));
+		ev = JournalAdd(&t->events, "llm_turn", t->step->id, t->step->kind_name, payload);
+		ev->tokens = tokens;
+		/* the request is in the journal; step_state keeps the answer */
+		kept = LlmStripRequest(run->fresh_effect);
+	}
+	else
+	{
+		JsonObjStart(&b);
+		JsonObjAddInt(&b, "position", EffectCount(run));
+		JsonObjAddJsonb(&b, "result", run->fresh_effect);
+		ev = JournalAdd(&t->events, "tool_result", t->step->id, t->step->kind_name, JsonObjEnd(&b));
+	}
 	lat = JsonGetField(run->fresh_effect, "latency_ms");
 	if (lat && lat->type == jbvNumeric)
 		ev->latency_ms = DatumGetFloat8(DirectFunctionCall1(numeric_float8,
 															NumericGetDatum(lat->val.numeric)));
 
-	one = JsonFromCString(psprintf("[%s]", JsonbToCString(NULL, &run->fresh_effect->root,
-														  VARSIZE(run->fresh_effect))));
+	one = JsonFromCString(psprintf("[%s]", JsonbToCString(NULL, &kept->root, VARSIZE(kept))));
 	run->working_effects = run->working_effects ? JsonMerge(run->working_effects, one) : one;
 }
 

@@ -193,6 +193,14 @@ WorkflowCompile(const char *name, int version, Jsonb *definition)
 			elog(ERROR, "workflow \"%s\" version %d has an invalid step kind", name, version);
 		s->kind_name = StepKindNames[s->kind];
 		s->output_key = JsonGetString(s->spec, "output");
+		if (s->kind == STEP_AGENT)
+		{
+			/* an agent writes its answer to outcome.write */
+			Jsonb	   *agent = JsonGetJsonb(s->spec, "agent");
+			Jsonb	   *outcome = agent && JsonIsObject(agent) ? JsonGetJsonb(agent, "outcome") : NULL;
+
+			s->output_key = outcome && JsonIsObject(outcome) ? JsonGetString(outcome, "write") : NULL;
+		}
 		if (s->output_key == NULL)
 			s->output_key = psprintf("%s_result", s->id);
 		s->routes = JsonGetJsonb(s->spec, "routes");

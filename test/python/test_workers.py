@@ -285,11 +285,70 @@ def test_workers_per_database_grows_and_shrinks_the_pool_on_reload(db):
         time.sleep(1.0)
         left = set(worker_pids(db))
         assert len(left) == 1 and left <= grown, "shrinking must stop workers, not replace them"
-        print(f"\npool 2 -> 3 in {took:.2f} s, 3 -> 1 in {took2:.2f} s")
+
+        # No pool at all: runs wait in the queue until workers come back.
+        gucs({"tuvl.workers_per_database": ("0", "0")})
+        took3 = timed_wait(lambda: not worker_pids(db), 5, "the pool to shrink to 0")
+        conn = connect(db)
+        try:
+            q(conn, """CREATE OR REPLACE FUNCTION public.tick(ctx jsonb) RETURNS jsonb
+                       LANGUAGE sql AS $$ SELECT '{}'::jsonb $$""")
+            q(conn, """SELECT tuvl.register_workflow($$
+name: while_no_pool
+steps:
+  - { id: s, kind: Functional, function: public.tick }
+ends:
+  - { id: done, status: completed }
+$$)""")
+            run_id = q1(conn, "SELECT tuvl.start_run('while_no_pool')")
+            assert q1(conn, "SELECT tuvl.wait(%s, '1 s')", (run_id,)) == "queued"
+            gucs.reset()
+            took4 = timed_wait(lambda: len(worker_pids(db)) == 2, 5, "the default pool again")
+            assert q1(conn, "SELECT tuvl.wait(%s, '5 s')", (run_id,)) == "completed"
+        finally:
+            conn.close()
+        print(f"\npool 2 -> 3 in {took:.2f} s, 3 -> 1 in {took2:.2f} s, 1 -> 0 in {took3:.2f} s, "
+              f"0 -> 2 in {took4:.2f} s")
     finally:
         gucs.reset()
         wait_until(lambda: len(worker_pids(db)) == 2, 10, message="the default pool of 2 again",
                    ignore=(psycopg2.OperationalError,))
+
+
+def test_runs_per_worker_bounds_the_runs_a_worker_holds(db, set_gucs):
+    set_gucs({"tuvl.runs_per_worker": ("5", "5")})
+    conn = connect(db)
+    try:
+        q(conn, """CREATE OR REPLACE FUNCTION public.short_nap(ctx jsonb) RETURNS jsonb
+                   LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.05); RETURN '{}'; END $$""")
+        q(conn, """SELECT tuvl.register_workflow($$
+name: bounded
+steps:
+  - { id: a, kind: Functional, function: public.short_nap }
+  - { id: b, kind: Functional, function: public.short_nap }
+ends:
+  - { id: done, status: completed }
+$$)""")
+        ids = [r[0] for r in q(conn, "SELECT tuvl.start_run('bounded') FROM generate_series(1, 40)")]
+        per_owner_max, total_max = 0, 0
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            rows = q(conn, "SELECT lease_owner, count(*) FROM tuvl.runs WHERE id = ANY(%s) "
+                           "AND status = 'running' GROUP BY 1", (ids,))
+            per_owner_max = max([per_owner_max] + [r[1] for r in rows])
+            total_max = max(total_max, sum(r[1] for r in rows))
+            if q1(conn, "SELECT count(*) FROM tuvl.runs WHERE id = ANY(%s) "
+                        "AND finished_at IS NULL", (ids,)) == 0:
+                break
+            time.sleep(0.03)
+        print(f"\nruns_per_worker = 5: at most {per_owner_max} runs per worker, "
+              f"{total_max} in all")
+        assert q1(conn, "SELECT count(*) FROM tuvl.runs WHERE id = ANY(%s) "
+                        "AND status = 'completed'", (ids,)) == 40
+        assert per_owner_max == 5, "a worker must hold up to, and never more than, 5 runs"
+        assert total_max > 5, "both workers must have held runs"
+    finally:
+        conn.close()
 
 
 def test_a_busy_worker_reports_what_it_does_in_pg_stat_activity(db):

@@ -1,0 +1,778 @@
+/*-------------------------------------------------------------------------
+ *
+ * llm.c
+ *	  Model configurations and the two wire formats that cover nearly
+ *	  every provider: OpenAI Chat Completions (and every compatible
+ *	  server: Ollama, vLLM, LiteLLM) and Anthropic Messages.
+ *
+ * Callers speak a provider-neutral conversation: a jsonb array of
+ * {role: system|user|assistant|tool, content, tool_calls: [{id, name,
+ * arguments}], tool_call_id}.  LlmBuildRequest turns it into the
+ * provider's request as an effect (effect.c), with the API key read from
+ * tuvl.secrets into a header only; LlmParseResult turns the journaled
+ * response back into an LlmReply, classifying failures as transient
+ * (408, 429, 529, 5xx, timeouts, transport errors) or final (other 4xx,
+ * the 429s and 400s that mean the account is out of money, malformed
+ * bodies).  Every call is journaled as one llm_turn event carrying the
+ * request and response bodies, which hold no credentials.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "lib/stringinfo.h"
+#include "miscadmin.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/json.h"
+#include "utils/jsonb.h"
+
+#include "jsonutil.h"
+#include "llm.h"
+#include "spiutil.h"
+#include "tuvl.h"
+#include "workflow.h"
+#include "yamlparse.h"
+
+PG_FUNCTION_INFO_V1(tuvl_register_llm);
+
+#define ANTHROPIC_VERSION "2023-06-01"
+#define DEFAULT_MAX_TOKENS 1024
+#define MAX_RETRY_AFTER_MS (60 * 1000)
+
+/*
+ * register_llm(source): validate and store (or replace) a model config.
+ */
+Datum
+tuvl_register_llm(PG_FUNCTION_ARGS)
+{
+	char	   *source = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	Jsonb	   *def = YamlToJsonb(source, "LLM config", NULL);
+	char	   *name;
+	char	   *provider;
+	char	   *base_url;
+	char	   *model;
+	JsonbValue *v;
+	int			ms;
+	Oid			save_user;
+	int			save_sec;
+
+	if (!JsonIsObject(def))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("an LLM config must be a YAML mapping"),
+				 errhint("Write name, provider, base_url and model keys.")));
+	name = JsonGetString(def, "name");
+	provider = JsonGetString(def, "provider");
+	base_url = JsonGetString(def, "base_url");
+	model = JsonGetString(def, "model");
+	if (name == NULL || strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") != strlen(name) || *name == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("an LLM config needs a name made of letters, digits, _, - and ."),
+				 errhint("Write for example name: default.")));
+	if (provider == NULL || (strcmp(provider, "openai") != 0 && strcmp(provider, "anthropic") != 0))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("LLM config \"%s\": provider must be openai or anthropic", name),
+				 errhint("Use openai for any OpenAI-compatible /chat/completions server (Ollama, vLLM, LiteLLM).")));
+	if (base_url == NULL || (strncmp(base_url, "http://", 7) != 0 && strncmp(base_url, "https://", 8) != 0))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("LLM config \"%s\": base_url must be an http or https URL", name),
+				 errhint("For example base_url: https://api.openai.com/v1.")));
+	if (model == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("LLM config \"%s\" is missing required key \"model\"", name)));
+	v = JsonGetField(def, "timeout");
+	if (v && !DurationFromJson(v, &ms))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("LLM config \"%s\": timeout must be a duration such as 60s", name)));
+	v = JsonGetField(def, "params");
+	if (v && !(v->type == jbvBinary && JsonContainerIsObject(v->val.binary.data)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("LLM config \"%s\": params must be a mapping such as { temperature: 0 }", name)));
+	v = JsonGetField(def, "api_key_secret");
+	if (v && v->type != jbvString)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("LLM config \"%s\": api_key_secret must name a secret given to tuvl.set_secret", name)));
+
+	SPI_connect();
+	{
+		static const Oid types[1] = {TEXTOID};
+		Datum		values[1];
+
+		values[0] = CStringGetTextDatum(name);
+		SpiExec("SELECT owner FROM tuvl.llms WHERE name = $1", 1, types, values, NULL, SPI_OK_SELECT);
+		if (SPI_processed > 0)
+		{
+			char	   *owner = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+			Oid			owner_oid = get_role_oid(owner, true);
+
+			if (!OidIsValid(owner_oid) || !has_privs_of_role(GetUserId(), owner_oid))
+				ereport(ERROR,
+						(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+						 errmsg("permission denied to replace LLM config \"%s\"", name),
+						 errdetail("LLM config \"%s\" belongs to role \"%s\".", name, owner)));
+		}
+	}
+	{
+		static const Oid types[5] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID, NAMEOID};
+		Datum		values[5];
+
+		values[0] = CStringGetTextDatum(name);
+		values[1] = CStringGetTextDatum(provider);
+		values[2] = CStringGetTextDatum(source);
+		values[3] = JsonbPGetDatum(def);
+		values[4] = DirectFunctionCall1(namein, CStringGetDatum(GetUserNameFromId(GetUserId(), false)));
+		GetUserIdAndSecContext(&save_user, &save_sec);
+		SetUserIdAndSecContext(TuvlOwnerId(), save_sec | SECURITY_LOCAL_USERID_CHANGE);
+		SpiExec("INSERT INTO tuvl.llms (name, provider, source, definition, owner) "
+				"VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO UPDATE SET "
+				"provider = excluded.provider, source = excluded.source, "
+				"definition = excluded.definition, updated_at = now()",
+				5, types, values, NULL, SPI_OK_INSERT);
+		SetUserIdAndSecContext(save_user, save_sec);
+	}
+	SPI_finish();
+	PG_RETURN_VOID();
+}
+
+/*
+ * The stored config of a model; raises when there is none.  SPI must be
+ * connected.
+ */
+LlmConfig *
+LlmConfigLoad(const char *name)
+{
+	static const Oid types[1] = {TEXTOID};
+	Datum		values[1];
+	bool		isnull;
+	Jsonb	   *def;
+	LlmConfig  *cfg = palloc0(sizeof(LlmConfig));
+	JsonbValue *p;
+
+	values[0] = CStringGetTextDatum(name);
+	if (SpiExec("SELECT definition FROM tuvl.llms WHERE name = $1", 1, types, values,
+				NULL, SPI_OK_SELECT) != 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("LLM config \"%s\" does not exist", name),
+				 errhint("Register it with tuvl.register_llm().")));
+	def = DatumGetJsonbPCopy(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	cfg->name = pstrdup(name);
+	cfg->provider = JsonGetString(def, "provider");
+	cfg->base_url = JsonGetString(def, "base_url");
+	cfg->model = JsonGetString(def, "model");
+	cfg->api_key_secret = JsonGetString(def, "api_key_secret");
+	cfg->timeout_ms = 60000;
+	(void) DurationFromJson(JsonGetField(def, "timeout"), &cfg->timeout_ms);
+	p = JsonGetField(def, "params");
+	cfg->params = p ? JsonValueToJsonb(p) : NULL;
+	return cfg;
+}
+
+/* Append "key": <json text of a jsonb value> to an object being written. */
+static void
+append_json(StringInfo buf, const char *key, Jsonb *value)
+{
+	appendStringInfoString(buf, ", ");
+	escape_json(buf, key);
+	appendStringInfoString(buf, ": ");
+	if (value == NULL)
+		appendStringInfoString(buf, "null");
+	else
+		appendStringInfoString(buf, JsonbToCString(NULL, &value->root, VARSIZE(value)));
+}
+
+static void
+append_str(StringInfo buf, const char *key, const char *value)
+{
+	appendStringInfoString(buf, ", ");
+	escape_json(buf, key);
+	appendStringInfoString(buf, ": ");
+	if (value == NULL)
+		appendStringInfoString(buf, "null");
+	else
+		escape_json(buf, value);
+}
+
+/* Extra request fields from params, except those listed. */
+static void
+append_params(StringInfo buf, Jsonb *params, const char *skip)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+
+	if (params == NULL)
+		return;
+	it = JsonbIteratorInit(&params->root);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		char	   *key;
+
+		if (tok != WJB_KEY)
+			continue;
+		key = pnstrdup(v.val.string.val, v.val.string.len);
+		tok = JsonbIteratorNext(&it, &v, true);
+		if (strcmp(key, "model") == 0 || strcmp(key, "messages") == 0 ||
+			(skip && strcmp(key, skip) == 0))
+			continue;
+		append_json(buf, key, JsonValueToJsonb(&v));
+	}
+}
+
+static int
+array_size(Jsonb *j)
+{
+	if (j == NULL || !JB_ROOT_IS_ARRAY(j) || JB_ROOT_IS_SCALAR(j))
+		return 0;
+	return JsonContainerSize(&j->root);
+}
+
+static Jsonb *
+array_at(Jsonb *j, int i)
+{
+	return JsonValueToJsonb(getIthJsonbValueFromContainer(&j->root, i));
+}
+
+static char *
+str_or_empty(Jsonb *obj, const char *key)
+{
+	JsonbValue *v = JsonGetField(obj, key);
+
+	if (v == NULL || v->type == jbvNull)
+		return "";
+	return JsonValueToText(v);
+}
+
+/* OpenAI: messages pass through, tool calls in their function form. */
+static char *
+openai_body(LlmConfig *cfg, Jsonb *messages, Jsonb *tools)
+{
+	StringInfoData buf;
+	int			n = array_size(messages);
+
+	initStringInfo(&buf);
+	appendStringInfoString(&buf, "{\"model\": ");
+	escape_json(&buf, cfg->model);
+	appendStringInfoString(&buf, ", \"messages\": [");
+	for (int i = 0; i < n; i++)
+	{
+		Jsonb	   *m = array_at(messages, i);
+		char	   *role = JsonGetString(m, "role");
+		Jsonb	   *calls = JsonGetJsonb(m, "tool_calls");
+
+		if (i > 0)
+			appendStringInfoString(&buf, ", ");
+		appendStringInfoString(&buf, "{\"role\": ");
+		escape_json(&buf, role);
+		if (strcmp(role, "assistant") == 0 && array_size(calls) > 0)
+		{
+			JsonbValue *c = JsonGetField(m, "content");
+
+			if (c && c->type == jbvString)
+				append_str(&buf, "content", str_or_empty(m, "content"));
+			else
+				appendStringInfoString(&buf, ", \"content\": null");
+			appendStringInfoString(&buf, ", \"tool_calls\": [");
+			for (int j = 0; j < array_size(calls); j++)
+			{
+				Jsonb	   *tc = array_at(calls, j);
+
+				appendStringInfoString(&buf, j > 0 ? ", {\"id\": " : "{\"id\": ");
+				escape_json(&buf, str_or_empty(tc, "id"));
+				appendStringInfoString(&buf, ", \"type\": \"function\", \"function\": {\"name\": ");
+				escape_json(&buf, str_or_empty(tc, "name"));
+				append_str(&buf, "arguments", str_or_empty(tc, "arguments"));
+				appendStringInfoString(&buf, "}}");
+			}
+			appendStringInfoChar(&buf, ']');
+		}
+		else
+			append_str(&buf, "content", str_or_empty(m, "content"));
+		if (strcmp(role, "tool") == 0)
+			append_str(&buf, "tool_call_id", str_or_empty(m, "tool_call_id"));
+		appendStringInfoChar(&buf, '}');
+	}
+	appendStringInfoChar(&buf, ']');
+	if (array_size(tools) > 0)
+	{
+		appendStringInfoString(&buf, ", \"tools\": [");
+		for (int i = 0; i < array_size(tools); i++)
+		{
+			Jsonb	   *t = array_at(tools, i);
+
+			appendStringInfoString(&buf, i > 0 ? ", {\"type\": \"function\", \"function\": {\"name\": "
+								   : "{\"type\": \"function\", \"function\": {\"name\": ");
+			escape_json(&buf, str_or_empty(t, "name"));
+			append_str(&buf, "description", str_or_empty(t, "description"));
+			append_json(&buf, "parameters", JsonGetJsonb(t, "parameters"));
+			appendStringInfoString(&buf, "}}");
+		}
+		appendStringInfoChar(&buf, ']');
+	}
+	append_params(&buf, cfg->params, NULL);
+	appendStringInfoChar(&buf, '}');
+	return buf.data;
+}
+
+/*
+ * Anthropic: system messages become the top-level system prompt; tool
+ * results become tool_result blocks opening the next user message.
+ */
+static char *
+anthropic_body(LlmConfig *cfg, Jsonb *messages, Jsonb *tools)
+{
+	StringInfoData buf;
+	StringInfoData system;
+	StringInfoData pending;		/* tool_result blocks awaiting a user turn */
+	int			n = array_size(messages);
+	bool		first = true;
+	JsonbValue *mt = JsonGetField(cfg->params, "max_tokens");
+
+	initStringInfo(&buf);
+	initStringInfo(&system);
+	initStringInfo(&pending);
+	appendStringInfoString(&buf, "{\"model\": ");
+	escape_json(&buf, cfg->model);
+	if (mt)
+		append_json(&buf, "max_tokens", JsonValueToJsonb(mt));
+	else
+		appendStringInfo(&buf, ", \"max_tokens\": %d", DEFAULT_MAX_TOKENS);
+	appendStringInfoString(&buf, ", \"messages\": [");
+	for (int i = 0; i < n; i++)
+	{
+		Jsonb	   *m = array_at(messages, i);
+		char	   *role = JsonGetString(m, "role");
+
+		if (strcmp(role, "system") == 0)
+		{
+			if (system.len > 0)
+				appendStringInfoString(&system, "\n\n");
+			appendStringInfoString(&system, str_or_empty(m, "content"));
+			continue;
+		}
+		if (strcmp(role, "tool") == 0)
+		{
+			if (pending.len > 0)
+				appendStringInfoString(&pending, ", ");
+			appendStringInfoString(&pending, "{\"type\": \"tool_result\", \"tool_use_id\": ");
+			escape_json(&pending, str_or_empty(m, "tool_call_id"));
+			append_str(&pending, "content", str_or_empty(m, "content"));
+			if (JsonGetBool(m, "is_error", false))
+				appendStringInfoString(&pending, ", \"is_error\": true");
+			appendStringInfoChar(&pending, '}');
+			/* flush unless a user message follows to carry them */
+			if (i + 1 < n && strcmp(JsonGetString(array_at(messages, i + 1), "role"), "tool") == 0)
+				continue;
+			if (i + 1 < n && strcmp(JsonGetString(array_at(messages, i + 1), "role"), "user") == 0)
+				continue;
+			appendStringInfoString(&buf, first ? "" : ", ");
+			appendStringInfo(&buf, "{\"role\": \"user\", \"content\": [%s]}", pending.data);
+			resetStringInfo(&pending);
+			first = false;
+			continue;
+		}
+		appendStringInfoString(&buf, first ? "" : ", ");
+		first = false;
+		if (strcmp(role, "user") == 0)
+		{
+			appendStringInfoString(&buf, "{\"role\": \"user\", \"content\": [");
+			if (pending.len > 0)
+			{
+				appendStringInfo(&buf, "%s, ", pending.data);
+				resetStringInfo(&pending);
+			}
+			appendStringInfoString(&buf, "{\"type\": \"text\", \"text\": ");
+			escape_json(&buf, str_or_empty(m, "content"));
+			appendStringInfoString(&buf, "}]}");
+		}
+		else
+		{
+			Jsonb	   *calls = JsonGetJsonb(m, "tool_calls");
+			bool		any = false;
+			char	   *text = str_or_empty(m, "content");
+
+			appendStringInfoString(&buf, "{\"role\": \"assistant\", \"content\": [");
+			if (*text)
+			{
+				appendStringInfoString(&buf, "{\"type\": \"text\", \"text\": ");
+				escape_json(&buf, text);
+				appendStringInfoChar(&buf, '}');
+				any = true;
+			}
+			for (int j = 0; j < array_size(calls); j++)
+			{
+				Jsonb	   *tc = array_at(calls, j);
+				char	   *args = str_or_empty(tc, "arguments");
+				Jsonb	   *input = JsonParseSafe(args, strlen(args));
+
+				appendStringInfoString(&buf, any ? ", " : "");
+				appendStringInfoString(&buf, "{\"type\": \"tool_use\", \"id\": ");
+				escape_json(&buf, str_or_empty(tc, "id"));
+				append_str(&buf, "name", str_or_empty(tc, "name"));
+				/* input must be an object; the parsed arguments were kept */
+				if (input && JsonIsObject(input))
+					append_json(&buf, "input", input);
+				else
+					appendStringInfoString(&buf, ", \"input\": {}");
+				appendStringInfoChar(&buf, '}');
+				any = true;
+			}
+			if (!any)
+				appendStringInfoString(&buf, "{\"type\": \"text\", \"text\": \"\"}");
+			appendStringInfoString(&buf, "]}");
+		}
+	}
+	appendStringInfoChar(&buf, ']');
+	if (system.len > 0)
+		append_str(&buf, "system", system.data);
+	if (array_size(tools) > 0)
+	{
+		appendStringInfoString(&buf, ", \"tools\": [");
+		for (int i = 0; i < array_size(tools); i++)
+		{
+			Jsonb	   *t = array_at(tools, i);
+
+			appendStringInfoString(&buf, i > 0 ? ", {\"name\": " : "{\"name\": ");
+			escape_json(&buf, str_or_empty(t, "name"));
+			append_str(&buf, "description", str_or_empty(t, "description"));
+			append_json(&buf, "input_schema", JsonGetJsonb(t, "parameters"));
+			appendStringInfoChar(&buf, '}');
+		}
+		appendStringInfoChar(&buf, ']');
+	}
+	append_params(&buf, cfg->params, "max_tokens");
+	appendStringInfoChar(&buf, '}');
+	return buf.data;
+}
+
+static void
+add_header(EffectRequest *req, const char *name, const char *value)
+{
+	HttpHeader *h = palloc(sizeof(HttpHeader));
+
+	h->name = pstrdup(name);
+	h->value = pstrdup(value);
+	req->http.headers = lappend(req->http.headers, h);
+}
+
+/* base_url + path, without a doubled slash. */
+static char *
+join_url(const char *base, const char *path)
+{
+	size_t		l = strlen(base);
+
+	if (l > 0 && base[l - 1] == '/')
+		return psprintf("%.*s%s", (int) (l - 1), base, path);
+	return psprintf("%s%s", base, path);
+}
+
+/*
+ * The provider request for a conversation, as an effect tagged "llm".  The
+ * key comes from tuvl.secrets into a header; the journaled request body
+ * never contains it.
+ */
+EffectRequest *
+LlmBuildRequest(LlmConfig *cfg, Jsonb *messages, Jsonb *tools, int timeout_ms)
+{
+	EffectRequest *req = palloc0(sizeof(EffectRequest));
+	SecretUse	use;
+	const char *key = NULL;
+	bool		anthropic = strcmp(cfg->provider, "anthropic") == 0;
+	char	   *body;
+	JsonObjBuilder b;
+
+	SecretUseInit(&use);
+	if (cfg->api_key_secret)
+	{
+		key = use.opts.secret_hook(cfg->api_key_secret, use.opts.secret_arg);
+		if (key == NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_OBJECT),
+					 errmsg("secret \"%s\" named by LLM config \"%s\" does not exist",
+							cfg->api_key_secret, cfg->name),
+					 errhint("Store it with tuvl.set_secret().")));
+	}
+	body = anthropic ? anthropic_body(cfg, messages, tools) : openai_body(cfg, messages, tools);
+	req->http.method = "POST";
+	req->http.url = join_url(cfg->base_url, anthropic ? "/messages" : "/chat/completions");
+	req->http.body = body;
+	req->http.body_len = strlen(body);
+	req->http.timeout_ms = timeout_ms > 0 ? timeout_ms : cfg->timeout_ms;
+	add_header(req, "Content-Type", "application/json");
+	if (anthropic)
+	{
+		add_header(req, "anthropic-version", ANTHROPIC_VERSION);
+		if (key)
+			add_header(req, "x-api-key", key);
+	}
+	else if (key)
+		add_header(req, "Authorization", psprintf("Bearer %s", key));
+	HttpCheckAllowed(req->http.url);
+	req->secrets = use.values;
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "method", "POST");
+	JsonObjAddString(&b, "url", HttpRedactUrl(req->http.url));
+	req->journal = JsonObjEnd(&b);
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "op", "llm");
+	JsonObjAddString(&b, "provider", cfg->provider);
+	JsonObjAddString(&b, "model", cfg->model);
+	JsonObjAddJsonb(&b, "request", SecretScrubJsonb(JsonFromCString(body), use.values));
+	req->tag = JsonObjEnd(&b);
+	return req;
+}
+
+static int
+int_field(Jsonb *obj, const char *key)
+{
+	JsonbValue *v = JsonGetField(obj, key);
+
+	if (v == NULL || v->type != jbvNumeric)
+		return 0;
+	return DatumGetInt32(DirectFunctionCall1(numeric_int4, NumericGetDatum(v->val.numeric)));
+}
+
+/* The provider's error message in a response body, if any. */
+static char *
+provider_message(Jsonb *body, char **type, char **code)
+{
+	Jsonb	   *err = JsonIsObject(body) ? JsonGetJsonb(body, "error") : NULL;
+
+	*type = NULL;
+	*code = NULL;
+	if (err == NULL || !JsonIsObject(err))
+		return NULL;
+	*type = JsonGetString(err, "type");
+	*code = JsonGetString(err, "code");
+	return JsonGetString(err, "message");
+}
+
+static int
+retry_after(Jsonb *result)
+{
+	Jsonb	   *h = JsonGetJsonb(result, "headers");
+	char	   *ms = h ? JsonGetString(h, "retry-after-ms") : NULL;
+	char	   *s = h ? JsonGetString(h, "retry-after") : NULL;
+
+	if (ms && atof(ms) >= 0)
+		return (int) Min(atof(ms), MAX_RETRY_AFTER_MS);
+	if (s && atof(s) >= 0 && strspn(s, "0123456789.") == strlen(s))
+		return (int) Min(atof(s) * 1000, MAX_RETRY_AFTER_MS);
+	return -1;
+}
+
+static void
+parse_openai(Jsonb *body, LlmReply *r)
+{
+	Jsonb	   *choices = JsonGetJsonb(body, "choices");
+	Jsonb	   *choice;
+	Jsonb	   *msg;
+	Jsonb	   *calls;
+	Jsonb	   *usage = JsonGetJsonb(body, "usage");
+
+	if (array_size(choices) == 0)
+	{
+		r->error = "the model's response has no choices";
+		return;
+	}
+	choice = array_at(choices, 0);
+	msg = JsonGetJsonb(choice, "message");
+	if (msg == NULL || !JsonIsObject(msg))
+	{
+		r->error = "the model's response has no message";
+		return;
+	}
+	r->text = JsonGetString(msg, "content");
+	r->finish_reason = JsonGetString(choice, "finish_reason");
+	calls = JsonGetJsonb(msg, "tool_calls");
+	if (array_size(calls) > 0)
+	{
+		StringInfoData buf;
+
+		initStringInfo(&buf);
+		appendStringInfoChar(&buf, '[');
+		for (int i = 0; i < array_size(calls); i++)
+		{
+			Jsonb	   *c = array_at(calls, i);
+			Jsonb	   *f = JsonGetJsonb(c, "function");
+
+			if (i > 0)
+				appendStringInfoString(&buf, ", ");
+			appendStringInfoString(&buf, "{\"id\": ");
+			escape_json(&buf, str_or_empty(c, "id"));
+			append_str(&buf, "name", f ? str_or_empty(f, "name") : "");
+			append_str(&buf, "arguments", f ? str_or_empty(f, "arguments") : "");
+			appendStringInfoChar(&buf, '}');
+		}
+		appendStringInfoChar(&buf, ']');
+		r->tool_calls = JsonFromCString(buf.data);
+	}
+	if (usage && JsonIsObject(usage))
+	{
+		r->prompt_tokens = int_field(usage, "prompt_tokens");
+		r->completion_tokens = int_field(usage, "completion_tokens");
+		r->total_tokens = int_field(usage, "total_tokens");
+		if (r->total_tokens == 0)
+			r->total_tokens = r->prompt_tokens + r->completion_tokens;
+	}
+	r->ok = true;
+}
+
+static void
+parse_anthropic(Jsonb *body, LlmReply *r)
+{
+	Jsonb	   *content = JsonGetJsonb(body, "content");
+	Jsonb	   *usage = JsonGetJsonb(body, "usage");
+	StringInfoData text;
+	StringInfoData calls;
+	int			ncalls = 0;
+
+	if (content == NULL || !JB_ROOT_IS_ARRAY(content) || JB_ROOT_IS_SCALAR(content))
+	{
+		r->error = "the model's response has no content";
+		return;
+	}
+	initStringInfo(&text);
+	initStringInfo(&calls);
+	appendStringInfoChar(&calls, '[');
+	for (int i = 0; i < array_size(content); i++)
+	{
+		Jsonb	   *blk = array_at(content, i);
+		char	   *type = JsonGetString(blk, "type");
+
+		if (type && strcmp(type, "text") == 0)
+			appendStringInfoString(&text, str_or_empty(blk, "text"));
+		else if (type && strcmp(type, "tool_use") == 0)
+		{
+			Jsonb	   *input = JsonGetJsonb(blk, "input");
+
+			if (ncalls++ > 0)
+				appendStringInfoString(&calls, ", ");
+			appendStringInfoString(&calls, "{\"id\": ");
+			escape_json(&calls, str_or_empty(blk, "id"));
+			append_str(&calls, "name", str_or_empty(blk, "name"));
+			append_str(&calls, "arguments", input ? JsonbToCString(NULL, &input->root, VARSIZE(input)) : "{}");
+			appendStringInfoChar(&calls, '}');
+		}
+	}
+	appendStringInfoChar(&calls, ']');
+	r->text = text.len > 0 ? text.data : NULL;
+	r->tool_calls = ncalls > 0 ? JsonFromCString(calls.data) : NULL;
+	r->finish_reason = JsonGetString(body, "stop_reason");
+	if (usage && JsonIsObject(usage))
+	{
+		r->prompt_tokens = int_field(usage, "input_tokens");
+		r->completion_tokens = int_field(usage, "output_tokens");
+		r->total_tokens = r->prompt_tokens + r->completion_tokens;
+	}
+	r->ok = true;
+}
+
+/*
+ * Interpret the journaled result of an LLM call.
+ */
+void
+LlmParseResult(LlmConfig *cfg, Jsonb *result, LlmReply *r)
+{
+	int			status = int_field(result, "status");
+	char	   *kind = JsonGetString(result, "error_kind");
+	Jsonb	   *body = JsonGetJsonb(result, "body");
+	char	   *type;
+	char	   *code;
+	char	   *msg;
+
+	memset(r, 0, sizeof(LlmReply));
+	r->retry_after_ms = -1;
+	if (status == 0)
+	{
+		char	   *err = JsonGetString(result, "error");
+
+		r->error = psprintf("could not reach the model: %s", err ? err : "no response");
+		r->error_class = kind && strcmp(kind, "timeout") == 0 ? "timeout" : "error";
+		/* an oversized or refused response will not get better */
+		r->retryable = !(kind && (strcmp(kind, "too_large") == 0 ||
+								  strcmp(kind, "not_allowed") == 0));
+		return;
+	}
+	msg = provider_message(body, &type, &code);
+	if (status < 200 || status >= 300)
+	{
+		bool		no_money = (code && strcmp(code, "insufficient_quota") == 0) ||
+			(type && (strcmp(type, "insufficient_quota") == 0 || strcmp(type, "billing_error") == 0)) ||
+			(msg && (strstr(msg, "credit balance") || strstr(msg, "spend limit")));
+
+		r->error = psprintf("the model answered HTTP %d%s%s", status,
+							msg ? ": " : "", msg ? msg : "");
+		r->error_class = "error";
+		r->retryable = !no_money &&
+			(status == 408 || status == 429 || status == 529 || status >= 500);
+		r->retry_after_ms = retry_after(result);
+		return;
+	}
+	if (JsonGetField(result, "body_error") || body == NULL || !JsonIsObject(body))
+	{
+		r->error = "the model's response is not a JSON object (malformed or truncated)";
+		r->error_class = "error";
+		return;
+	}
+	if (strcmp(cfg->provider, "anthropic") == 0)
+		parse_anthropic(body, r);
+	else
+		parse_openai(body, r);
+}
+
+/*
+ * The llm_turn payload of a journaled LLM result, and its total tokens.
+ */
+Jsonb *
+LlmTurnPayload(Jsonb *result, int *tokens)
+{
+	LlmConfig	cfg;
+	LlmReply	r;
+	JsonObjBuilder b;
+	JsonObjBuilder t;
+
+	memset(&cfg, 0, sizeof(cfg));
+	cfg.provider = JsonGetString(result, "provider");
+	if (cfg.provider == NULL)
+		cfg.provider = "openai";
+	LlmParseResult(&cfg, result, &r);
+	*tokens = r.total_tokens;
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "provider", cfg.provider);
+	JsonObjAddString(&b, "model", JsonGetString(result, "model"));
+	JsonObjAddJsonb(&b, "status", JsonGetJsonb(result, "status"));
+	JsonObjAddString(&b, "finish_reason", r.finish_reason);
+	JsonObjStart(&t);
+	JsonObjAddInt(&t, "prompt", r.prompt_tokens);
+	JsonObjAddInt(&t, "completion", r.completion_tokens);
+	JsonObjAddInt(&t, "total", r.total_tokens);
+	JsonObjAddJsonb(&b, "tokens", JsonObjEnd(&t));
+	JsonObjAddJsonb(&b, "latency_ms", JsonGetJsonb(result, "latency_ms"));
+	if (!r.ok)
+		JsonObjAddString(&b, "error", r.error);
+	JsonObjAddJsonb(&b, "request", JsonGetJsonb(result, "request"));
+	JsonObjAddJsonb(&b, "response", JsonGetJsonb(result, "body"));
+	return JsonObjEnd(&b);
+}
+
+/* The result as kept in step_state: without the request body. */
+Jsonb *
+LlmStripRequest(Jsonb *result)
+{
+	return JsonRemoveKey(result, "request");
+}

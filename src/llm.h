@@ -1,0 +1,52 @@
+/*-------------------------------------------------------------------------
+ *
+ * llm.h
+ *	  Model configurations and the two wire formats (OpenAI Chat
+ *	  Completions, Anthropic Messages).
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef TUVL_LLM_H
+#define TUVL_LLM_H
+
+#include "utils/jsonb.h"
+
+#include "effect.h"
+
+typedef struct LlmConfig
+{
+	char	   *name;
+	char	   *provider;		/* "openai" or "anthropic" */
+	char	   *base_url;
+	char	   *model;
+	char	   *api_key_secret; /* NULL: no key (local servers) */
+	int			timeout_ms;
+	Jsonb	   *params;			/* extra request fields, or NULL */
+} LlmConfig;
+
+/* A model's answer, in the provider-neutral form. */
+typedef struct LlmReply
+{
+	bool		ok;
+	char	   *text;			/* may be NULL */
+	Jsonb	   *tool_calls;		/* [{id, name, arguments (JSON text)}], or NULL */
+	char	   *finish_reason;
+	int			prompt_tokens;
+	int			completion_tokens;
+	int			total_tokens;
+	/* when !ok */
+	char	   *error;
+	bool		retryable;		/* a transient failure (408, 429, 529, 5xx,
+								 * transport error or timeout) */
+	const char *error_class;	/* "timeout" or "error", for retry.on */
+	int			retry_after_ms; /* -1: none */
+} LlmReply;
+
+extern LlmConfig *LlmConfigLoad(const char *name);
+extern EffectRequest *LlmBuildRequest(LlmConfig *cfg, Jsonb *messages, Jsonb *tools,
+									  int timeout_ms);
+extern void LlmParseResult(LlmConfig *cfg, Jsonb *result, LlmReply *reply);
+extern Jsonb *LlmTurnPayload(Jsonb *result, int *tokens);
+extern Jsonb *LlmStripRequest(Jsonb *result);
+
+#endif							/* TUVL_LLM_H */
