@@ -607,8 +607,7 @@ tuvl_extension_created(PG_FUNCTION_ARGS)
 				 errhint("Add tuvl to shared_preload_libraries in postgresql.conf and restart the server.")));
 		PG_RETURN_VOID();
 	}
-	LauncherNoteExtensionCreated(MyDatabaseId);
-	TuvlWakeLauncherAtCommit();
+	TuvlExtensionCreatedAtCommit();
 	PG_RETURN_VOID();
 }
 

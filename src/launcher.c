@@ -252,21 +252,30 @@ balance_pools(void)
 }
 
 /*
- * Called by CREATE EXTENSION (at commit through the launcher's latch):
- * the database gets workers at the launcher's next round.
+ * Called when a CREATE EXTENSION commits: the database gets workers at the
+ * launcher's next round, which this wakes.
  */
 void
 LauncherNoteExtensionCreated(Oid dboid)
 {
 	TuvlDbEntry *entry;
+	Latch	   *latch;
 
 	if (TuvlShmem == NULL)
 		return;
 	LWLockAcquire(TuvlShmem->lock, LW_EXCLUSIVE);
 	entry = db_entry(dboid, true);
-	if (entry && entry->state == TUVL_DB_ABSENT)
-		entry->state = TUVL_DB_UNKNOWN;
+	if (entry)
+	{
+		/* a probe that started before this commit must not mark it ABSENT */
+		entry->created_gen++;
+		if (entry->state == TUVL_DB_ABSENT)
+			entry->state = TUVL_DB_UNKNOWN;
+	}
+	latch = TuvlShmem->launcher_latch;
 	LWLockRelease(TuvlShmem->lock);
+	if (latch)
+		SetLatch(latch);
 }
 
 void

@@ -654,6 +654,36 @@ RunAdvance(RunState *run, int lease_ms)
 }
 
 /*
+ * Fail a run that cannot make a transition at all (its principal was
+ * dropped, its workflow cannot be loaded...): journal run_failed and
+ * release the lease, fenced like any transition.  Raises when the lease
+ * was lost.  SPI must be connected.
+ */
+void
+RunFail(RunState *run, const char *error)
+{
+	List	   *events = NIL;
+	JsonObjBuilder b;
+	Oid			save_user;
+	int			save_sec;
+
+	JsonObjStart(&b);
+	JsonObjAddNull(&b, "end");
+	JsonObjAddString(&b, "status", "failed");
+	JsonObjAddString(&b, "error", error);
+	JournalAdd(&events, "run_failed", NULL, NULL, JsonObjEnd(&b));
+
+	GetUserIdAndSecContext(&save_user, &save_sec);
+	SetUserIdAndSecContext(run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	write_checkpoint(run, "failed", run->context,
+					 run->step >= 0 ? WorkflowLoad(run->workflow, run->version)->steps[run->step].id : NULL,
+					 run->last_seq + 1, NULL, NULL, error, 0, run->step_state);
+	(void) JournalWrite(run->id, run->last_seq, events);
+	SetUserIdAndSecContext(save_user, save_sec);
+	TuvlRunChangedAtCommit();
+}
+
+/*
  * Make the staged transition current, once its transaction committed.
  */
 void

@@ -63,6 +63,7 @@ extern RunState *RunStateCreate(MemoryContext parent, int64 id, int attempt,
 extern void RunStateFree(RunState *run);
 extern void RunAdvance(RunState *run, int lease_ms);
 extern void RunApplyTransition(RunState *run);
+extern void RunFail(RunState *run, const char *error);
 extern bool RunIsTerminalStatus(const char *status);
 
 #endif							/* TUVL_RUNTIME_H */

@@ -30,6 +30,7 @@
 #include "utils/guc.h"
 #include "utils/timestamp.h"
 
+#include "launcher.h"
 #include "tuvl.h"
 
 PG_MODULE_MAGIC;
@@ -56,7 +57,7 @@ static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 /* Backend-local wake-ups to deliver at commit. */
 static bool wake_workers_pending = false;
-static bool wake_launcher_pending = false;
+static bool extension_created_pending = false;
 static bool run_changed_pending = false;
 
 static Size
@@ -110,15 +111,10 @@ tuvl_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_PARALLEL_COMMIT:
 			if (wake_workers_pending)
 				TuvlWakeWorkers(MyDatabaseId);
-			if (wake_launcher_pending && TuvlShmem)
+			if (extension_created_pending && TuvlShmem)
 			{
-				Latch	   *latch;
-
-				LWLockAcquire(TuvlShmem->lock, LW_SHARED);
-				latch = TuvlShmem->launcher_latch;
-				LWLockRelease(TuvlShmem->lock);
-				if (latch)
-					SetLatch(latch);
+				/* now the extension is visible: the launcher probes again */
+				LauncherNoteExtensionCreated(MyDatabaseId);
 			}
 			if (run_changed_pending)
 				TuvlRunChangedNow();
@@ -126,7 +122,7 @@ tuvl_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
 			wake_workers_pending = false;
-			wake_launcher_pending = false;
+			extension_created_pending = false;
 			run_changed_pending = false;
 			break;
 		default:
@@ -141,9 +137,9 @@ TuvlWakeWorkersAtCommit(void)
 }
 
 void
-TuvlWakeLauncherAtCommit(void)
+TuvlExtensionCreatedAtCommit(void)
 {
-	wake_launcher_pending = true;
+	extension_created_pending = true;
 }
 
 void

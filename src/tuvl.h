@@ -37,6 +37,7 @@ typedef struct TuvlDbEntry
 	Oid			dboid;			/* InvalidOid: free entry */
 	TuvlDbState state;
 	TimestampTz probed_at;		/* when state became ABSENT */
+	uint32		created_gen;	/* bumped when CREATE EXTENSION commits here */
 } TuvlDbEntry;
 
 /* One background worker slot. */
@@ -86,7 +87,7 @@ extern bool tuvl_http_verify_tls;
 
 /* Wake-ups: recorded now, delivered when the transaction commits. */
 extern void TuvlWakeWorkersAtCommit(void);
-extern void TuvlWakeLauncherAtCommit(void);
+extern void TuvlExtensionCreatedAtCommit(void);
 extern void TuvlRunChangedAtCommit(void);
 extern void TuvlWakeWorkers(Oid dboid);
 extern void TuvlRunChangedNow(void);

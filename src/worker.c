@@ -64,6 +64,7 @@ static MemoryContext round_cxt = NULL;
 static Oid	owner_id = InvalidOid;
 static int64 epoch = 0;
 static TimeoutId heartbeat_id;
+static uint32 start_gen = 0;	/* our database's created_gen at start */
 
 /* How often the heartbeat timer fires. */
 #define HEARTBEAT_TICK_MS 1000
@@ -165,8 +166,14 @@ exit_extension_dropped(void)
 		for (int i = 0; i < TUVL_MAX_DATABASES; i++)
 			if (TuvlShmem->dbs[i].dboid == MyDatabaseId)
 			{
-				TuvlShmem->dbs[i].state = TUVL_DB_ABSENT;
-				TuvlShmem->dbs[i].probed_at = GetCurrentTimestamp();
+				/* unless a CREATE EXTENSION committed since we looked */
+				if (TuvlShmem->dbs[i].created_gen == start_gen)
+				{
+					TuvlShmem->dbs[i].state = TUVL_DB_ABSENT;
+					TuvlShmem->dbs[i].probed_at = GetCurrentTimestamp();
+				}
+				else
+					TuvlShmem->dbs[i].state = TUVL_DB_UNKNOWN;
 			}
 		LWLockRelease(TuvlShmem->lock);
 	}
@@ -232,11 +239,14 @@ maintenance(bool renew)
 		TuvlWakeWorkers(MyDatabaseId);
 }
 
-/* Claim queued runs up to our limit; returns how many were claimed. */
+/*
+ * Claim queued runs, at most a batch at a time so that the workers share
+ * the queue; returns how many were claimed.
+ */
 static int
 claim(void)
 {
-	int			room = tuvl_runs_per_worker - list_length(held);
+	int			room = Min(tuvl_runs_per_worker - list_length(held), MAX_STEPS_PER_COMMIT);
 	List	   *runs;
 
 	if (room <= 0)
@@ -251,15 +261,17 @@ claim(void)
 }
 
 /*
- * One transition; false (logged) when it could not be made.  RunAdvance
- * leaves nothing behind in the transaction when it raises.
+ * One transition; false when it could not be made, with *fatal set (and
+ * the message) when the run itself is broken rather than its lease lost.
+ * RunAdvance leaves nothing behind in the transaction when it raises.
  */
 static bool
-try_advance(RunState *run)
+try_advance(RunState *run, char **fatal)
 {
 	MemoryContext oldcxt = CurrentMemoryContext;
 	volatile bool ok = true;
 
+	*fatal = NULL;
 	PG_TRY();
 	{
 		RunAdvance(run, tuvl_lease_timeout);
@@ -271,12 +283,64 @@ try_advance(RunState *run)
 		MemoryContextSwitchTo(oldcxt);
 		edata = CopyErrorData();
 		FlushErrorState();
-		ereport(LOG,
-				(errmsg("tuvl worker dropped run " INT64_FORMAT ": %s", run->id, edata->message)));
+		if (edata->sqlerrcode == ERRCODE_T_R_SERIALIZATION_FAILURE)
+			ereport(LOG,
+					(errmsg("tuvl worker dropped run " INT64_FORMAT ": %s", run->id, edata->message)));
+		else
+		{
+			ereport(LOG,
+					(errmsg("tuvl worker failing run " INT64_FORMAT ": %s", run->id, edata->message)));
+			*fatal = MemoryContextStrdup(round_cxt, edata->message);
+		}
 		ok = false;
 	}
 	PG_END_TRY();
 	return ok;
+}
+
+static void
+fail_one_run(RunState *run, const char *error)
+{
+	MemoryContext oldcxt;
+	volatile bool ok = true;
+
+	begin_tx("tuvl failing a run");
+	oldcxt = CurrentMemoryContext;
+	PG_TRY();
+	{
+		RunFail(run, error);
+	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(oldcxt);
+		EmitErrorReport();
+		FlushErrorState();
+		ok = false;
+	}
+	PG_END_TRY();
+	if (ok)
+		commit_tx();
+	else
+	{
+		SPI_finish();
+		PopActiveSnapshot();
+		AbortCurrentTransaction();
+		MemoryContextSwitchTo(round_cxt);
+	}
+}
+
+/*
+ * Fail runs that could make no transition, each in its own transaction;
+ * a lost lease just drops the run.
+ */
+static void
+fail_runs(List *runs, List *errors)
+{
+	ListCell   *lc1;
+	ListCell   *lc2;
+
+	forboth(lc1, runs, lc2, errors)
+		fail_one_run(lfirst(lc1), lfirst(lc2));
 }
 
 /* Is the run ready for a transition (not waiting for an effect)? */
@@ -299,6 +363,8 @@ advance_batch(void)
 	List	   *batch = NIL;
 	List	   *advanced = NIL;
 	List	   *failed = NIL;
+	List	   *broken = NIL;
+	List	   *broken_errors = NIL;
 	ListCell   *lc;
 	char		activity[64];
 
@@ -317,12 +383,18 @@ advance_batch(void)
 	foreach(lc, batch)
 	{
 		RunState   *run = lfirst(lc);
-		bool		ok = try_advance(run);
+		char	   *fatal;
+		bool		ok = try_advance(run, &fatal);
 
 		/* SPI calls leave CurrentMemoryContext at SPI's, gone at commit */
 		MemoryContextSwitchTo(round_cxt);
 		if (ok)
 			advanced = lappend(advanced, run);
+		else if (fatal)
+		{
+			broken = lappend(broken, run);
+			broken_errors = lappend(broken_errors, fatal);
+		}
 		else
 			failed = lappend(failed, run);
 	}
@@ -347,6 +419,12 @@ advance_batch(void)
 	}
 	foreach(lc, failed)
 		forget_run(lfirst(lc));
+	if (broken != NIL)
+	{
+		fail_runs(broken, broken_errors);
+		foreach(lc, broken)
+			forget_run(lfirst(lc));
+	}
 	return list_length(batch);
 }
 
@@ -458,6 +536,9 @@ TuvlWorkerMain(Datum main_arg)
 	TuvlShmem->slots[my_slot].pid = MyProcPid;
 	TuvlShmem->slots[my_slot].latch = MyLatch;
 	epoch = TuvlShmem->epoch;
+	for (int i = 0; i < TUVL_MAX_DATABASES; i++)
+		if (TuvlShmem->dbs[i].dboid == dboid)
+			start_gen = TuvlShmem->dbs[i].created_gen;
 	LWLockRelease(TuvlShmem->lock);
 
 	BackgroundWorkerInitializeConnectionByOid(dboid, InvalidOid, 0);
@@ -551,7 +632,7 @@ TuvlWorkerMain(Datum main_arg)
 		}
 
 		/* keep claiming while the queue may hold more than we took */
-		room = tuvl_runs_per_worker - list_length(held);
+		room = Min(tuvl_runs_per_worker - list_length(held), MAX_STEPS_PER_COMMIT);
 		if (want_claim && room > 0)
 			want_claim = claim() >= room;
 

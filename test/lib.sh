@@ -14,6 +14,9 @@
 
 TUVL_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
+# Debian's interpreter: python3-psycopg2 and python3-pytest are installed for it
+# (a python3 earlier on PATH, e.g. from pyenv, may lack them).
+TUVL_PYTHON=${TUVL_PYTHON:-/usr/bin/python3}
 TUVL_PIDS=()
 
 TUVL_PACKAGES="postgresql-15 postgresql-server-dev-15 libcurl4-openssl-dev libyaml-dev
@@ -82,7 +85,7 @@ tuvl_wait_port() {
 
 tuvl_peers() {
     TUVL_HTTP_PORT=$(tuvl_free_port)
-    tuvl_spawn python3 "$TUVL_ROOT/test/servers/http_server.py" --port "$TUVL_HTTP_PORT"
+    tuvl_spawn "$TUVL_PYTHON" "$TUVL_ROOT/test/servers/http_server.py" --port "$TUVL_HTTP_PORT"
     tuvl_wait_port "$TUVL_HTTP_PORT"
     export TUVL_HTTP_PORT
     if tuvl_install_mcp; then
@@ -102,7 +105,7 @@ as_pg() {
 }
 
 tuvl_free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+    "$TUVL_PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
 tuvl_start() {

@@ -197,6 +197,23 @@ def listen_notifies(conn, timeout, until, complete=False):
     return got
 
 
+MEASUREMENTS = []
+
+
+def report(message):
+    """Print a measured number and repeat it in the summary at the end of the run."""
+    message = message.strip()
+    print("\n" + message)
+    MEASUREMENTS.append(message)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if MEASUREMENTS:
+        terminalreporter.section("tuvl measurements")
+        for line in MEASUREMENTS:
+            terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def cluster():
     """The cluster test/run started; left running at the end."""

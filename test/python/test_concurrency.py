@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from conftest import (connect, expected_agent_ids, expected_event_types, journal_violations, q,
-                      q1, wait_until, worker_pids)
+from conftest import (connect, expected_agent_ids, expected_event_types, journal_violations, q, q1,
+                      report, wait_until, worker_pids)
 
 N_RUNS = 2000
 STEPS = ["first", "second", "ins", "third", "last"]
@@ -111,7 +111,7 @@ def finished(schema):
                                 "AND finished_at IS NOT NULL") == N_RUNS,
                90, interval=0.2, message=f"{N_RUNS} runs to finish")
     elapsed = time.monotonic() - started
-    print(f"\n{N_RUNS} runs x {len(STEPS)} steps with 2 workers: {elapsed:.2f} s "
+    report(f"{N_RUNS} runs x {len(STEPS)} steps with 2 workers: {elapsed:.2f} s "
           f"({N_RUNS / elapsed:.0f} runs/s, {N_RUNS * len(STEPS) / elapsed:.0f} steps/s)")
     yield conn
     conn.close()
@@ -267,7 +267,7 @@ def test_idle_workers_wake_at_commit_not_at_their_next_poll(finished, schema):
          WHERE qd.type = 'run_queued' AND qd.run_id = ANY(%s)""", (ids,))]
     assert len(delays) == len(ids)
     median = statistics.median(delays)
-    print(f"\nstart_run -> run_started: median {median * 1000:.1f} ms, max {max(delays) * 1000:.1f} ms")
+    report(f"start_run -> run_started: median {median * 1000:.1f} ms, max {max(delays) * 1000:.1f} ms")
     assert median < 0.1, f"median pickup {median:.3f} s: workers are polling, not woken"
     assert max(delays) < 0.6
     conn.close()

@@ -20,8 +20,8 @@ import psycopg2
 import pytest
 
 from conftest import (CRASH_PATTERN, GucSetter, ServerLog, connect, expected_agent_ids,
-                      expected_event_types, journal_violations, listen_notifies, log_timestamp, q, q1, query,
-                      wait_for_server, wait_until, worker_pids)
+                      expected_event_types, journal_violations, listen_notifies, log_timestamp, q,
+                      q1, query, report, wait_for_server, wait_until, worker_pids)
 
 N_CRASH_RUNS = 300
 CRASH_STEPS = ["slow1", "ins", "slow2", "slow3"]
@@ -139,7 +139,7 @@ def test_kill_9_of_a_worker_resumes_every_run_at_once_and_exactly_once(schema, s
     reclaimed_after = float(first_reclaimed) - killed_at
     ready_after = (log_timestamp(ready) - killed_at) if ready else float("nan")
     reclaimed = q1(conn, "SELECT count(*) FROM tuvl.runs WHERE id = ANY(%s) AND attempt > 1", (ids,))
-    print(f"\nkill -9 with {in_flight} runs in flight ({done_before} done): server ready after "
+    report(f"kill -9 with {in_flight} runs in flight ({done_before} done): server ready after "
           f"{ready_after:.2f} s, first step resumed after {resume_after:.2f} s (first step of a "
           f"reclaimed run after {reclaimed_after:.2f} s), all {N_CRASH_RUNS} runs done "
           f"{all_done_after:.2f} s after the kill; {reclaimed} runs reclaimed")
@@ -195,7 +195,7 @@ def test_sigterm_of_a_busy_worker_hands_its_runs_to_the_others_at_once(schema, s
                20, interval=0.1, message="every run to finish after the SIGTERM")
     took = time.time() - stopped_at
     reclaimed = q1(conn, "SELECT count(*) FROM tuvl.runs WHERE id = ANY(%s) AND attempt > 1", (ids,))
-    print(f"\nSIGTERM of worker {victim} holding {held} runs: all {n} runs done {took:.2f} s later; "
+    report(f"SIGTERM of worker {victim} holding {held} runs: all {n} runs done {took:.2f} s later; "
           f"{reclaimed} reclaimed")
     assert reclaimed > 0
     assert took < 15, "the dead holder's runs waited for their lease"
@@ -256,7 +256,7 @@ def stall(schema):
             took = time.monotonic() - stopped_at
         finally:
             os.kill(stalled, signal.SIGCONT)
-        print(f"\nSIGSTOPped worker {stalled}: run {run_id} {status} by the other worker "
+        report(f"SIGSTOPped worker {stalled}: run {run_id} {status} by the other worker "
               f"{took:.2f} s after the stop (lease 2 s, step 4 s)")
         # The stalled worker wakes up inside its step, finishes it and tries to write:
         # wait until it has said something about the run, then a little longer.

@@ -7,8 +7,8 @@ tuvl.lease_timeout, and every run completes exactly once.
 """
 import time
 
-from conftest import (SERVER_LOG, connect, expected_event_types, journal_violations, pg_ctl, q,
-                      q1, wait_for_server, wait_until, worker_pids)
+from conftest import (SERVER_LOG, connect, expected_event_types, journal_violations, pg_ctl, q, q1,
+                      report, wait_for_server, wait_until, worker_pids)
 
 N_RUNS = 200
 STEPS = ["nap1", "write", "nap2"]
@@ -54,7 +54,7 @@ def test_fast_restart_mid_batch_resumes_every_run_at_once(db):
     first = float(q1(conn, "SELECT extract(epoch FROM min(ts)) FROM tuvl.events "
                            "WHERE type = 'agent_started' AND ts > to_timestamp(%s)", (up,)))
     reclaimed = q1(conn, "SELECT count(*) FROM tuvl.runs WHERE attempt > 1")
-    print(f"\nrestart took {up - started:.2f} s; {in_flight} runs were left running; first step "
+    report(f"restart took {up - started:.2f} s; {in_flight} runs were left running; first step "
           f"{first - up:.2f} s after the server was up; all done {done - up:.2f} s after it; "
           f"{reclaimed} runs reclaimed")
 

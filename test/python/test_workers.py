@@ -15,7 +15,7 @@ import psycopg2.errors
 import pytest
 
 from conftest import (GucSetter, ServerLog, connect, launcher_pid, q, q1, query, reload_conf,
-                      wait_until, worker_pids, worker_rows)
+                      report, wait_until, worker_pids, worker_rows)
 
 EXPECTED_NAMES = ["tuvl worker 1", "tuvl worker 2"]
 
@@ -47,12 +47,12 @@ def test_create_and_drop_extension_start_and_stop_the_pool(fresh_databases):
                            "WHERE datname = current_database() "
                            "AND application_name LIKE 'tuvl worker%%'")
         assert sorted(r[1:] for r in rows) == [("tuvl worker", n) for n in EXPECTED_NAMES], rows
-        print(f"\nCREATE EXTENSION -> 2 workers in {took:.2f} s")
+        report(f"CREATE EXTENSION -> 2 workers in {took:.2f} s")
 
         old = set(worker_pids(name))
         q(conn, "DROP EXTENSION tuvl")
         took_drop = timed_wait(lambda: not worker_pids(name), 2, "the workers to exit after DROP")
-        print(f"DROP EXTENSION -> workers gone in {took_drop:.2f} s")
+        report(f"DROP EXTENSION -> workers gone in {took_drop:.2f} s")
         # They stay gone (nothing restarts them in a database without the extension).
         time.sleep(1.0)
         assert worker_pids(name) == []
@@ -61,7 +61,7 @@ def test_create_and_drop_extension_start_and_stop_the_pool(fresh_databases):
         took_again = timed_wait(lambda: pool_names(name) == EXPECTED_NAMES, 2,
                                 "two workers after CREATE EXTENSION again")
         assert not old & set(worker_pids(name)), "the pool must be new processes"
-        print(f"CREATE EXTENSION again -> 2 workers in {took_again:.2f} s")
+        report(f"CREATE EXTENSION again -> 2 workers in {took_again:.2f} s")
         # A recreated extension has a working pool: it executes runs.
         q(conn, "CREATE FUNCTION public.one(ctx jsonb) RETURNS jsonb LANGUAGE sql "
                 "AS $$ SELECT '{\"one\": 1}'::jsonb $$")
@@ -120,7 +120,7 @@ def test_drop_extension_while_runs_execute_stops_the_pool_cleanly(fresh_database
                 assert deadlocks < 5
         dropped = time.monotonic() - started
         gone = timed_wait(lambda: not worker_pids(name), 2, "the workers to exit after DROP")
-        print(f"\nDROP EXTENSION with runs in flight took {dropped:.2f} s ({deadlocks} deadlocks); "
+        report(f"DROP EXTENSION with runs in flight took {dropped:.2f} s ({deadlocks} deadlocks); "
               f"workers gone {gone:.2f} s later")
         assert dropped < 10
         time.sleep(0.5)
@@ -211,7 +211,7 @@ def test_create_extension_in_a_long_transaction_still_starts_the_pool(fresh_data
         conn.commit()
         took = timed_wait(lambda: pool_names(slow) == EXPECTED_NAMES, 3,
                           "two workers once the CREATE EXTENSION committed")
-        print(f"\nCREATE EXTENSION committed after a probe -> workers in {took:.2f} s")
+        report(f"CREATE EXTENSION committed after a probe -> workers in {took:.2f} s")
     finally:
         conn.close()
 
@@ -229,7 +229,7 @@ def test_sigterm_stops_a_worker_at_once_and_the_launcher_replaces_it(db):
     assert survivor in after, "the other worker must not be touched"
     new = [p for p in after if p != survivor]
     assert len(new) == 1 and after[new[0]] == victim_name, after
-    print(f"\nSIGTERM: worker gone in {took:.2f} s, replaced {replaced:.2f} s later")
+    report(f"SIGTERM: worker gone in {took:.2f} s, replaced {replaced:.2f} s later")
     # The replacement executes runs.
     conn = connect(db)
     try:
@@ -307,7 +307,7 @@ $$)""")
             assert q1(conn, "SELECT tuvl.wait(%s, '5 s')", (run_id,)) == "completed"
         finally:
             conn.close()
-        print(f"\npool 2 -> 3 in {took:.2f} s, 3 -> 1 in {took2:.2f} s, 1 -> 0 in {took3:.2f} s, "
+        report(f"pool 2 -> 3 in {took:.2f} s, 3 -> 1 in {took2:.2f} s, 1 -> 0 in {took3:.2f} s, "
               f"0 -> 2 in {took4:.2f} s")
     finally:
         gucs.reset()
@@ -341,7 +341,7 @@ $$)""")
                         "AND finished_at IS NULL", (ids,)) == 0:
                 break
             time.sleep(0.03)
-        print(f"\nruns_per_worker = 5: at most {per_owner_max} runs per worker, "
+        report(f"runs_per_worker = 5: at most {per_owner_max} runs per worker, "
               f"{total_max} in all")
         assert q1(conn, "SELECT count(*) FROM tuvl.runs WHERE id = ANY(%s) "
                         "AND status = 'completed'", (ids,)) == 40

@@ -1,0 +1,372 @@
+"""The MCP client: tuvl.mcp_list_tools() and the MCP step over streamable HTTP.
+
+Most tests talk to the reference server @modelcontextprotocol/server-everything
+that test/lib.sh starts (TUVL_MCP_URL), through the synchronous tuvl.run()
+and through the background workers.  The journal must show every JSON-RPC
+message as a tool_call / tool_result pair: initialize, the initialized
+notification and tools/call on a backend's first call, tools/call alone on
+the next ones (the session is cached), and after the server lost the session
+the failed call, a new handshake and the repeated call.
+
+The reference server answers with an event stream holding one priming event
+and the response; since tuvl sends no progress token it sends no progress
+notifications.  A scripted server of our own (httputil.ScriptedMcpServer)
+covers what it never sends: comments, progress notifications, answers to
+other request ids, data split over several lines, CRLF line ends, plain JSON
+and batch answers, and a session forgotten with 404.
+"""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import psycopg2
+import psycopg2.errors
+import pytest
+
+from conftest import TMPDIR, connect, journal_violations, q, q1, wait_until
+from httputil import (MCP_PORT, MCP_URL, ScriptedMcpServer, execute, journal, payloads,
+                      pids_listening_on, port_open, unique, wait_port)
+
+pytestmark = pytest.mark.skipif(not MCP_URL, reason="TUVL_MCP_URL is not set (run through test/run)")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MCP_BIN = os.path.join(ROOT, "test", "servers", "mcp", "node_modules", ".bin", "mcp-server-everything")
+
+WORKFLOWS = [
+    # any tool of any server, the arguments given whole
+    """
+name: mcp_any
+steps:
+  - id: tool
+    kind: MCP
+    mcp: { url: "{{ url }}", tool: "{{ tool }}", arguments: "{{ args }}" }
+    output: res
+    routes: { default: done, error: oops }
+ends:
+  - { id: done, status: completed, response: "{{ res }}" }
+  - { id: oops, status: completed, response: { error: "{{ _last_error }}", type: "{{ _last_error_type }}" } }
+""",
+    """
+name: mcp_echo
+steps:
+  - id: echo
+    kind: MCP
+    mcp: { url: "%(url)s", tool: echo, arguments: { message: "hello {{ who }}" } }
+    routes: { default: add }
+  - id: add
+    kind: MCP
+    mcp: { url: "%(url)s", tool: get-sum, arguments: { a: "{{ a }}", b: "{{ b }}" } }
+    output: sum
+    routes: { default: done }
+ends:
+  - { id: done, status: completed, response: { echo: "{{ echo_result }}", sum: "{{ sum }}" } }
+""" % {"url": MCP_URL},
+    """
+name: mcp_secret
+steps:
+  - id: echo
+    kind: MCP
+    mcp: { url: "%(url)s", tool: echo, arguments: { message: "token {{ secrets.mcp_token }}" } }
+    output: res
+    routes: { default: done }
+ends:
+  - { id: done, status: completed, response: "{{ res }}" }
+""" % {"url": MCP_URL},
+]
+
+
+@pytest.fixture(scope="module")
+def wf(db):
+    conn = connect(db)
+    for source in WORKFLOWS:
+        q(conn, "SELECT tuvl.register_workflow(%s)", (source,))
+    conn.close()
+    return db
+
+
+@pytest.fixture(params=["sync", "worker"])
+def mode(request):
+    return request.param
+
+
+@pytest.fixture
+def conn(wf, conns):
+    return conns(wf)
+
+
+@pytest.fixture(scope="session")
+def mcp_restarts():
+    """The MCP servers this session started in place of the original one.
+
+    They stay up for the rest of the session (later tests use the server) and
+    are stopped when it ends, since test/run only stops what it started.
+    """
+    started = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+def restart_mcp_server(started):
+    """Stop whatever listens on TUVL_MCP_PORT and start the reference server
+    there again, exactly as test/lib.sh does."""
+    pids = pids_listening_on(MCP_PORT)
+    assert pids, f"nothing listens on the MCP port {MCP_PORT}"
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+    for proc in started:
+        if proc.pid in pids:
+            proc.wait(10)
+    wait_until(lambda: not pids_listening_on(MCP_PORT) and not port_open(MCP_PORT), 10,
+               message="the MCP server to stop")
+    log = open(os.path.join(TMPDIR, "mcp.log"), "ab")
+    try:
+        proc = subprocess.Popen([MCP_BIN, "streamableHttp"], cwd=ROOT,
+                                env=dict(os.environ, PORT=str(MCP_PORT)),
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    finally:
+        log.close()
+    started.append(proc)
+    wait_port(MCP_PORT, 30)
+
+
+def rpcs(conn, run_id):
+    """The JSON-RPC methods of the run's tool_call events, in order."""
+    return [p["request"].get("rpc") for p in payloads(conn, run_id, "tool_call")]
+
+
+def results(conn, run_id):
+    return [p["result"] for p in payloads(conn, run_id, "tool_result")]
+
+
+def call(conn, tool, args, mode="sync", url=MCP_URL):
+    return execute(conn, "mcp_any", {"url": url, "tool": tool, "args": args}, mode)
+
+
+def completed(res):
+    assert res["status"] == "completed" and res["end"] == "done", res
+    return res["response"]
+
+
+# ---------------------------------------------------------------------------
+# tools/list
+
+
+def test_list_tools_gives_names_and_input_schemas(conn):
+    tools = q1(conn, "SELECT tuvl.mcp_list_tools(%s)", (MCP_URL,))
+    assert isinstance(tools, list)
+    by_name = {t["name"]: t for t in tools}
+    for name in ("echo", "get-sum", "get-structured-content", "trigger-long-running-operation"):
+        assert name in by_name, sorted(by_name)
+    assert all(isinstance(t.get("inputSchema"), dict) and t["inputSchema"].get("type") == "object"
+               for t in tools), [t["name"] for t in tools if "inputSchema" not in t]
+    echo = by_name["echo"]
+    assert echo["inputSchema"]["properties"]["message"]["type"] == "string"
+    assert "message" in echo["inputSchema"]["required"]
+    assert echo.get("description")
+    assert set(by_name["get-sum"]["inputSchema"]["properties"]) == {"a", "b"}
+
+
+def test_list_tools_refuses_a_host_outside_the_allow_list(conn):
+    with pytest.raises(psycopg2.errors.InsufficientPrivilege, match="not allowed"):
+        q1(conn, "SELECT tuvl.mcp_list_tools(%s)", (f"http://127.0.0.2:{MCP_PORT}/mcp",))
+
+
+# ---------------------------------------------------------------------------
+# tools/call
+
+
+def test_tools_are_called_with_templated_arguments(conn, mode):
+    who = unique("w")
+    res = execute(conn, "mcp_echo", {"who": who, "a": 2, "b": 3}, mode)
+    out = completed(res)
+    text = f"Echo: hello {who}"
+    assert out["echo"] == {"text": text, "content": [{"type": "text", "text": text}]}
+    assert out["sum"]["text"] == "The sum of 2 and 3 is 5."
+    assert out["sum"]["content"] == [{"type": "text", "text": "The sum of 2 and 3 is 5."}]
+    calls = payloads(conn, res["run_id"], "tool_call")
+    assert [c["request"]["tool"] for c in calls if c["request"]["rpc"] == "tools/call"] == ["echo", "get-sum"]
+    assert all(c["request"]["url"] == MCP_URL and c["request"]["method"] == "POST" for c in calls)
+    assert journal_violations(conn, [res["run_id"]]) == []
+
+
+def test_structured_content_is_kept(conn, mode):
+    out = completed(call(conn, "get-structured-content", {"location": "Chicago"}, mode))
+    assert out["structuredContent"] == {"temperature": 36, "conditions": "Light rain / drizzle",
+                                        "humidity": 82}
+    assert json.loads(out["text"]) == out["structuredContent"]
+
+
+@pytest.mark.parametrize("tool,args,expected", [
+    ("no-such-tool", {}, "Tool no-such-tool not found"),
+    ("get-sum", {"a": "two", "b": 3}, "Invalid arguments for tool get-sum"),
+])
+def test_tool_errors_take_the_error_route_with_the_server_message(conn, mode, tool, args, expected):
+    res = call(conn, tool, args, mode)
+    assert res["status"] == "completed" and res["end"] == "oops", res
+    assert expected in res["response"]["error"], res["response"]
+    assert res["response"]["type"] == "mcp_tool_error"
+    if tool == "get-sum":
+        assert "expected number" in res["response"]["error"]
+    done = payloads(conn, res["run_id"], "agent_completed")[0]
+    assert done["signal"] == "error" and expected in done["error"]
+
+
+def test_long_running_operation_completes_with_its_final_text(conn, mode):
+    started = time.monotonic()
+    out = completed(call(conn, "trigger-long-running-operation", {"duration": 1, "steps": 3}, mode))
+    assert out["text"] == "Long running operation completed. Duration: 1 seconds, Steps: 3."
+    assert time.monotonic() - started >= 1.0
+
+
+def test_secrets_in_arguments_are_sent_but_never_stored(conn, mode):
+    secret = "mcp-" + unique("s")
+    q(conn, "SELECT tuvl.set_secret('mcp_token', %s)", (secret,))
+    res = execute(conn, "mcp_secret", {}, mode)
+    out = completed(res)
+    # the server echoed it; tuvl kept it redacted
+    assert out["text"] == "Echo: token [redacted]", out
+    assert secret not in json.dumps(res)
+    for table in ("tuvl.events", "tuvl.runs"):
+        assert q1(conn, f"SELECT count(*) FROM {table} t WHERE strpos(t::text, %s) > 0", (secret,)) == 0
+
+
+# ---------------------------------------------------------------------------
+# Sessions
+
+
+def test_first_call_initializes_and_later_calls_reuse_the_session(wf, conns):
+    c = conns(wf)       # a new backend: no session cached
+    first = call(c, "echo", {"message": "one"})
+    second = call(c, "echo", {"message": "two"})
+    assert completed(first)["text"] == "Echo: one" and completed(second)["text"] == "Echo: two"
+    run1, run2 = first["run_id"], second["run_id"]
+    assert rpcs(c, run1) == ["initialize", "notifications/initialized", "tools/call"]
+    r1 = results(c, run1)
+    assert [r["op"] for r in r1] == ["initialize", "initialized", "call"]
+    assert r1[0]["status"] == 200 and r1[1]["status"] == 202 and r1[2]["status"] == 200
+    session = r1[0]["headers"]["mcp-session-id"]
+    assert session and r1[1]["session"] == session and r1[2]["session"] == session
+    assert r1[2]["version"] == "2025-11-25"
+
+    assert rpcs(c, run2) == ["tools/call"], "the second run must reuse the session"
+    r2 = results(c, run2)
+    assert r2[0]["session"] == session and r2[0]["status"] == 200
+    for run_id in (run1, run2):
+        assert [p["position"] for p in payloads(c, run_id, "tool_call")] == \
+            list(range(len(rpcs(c, run_id))))
+
+
+def test_session_lost_by_a_server_restart_is_recovered(wf, conns, mcp_restarts):
+    c = conns(wf)
+    before = call(c, "echo", {"message": "before"})
+    assert completed(before)["text"] == "Echo: before"
+    old_session = results(c, before["run_id"])[0]["headers"]["mcp-session-id"]
+    # the workers hold sessions too
+    for i in range(4):
+        completed(call(c, "echo", {"message": f"worker before {i}"}, "worker"))
+
+    restart_mcp_server(mcp_restarts)
+
+    res = call(c, "echo", {"message": "after"})
+    assert completed(res)["text"] == "Echo: after"
+    assert rpcs(c, res["run_id"]) == ["tools/call", "initialize", "notifications/initialized", "tools/call"]
+    r = results(c, res["run_id"])
+    assert r[0]["op"] == "call" and r[0]["status"] in (400, 404), r[0]
+    assert r[0]["session"] == old_session
+    assert r[1]["status"] == 200
+    new_session = r[1]["headers"]["mcp-session-id"]
+    assert new_session and new_session != old_session
+    assert r[3]["status"] == 200 and r[3]["session"] == new_session
+    assert journal_violations(c, [res["run_id"]]) == []
+    # and the backend caches the new session
+    res = call(c, "echo", {"message": "again"})
+    assert completed(res)["text"] == "Echo: again" and rpcs(c, res["run_id"]) == ["tools/call"]
+    # the workers recover as well
+    for i in range(4):
+        assert completed(call(c, "echo", {"message": f"worker after {i}"}, "worker"))["text"] == \
+            f"Echo: worker after {i}"
+
+
+# ---------------------------------------------------------------------------
+# A scripted server: what the reference server never sends
+
+
+@pytest.fixture(scope="module")
+def scripted():
+    srv = ScriptedMcpServer()
+    yield srv
+    srv.close()
+
+
+def test_event_stream_with_comments_notifications_and_split_data_is_parsed(conn, mode, scripted):
+    say = unique("say")
+    res = call(conn, "chatty", {"say": say}, mode, url=scripted.url)
+    out = completed(res)
+    assert out["text"] == f"chatty: {say}\nsecond block"
+    assert out["content"] == [{"type": "text", "text": f"chatty: {say}"},
+                              {"type": "text", "text": "second block"}]
+    # what the server received for this call
+    body = [r for r in scripted.requests if say in r["body"]]
+    assert len(body) == 1
+    headers = body[0]["headers"]
+    assert "application/json" in headers["accept"] and "text/event-stream" in headers["accept"]
+    assert headers["content-type"] == "application/json"
+    assert headers["mcp-session-id"].startswith("scripted-")
+    assert headers["mcp-protocol-version"] == "2025-11-25"
+    msg = json.loads(body[0]["body"])
+    assert msg["jsonrpc"] == "2.0" and msg["method"] == "tools/call"
+    assert msg["params"] == {"name": "chatty", "arguments": {"say": say}}
+
+
+@pytest.mark.parametrize("tool", ["plain", "batch", "eof"])
+def test_json_batch_and_unterminated_stream_answers_are_parsed(conn, mode, scripted, tool):
+    say = unique("say")
+    out = completed(call(conn, tool, {"say": say}, mode, url=scripted.url))
+    assert out["text"] == f"{tool}: {say}\nsecond block"
+
+
+def test_handshake_messages_are_well_formed(wf, conns, scripted):
+    c = conns(wf)
+    start = len(scripted.requests)
+    completed(call(c, "plain", {"say": "x"}, url=scripted.url))
+    got = scripted.requests[start:]
+    msgs = [json.loads(r["body"]) for r in got]
+    assert [m["method"] for m in msgs] == ["initialize", "notifications/initialized", "tools/call"]
+    init, note, tcall = msgs
+    assert init["id"] == 1 and init["params"]["protocolVersion"] == "2025-11-25"
+    assert init["params"]["clientInfo"]["name"] == "tuvl" and "capabilities" in init["params"]
+    assert "mcp-session-id" not in got[0]["headers"]
+    assert "id" not in note, "a notification has no id"
+    assert got[1]["headers"]["mcp-session-id"] == got[2]["headers"]["mcp-session-id"]
+    assert tcall["id"] == 3
+
+
+def test_session_forgotten_with_404_is_recovered(wf, conns, scripted):
+    c = conns(wf)
+    completed(call(c, "plain", {"say": "one"}, url=scripted.url))
+    scripted.forget_sessions()
+    start = len(scripted.requests)
+    res = call(c, "chatty", {"say": "two"}, url=scripted.url)
+    assert completed(res)["text"] == "chatty: two\nsecond block"
+    assert rpcs(c, res["run_id"]) == ["tools/call", "initialize", "notifications/initialized", "tools/call"]
+    assert results(c, res["run_id"])[0]["status"] == 404
+    log = scripted.rpc_log()[start:]
+    assert [m for m, _, _ in log] == ["tools/call", "initialize", "notifications/initialized", "tools/call"]
+    assert log[0][1] != log[3][1] and log[1][1] is None and log[2][1] == log[3][1]
+
+
+def test_a_tool_error_result_takes_the_error_route(conn, mode, scripted):
+    res = call(conn, "nope", {}, mode, url=scripted.url)
+    assert res["end"] == "oops", res
+    assert "unknown tool nope" in res["response"]["error"]
+    assert res["response"]["type"] == "mcp_tool_error"
