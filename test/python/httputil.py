@@ -223,6 +223,10 @@ class _McpHandler(_QuietHandler):
                CRLF line ends, sent in chunks with pauses
     plain      the answer as application/json
     batch      a JSON array holding a notification and the answer
+    rpcerror   a JSON-RPC error instead of a result
+    (other)    a result with isError: true
+
+tools/list answers in two pages (nextCursor).
     eof        LF line ends, and the last event is not followed by a blank line
     """
 
@@ -247,6 +251,15 @@ class _McpHandler(_QuietHandler):
                                               "error": {"code": -32001, "message": "Session not found"}}))
         if method == "notifications/initialized":
             return self.send(202)
+        if method == "tools/list":
+            # two pages, as a server with many tools sends them
+            cursor = (msg.get("params") or {}).get("cursor")
+            schema = {"type": "object", "properties": {"say": {"type": "string"}}}
+            if cursor is None:
+                result = {"tools": [{"name": "chatty", "inputSchema": schema}], "nextCursor": "page-2"}
+            else:
+                result = {"tools": [{"name": "plain", "inputSchema": schema}]}
+            return self.send(200, json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}))
         if method != "tools/call":
             return self.send(400, json.dumps({"jsonrpc": "2.0", "id": msg.get("id"),
                                               "error": {"code": -32601, "message": "no such method"}}))
@@ -263,6 +276,9 @@ class _McpHandler(_QuietHandler):
             return self.send(200, json.dumps(answer))
         if tool == "batch":
             return self.send(200, json.dumps([progress[0], answer]))
+        if tool == "rpcerror":
+            return self.send(200, json.dumps({"jsonrpc": "2.0", "id": rid,
+                                              "error": {"code": -32603, "message": "scripted failure"}}))
         if tool == "eof":
             stream = _sse([["event: message", "data: " + json.dumps(progress[0])]], crlf=False)
             stream += "event: message\ndata: " + json.dumps(answer)

@@ -12,7 +12,6 @@ are sent again, with the same Idempotency-Key).
 """
 import json
 import os
-import re
 import signal
 import time
 import urllib.parse
@@ -21,10 +20,10 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
-from conftest import (SERVER_LOG, connect, journal_violations, q, q1, query, wait_for_server,
-                      wait_until, worker_pids)
+from conftest import (SERVER_LOG, connect, journal_violations, q, q1, wait_for_server, wait_until,
+                      worker_pids)
 from httputil import (HTTP_BASE, HTTP_PORT, clear_server_log, closed_port, event_gap, execute,
-                      journal, payloads, query_of, recording_server, requests_with, http_log,
+                      payloads, query_of, recording_server, requests_with, http_log,
                       unique)
 
 try:
@@ -59,8 +58,8 @@ WORKFLOWS = [
     api_workflow("http_plain", '{ url: "{{ url }}", idempotency: auto }'),
     api_workflow("http_retry5xx", '{ url: "{{ url }}", idempotency: auto, '
                                   'retry: { on: [5xx], attempts: 3, backoff: 100ms } }'),
-    api_workflow("http_retry_any", '{ url: "{{ url }}", idempotency: auto, '
-                                   'retry: { on: [timeout, error, 429, 5xx], attempts: 3, backoff: 100ms } }'),
+    api_workflow("http_retry_any", '{ url: "{{ url }}", idempotency: auto, retry: '
+                                   '{ on: [timeout, error, 429, 5xx], attempts: 3, backoff: 100ms } }'),
     api_workflow("http_retry_error", '{ url: "{{ url }}", idempotency: auto, '
                                      'retry: { on: [error], attempts: 3, backoff: 100ms } }'),
     api_workflow("http_timeout", '{ url: "{{ url }}", timeout: 1s }'),
@@ -254,6 +253,29 @@ def test_5xx_is_retried_with_one_idempotency_key_until_it_succeeds(conn, mode):
     assert journal_violations(conn, [res["run_id"]]) == []
 
 
+@pytest.mark.xfail(reason="BUG: the automatic Idempotency-Key is tuvl-<run id>-<entry seq>-<n>, unique "
+                          "only within one database: runs in two databases (or after the extension "
+                          "is created again) send different requests under the same key", strict=True)
+def test_idempotency_keys_of_different_requests_differ_across_databases(fresh_databases):
+    tok = unique()
+    for i in (1, 2):
+        name = fresh_databases(f"tuvl_http_idem{i}")
+        c = connect(name)
+        try:
+            q(c, "CREATE EXTENSION tuvl")
+            q(c, "SELECT tuvl.register_workflow(%s)", (api_workflow(
+                "refund", '{ url: "%s/json?t=%s", body: { order: "{{ order }}" }, idempotency: auto }'
+                % (HTTP_BASE, tok)),))
+            res = execute(c, "refund", {"order": i}, "sync")
+            assert res["end"] == "done", res
+        finally:
+            c.close()
+    sent = requests_with(tok)
+    assert [json.loads(r["body"])["order"] for r in sent] == [1, 2]
+    keys = [r["headers"]["idempotency-key"] for r in sent]
+    assert keys[0] != keys[1], f"two different refunds were both sent with Idempotency-Key {keys[0]}"
+
+
 def test_5xx_gives_up_after_the_configured_attempts(conn, mode):
     key = unique("flaky")
     res = execute(conn, "http_retry5xx", {"url": f"{HTTP_BASE}/flaky/{key}?fail=5"}, mode)
@@ -287,7 +309,7 @@ def test_response_slower_than_the_timeout_fails_after_the_timeout(conn, mode):
     error, kind = error_of(res)
     assert "timed out" in error and kind == "timeout"
     took = event_gap(conn, res["run_id"], "agent_started", "agent_completed")
-    assert 0.9 <= took < 2.0, f"a step with timeout 1s against a 3 s response took {took:.2f} s"
+    assert 0.9 <= took < 2.5, f"a step with timeout 1s against a 3 s response took {took:.2f} s"
     result = one(conn, res["run_id"], "tool_result")["result"]
     assert result["error_kind"] == "timeout" and result["status"] is None
     assert len(requests_with(tok)) == 1
@@ -553,9 +575,13 @@ N_MANY = 300
 def test_hundreds_of_requests_are_in_flight_at_once(conn):
     runs_per_worker = int(q1(conn, "SHOW tuvl.runs_per_worker"))
     assert runs_per_worker * len(worker_pids(conn.info.dbname)) >= N_MANY
-    # start from a server with nothing in flight, so that its peak is ours
-    wait_until(lambda: clear_server_log() == 0, 10, interval=0.2,
-               message="the HTTP test server to have no request in flight")
+    # Earlier tests leave slow requests behind, which the server still counts as
+    # in flight: let them end, and discount any that remain from the peak.
+    try:
+        wait_until(lambda: clear_server_log() == 0, 5, interval=0.2)
+    except AssertionError:
+        pass
+    others = clear_server_log()
     tok = unique("many")
     started = time.monotonic()
     ids = [r[0] for r in q(conn, "SELECT tuvl.start_run('http_slow', jsonb_build_object('ms', 500, "
@@ -565,7 +591,7 @@ def test_hundreds_of_requests_are_in_flight_at_once(conn):
                                 "AND finished_at IS NULL", (ids,)) == 0,
                60, interval=0.1, message=f"{N_MANY} runs of 0.5 s requests to finish")
     took = time.monotonic() - started
-    peak = http_log()["peak"]
+    peak = http_log()["peak"] - others
     report(f"{N_MANY} runs of one 500 ms request each: done in {took:.2f} s, "
            f"peak {peak} requests in flight at the server")
     assert q(conn, "SELECT status, end_name, count(*) FROM tuvl.runs WHERE id = ANY(%s) "
@@ -635,7 +661,8 @@ def test_kill_9_sends_again_only_requests_without_a_journaled_result(wf, server_
         report(f"kill -9 with {in_flight_before} requests sent and {len(before)} results journaled: "
                f"{len(resent)} requests sent again, all {N_CRASH} runs done {done_after:.1f} s "
                f"after the kill")
-        assert 0 < len(before) < N_CRASH, "the kill must fall between journaled results and requests in flight"
+        assert 0 < len(before) < N_CRASH, \
+            "the kill must fall between journaled results and requests in flight"
         for k, run_id in ids.items():
             got = sent.get(k, [])
             assert len(keys_of_run[run_id]) == 1, (k, keys_of_run[run_id])

