@@ -198,12 +198,14 @@ AS 'MODULE_PATHNAME', 'tuvl_render'
 LANGUAGE C STRICT STABLE;
 COMMENT ON FUNCTION tuvl.render(jsonb, jsonb) IS 'render a template value against a context, as a step would';
 
-/* pg_dump keeps the workflows, runs, journal and secrets. */
+/*
+ * pg_dump keeps the workflows, runs, journal and model configs.  Secrets
+ * are deliberately left out of dumps: set them again after a restore.
+ */
 SELECT pg_catalog.pg_extension_config_dump('tuvl.workflows', '');
 SELECT pg_catalog.pg_extension_config_dump('tuvl.runs', '');
 SELECT pg_catalog.pg_extension_config_dump('tuvl.runs_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('tuvl.events', '');
-SELECT pg_catalog.pg_extension_config_dump('tuvl.secrets', '');
 SELECT pg_catalog.pg_extension_config_dump('tuvl.llms', '');
 
 /* Internal: is the process holding a lease still heartbeating? */

@@ -21,7 +21,12 @@
  */
 #include "postgres.h"
 
+#include <curl/curl.h>
+
+#include "access/xlog.h"
 #include "catalog/pg_type.h"
+#include "commands/extension.h"
+#include "common/hashfn.h"
 #include "common/jsonapi.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
@@ -105,7 +110,10 @@ replace_all(const char *text, const char *needle, const char *with)
 	return buf.data;
 }
 
-/* text with every secret value (raw or JSON-escaped) replaced. */
+/*
+ * text with every secret value replaced: raw, JSON-escaped and
+ * percent-encoded (as in a URL's query).
+ */
 char *
 SecretScrub(const char *text, List *secrets)
 {
@@ -116,10 +124,18 @@ SecretScrub(const char *text, List *secrets)
 	{
 		const char *s = lfirst(lc);
 		StringInfoData esc;
+		char	   *pct;
 
 		if (s == NULL || *s == '\0')
 			continue;
 		out = replace_all(out, s, REDACTED);
+		pct = curl_easy_escape(NULL, s, 0);
+		if (pct)
+		{
+			if (strcmp(pct, s) != 0)
+				out = replace_all(out, pct, REDACTED);
+			curl_free(pct);
+		}
 		initStringInfo(&esc);
 		escape_json(&esc, s);
 		/* strip the quotes escape_json adds */
@@ -128,6 +144,23 @@ SecretScrub(const char *text, List *secrets)
 			out = replace_all(out, esc.data + 1, REDACTED);
 	}
 	return out;
+}
+
+/*
+ * Raise when url may not be reached, naming it without its secrets.
+ */
+void
+EffectCheckAllowed(const char *url, List *secrets)
+{
+	char	   *reason;
+
+	if (!HttpUrlAllowed(url, &reason))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("HTTP request to %s is not allowed",
+						SecretScrub(HttpRedactUrl(url), secrets)),
+				 errdetail("%s.", SecretScrub(reason, secrets)),
+				 errhint("A superuser can add the host to tuvl.http_allowed_hosts, for example 'api.example.com:443'.")));
 }
 
 Jsonb *
@@ -162,14 +195,42 @@ EffectAt(RunState *run, int position)
 }
 
 /*
+ * What tells this installation of tuvl apart from every other: the
+ * cluster's system identifier, the database and the extension's OID
+ * (which a DROP and CREATE EXTENSION changes, while run ids restart).
+ */
+static const char *
+installation_tag(void)
+{
+	static Oid	cached_ext = InvalidOid;
+	static char tag[17];
+	Oid			ext = get_extension_oid("tuvl", false);
+
+	if (ext != cached_ext)
+	{
+		uint64		parts[3];
+
+		parts[0] = GetSystemIdentifier();
+		parts[1] = MyDatabaseId;
+		parts[2] = ext;
+		snprintf(tag, sizeof(tag), "%016" INT64_MODIFIER "x",
+				 (uint64) hash_bytes_extended((const unsigned char *) parts, sizeof(parts), 0));
+		cached_ext = ext;
+	}
+	return tag;
+}
+
+/*
  * The idempotency key of the step's logical call number `logical`: made
- * only of the run, the journal position where the step was entered and
- * the call's number, so retries, crash recovery and replay agree on it.
+ * only of the installation, the run, the journal position where the step
+ * was entered and the call's number, so retries, crash recovery and
+ * replay agree on it, and no other database or reinstallation reuses it.
  */
 char *
 EffectKey(RunState *run, int logical)
 {
-	return psprintf("tuvl-" INT64_FORMAT "-%d-%d", run->id, run->entry_seq, logical);
+	return psprintf("tuvl-%s-" INT64_FORMAT "-%d-%d", installation_tag(), run->id,
+					run->entry_seq, logical);
 }
 
 EffectRequest *

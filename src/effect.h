@@ -41,6 +41,7 @@ typedef struct SecretUse
 
 extern void SecretUseInit(SecretUse *use);
 extern char *SecretScrub(const char *text, List *secrets);
+extern void EffectCheckAllowed(const char *url, List *secrets);
 extern Jsonb *SecretScrubJsonb(Jsonb *j, List *secrets);
 
 extern int	EffectCount(RunState *run);

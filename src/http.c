@@ -491,6 +491,60 @@ unlink_in_flight(HttpTransfer *t)
 	t->next = NULL;
 }
 
+/* scheme://host:port of a URL, malloc'd; NULL when it does not parse. */
+static char *
+url_origin(const char *url)
+{
+	CURLU	   *u = curl_url();
+	char	   *scheme = NULL;
+	char	   *host = NULL;
+	char	   *port = NULL;
+	char	   *out = NULL;
+
+	if (curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK &&
+		curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) == CURLUE_OK &&
+		curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK &&
+		curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) == CURLUE_OK)
+	{
+		size_t		len = strlen(scheme) + strlen(host) + strlen(port) + 5;
+
+		out = malloc(len);
+		if (out)
+			snprintf(out, len, "%s://%s:%s", scheme, host, port);
+	}
+	curl_free(scheme);
+	curl_free(host);
+	curl_free(port);
+	curl_url_cleanup(u);
+	return out;
+}
+
+/*
+ * A redirect to another origin must not carry credentials: drop the
+ * headers that hold them, as browsers and curl do.
+ */
+static void
+drop_credentials(HttpTransfer *t)
+{
+	static const char *const sensitive[] = {
+		"authorization:", "proxy-authorization:", "cookie:", "x-api-key:", "api-key:", NULL
+	};
+	struct curl_slist *kept = NULL;
+
+	for (struct curl_slist *h = t->hdrs; h; h = h->next)
+	{
+		bool		drop = false;
+
+		for (int i = 0; sensitive[i]; i++)
+			if (pg_strncasecmp(h->data, sensitive[i], strlen(sensitive[i])) == 0)
+				drop = true;
+		if (!drop)
+			kept = curl_slist_append(kept, h->data);
+	}
+	curl_slist_free_all(t->hdrs);
+	t->hdrs = kept;
+}
+
 /* Follow a redirect ourselves, so the allow-list applies; false if not one. */
 static bool
 maybe_redirect(HttpTransfer *t)
@@ -521,8 +575,17 @@ maybe_redirect(HttpTransfer *t)
 	}
 	MemoryContextSwitchTo(old);
 	t->redirects++;
+	{
+		char	   *from = url_origin(t->url);
+		char	   *to = url_origin(location);
+
+		if (from == NULL || to == NULL || strcmp(from, to) != 0)
+			drop_credentials(t);
+		free(from);
+		free(to);
+	}
 	free(t->url);
-	t->url = xstrdup(location);
+	t->url = strdup(location);
 	/* 301/302/303 turn a POST into a GET, as browsers and curl do */
 	if (t->status == 303 || ((t->status == 301 || t->status == 302) &&
 							 strcmp(t->method, "POST") == 0))

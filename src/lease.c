@@ -159,6 +159,34 @@ LeaseRenew(List *runs, int lease_ms)
 	return lost;
 }
 
+static const char release_sql[] =
+"UPDATE tuvl.runs r SET status = 'queued', lease_owner = NULL, lease_epoch = NULL, "
+"  lease_expires_at = NULL "
+"FROM unnest($1::bigint[], $2::int[]) AS h(id, attempt) "
+"WHERE r.id = h.id AND r.attempt = h.attempt AND r.status = 'running'";
+
+/*
+ * Give runs back to the queue (the worker cannot go on with them); only
+ * runs still held by these attempts are touched.  Returns how many.
+ */
+uint64
+LeaseRelease(int n, const int64 *ids, const int32 *attempts)
+{
+	static const Oid types[2] = {INT8ARRAYOID, INT4ARRAYOID};
+	Datum	   *idd = palloc(sizeof(Datum) * Max(n, 1));
+	Datum	   *atd = palloc(sizeof(Datum) * Max(n, 1));
+	Datum		values[2];
+
+	for (int i = 0; i < n; i++)
+	{
+		idd[i] = Int64GetDatum(ids[i]);
+		atd[i] = Int32GetDatum(attempts[i]);
+	}
+	values[0] = PointerGetDatum(construct_array(idd, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
+	values[1] = PointerGetDatum(construct_array(atd, n, INT4OID, 4, true, TYPALIGN_INT));
+	return SpiExec(release_sql, 2, types, values, NULL, SPI_OK_UPDATE);
+}
+
 static const char reclaim_sql[] =
 "UPDATE tuvl.runs SET status = 'queued', lease_owner = NULL, lease_epoch = NULL, "
 "  lease_expires_at = NULL "

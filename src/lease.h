@@ -15,5 +15,6 @@ extern List *LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch,
 						int lease_ms, Oid owner);
 extern List *LeaseRenew(List *runs, int lease_ms);
 extern uint64 LeaseReclaim(void);
+extern uint64 LeaseRelease(int n, const int64 *ids, const int32 *attempts);
 
 #endif							/* TUVL_LEASE_H */

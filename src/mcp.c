@@ -75,16 +75,14 @@ session_lookup(const char *url, bool create)
 	return hash_search(sessions, key, create ? HASH_ENTER : HASH_FIND, &found);
 }
 
+/* Forget the cached session of url, if it is still the given one. */
 static void
-session_forget(const char *url)
+session_forget(const char *url, const char *session)
 {
-	char		key[1024];
+	McpSession *s = session_lookup(url, false);
 
-	if (sessions == NULL || strlen(url) >= sizeof(key))
-		return;
-	memset(key, 0, sizeof(key));
-	strlcpy(key, url, sizeof(key));
-	hash_search(sessions, key, HASH_REMOVE, NULL);
+	if (s && session && strcmp(s->session_id, session) == 0)
+		hash_search(sessions, s->url, HASH_REMOVE, NULL);
 }
 
 static bool
@@ -422,7 +420,7 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	args = argv ? JsonValueToJsonb(TemplateRenderValue(argv, ctx, &use.opts)) : JsonEmptyObject();
 	(void) DurationFromJson(JsonGetField(mcp, "timeout"), &timeout_ms);
 	StepErrorType = "mcp_error";
-	HttpCheckAllowed(url);
+	EffectCheckAllowed(url, use.values);
 
 	/* walk what happened so far */
 	for (int i = 0; i < n; i++)
@@ -465,7 +463,7 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 			if ((status == 404 || status == 400) && from_cache)
 			{
 				/* the server lost the session: initialize again */
-				session_forget(url);
+				session_forget(url, session);
 				session = NULL;
 				version = NULL;
 				notified = false;
@@ -555,11 +553,30 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 								  tuvl_http_timeout));
 	if (json_int(r, "status") >= 400 || json_int(r, "status") == 0)
 		fail_transport(r, "notifications/initialized");
-	r = EffectPerform(rpc_request(url, "tools/list", JsonEmptyObject(), 2, session,
-								  version ? version : MCP_PROTOCOL_VERSION, "list",
-								  tuvl_http_timeout));
-	if (json_int(r, "status") < 200 || json_int(r, "status") >= 300)
-		fail_transport(r, "tools/list");
-	list = rpc_answer(r, 2, "tools/list");
-	PG_RETURN_JSONB_P(list ? JsonGetJsonb(list, "tools") : JsonFromCString("[]"));
+	{
+		Jsonb	   *all = JsonFromCString("[]");
+		char	   *cursor = NULL;
+
+		/* follow nextCursor through every page (bounded) */
+		for (int page = 0; page < 100; page++)
+		{
+			Jsonb	   *params = cursor ? JsonSetKey(JsonEmptyObject(), "cursor", JsonStringValue(cursor))
+				: JsonEmptyObject();
+			Jsonb	   *tools;
+
+			r = EffectPerform(rpc_request(url, "tools/list", params, 2 + page, session,
+										  version ? version : MCP_PROTOCOL_VERSION, "list",
+										  tuvl_http_timeout));
+			if (json_int(r, "status") < 200 || json_int(r, "status") >= 300)
+				fail_transport(r, "tools/list");
+			list = rpc_answer(r, 2 + page, "tools/list");
+			tools = list ? JsonGetJsonb(list, "tools") : NULL;
+			if (tools && JB_ROOT_IS_ARRAY(tools) && !JB_ROOT_IS_SCALAR(tools))
+				all = JsonMerge(all, tools);
+			cursor = list ? JsonGetString(list, "nextCursor") : NULL;
+			if (cursor == NULL || *cursor == '\0')
+				break;
+		}
+		PG_RETURN_JSONB_P(all);
+	}
 }

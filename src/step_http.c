@@ -244,6 +244,12 @@ build_request(RunState *run, const StepDef *step, Jsonb *http, Jsonb *ctx, Secre
 			h->name = pnstrdup(v.val.string.val, v.val.string.len);
 			tok = JsonbIteratorNext(&it, &v, true);
 			h->value = JsonValueToText(TemplateRenderValue(&v, ctx, &use->opts));
+			if (strpbrk(h->name, "\r\n:") || strpbrk(h->value, "\r\n"))
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("HTTP header \"%s\" contains a line break or an invalid character",
+								SecretScrub(h->name, use->values)),
+						 errhint("Header names and values must be single lines.")));
 			if (pg_strcasecmp(h->name, "content-type") == 0)
 				has_ctype = true;
 			req->http.headers = lappend(req->http.headers, h);
@@ -283,7 +289,7 @@ build_request(RunState *run, const StepDef *step, Jsonb *http, Jsonb *ctx, Secre
 		req->http.headers = lappend(req->http.headers, h);
 	}
 	StepErrorType = "http_error";
-	HttpCheckAllowed(url);
+	EffectCheckAllowed(url, use->values);
 
 	req->secrets = use->values;
 	JsonObjStart(&b);

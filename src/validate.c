@@ -18,6 +18,7 @@
 
 #include "lib/stringinfo.h"
 #include "utils/builtins.h"
+#include "utils/numeric.h"
 #include "utils/jsonb.h"
 
 #include "jsonschema.h"
@@ -259,6 +260,164 @@ check_routes(ValidateState *vs, Jsonb *step, const char *path)
 	}
 }
 
+static bool
+string_in(JsonbValue *v, const char *const *options)
+{
+	char	   *s;
+
+	if (v == NULL || v->type != jbvString)
+		return false;
+	s = pnstrdup(v->val.string.val, v->val.string.len);
+	for (int i = 0; options[i]; i++)
+		if (strcmp(s, options[i]) == 0)
+			return true;
+	return false;
+}
+
+/* retry: {on: [...], attempts: n, backoff: duration} */
+static void
+check_retry(ValidateState *vs, Jsonb *parent, const char *path, const char *const *on_values,
+			const char *example)
+{
+	JsonbValue *r = JsonGetField(parent, "retry");
+	char	   *rpath = psprintf("%s.retry", path);
+	Jsonb	   *retry;
+	JsonbValue *v;
+
+	if (r == NULL)
+		return;
+	if (!is_mapping(r))
+	{
+		add_finding(vs, "error", rpath, "retry must be a mapping such as %s", example);
+		return;
+	}
+	retry = JsonValueToJsonb(r);
+	v = JsonGetField(retry, "attempts");
+	if (v && (v->type != jbvNumeric ||
+			  DatumGetInt32(DirectFunctionCall1(numeric_int4, NumericGetDatum(v->val.numeric))) < 1))
+		add_finding(vs, "error", psprintf("%s.attempts", rpath), "attempts must be a positive integer");
+	check_duration(vs, retry, "backoff", rpath);
+	v = JsonGetField(retry, "on");
+	if (v && !is_list(v))
+		add_finding(vs, "error", psprintf("%s.on", rpath), "on must be a list such as %s", example);
+	else if (v)
+	{
+		for (int i = 0; i < (int) JsonContainerSize(v->val.binary.data); i++)
+		{
+			JsonbValue *e = getIthJsonbValueFromContainer(v->val.binary.data, i);
+			char	   *text = e->type == jbvString ? pnstrdup(e->val.string.val, e->val.string.len)
+				: e->type == jbvNumeric ? DatumGetCString(DirectFunctionCall1(numeric_out, NumericGetDatum(e->val.numeric)))
+				: "";
+			bool		ok = false;
+
+			for (int j = 0; on_values[j]; j++)
+				ok |= strcmp(on_values[j], text) == 0;
+			if (!ok)
+				add_finding(vs, "error", psprintf("%s.on[%d]", rpath, i),
+							"unknown retry condition \"%s\"; use %s", text, example);
+		}
+	}
+}
+
+static void
+check_http_block(ValidateState *vs, Jsonb *http, const char *hpath)
+{
+	static const char *const methods[] = {"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS",
+	"get", "post", "put", "patch", "delete", "head", "options", NULL};
+	static const char *const http_on[] = {"timeout", "error", "429", "5xx", NULL};
+	static const char *const idem[] = {"auto", "none", NULL};
+	static const char *const http_keys[] = {"method", "url", "headers", "query", "body", "timeout",
+	"idempotency", "retry", NULL};
+	JsonbValue *v;
+
+	check_unknown_keys(vs, http, hpath, http_keys, NULL);
+	require_string(vs, http, "url", hpath, "the http mapping");
+	check_duration(vs, http, "timeout", hpath);
+	v = JsonGetField(http, "method");
+	if (v && !string_in(v, methods))
+		add_finding(vs, "error", psprintf("%s.method", hpath),
+					"method must be one of GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS");
+	else if (v && JsonGetField(http, "body") &&
+			 (string_in(v, (const char *const[]) {"GET", "get", "HEAD", "head", NULL})))
+		add_finding(vs, "error", psprintf("%s.body", hpath),
+					"a GET or HEAD request cannot carry a body; use POST, or move the values to query");
+	v = JsonGetField(http, "headers");
+	if (v && !is_mapping(v))
+		add_finding(vs, "error", psprintf("%s.headers", hpath),
+					"headers must be a mapping such as { Content-Type: application/json }");
+	v = JsonGetField(http, "query");
+	if (v && !is_mapping(v))
+		add_finding(vs, "error", psprintf("%s.query", hpath),
+					"query must be a mapping such as { q: \"{{ term }}\" }");
+	v = JsonGetField(http, "idempotency");
+	if (v && !string_in(v, idem))
+		add_finding(vs, "error", psprintf("%s.idempotency", hpath),
+					"idempotency must be auto or none");
+	check_retry(vs, http, hpath, http_on, "[timeout, error, 429, 5xx]");
+}
+
+static void
+check_agent_block(ValidateState *vs, Jsonb *step, const char *path)
+{
+	static const char *const agent_on[] = {"timeout", "error", NULL};
+	static const char *const reserved[] = {"max_iterations", "budget_exceeded", "error", "aborted",
+	"guardrail_violation", "default", NULL};
+	JsonbValue *a = JsonGetField(step, "agent");
+	char	   *apath = psprintf("%s.agent", path);
+	Jsonb	   *agent;
+	JsonbValue *o;
+	char	   *mode = JsonGetString(step, "mode");
+
+	if (!is_mapping(a))
+		return;
+	agent = JsonValueToJsonb(a);
+	if (JsonGetField(agent, "model") == NULL)
+		add_finding(vs, "error", apath, "agent.model is missing; name a model given to tuvl.register_llm()");
+	if (mode && strcmp(mode, "completion") == 0 && JsonGetField(agent, "prompt") == NULL)
+		add_finding(vs, "error", apath, "a completion agent needs agent.prompt, the user message template");
+	check_retry(vs, agent, apath, agent_on, "[timeout, error]");
+	o = JsonGetField(agent, "outcome");
+	if (o && !is_mapping(o))
+		add_finding(vs, "error", psprintf("%s.outcome", apath),
+					"outcome must be a mapping such as { enum: [approve, reject], write: decision }");
+	else if (o)
+	{
+		Jsonb	   *outcome = JsonValueToJsonb(o);
+		JsonbValue *e = JsonGetField(outcome, "enum");
+		JsonbValue *w = JsonGetField(outcome, "write");
+		Jsonb	   *routes = JsonGetJsonb(step, "routes");
+
+		if (w && (w->type != jbvString || w->val.string.len == 0))
+			add_finding(vs, "error", psprintf("%s.outcome.write", apath),
+						"outcome.write must name the context key the answer is written to");
+		if (e && !is_list(e))
+			add_finding(vs, "error", psprintf("%s.outcome.enum", apath),
+						"outcome.enum must be a list of outcome names");
+		else if (e)
+		{
+			for (int i = 0; i < (int) JsonContainerSize(e->val.binary.data); i++)
+			{
+				JsonbValue *x = getIthJsonbValueFromContainer(e->val.binary.data, i);
+				char	   *epath = psprintf("%s.outcome.enum[%d]", apath, i);
+				char	   *name;
+
+				if (x->type != jbvString)
+				{
+					add_finding(vs, "error", epath, "outcome names must be strings");
+					continue;
+				}
+				name = pnstrdup(x->val.string.val, x->val.string.len);
+				if (string_in(x, reserved))
+					add_finding(vs, "error", epath,
+								"\"%s\" is a reserved exit and cannot be an outcome; choose another name", name);
+				else if (routes == NULL || JsonGetField(routes, name) == NULL)
+					add_finding(vs, "error", epath,
+								"outcome \"%s\" has no route; add routes: { %s: <step or end> }", name, name);
+			}
+		}
+	}
+}
+
 /* Kind-specific fields of a step. */
 static void
 check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
@@ -303,12 +462,7 @@ check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
 				add_finding(vs, "error", path,
 							"an APICall step needs an http mapping with at least a url");
 			else
-			{
-				Jsonb	   *http = JsonValueToJsonb(v);
-
-				require_string(vs, http, "url", psprintf("%s.http", path), "the http mapping");
-				check_duration(vs, http, "timeout", psprintf("%s.http", path));
-			}
+				check_http_block(vs, JsonValueToJsonb(v), psprintf("%s.http", path));
 			break;
 		case STEP_MCP:
 			extra = mcp_keys;
@@ -321,8 +475,17 @@ check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
 				Jsonb	   *mcp = JsonValueToJsonb(v);
 				char	   *mpath = psprintf("%s.mcp", path);
 
+				static const char *const mcp_keys2[] = {"url", "tool", "arguments", "timeout", NULL};
+				JsonbValue *args;
+
+				check_unknown_keys(vs, mcp, mpath, mcp_keys2, NULL);
 				require_string(vs, mcp, "url", mpath, "the mcp mapping");
 				require_string(vs, mcp, "tool", mpath, "the mcp mapping");
+				check_duration(vs, mcp, "timeout", mpath);
+				args = JsonGetField(mcp, "arguments");
+				if (args && !is_mapping(args) && args->type != jbvString)
+					add_finding(vs, "error", psprintf("%s.arguments", mpath),
+								"arguments must be a mapping of the tool's parameters, or one template such as \"{{ args }}\"");
 			}
 			break;
 		case STEP_AGENT:
@@ -339,6 +502,8 @@ check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
 			if (!is_mapping(JsonGetField(step, "agent")))
 				add_finding(vs, "error", path,
 							"an Agent step needs an agent mapping with at least a model");
+			else
+				check_agent_block(vs, step, path);
 			break;
 		case STEP_HUMAN:
 			extra = human_keys;

@@ -571,27 +571,49 @@ TuvlWorkerMain(Datum main_arg)
 	/* A long-lived worker survives its own errors, like the bgwriter. */
 	if (sigsetjmp(local_sigjmp_buf, 1) != 0)
 	{
+		int			nheld;
+		int64	   *ids;
+		int32	   *attempts;
+		int			i = 0;
+		ListCell   *lc;
+
 		error_context_stack = NULL;
 		HOLD_INTERRUPTS();
 		EmitErrorReport();
 		AbortOutOfAnyTransaction();
 		SPI_finish();
-		MemoryContextSwitchTo(round_cxt);
+		MemoryContextSwitchTo(TopMemoryContext);
 		FlushErrorState();
-		HttpAbortAll();
+
+		/* let go of every run we held: they go back to the queue below */
+		nheld = list_length(held);
+		ids = palloc(sizeof(int64) * Max(nheld, 1));
+		attempts = palloc(sizeof(int32) * Max(nheld, 1));
+		foreach(lc, held)
+		{
+			ids[i] = ((RunState *) lfirst(lc))->id;
+			attempts[i++] = ((RunState *) lfirst(lc))->attempt;
+		}
 		forget_all_runs();
+		HttpAbortAll();
 		MemoryContextReset(round_cxt);
 		RESUME_INTERRUPTS();
 
 		/* a dropped extension shows up as errors first */
-		StartTransactionCommand();
+		begin_tx("tuvl recovering from an error");
 		if (!extension_present())
 		{
+			SPI_finish();
+			PopActiveSnapshot();
 			AbortCurrentTransaction();
 			exit_extension_dropped();
 		}
-		CommitTransactionCommand();
-		MemoryContextSwitchTo(round_cxt);
+		if (nheld > 0)
+			(void) LeaseRelease(nheld, ids, attempts);
+		commit_tx();
+		pfree(ids);
+		pfree(attempts);
+		TuvlWakeWorkers(MyDatabaseId);
 		/* do not spin on a persistent error */
 		pg_usleep(1000000L);
 	}

@@ -253,9 +253,6 @@ def test_5xx_is_retried_with_one_idempotency_key_until_it_succeeds(conn, mode):
     assert journal_violations(conn, [res["run_id"]]) == []
 
 
-@pytest.mark.xfail(reason="BUG: the automatic Idempotency-Key is tuvl-<run id>-<entry seq>-<n>, unique "
-                          "only within one database: runs in two databases (or after the extension "
-                          "is created again) send different requests under the same key", strict=True)
 def test_idempotency_keys_of_different_requests_differ_across_databases(fresh_databases):
     tok = unique()
     for i in (1, 2):
@@ -443,8 +440,6 @@ def test_method_query_headers_and_body_arrive_as_rendered(conn, mode):
     assert out["put"]["body"] == "hello x y/ü" and out["form"]["method"] == "PATCH"
 
 
-@pytest.mark.xfail(reason="BUG: a rendered header value containing CR LF is sent as is, so run "
-                          "input can inject extra request headers", strict=True)
 def test_a_header_value_cannot_inject_headers(conn, mode):
     tok = unique()
     res = execute(conn, "http_header", {"t": tok, "note": "harmless\r\nX-Injected: yes"}, mode)
@@ -511,9 +506,6 @@ def test_secrets_are_readable_and_settable_only_by_admins(wf, outsider, conns):
     assert q1(admin, "SELECT value FROM tuvl.secrets WHERE name = 'payment_api'") == secret
 
 
-@pytest.mark.xfail(reason="BUG: a secret in `query:` is percent-encoded into the URL, and only its "
-                          "raw and JSON-escaped forms are scrubbed: the tool_call event, the run's "
-                          "step_state and error messages keep the encoded secret", strict=True)
 def test_a_secret_in_a_query_parameter_is_not_stored_percent_encoded(conn, mode):
     secret = "sk-live-" + unique("") + "/a+b="      # base64-like keys have / + =
     q(conn, "SELECT tuvl.set_secret('query_key', %s)", (secret,))
@@ -526,10 +518,6 @@ def test_a_secret_in_a_query_parameter_is_not_stored_percent_encoded(conn, mode)
     assert places_holding(conn, encoded) == []
 
 
-@pytest.mark.xfail(reason="BUG: the error of a URL outside tuvl.http_allowed_hosts quotes the rendered "
-                          "URL, secrets included, into _last_error, the journal and tuvl.runs.error; "
-                          "any role that may run workflows can read every secret this way",
-                   strict=True)
 def test_a_refused_url_does_not_reveal_a_secret(wf, outsider, conns, mode):
     admin = conns(wf)
     secret = "sk-live-" + unique("")

@@ -380,18 +380,11 @@ def test_a_json_rpc_error_takes_the_error_route(conn, mode, scripted):
     assert "-32603" in done.get("detail", ""), done
 
 
-@pytest.mark.xfail(reason="BUG: tuvl.mcp_list_tools() sends one tools/list request and ignores "
-                          "nextCursor, so a server that pages its tools is listed only in part",
-                   strict=True)
 def test_list_tools_follows_next_cursor(conn, scripted):
     tools = q1(conn, "SELECT tuvl.mcp_list_tools(%s)", (scripted.url,))
     assert sorted(t["name"] for t in tools) == ["chatty", "plain"]
 
 
-@pytest.mark.xfail(reason="BUG: each transition of the recovering step walks the journal again and "
-                          "calls session_forget() for the failed call at position 0, which also drops "
-                          "the session the recovery just cached: the next call handshakes again",
-                   strict=True)
 def test_the_session_made_in_a_recovery_is_cached(wf, conns, scripted):
     c = conns(wf)
     completed(call(c, "plain", {"say": "one"}, url=scripted.url))

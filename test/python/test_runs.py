@@ -442,12 +442,6 @@ def test_a_step_can_neither_escalate_nor_leave_settings_behind(setup, conns):
     assert all(r[1].startswith("tuvl worker") for r in worker_rows(setup))
 
 
-@pytest.mark.xfail(reason="BUG: a run whose principal role no longer exists stays 'running' "
-                          "forever: RunAdvance raises 'role ... that started the run does not "
-                          "exist' outside the step's subtransaction, the worker logs 'dropped "
-                          "run' and forgets it, and since its holder keeps heartbeating the run "
-                          "is never reclaimed, failed or journaled",
-                   strict=False)
 def test_a_run_whose_principal_was_dropped_fails_instead_of_hanging(setup, conns):
     admin = conns(setup)
     starter = conns(setup, autocommit=False)

@@ -187,12 +187,6 @@ def test_drop_extension_while_runs_execute_does_not_deadlock(fresh_databases, se
         conn.close()
 
 
-@pytest.mark.xfail(reason="BUG: CREATE EXTENSION marks the database UNKNOWN before it commits "
-                          "(LauncherNoteExtensionCreated); a launcher round meanwhile starts a "
-                          "probe worker that cannot see the uncommitted extension and marks the "
-                          "database ABSENT; the wake-up at commit then starts nothing, and the "
-                          "ABSENT database is re-probed only after 6 x tuvl.launcher_naptime (60 s)",
-                   strict=False)
 def test_create_extension_in_a_long_transaction_still_starts_the_pool(fresh_databases):
     slow = fresh_databases("tuvl_workers_slow_create")
     other = fresh_databases("tuvl_workers_other")

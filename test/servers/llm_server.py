@@ -6,7 +6,9 @@ on 127.0.0.1 and answers from scripts instead of a model.  Standard library
 only.
 
     python3 test/servers/llm_server.py --port N [--scripts FILE] [--latency-ms N]
-                                       [--no-validate]
+                                       [--no-validate] [--log-max N]
+
+--port 0 picks a free port; the one line on stderr names the port bound.
 
 Model endpoints (POST):
 
@@ -31,7 +33,8 @@ Control endpoints:
                            is not JSON), turn, status, script, and when they
                            apply: fault, error, note, disconnected}.  status
                            is null while a request is in flight, and for one
-                           that was never answered (hang, client gone)
+                           that was never answered (hang, client gone).
+                           The newest --log-max requests (100000) are kept
   DELETE /_log             clear the log and every fault counter; the peak
                            restarts from the requests in flight now
   GET    /_health          {"ok": true}
@@ -100,7 +103,9 @@ header.  --no-validate turns the checks off.
 Scripts load at startup with --scripts FILE, a JSON object mapping each name
 to its turns (a list, or an object with a "turns" list).
 """
+import _thread
 import argparse
+import collections
 import hashlib
 import itertools
 import json
@@ -127,6 +132,8 @@ TURN_KEYS = {"text", "tool_calls", "finish", "usage", "latency_ms", "fault", "ti
              "retry_after", "message", "comment"}
 CALL_KEYS = {"name", "arguments", "arguments_raw"}
 HANG_SECONDS = 3600
+SWITCH_INTERVAL = 0.05
+LOG_MAX = 100000
 ECHO_CHARS = 120
 ECHO_TURNS = [{"text": "Summary: {{last_user}}"}]  # for GET /_script only
 
@@ -191,8 +198,8 @@ def check_turns(turns):
             if isinstance(fault, int) and not isinstance(fault, bool):
                 fault = turn["fault"] = str(fault)
             if not isinstance(fault, str) or not (
-                    fault in NAMED_FAULTS or re.fullmatch(r"[1-5][0-9][0-9]", fault)):
-                raise ScriptError(f"{where}: fault must be an HTTP status or one of "
+                    fault in NAMED_FAULTS or re.fullmatch(r"[45][0-9][0-9]", fault)):
+                raise ScriptError(f"{where}: fault must be an HTTP error status or one of "
                                   f"{sorted(NAMED_FAULTS)}")
         if "usage" in turn:
             usage = turn["usage"]
@@ -305,6 +312,8 @@ def validate(fmt, body, headers):
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages: a non-empty array is required")
+    if body.get("stream"):
+        raise RequestError("stream: the scripted server does not stream; send stream false")
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise RequestError("tools: must be an array")
@@ -569,9 +578,13 @@ class Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     server_version = "scripted-llm/1"
     sys_version = ""
+    wbufsize = 1 << 16  # headers and body leave in one send
 
     def log_message(self, fmt, *args):
         pass
+
+    def version_string(self):
+        return self.server_version
 
     def parse_request(self):
         """BaseHTTPRequestHandler.parse_request without the email package.
@@ -617,6 +630,11 @@ class Handler(BaseHTTPRequestHandler):
                 and self.request_version >= "HTTP/1.1":
             return self.handle_expect_100()
         return True
+
+    def handle_expect_100(self):
+        ok = super().handle_expect_100()
+        self.wfile.flush()  # wfile is buffered: send the 100 Continue now
+        return ok
 
     # -- plumbing
 
@@ -761,7 +779,8 @@ class Handler(BaseHTTPRequestHandler):
                 if turns is None:
                     return self._send(404, {"ok": False, "error": f"no script {name}"})
                 return self._send(200, {"name": name, "turns": turns})
-        return self._send(404, {"ok": False, "error": f"no control endpoint {self.command} {path}"})
+        return self._send(404, {"ok": False,
+                                "error": f"no control endpoint {self.command} {path}"})
 
     # -- model requests
 
@@ -770,19 +789,18 @@ class Handler(BaseHTTPRequestHandler):
         try:
             body = json.loads(raw)
         except ValueError:
-            entry["body"] = raw.decode("utf-8", "replace")
-            entry["error"] = "the body is not JSON"
+            srv.update(entry, body=raw.decode("utf-8", "replace"), error="the body is not JSON")
             return self._send(400, error_payload(
                 fmt, "invalid_request_error",
                 "We could not parse the JSON body of your request."), entry=entry)
-        entry["body"] = body
+        srv.update(entry, body=body)
         if isinstance(body, dict) and isinstance(body.get("model"), str):
-            entry["model"] = body["model"]
+            srv.update(entry, model=body["model"])
         if srv.validate:
             try:
                 validate(fmt, body, entry["headers"])
             except RequestError as e:
-                entry["error"] = str(e)
+                srv.update(entry, error=str(e))
                 return self._send(400, error_payload(fmt, "invalid_request_error", str(e)),
                                   entry=entry)
         elif not isinstance(body, dict):
@@ -796,7 +814,7 @@ class Handler(BaseHTTPRequestHandler):
             name, turns = "echo", None
         number = assistant_count(messages)
         turn = turns[min(number, len(turns) - 1)] if turns else {}
-        entry["script"], entry["turn"] = name, number
+        srv.update(entry, script=name, turn=number)
 
         fault = turn.get("fault")
         if fault is not None and "times" in turn:
@@ -804,20 +822,20 @@ class Handler(BaseHTTPRequestHandler):
             if count > turn["times"]:
                 fault = None
         if fault is not None:
-            entry["fault"] = fault
+            srv.update(entry, fault=fault)
 
         delay = turn.get("latency_ms")
         if delay is None:
             delay = latency if latency is not None else srv.latency_ms
         if delay and self._wait_for_disconnect(delay / 1000.0):
-            entry["disconnected"] = True
+            srv.update(entry, disconnected=True)
             self.close_connection = True
             return None
 
         last_user = last_user_text(fmt, messages)
         if fault in ("hang",):
             if self._wait_for_disconnect(HANG_SECONDS):
-                entry["disconnected"] = True
+                srv.update(entry, disconnected=True)
             self.close_connection = True
             return None
         if fault is not None and fault not in ("malformed", "truncated", "empty"):
@@ -885,8 +903,8 @@ class Handler(BaseHTTPRequestHandler):
             content.append({"type": "text", "text": text or ""})
         for i, c in enumerate(calls):
             if "arguments_raw" in c:
-                entry["note"] = ("arguments_raw cannot be sent in the Anthropic format "
-                                 "(input is an object); sent input {}")
+                self.server.update(entry, note="arguments_raw cannot be sent in the Anthropic "
+                                   "format (input is an object); sent input {}")
             content.append({"type": "tool_use", "id": f"toolu_{number}_{i}", "name": c["name"],
                             "input": {} if "arguments_raw" in c else c.get("arguments", {})})
         stop = "tool_use" if calls else ("max_tokens" if length else "end_turn")
@@ -916,16 +934,26 @@ class Server(ThreadingHTTPServer):
     request_queue_size = 4096
     allow_reuse_address = True
 
-    def __init__(self, address, scripts=None, latency_ms=0.0, validate_requests=True):
+    def __init__(self, address, scripts=None, latency_ms=0.0, validate_requests=True,
+                 log_max=LOG_MAX):
         self.lock = threading.Lock()
         self.scripts = dict(scripts or {})
         self.latency_ms = latency_ms
         self.validate = validate_requests
-        self.log = []
+        self.log = collections.deque(maxlen=log_max)
         self.counters = {}
         self.in_flight = 0
         self.peak = 0
         super().__init__(address, Handler)
+
+    def process_request(self, request, client_address):
+        """A thread per connection, as ThreadingMixIn does, without waiting.
+
+        Thread.start() waits until the new thread runs, a GIL hand-off per
+        connection that throttles the accept loop when a burst of clients
+        connect at once; a bare thread does not wait.
+        """
+        _thread.start_new_thread(self.process_request_thread, (request, client_address))
 
     def handle_error(self, request, client_address):
         exc = sys.exc_info()[1]
@@ -944,8 +972,12 @@ class Server(ThreadingHTTPServer):
             self.in_flight -= 1
 
     def set_status(self, entry, status):
+        self.update(entry, status=status)
+
+    def update(self, entry, **fields):
+        """Change a log entry (under the lock: GET /_log may be reading it)."""
         with self.lock:
-            entry["status"] = status
+            entry.update(fields)
 
     def bump(self, key):
         with self.lock:
@@ -960,7 +992,7 @@ class Server(ThreadingHTTPServer):
 
     def log_json(self, model=None):
         with self.lock:
-            rows = [e for e in self.log
+            rows = [e for e in list(self.log)
                     if model is None or e.get("model") == model or e.get("script") == model]
             return json.dumps({"requests": rows, "peak_concurrent": self.peak})
 
@@ -992,14 +1024,21 @@ def main():
                     help="default latency of every answer")
     ap.add_argument("--no-validate", action="store_true",
                     help="do not reject requests the real services would reject")
+    ap.add_argument("--log-max", type=int, default=LOG_MAX,
+                    help="keep only the newest N requests in the log")
     args = ap.parse_args()
     raise_nofile_limit()
+    # Requests are short bursts of Python between socket calls.  With the
+    # default 5 ms interval, a thousand threads woken at once by a burst of
+    # requests spend most of the CPU waking up to ask for the GIL.
+    sys.setswitchinterval(SWITCH_INTERVAL)
     try:
         scripts = load_scripts(args.scripts) if args.scripts else {}
     except (OSError, ValueError) as e:
         print(f"llm_server: {e}", file=sys.stderr)
         sys.exit(2)
-    srv = Server(("127.0.0.1", args.port), scripts, args.latency_ms, not args.no_validate)
+    srv = Server(("127.0.0.1", args.port), scripts, args.latency_ms, not args.no_validate,
+                 max(1, args.log_max))
     print(f"scripted LLM server on 127.0.0.1:{srv.server_address[1]}", file=sys.stderr, flush=True)
     try:
         srv.serve_forever()

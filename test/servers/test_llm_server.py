@@ -607,6 +607,38 @@ def test_anthropic_needs_version_and_max_tokens(server):
     with pytest.raises(urllib.error.HTTPError) as exc:
         urllib.request.urlopen(req, timeout=5)
     assert exc.value.code == 400
+    body = request_body("openai", "echo", [user("x")])
+    body["stream"] = True
+    status, _, err = call(server.base, "POST", "/v1/chat/completions", body)
+    assert status == 400 and "stream" in err["error"]["message"]
+
+
+def test_expect_100_continue(server):
+    """curl asks before sending a large body; the 100 must come at once."""
+    body = json.dumps(request_body("openai", "echo", [user("big " + "x" * 5000)])).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nExpect: 100-continue\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+        sock.settimeout(0.5)
+        assert sock.recv(100).startswith(b"HTTP/1.1 100")
+        sock.settimeout(5)
+        sock.sendall(body)
+        resp = http.client.HTTPResponse(sock)
+        resp.begin()
+        assert resp.status == 200
+        assert answer_text("openai", json.loads(resp.read())).startswith("Summary: big xxx")
+
+
+def test_chunked_request_body(server):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+    body = json.dumps(request_body("openai", "echo", [user("chunks")])).encode()
+    conn.request("POST", "/v1/chat/completions", iter([body[:10], body[10:]]),
+                 {"Content-Type": "application/json"}, encode_chunked=True)
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert answer_text("openai", json.loads(resp.read())) == "Summary: chunks"
+    conn.close()
 
 
 # ---------------------------------------------------------------- echo
@@ -670,40 +702,178 @@ def test_scripts_file_and_default_latency(tmp_path):
 
 # ---------------------------------------------------------------- concurrency
 
-def test_one_thousand_concurrent_requests(server):
-    n = 1000
-    register(server, "busy", [{"text": "done {{last_user}}"}])
-    call(server.base, "DELETE", "/_log")
-    barrier = threading.Barrier(n + 1)
-    results = [None] * n
+class SwitchInterval:
+    """Run with a longer GIL switch interval: a thousand client threads woken
+    at once spend their CPU asking for the GIL at the default 5 ms."""
 
-    def one(i):
-        fmt = FORMATS[i % 2]
-        barrier.wait()
+    def __init__(self, seconds):
+        self.seconds = seconds
+
+    def __enter__(self):
+        self.old = sys.getswitchinterval()
+        sys.setswitchinterval(self.seconds)
+
+    def __exit__(self, *exc):
+        sys.setswitchinterval(self.old)
+
+
+class Gate:
+    """Holds n threads and releases them at once.  Each thread waits on a lock
+    of its own: a shared Barrier or Event makes the woken threads queue for
+    one lock, one after another, which spreads the burst out."""
+
+    def __init__(self, n):
+        self.locks = [threading.Lock() for _ in range(n)]
+        for lock in self.locks:
+            lock.acquire()
+        self.ready = threading.Semaphore(0)
+        self.n = n
+
+    def wait(self, i):
+        self.ready.release()
+        if not self.locks[i].acquire(timeout=60):
+            raise TimeoutError("the gate never opened")
+
+    def open(self):
+        for _ in range(self.n):
+            if not self.ready.acquire(timeout=60):
+                raise TimeoutError("not every thread reached the gate")
+        for lock in self.locks:
+            lock.release()
+
+
+def run_burst(server, n, one, n_results=None):
+    """Start n threads running one(i, gate, results), release them at once;
+    return (seconds from the release until all have finished, results)."""
+    gate = Gate(n)
+    results = [None] * (n_results or n)
+
+    def wrapped(i):
         try:
-            status, _, body = ask(server, fmt, "busy", [user(f"q{i}")],
-                                  path="/lat/200" + PATHS[fmt], timeout=30)
-            results[i] = (status, answer_text(fmt, body))
-        except Exception as e:  # noqa: BLE001 - reported below
-            results[i] = (None, repr(e))
+            one(i, gate, results)
+        except Exception as e:  # noqa: BLE001 - reported by the caller
+            results.append((None, f"thread {i}: {e!r}"))
+            gate.ready.release()
 
-    old = threading.stack_size(256 * 1024)
+    old = threading.stack_size(512 * 1024)
     try:
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+        threads = [threading.Thread(target=wrapped, args=(i,), daemon=True) for i in range(n)]
         for t in threads:
             t.start()
     finally:
         threading.stack_size(old)
-    barrier.wait()
+    gate.open()
     t0 = time.monotonic()
     for t in threads:
         t.join(60)
-    elapsed = time.monotonic() - t0
+    return time.monotonic() - t0, results
+
+
+def burst_body(fmt, i):
+    return json.dumps(request_body(fmt, "busy", [user(f"q{i}")]))
+
+
+def test_one_thousand_concurrent_requests(server):
+    """1,000 requests in flight at once, on 1,000 open keep-alive connections
+    (as a pool such as libcurl's keeps them), sent by 25 threads of 40
+    connections each: 1,000 client threads of Python cannot put 1,000
+    requests on the wire within the 200 ms the first one takes, on a small
+    machine, which the next test shows."""
+    threads, per_thread = 25, 40
+    n = threads * per_thread
+    register(server, "busy", [{"text": "done {{last_user}}"}])
+    call(server.base, "DELETE", "/_log")
+    headers = {"Content-Type": "application/json", "anthropic-version": "2023-06-01"}
+
+    def one(t, gate, results):
+        conns = []
+        try:
+            for k in range(per_thread):
+                conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+                conns.append(conn)
+                conn.request("GET", "/_health")
+                assert conn.getresponse().read() == b'{"ok": true}'
+            ids = [t * per_thread + k for k in range(per_thread)]
+            bodies = [burst_body(FORMATS[i % 2], i) for i in ids]
+            gate.wait(t)
+            for i, conn, body in zip(ids, conns, bodies):
+                conn.request("POST", "/lat/200" + PATHS[FORMATS[i % 2]], body, headers)
+            for i, conn in zip(ids, conns):
+                resp = conn.getresponse()
+                results[i] = (resp.status, answer_text(FORMATS[i % 2], json.loads(resp.read())))
+        finally:
+            for conn in conns:
+                conn.close()
+
+    elapsed, results = run_burst(server, threads, one, n)
     failures = [(i, r) for i, r in enumerate(results) if r != (200, f"done q{i}")]
     assert not failures, failures[:5]
     log = get_log(server, "busy")
     assert len(log["requests"]) == n
-    print(f"\n1000 concurrent requests at 200 ms: {elapsed:.2f} s, "
+    print(f"\n{n} concurrent requests at 200 ms on open connections: {elapsed:.2f} s, "
           f"peak_concurrent {log['peak_concurrent']}")
     assert elapsed < 5, elapsed
     assert log["peak_concurrent"] >= 900
+
+
+def test_one_thousand_new_connections_at_once(server):
+    """The same burst, each request on a connection opened at that moment:
+    the server accepts them as fast as they come."""
+    threads, per_thread = 25, 40
+    n = threads * per_thread
+    register(server, "busy", [{"text": "done {{last_user}}"}])
+    call(server.base, "DELETE", "/_log")
+    headers = {"Content-Type": "application/json", "anthropic-version": "2023-06-01"}
+
+    def one(t, gate, results):
+        ids = [t * per_thread + k for k in range(per_thread)]
+        conns = [http.client.HTTPConnection("127.0.0.1", server.port, timeout=30) for _ in ids]
+        bodies = [burst_body(FORMATS[i % 2], i) for i in ids]
+        try:
+            gate.wait(t)
+            for i, conn, body in zip(ids, conns, bodies):
+                conn.request("POST", "/lat/200" + PATHS[FORMATS[i % 2]], body, headers)
+            for i, conn in zip(ids, conns):
+                resp = conn.getresponse()
+                results[i] = (resp.status, answer_text(FORMATS[i % 2], json.loads(resp.read())))
+        finally:
+            for conn in conns:
+                conn.close()
+
+    elapsed, results = run_burst(server, threads, one, n)
+    failures = [(i, r) for i, r in enumerate(results) if r != (200, f"done q{i}")]
+    assert not failures, failures[:5]
+    log = get_log(server, "busy")
+    assert len(log["requests"]) == n
+    print(f"\n{n} concurrent requests at 200 ms on new connections: {elapsed:.2f} s, "
+          f"peak_concurrent {log['peak_concurrent']}")
+    assert elapsed < 5, elapsed
+    assert log["peak_concurrent"] >= 250
+
+
+def test_one_thousand_client_threads(server):
+    """1,000 client threads, each sending one request with urllib on a new
+    connection, all released at once: every one is answered, quickly.  (The
+    client threads themselves are slow to get their requests out, so the peak
+    is lower than in the tests above.)"""
+    n = 1000
+    register(server, "busy", [{"text": "done {{last_user}}"}])
+    call(server.base, "DELETE", "/_log")
+
+    def one(i, gate, results):
+        fmt = FORMATS[i % 2]
+        gate.wait(i)
+        status, _, body = ask(server, fmt, "busy", [user(f"q{i}")],
+                              path="/lat/200" + PATHS[fmt], timeout=30)
+        results[i] = (status, answer_text(fmt, body))
+
+    with SwitchInterval(0.05):
+        elapsed, results = run_burst(server, n, one)
+    failures = [(i, r) for i, r in enumerate(results) if r != (200, f"done q{i}")]
+    assert not failures, failures[:5]
+    log = get_log(server, "busy")
+    assert len(log["requests"]) == n
+    print(f"\n{n} client threads, 200 ms, new connections (urllib): {elapsed:.2f} s, "
+          f"peak_concurrent {log['peak_concurrent']}")
+    assert elapsed < 10, elapsed
+    assert log["peak_concurrent"] >= 100
