@@ -9,6 +9,16 @@ CREATE TABLE shop.refunds (order_id int PRIMARY KEY, amount numeric, reason text
                            created_at timestamptz DEFAULT now());
 INSERT INTO shop.orders VALUES (1, 'ada', 'paid', 42.50), (2, 'bob', 'shipped', 10);
 
+-- The model: the project's scripted LLM server (offline, deterministic),
+-- spoken to through the OpenAI wire format.  See README.md for a real one.
+SELECT tuvl.register_llm(format($$
+name: default
+provider: openai
+base_url: %s
+model: echo
+timeout: 30s
+$$, :'llm_url'));
+
 -- A Functional step: any SQL function f(ctx jsonb) returns jsonb.
 CREATE FUNCTION shop.assess(ctx jsonb) RETURNS jsonb LANGUAGE sql AS $$
     SELECT jsonb_build_object(
@@ -44,9 +54,18 @@ steps:
     kind: ModelOp
     sql: INSERT INTO shop.refunds (order_id, amount, reason) VALUES ($1, $2, $3) RETURNING order_id, amount
     params: ["{{ order_id }}", "{{ order.0.amount }}", "{{ assess_result.reason }}"]
+    routes: { default: summarize }
+  - id: summarize
+    kind: Agent
+    mode: completion
+    agent:
+      model: default
+      system: You write one-line refund notes for customers.
+      prompt: "Refunded {{ refund_result.0.amount }} on order {{ order_id }} for {{ order.0.customer }}."
+      retry: { on: [timeout, error], attempts: 3, backoff: 1s }
     routes: { default: done }
 ends:
-  - { id: done, status: completed, response: { refunded: true, amount: "{{ refund_result.0.amount }}" } }
+  - { id: done, status: completed, response: { refunded: true, amount: "{{ refund_result.0.amount }}", note: "{{ summarize_result }}" } }
   - { id: rejected, status: completed, response: { refunded: false, status: "{{ order.0.status }}" } }
 $$) AS version;
 
@@ -62,8 +81,11 @@ SELECT tuvl.wait(:paid_run, '30 seconds') AS paid_status,
 SELECT id, status, end_name, response, attempt FROM tuvl.runs ORDER BY id;
 
 \echo '== Journal of the paid order''s run'
-SELECT seq, to_char(ts, 'HH24:MI:SS.US') AS ts, type, agent_id AS step, engine,
-       round(latency_ms::numeric, 3) AS ms, payload
+SELECT seq, to_char(ts, 'HH24:MI:SS.US') AS ts, type, agent_id AS step, engine, tokens,
+       round(latency_ms::numeric, 3) AS ms,
+       CASE WHEN type = 'llm_turn'
+            THEN payload - 'request' - 'response' || jsonb_build_object('answer', payload->'response'->'choices'->0->'message'->'content')
+            ELSE payload END AS payload
 FROM tuvl.events WHERE run_id = :paid_run ORDER BY seq;
 
 \echo '== Refunds written by the workflow (exactly once, in the step''s transaction)'

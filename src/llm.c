@@ -428,8 +428,9 @@ anthropic_body(LlmConfig *cfg, Jsonb *messages, Jsonb *tools)
 				appendStringInfoChar(&buf, '}');
 				any = true;
 			}
+			/* Anthropic refuses empty text blocks */
 			if (!any)
-				appendStringInfoString(&buf, "{\"type\": \"text\", \"text\": \"\"}");
+				appendStringInfoString(&buf, "{\"type\": \"text\", \"text\": \"(no answer)\"}");
 			appendStringInfoString(&buf, "]}");
 		}
 	}

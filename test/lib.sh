@@ -11,6 +11,7 @@
 # tuvl_peers      start the peers the tests talk to on 127.0.0.1: the HTTP test
 #                 server (TUVL_HTTP_PORT) and the reference MCP server
 #                 @modelcontextprotocol/server-everything (TUVL_MCP_URL)
+#                 and the scripted LLM server (TUVL_LLM_PORT, TUVL_LLM_URL)
 
 TUVL_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
@@ -83,11 +84,21 @@ tuvl_wait_port() {
     return 1
 }
 
+# The project's scripted LLM server: the offline model of the demo and tests.
+tuvl_start_llm() {
+    TUVL_LLM_PORT=$(tuvl_free_port)
+    tuvl_spawn "$TUVL_PYTHON" "$TUVL_ROOT/test/servers/llm_server.py" --port "$TUVL_LLM_PORT" \
+        2>"$TUVL_TMP/llm.log"
+    tuvl_wait_port "$TUVL_LLM_PORT"
+    export TUVL_LLM_PORT TUVL_LLM_URL="http://127.0.0.1:$TUVL_LLM_PORT/v1"
+}
+
 tuvl_peers() {
     TUVL_HTTP_PORT=$(tuvl_free_port)
     tuvl_spawn "$TUVL_PYTHON" "$TUVL_ROOT/test/servers/http_server.py" --port "$TUVL_HTTP_PORT"
     tuvl_wait_port "$TUVL_HTTP_PORT"
     export TUVL_HTTP_PORT
+    tuvl_start_llm
     if tuvl_install_mcp; then
         local port
         port=$(tuvl_free_port)
@@ -96,7 +107,7 @@ tuvl_peers() {
         tuvl_wait_port "$port"
         export TUVL_MCP_URL="http://127.0.0.1:$port/mcp" TUVL_MCP_PORT=$port
     fi
-    tuvl_log "peers: HTTP test server on $TUVL_HTTP_PORT, MCP server at ${TUVL_MCP_URL:-none}"
+    tuvl_log "peers: HTTP test server on $TUVL_HTTP_PORT, LLM server at $TUVL_LLM_URL, MCP server at ${TUVL_MCP_URL:-none}"
 }
 
 # Run a server-side command as the cluster's owner (initdb refuses root).

@@ -87,10 +87,11 @@ Built-in script "echo" (unless a script of that name is registered): one
 turn answering "Summary: " followed by the first 120 characters of the last
 user message (or tool result), whitespace collapsed to single spaces.  When
 the system prompt mentions an "outcome" key and JSON, and lists the allowed
-values after the word outcome (a JSON array of strings, "one of: a, b",
-"a | b", or "allowed values: a, b"), or when an OpenAI response_format schema
-has properties.outcome.enum, the answer is instead the JSON text
-{"outcome": <first allowed value>, "result": <the summary>}.
+values near the word outcome (a JSON array of strings, "one of: a, b",
+"<one of "a", "b">" as tuvl's Agent step writes it, "a | b", or "allowed
+values: a, b"; values quoted or bare words), or when an OpenAI
+response_format schema has properties.outcome.enum, the answer is instead the
+JSON text {"outcome": <first allowed value>, "result": <the summary>}.
 
 Requests are checked like the real services do (a request the real service
 would reject gets 400 invalid_request_error, with the reason in the log's
@@ -377,7 +378,7 @@ def _validate_openai(messages, tools):
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict) \
                 or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise RequestError(f"tools[{k}]: needs type \"function\" and function.name")
-        if "parameters" in fn and not isinstance(fn["parameters"], dict):
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
             raise RequestError(f"tools[{k}].function.parameters: must be an object")
 
 
@@ -472,20 +473,23 @@ def allowed_outcomes(system, body):
     if at < 0 or "json" not in low:
         return None
     tail = system[max(0, at - 40):at + 600]
-    word = r"[\"'`]?([A-Za-z0-9_][A-Za-z0-9_.\-]*)[\"'`]?"
+    # A value: quoted (anything up to the closing quote) or a bare word.
+    value = r"(?:\"([^\"\n]+)\"|'([^'\n]+)'|`([^`\n]+)`|([A-Za-z0-9_][A-Za-z0-9_.\-]*))"
     patterns = [
-        r"\[\s*\"([^\"]+)\"",
-        r"(?i:one of)\s*[:\-]?\s*" + word,
+        r"\[\s*" + value,  # a JSON array
+        r"(?i:one of)\s*[:\-]?\s*" + value,
         r"(?i:(?:allowed|possible|valid) values?(?: (?:for|of) (?:the )?[\"'`]?outcome[\"'`]?"
-        r"(?: key)?)?)\s*(?:are|is)?\s*[:\-]?\s*" + word,
-        word + r"\s*\|\s*[\"'`]?[A-Za-z0-9_]",
+        r"(?: key)?)?)\s*(?:are|is)?\s*[:\-]?\s*" + value,
+        value + r"\s*\|\s*[\"'`]?[A-Za-z0-9_]",  # a | b
     ]
     best = None
     for p in patterns:
         m = re.search(p, tail)
         if m and (best is None or m.start() < best.start()):
             best = m
-    return [best.group(1)] if best else None
+    if best is None:
+        return None
+    return [next(g for g in best.groups() if g is not None)]
 
 
 def echo_answer(fmt, body, last_user):
