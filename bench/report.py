@@ -36,7 +36,9 @@ def main():
     p("## tuvl benchmark results")
     p("")
     p("- date: %s" % env.get("date", "?"))
-    p("- machine: %s CPUs (%s), %s" % (env.get("nproc", "?"), env.get("cpu", "?"), env.get("kernel", "?")))
+    p("- machine: %s CPUs (%s), %s; load average (1/5/15 min) %s before, %s after"
+      % (env.get("nproc", "?"), env.get("cpu", "?"), env.get("kernel", "?"),
+         env.get("load_before", "?"), env.get("load_after", "?")))
     p("- server: %s; tuvl %s at %s; fsync on, default GUCs (%s workers per database)"
       % (env.get("pg", "?"), env.get("tuvl", "?"), env.get("commit", "?"), env.get("workers", "?")))
     p("- command: `%s`; each benchmark ran %s times, the better round is in the summary"

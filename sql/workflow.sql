@@ -91,3 +91,34 @@ $$) ORDER BY path;
 
 -- YAML subtleties: the key "on" stays a string key, yes/no stay strings.
 SELECT definition->'steps'->0 FROM tuvl.workflows WHERE name = 'greet' AND version = 1;
+
+-- APICall, MCP and Agent blocks are checked too.
+SELECT * FROM tuvl.validate($$
+name: effects
+steps:
+  - id: call
+    kind: APICall
+    http:
+      method: FETCH
+      url: "http://127.0.0.1/x"
+      query: [a]
+      idempotency: always
+      retry: { on: [timeout, 404], attempts: 0, backoff: soon }
+  - id: get_with_body
+    kind: APICall
+    http: { method: GET, url: "http://127.0.0.1/y", body: { a: 1 } }
+  - id: tool
+    kind: MCP
+    mcp: { url: "http://127.0.0.1/mcp", tool: echo, arguments: [1], timeout: never }
+  - id: think
+    kind: Agent
+    mode: completion
+    agent:
+      prompt: hi
+      outcome: { enum: [yes, error, maybe], write: "" }
+    routes: { yes: call }
+  - id: comp
+    kind: Agent
+    mode: compl
+    agent: { model: default }
+$$) ORDER BY path, message;
