@@ -117,20 +117,8 @@ tuvl_register_workflow(PG_FUNCTION_ARGS)
 		values[0] = CStringGetTextDatum(name);
 		SpiExec("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('tuvl.workflow.' || $1, 0))",
 				1, types, values, NULL, SPI_OK_SELECT);
-		SpiExec("SELECT owner FROM tuvl.workflows WHERE name = $1 AND version = 1",
-				1, types, values, NULL, SPI_OK_SELECT);
-		if (SPI_processed > 0)
-		{
-			char	   *owner = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
-			Oid			owner_oid = get_role_oid(owner, true);
-
-			if (!OidIsValid(owner_oid) || !has_privs_of_role(GetUserId(), owner_oid))
-				ereport(ERROR,
-						(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-						 errmsg("permission denied to register a new version of workflow \"%s\"", name),
-						 errdetail("Workflow \"%s\" belongs to role \"%s\".", name, owner),
-						 errhint("Register it as a member of role \"%s\", or choose another name.", owner)));
-		}
+		CheckObjectOwner("SELECT owner FROM tuvl.workflows WHERE name = $1 AND version = 1",
+						 name, "workflow", "register a new version of");
 	}
 	version = WorkflowLatestVersion(name, true) + 1;
 	{

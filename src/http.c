@@ -211,6 +211,26 @@ HttpRedactUrl(const char *url)
 
 /* ---- libcurl callbacks: malloc only, never palloc or ereport ---- */
 
+/* Append to a malloc'd, NUL-terminated buffer; false when out of memory. */
+static bool
+buf_append(char **buf, size_t *len, size_t *cap, const char *data, size_t n)
+{
+	if (*len + n + 1 > *cap)
+	{
+		size_t		newcap = Max(Max(*cap * 2, *len + n + 1), 1024);
+		char	   *nb = realloc(*buf, newcap);
+
+		if (nb == NULL)
+			return false;
+		*buf = nb;
+		*cap = newcap;
+	}
+	memcpy(*buf + *len, data, n);
+	*len += n;
+	(*buf)[*len] = '\0';
+	return true;
+}
+
 static size_t
 write_cb(char *data, size_t size, size_t nmemb, void *userp)
 {
@@ -222,20 +242,7 @@ write_cb(char *data, size_t size, size_t nmemb, void *userp)
 		t->too_large = true;
 		return 0;
 	}
-	if (t->len + n + 1 > t->cap)
-	{
-		size_t		cap = Max(t->cap * 2, t->len + n + 1);
-		char	   *nb = realloc(t->buf, Max(cap, 4096));
-
-		if (nb == NULL)
-			return 0;
-		t->buf = nb;
-		t->cap = Max(cap, 4096);
-	}
-	memcpy(t->buf + t->len, data, n);
-	t->len += n;
-	t->buf[t->len] = '\0';
-	return n;
+	return buf_append(&t->buf, &t->len, &t->cap, data, n) ? n : 0;
 }
 
 static size_t
@@ -249,20 +256,7 @@ header_cb(char *data, size_t size, size_t nmemb, void *userp)
 		t->hlen = 0;
 	if (t->hlen + n + 1 > 65536)
 		return n;				/* ignore pathological headers */
-	if (t->hlen + n + 1 > t->hcap)
-	{
-		size_t		cap = Max(t->hcap * 2, t->hlen + n + 1);
-		char	   *nb = realloc(t->hbuf, Max(cap, 1024));
-
-		if (nb == NULL)
-			return 0;
-		t->hbuf = nb;
-		t->hcap = Max(cap, 1024);
-	}
-	memcpy(t->hbuf + t->hlen, data, n);
-	t->hlen += n;
-	t->hbuf[t->hlen] = '\0';
-	return n;
+	return buf_append(&t->hbuf, &t->hlen, &t->hcap, data, n) ? n : 0;
 }
 
 static int

@@ -105,24 +105,7 @@ tuvl_register_llm(PG_FUNCTION_ARGS)
 				 errmsg("LLM config \"%s\": api_key_secret must name a secret given to tuvl.set_secret", name)));
 
 	SPI_connect();
-	{
-		static const Oid types[1] = {TEXTOID};
-		Datum		values[1];
-
-		values[0] = CStringGetTextDatum(name);
-		SpiExec("SELECT owner FROM tuvl.llms WHERE name = $1", 1, types, values, NULL, SPI_OK_SELECT);
-		if (SPI_processed > 0)
-		{
-			char	   *owner = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
-			Oid			owner_oid = get_role_oid(owner, true);
-
-			if (!OidIsValid(owner_oid) || !has_privs_of_role(GetUserId(), owner_oid))
-				ereport(ERROR,
-						(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-						 errmsg("permission denied to replace LLM config \"%s\"", name),
-						 errdetail("LLM config \"%s\" belongs to role \"%s\".", name, owner)));
-		}
-	}
+	CheckObjectOwner("SELECT owner FROM tuvl.llms WHERE name = $1", name, "LLM config", "replace");
 	{
 		static const Oid types[5] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID, NAMEOID};
 		Datum		values[5];

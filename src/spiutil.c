@@ -23,6 +23,10 @@
 #include "catalog/indexing.h"
 #include "utils/fmgroids.h"
 #include "utils/rel.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "catalog/pg_type.h"
+#include "miscadmin.h"
 
 #include "spiutil.h"
 
@@ -87,6 +91,35 @@ SpiExec(const char *sql, int nargs, const Oid *argtypes,
 		elog(ERROR, "internal query returned %s, expected %s",
 			 SPI_result_code_string(rc), SPI_result_code_string(expected));
 	return SPI_processed;
+}
+
+/*
+ * Raise unless the current role may replace the named object: the owner
+ * (found by owner_sql, one text parameter, one row with the owner's name,
+ * or none when the object is new) or a member of the owner's role.  what
+ * names the object in messages, e.g. "workflow" or "LLM config", action
+ * what was refused, e.g. "replace".
+ */
+void
+CheckObjectOwner(const char *owner_sql, const char *name, const char *what,
+				 const char *action)
+{
+	static const Oid types[1] = {TEXTOID};
+	Datum		values[1];
+	char	   *owner;
+	Oid			owner_oid;
+
+	values[0] = CStringGetTextDatum(name);
+	if (SpiExec(owner_sql, 1, types, values, NULL, SPI_OK_SELECT) == 0)
+		return;
+	owner = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+	owner_oid = get_role_oid(owner, true);
+	if (!OidIsValid(owner_oid) || !has_privs_of_role(GetUserId(), owner_oid))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to %s %s \"%s\"", action, what, name),
+				 errdetail("The %s belongs to role \"%s\".", what, owner),
+				 errhint("Act as a member of role \"%s\", or choose another name.", owner)));
 }
 
 /*
