@@ -89,7 +89,7 @@ class ActivitySampler(threading.Thread):
         conn.close()
 
 
-def tuvl_round(dbname, runs, poll_s, sample_s):
+def tuvl_round(dbname, runs, poll_s, sample_s, timeout_s):
     conn = connect(dbname)
     conn.cursor().execute("TRUNCATE tuvl.events, tuvl.runs")
     conn.cursor().execute("CHECKPOINT")
@@ -124,6 +124,9 @@ def tuvl_round(dbname, runs, poll_s, sample_s):
         client_tx += 1
         if not pcur.fetchone()[0]:
             break
+        if time.time() - t1 > timeout_s:
+            pcur.execute("SELECT status, count(*) FROM tuvl.runs GROUP BY 1 ORDER BY 1")
+            raise SystemExit("runs still unfinished after %.0f s: %s" % (timeout_s, pcur.fetchall()))
         time.sleep(poll_s)
     t_done = time.time()
     poll.close()
@@ -207,6 +210,8 @@ def main():
     ap.add_argument("--pgbench-scale", type=int, default=10)
     ap.add_argument("--no-pgbench", action="store_true")
     ap.add_argument("--poll-ms", type=float, default=50.0)
+    ap.add_argument("--timeout", type=float, default=300.0,
+                    help="give up when the runs of a round are not done after this many seconds")
     ap.add_argument("--sample-ms", type=float, default=0.0,
                     help="sample the workers' wait events this often (0: off)")
     ap.add_argument("--json", help="write the results here")
@@ -221,7 +226,7 @@ def main():
 
     rounds = []
     for r in range(args.rounds):
-        t = tuvl_round(args.db, args.runs, args.poll_ms / 1000.0, args.sample_ms / 1000.0)
+        t = tuvl_round(args.db, args.runs, args.poll_ms / 1000.0, args.sample_ms / 1000.0, args.timeout)
         log("throughput round %d: %d/%d completed, %.0f steps/s (server span %.2f s), "
             "%.0f steps/s wall (%.2f s), %d worker commits, %.1f steps/commit, %.1f steps/WAL flush"
             % (r + 1, t["completed"], t["total"], t["steps_per_s"], t["server_span_s"],

@@ -37,10 +37,7 @@ CREATE TABLE tuvl.runs (
     id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     workflow text NOT NULL,
     workflow_version integer NOT NULL,
-    status text NOT NULL DEFAULT 'queued'
-        CHECK (status IN ('queued', 'running', 'waiting_human', 'waiting_approval',
-                          'paused', 'completed', 'failed', 'aborted',
-                          'compensating', 'compensated')),
+    status text NOT NULL DEFAULT 'queued',
     input jsonb NOT NULL,
     context jsonb NOT NULL,
     current_step text,
@@ -58,8 +55,9 @@ CREATE TABLE tuvl.runs (
     finished_at timestamptz,
     principal name NOT NULL,
     FOREIGN KEY (workflow, workflow_version) REFERENCES tuvl.workflows (name, version)
-);
+) WITH (fillfactor = 80);
 COMMENT ON TABLE tuvl.runs IS 'one row per run: status, lease and checkpoint';
+COMMENT ON COLUMN tuvl.runs.status IS 'queued, running, waiting_human, waiting_approval, paused, completed, failed, aborted, compensating or compensated; only tuvl writes this table';
 COMMENT ON COLUMN tuvl.runs.attempt IS 'incremented at every claim; every write of a lease holder is fenced by it';
 COMMENT ON COLUMN tuvl.runs.lease_epoch IS 'server incarnation of the lease holder: leases of older epochs belong to dead processes';
 COMMENT ON COLUMN tuvl.runs.last_seq IS 'seq of the newest journal event of this run';
@@ -82,7 +80,7 @@ CREATE TABLE tuvl.events (
     payload jsonb NOT NULL DEFAULT '{}',
     PRIMARY KEY (run_id, seq)
 );
-COMMENT ON TABLE tuvl.events IS 'the journal of every run; every row is also sent with NOTIFY on tuvl_events';
+COMMENT ON TABLE tuvl.events IS 'the journal of every run; tuvl announces every row with NOTIFY on tuvl_events';
 CREATE INDEX events_ts_idx ON tuvl.events USING brin (ts);
 
 /* Model configurations, by name (register_llm replaces). */
@@ -128,13 +126,6 @@ $$;
 COMMENT ON FUNCTION tuvl.set_secret(text, text) IS 'store or replace a secret; its value is never readable back by other roles';
 REVOKE ALL ON FUNCTION tuvl.set_secret(text, text) FROM PUBLIC;
 
-/* Every journal event is announced on channel tuvl_events. */
-CREATE FUNCTION tuvl._notify_event()
-RETURNS trigger
-AS 'MODULE_PATHNAME', 'tuvl_notify_event'
-LANGUAGE C;
-CREATE TRIGGER events_notify AFTER INSERT ON tuvl.events
-    FOR EACH ROW EXECUTE FUNCTION tuvl._notify_event();
 
 /*
  * Visibility: a role sees its own runs and their journal; members of
@@ -223,4 +214,3 @@ LANGUAGE C;
 SELECT tuvl._extension_created();
 
 REVOKE ALL ON FUNCTION tuvl._extension_created() FROM PUBLIC;
-REVOKE ALL ON FUNCTION tuvl._notify_event() FROM PUBLIC;

@@ -29,6 +29,7 @@
 
 #include "api.h"
 #include "effect.h"
+#include "journal.h"
 #include "jsonschema.h"
 #include "jsonutil.h"
 #include "launcher.h"
@@ -301,13 +302,10 @@ ApiCreateRun(const char *workflow, Jsonb *input, bool running, int *version_out)
 	JsonObjAddString(&b, "principal", principal);
 	JsonObjAddJsonb(&b, "input", input);
 	{
-		static const Oid etypes[2] = {INT8OID, JSONBOID};
-		Datum		evalues[2];
+		List	   *events = NIL;
 
-		evalues[0] = Int64GetDatum(id);
-		evalues[1] = JsonbPGetDatum(JsonObjEnd(&b));
-		SpiExec("INSERT INTO tuvl.events (run_id, seq, type, payload) "
-				"VALUES ($1, 1, 'run_queued', $2)", 2, etypes, evalues, NULL, SPI_OK_INSERT);
+		JournalAdd(&events, "run_queued", NULL, NULL, JsonObjEnd(&b));
+		(void) JournalWrite(id, 0, events);
 	}
 	restore_user(save_user, save_sec);
 
@@ -408,7 +406,7 @@ tuvl_run(PG_FUNCTION_ARGS)
 	for (;;)
 	{
 		CHECK_FOR_INTERRUPTS();
-		RunAdvance(run, tuvl_lease_timeout);
+		RunAdvance(run);
 		RunApplyTransition(run);
 		status = run->next_status;
 		if (strcmp(status, "running") != 0)

@@ -1,16 +1,17 @@
 /*-------------------------------------------------------------------------
  *
  * journal.c
- *	  The journal: events of a run, appended with gapless seq numbers,
- *	  and the trigger that announces each one with NOTIFY.
+ *	  The journal: events of a run, appended with gapless seq numbers and
+ *	  announced with NOTIFY.
  *
  * Only the holder of a run's lease (or the transaction that creates the
  * run, or one holding its row lock while nobody holds a lease) appends to
  * its journal, so the next seq is simply the run's last_seq plus one.
  * Events are collected in memory during a transition and written by
  * JournalWrite inside the transition's (sub)transaction, together with the
- * run's new checkpoint: they commit or vanish together.  SPI must be
- * connected.
+ * run's new checkpoint: they commit or vanish together, and so do their
+ * NOTIFYs on tuvl_events.  Every event goes through JournalWrite.  SPI
+ * must be connected.
  *
  *-------------------------------------------------------------------------
  */
@@ -19,9 +20,9 @@
 #include "access/htup_details.h"
 #include "catalog/pg_type.h"
 #include "commands/async.h"
-#include "commands/trigger.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/json.h"
 #include "utils/rel.h"
@@ -30,7 +31,6 @@
 #include "jsonutil.h"
 #include "spiutil.h"
 
-PG_FUNCTION_INFO_V1(tuvl_notify_event);
 
 /*
  * Queue an event in a transition's in-memory list, stamped with the time
@@ -54,92 +54,112 @@ JournalAdd(List **events, const char *type, const char *agent_id,
 	return ev;
 }
 
-static const char insert_event_sql[] =
-"INSERT INTO tuvl.events (run_id, seq, type, agent_id, engine, tokens, latency_ms, payload, ts) "
-"VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+static const char insert_events_sql[] =
+"INSERT INTO tuvl.events (run_id, seq, ts, type, agent_id, engine, tokens, latency_ms, payload) "
+"SELECT $1, $2 + e.n, e.ts, e.type, e.agent_id, e.engine, e.tokens, e.latency_ms, e.payload "
+"FROM unnest($3::timestamptz[], $4::text[], $5::text[], $6::text[], $7::int[], "
+"            $8::float8[], $9::jsonb[]) WITH ORDINALITY "
+"     AS e(ts, type, agent_id, engine, tokens, latency_ms, payload, n)";
+
+/* NOTIFY tuvl_events with {"run_id", "seq", "type", "agent_id"}. */
+static void
+notify_event(int64 run_id, int seq, JournalEvent *ev)
+{
+	StringInfoData buf;
+
+	initStringInfo(&buf);
+	appendStringInfo(&buf, "{\"run_id\": " INT64_FORMAT ", \"seq\": %d, \"type\": ", run_id, seq);
+	escape_json(&buf, ev->type);
+	appendStringInfoString(&buf, ", \"agent_id\": ");
+	if (ev->agent_id)
+		escape_json(&buf, ev->agent_id);
+	else
+		appendStringInfoString(&buf, "null");
+	appendStringInfoChar(&buf, '}');
+	Async_Notify("tuvl_events", buf.data);
+	pfree(buf.data);
+}
 
 /*
- * Write events with seq last_seq+1, last_seq+2, ...; returns the new last
- * seq.  Runs as the current user: callers write as the extension owner.
+ * Write events with seq last_seq+1, last_seq+2, ... in one statement, and
+ * announce each with NOTIFY (delivered at commit, discarded on abort).
+ * Returns the new last seq.  Runs as the current user: callers write as
+ * the extension owner.
  */
 int
 JournalWrite(int64 run_id, int last_seq, List *events)
 {
-	static const Oid types[9] = {INT8OID, INT4OID, TEXTOID, TEXTOID, TEXTOID,
-	INT4OID, FLOAT8OID, JSONBOID, TIMESTAMPTZOID};
+	static const Oid types[9] = {INT8OID, INT4OID, TIMESTAMPTZARRAYOID, TEXTARRAYOID,
+		TEXTARRAYOID, TEXTARRAYOID, INT4ARRAYOID, FLOAT8ARRAYOID, JSONBARRAYOID};
+	int			n = list_length(events);
+	Datum	   *ts,
+			   *type,
+			   *agent,
+			   *engine,
+			   *tokens,
+			   *latency,
+			   *payload;
+	bool	   *agent_null,
+			   *engine_null,
+			   *tokens_null,
+			   *latency_null;
+	Datum		values[9];
+	int			dims[1];
+	int			lbs[1] = {1};
+	int			i = 0;
 	ListCell   *lc;
 
+	if (n == 0)
+		return last_seq;
+	ts = palloc(sizeof(Datum) * n);
+	type = palloc(sizeof(Datum) * n);
+	agent = palloc(sizeof(Datum) * n);
+	engine = palloc(sizeof(Datum) * n);
+	tokens = palloc(sizeof(Datum) * n);
+	latency = palloc(sizeof(Datum) * n);
+	payload = palloc(sizeof(Datum) * n);
+	agent_null = palloc0(sizeof(bool) * n);
+	engine_null = palloc0(sizeof(bool) * n);
+	tokens_null = palloc0(sizeof(bool) * n);
+	latency_null = palloc0(sizeof(bool) * n);
 	foreach(lc, events)
 	{
 		JournalEvent *ev = lfirst(lc);
-		Datum		values[9];
-		char		nulls[9] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 
-		values[0] = Int64GetDatum(run_id);
-		values[1] = Int32GetDatum(++last_seq);
-		values[2] = CStringGetTextDatum(ev->type);
-		if (ev->agent_id)
-			values[3] = CStringGetTextDatum(ev->agent_id);
-		else
-			nulls[3] = 'n';
-		if (ev->engine)
-			values[4] = CStringGetTextDatum(ev->engine);
-		else
-			nulls[4] = 'n';
-		if (ev->tokens >= 0)
-			values[5] = Int32GetDatum(ev->tokens);
-		else
-			nulls[5] = 'n';
-		if (ev->latency_ms >= 0)
-			values[6] = Float8GetDatum(ev->latency_ms);
-		else
-			nulls[6] = 'n';
-		values[7] = JsonbPGetDatum(ev->payload ? ev->payload : JsonEmptyObject());
-		values[8] = TimestampTzGetDatum(ev->ts);
-		SpiExec(insert_event_sql, 9, types, values, nulls, SPI_OK_INSERT);
+		ts[i] = TimestampTzGetDatum(ev->ts);
+		type[i] = CStringGetTextDatum(ev->type);
+		agent_null[i] = ev->agent_id == NULL;
+		agent[i] = ev->agent_id ? CStringGetTextDatum(ev->agent_id) : (Datum) 0;
+		engine_null[i] = ev->engine == NULL;
+		engine[i] = ev->engine ? CStringGetTextDatum(ev->engine) : (Datum) 0;
+		tokens_null[i] = ev->tokens < 0;
+		tokens[i] = Int32GetDatum(ev->tokens);
+		latency_null[i] = ev->latency_ms < 0;
+		latency[i] = Float8GetDatum(ev->latency_ms);
+		payload[i] = JsonbPGetDatum(ev->payload ? ev->payload : JsonEmptyObject());
+		i++;
 	}
-	return last_seq;
-}
+	dims[0] = n;
+	values[0] = Int64GetDatum(run_id);
+	values[1] = Int32GetDatum(last_seq);
+	values[2] = PointerGetDatum(construct_md_array(ts, NULL, 1, dims, lbs, TIMESTAMPTZOID,
+												   8, true, TYPALIGN_DOUBLE));
+	values[3] = PointerGetDatum(construct_md_array(type, NULL, 1, dims, lbs, TEXTOID,
+												   -1, false, TYPALIGN_INT));
+	values[4] = PointerGetDatum(construct_md_array(agent, agent_null, 1, dims, lbs, TEXTOID,
+												   -1, false, TYPALIGN_INT));
+	values[5] = PointerGetDatum(construct_md_array(engine, engine_null, 1, dims, lbs, TEXTOID,
+												   -1, false, TYPALIGN_INT));
+	values[6] = PointerGetDatum(construct_md_array(tokens, tokens_null, 1, dims, lbs, INT4OID,
+												   4, true, TYPALIGN_INT));
+	values[7] = PointerGetDatum(construct_md_array(latency, latency_null, 1, dims, lbs, FLOAT8OID,
+												   8, true, TYPALIGN_DOUBLE));
+	values[8] = PointerGetDatum(construct_md_array(payload, NULL, 1, dims, lbs, JSONBOID,
+												   -1, false, TYPALIGN_INT));
+	SpiExec(insert_events_sql, 9, types, values, NULL, SPI_OK_INSERT);
 
-/*
- * AFTER INSERT trigger on tuvl.events: NOTIFY tuvl_events with
- * {"run_id", "seq", "type", "agent_id"}.  Notifications of an aborted
- * (sub)transaction are discarded with it, so listeners only ever hear of
- * committed events, in commit order.
- */
-Datum
-tuvl_notify_event(PG_FUNCTION_ARGS)
-{
-	TriggerData *trigdata = (TriggerData *) fcinfo->context;
-	TupleDesc	tupdesc;
-	HeapTuple	tuple;
-	bool		isnull;
-	Datum		d;
-	StringInfoData buf;
-
-	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(trigdata->tg_event) ||
-		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event))
-		elog(ERROR, "tuvl_notify_event must be an AFTER ROW trigger");
-
-	tupdesc = RelationGetDescr(trigdata->tg_relation);
-	tuple = trigdata->tg_trigtuple;
-
-	initStringInfo(&buf);
-	d = heap_getattr(tuple, 1, tupdesc, &isnull);
-	appendStringInfo(&buf, "{\"run_id\": " INT64_FORMAT, DatumGetInt64(d));
-	d = heap_getattr(tuple, 2, tupdesc, &isnull);
-	appendStringInfo(&buf, ", \"seq\": %d, \"type\": ", DatumGetInt32(d));
-	d = heap_getattr(tuple, 4, tupdesc, &isnull);
-	escape_json(&buf, TextDatumGetCString(d));
-	appendStringInfoString(&buf, ", \"agent_id\": ");
-	d = heap_getattr(tuple, 5, tupdesc, &isnull);
-	if (isnull)
-		appendStringInfoString(&buf, "null");
-	else
-		escape_json(&buf, TextDatumGetCString(d));
-	appendStringInfoChar(&buf, '}');
-
-	Async_Notify("tuvl_events", buf.data);
-	pfree(buf.data);
-	return PointerGetDatum(NULL);
+	i = 0;
+	foreach(lc, events)
+		notify_event(run_id, last_seq + (++i), lfirst(lc));
+	return last_seq + n;
 }

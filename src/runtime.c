@@ -117,10 +117,10 @@ run_error_callback(void *arg)
 
 static const char fence_sql[] =
 "UPDATE tuvl.runs SET status = $3, context = $4, current_step = $5, last_seq = $6, "
-"  end_name = $7, response = $8, error = $9, step_state = $11, "
+"  end_name = $7, response = $8, error = $9, step_state = $10, "
 "  finished_at = CASE WHEN $3 IN ('completed', 'failed', 'aborted', 'compensated') "
 "                     THEN clock_timestamp() END, "
-"  lease_expires_at = CASE WHEN $3 = 'running' THEN now() + $10 END, "
+"  lease_expires_at = CASE WHEN $3 = 'running' THEN lease_expires_at END, "
 "  lease_owner = CASE WHEN $3 = 'running' THEN lease_owner END, "
 "  lease_epoch = CASE WHEN $3 = 'running' THEN lease_epoch END "
 "WHERE id = $1 AND attempt = $2 AND status = 'running'";
@@ -132,16 +132,12 @@ static const char fence_sql[] =
 static void
 write_checkpoint(RunState *run, const char *status, Jsonb *context,
 				 const char *step, int last_seq, const char *end_name,
-				 Jsonb *response, const char *error, int lease_ms,
-				 Jsonb *step_state)
+				 Jsonb *response, const char *error, Jsonb *step_state)
 {
-	static const Oid types[11] = {INT8OID, INT4OID, TEXTOID, JSONBOID, TEXTOID,
-	INT4OID, TEXTOID, JSONBOID, TEXTOID, INTERVALOID, JSONBOID};
-	Datum		values[11];
-	char		nulls[11] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
-	Interval   *lease = palloc0(sizeof(Interval));
-
-	lease->time = (int64) lease_ms * 1000;
+	static const Oid types[10] = {INT8OID, INT4OID, TEXTOID, JSONBOID, TEXTOID,
+	INT4OID, TEXTOID, JSONBOID, TEXTOID, JSONBOID};
+	Datum		values[10];
+	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	values[0] = Int64GetDatum(run->id);
 	values[1] = Int32GetDatum(run->attempt);
 	values[2] = CStringGetTextDatum(status);
@@ -163,13 +159,12 @@ write_checkpoint(RunState *run, const char *status, Jsonb *context,
 		values[8] = CStringGetTextDatum(error);
 	else
 		nulls[8] = 'n';
-	values[9] = IntervalPGetDatum(lease);
 	if (step_state)
-		values[10] = JsonbPGetDatum(step_state);
+		values[9] = JsonbPGetDatum(step_state);
 	else
-		nulls[10] = 'n';
+		nulls[9] = 'n';
 
-	if (SpiExec(fence_sql, 11, types, values, nulls, SPI_OK_UPDATE) != 1)
+	if (SpiExec(fence_sql, 10, types, values, nulls, SPI_OK_UPDATE) != 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 				 errmsg("lease on run " INT64_FORMAT " was lost", run->id),
@@ -248,7 +243,6 @@ typedef struct Transition
 	WorkflowDef *wf;
 	const StepDef *step;
 	List	   *events;			/* journaled whatever the step does */
-	int			lease_ms;
 	instr_time	start;
 	bool		first_entry;	/* agent_started is among events */
 } Transition;
@@ -306,7 +300,7 @@ finish_pending(Transition *t, StepResult *result)
 	SetUserIdAndSecContext(run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
 	run->next_seq = run->last_seq + list_length(events);
 	write_checkpoint(run, "running", run->context, t->step->id, run->next_seq,
-					 NULL, NULL, NULL, t->lease_ms, state);
+					 NULL, NULL, NULL, state);
 	(void) JournalWrite(run->id, run->last_seq, events);
 	SetUserIdAndSecContext(save_user, save_sec);
 
@@ -455,7 +449,7 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 	/* the fenced update first: a holder that lost its lease stops here */
 	run->next_seq = run->last_seq + list_length(events);
 	write_checkpoint(run, status, context, next_step_id, run->next_seq,
-					 end_name, response, run_error, t->lease_ms, NULL);
+					 end_name, response, run_error, NULL);
 	(void) JournalWrite(run->id, run->last_seq, events);
 	SetUserIdAndSecContext(save_user, save_sec);
 
@@ -578,7 +572,7 @@ take_fresh_effect(Transition *t)
  * result is in run->next_*; call RunApplyTransition after commit.
  */
 void
-RunAdvance(RunState *run, int lease_ms)
+RunAdvance(RunState *run)
 {
 	Transition	t;
 	RunErrorContext ectx;
@@ -592,7 +586,6 @@ RunAdvance(RunState *run, int lease_ms)
 	memset(&t, 0, sizeof(t));
 	t.run = run;
 	t.wf = WorkflowLoad(run->workflow, run->version);
-	t.lease_ms = lease_ms;
 	run->send = NULL;
 
 	ectx.run = run;
@@ -677,7 +670,7 @@ RunFail(RunState *run, const char *error)
 	SetUserIdAndSecContext(run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
 	write_checkpoint(run, "failed", run->context,
 					 run->step >= 0 ? WorkflowLoad(run->workflow, run->version)->steps[run->step].id : NULL,
-					 run->last_seq + 1, NULL, NULL, error, 0, run->step_state);
+					 run->last_seq + 1, NULL, NULL, error, run->step_state);
 	(void) JournalWrite(run->id, run->last_seq, events);
 	SetUserIdAndSecContext(save_user, save_sec);
 	TuvlRunChangedAtCommit();

@@ -61,7 +61,7 @@ extern RunState *RunStateCreate(MemoryContext parent, int64 id, int attempt,
 								const char *current_step, int last_seq,
 								Jsonb *step_state);
 extern void RunStateFree(RunState *run);
-extern void RunAdvance(RunState *run, int lease_ms);
+extern void RunAdvance(RunState *run);
 extern void RunApplyTransition(RunState *run);
 extern void RunFail(RunState *run, const char *error);
 extern bool RunIsTerminalStatus(const char *status);

@@ -110,7 +110,7 @@ tuvl_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
 			if (wake_workers_pending)
-				TuvlWakeWorkers(MyDatabaseId);
+				TuvlWakeOneWorker(MyDatabaseId);
 			if (extension_created_pending && TuvlShmem)
 			{
 				/* now the extension is visible: the launcher probes again */
@@ -162,6 +162,31 @@ TuvlWakeWorkers(Oid dboid)
 		if (slot->in_use && slot->dboid == dboid && slot->latch)
 			SetLatch(slot->latch);
 	}
+	LWLockRelease(TuvlShmem->lock);
+}
+
+/*
+ * Set the latch of the least busy worker of a database: new runs need one
+ * claimer, and a worker whose claim comes back full wakes the others.
+ */
+void
+TuvlWakeOneWorker(Oid dboid)
+{
+	TuvlWorkerSlot *best = NULL;
+
+	if (TuvlShmem == NULL)
+		return;
+	LWLockAcquire(TuvlShmem->lock, LW_SHARED);
+	for (int i = 0; i < TuvlShmem->nslots; i++)
+	{
+		TuvlWorkerSlot *slot = &TuvlShmem->slots[i];
+
+		if (slot->in_use && slot->dboid == dboid && slot->latch &&
+			(best == NULL || slot->nheld < best->nheld))
+			best = slot;
+	}
+	if (best)
+		SetLatch(best->latch);
 	LWLockRelease(TuvlShmem->lock);
 }
 

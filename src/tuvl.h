@@ -51,6 +51,7 @@ typedef struct TuvlWorkerSlot
 	bool		stop_requested; /* the launcher wants this worker gone */
 	volatile TimestampTz alive_at;	/* heartbeat, written by a timer even
 									 * while the worker executes a step */
+	volatile int nheld;			/* runs the worker holds (a hint) */
 } TuvlWorkerSlot;
 
 typedef struct TuvlSharedState
@@ -90,6 +91,7 @@ extern void TuvlWakeWorkersAtCommit(void);
 extern void TuvlExtensionCreatedAtCommit(void);
 extern void TuvlRunChangedAtCommit(void);
 extern void TuvlWakeWorkers(Oid dboid);
+extern void TuvlWakeOneWorker(Oid dboid);
 extern void TuvlRunChangedNow(void);
 
 /* Raise a clear error when a feature needs shared_preload_libraries. */

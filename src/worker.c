@@ -65,6 +65,7 @@ static Oid	owner_id = InvalidOid;
 static int64 epoch = 0;
 static TimeoutId heartbeat_id;
 static uint32 start_gen = 0;	/* our database's created_gen at start */
+static bool was_present = false;	/* the extension was here when we started */
 
 /* How often the heartbeat timer fires. */
 #define HEARTBEAT_TICK_MS 1000
@@ -131,12 +132,14 @@ hold_runs(List *runs)
 
 	held = list_concat(held, runs);
 	MemoryContextSwitchTo(old);
+	TuvlShmem->slots[my_slot].nheld = list_length(held);
 }
 
 static void
 forget_run(RunState *run)
 {
 	held = list_delete_ptr(held, run);
+	TuvlShmem->slots[my_slot].nheld = list_length(held);
 	if (run->transfer)
 		HttpDisown(run->transfer);
 	RunStateFree(run);
@@ -177,7 +180,8 @@ exit_extension_dropped(void)
 			}
 		LWLockRelease(TuvlShmem->lock);
 	}
-	ereport(LOG,
+	/* a probe of a database without tuvl is routine; a drop is news */
+	ereport(was_present ? LOG : DEBUG1,
 			(errmsg("tuvl worker exiting: extension tuvl is not installed in this database")));
 	proc_exit(0);
 }
@@ -257,6 +261,9 @@ claim(void)
 	runs = LeaseClaim(runs_cxt, room, epoch, tuvl_lease_timeout, owner_id);
 	commit_tx();
 	hold_runs(runs);
+	/* a full claim means more are queued: share them with the others */
+	if (list_length(runs) >= room)
+		TuvlWakeWorkers(MyDatabaseId);
 	return list_length(runs);
 }
 
@@ -274,7 +281,7 @@ try_advance(RunState *run, char **fatal)
 	*fatal = NULL;
 	PG_TRY();
 	{
-		RunAdvance(run, tuvl_lease_timeout);
+		RunAdvance(run);
 	}
 	PG_CATCH();
 	{
@@ -565,6 +572,7 @@ TuvlWorkerMain(Datum main_arg)
 	CommitTransactionCommand();
 	MemoryContextSwitchTo(round_cxt);
 	note_extension_present();
+	was_present = true;
 
 	ereport(LOG, (errmsg("tuvl worker %d started", TuvlShmem->slots[my_slot].number)));
 
