@@ -368,9 +368,16 @@ check_agent_block(ValidateState *vs, Jsonb *step, const char *path)
 	JsonbValue *o;
 	char	   *mode = JsonGetString(step, "mode");
 
+	static const char *const agent_keys[] = {"model", "system", "prompt", "steering", "skills",
+		"tools", "outcome", "max_iterations", "token_budget", "guardrails", "retry", NULL};
+
 	if (!is_mapping(a))
 		return;
 	agent = JsonValueToJsonb(a);
+	check_unknown_keys(vs, agent, apath, agent_keys, NULL);
+	if (JsonGetField(step, "output"))
+		add_finding(vs, "warning", psprintf("%s.output", path),
+					"an Agent step writes its answer to agent.outcome.write (default <step id>_result); output is ignored");
 	if (JsonGetField(agent, "model") == NULL)
 		add_finding(vs, "error", apath, "agent.model is missing; name a model given to tuvl.register_llm()");
 	if (mode && strcmp(mode, "completion") == 0 && JsonGetField(agent, "prompt") == NULL)

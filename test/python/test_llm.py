@@ -603,12 +603,7 @@ def test_malformed_body_is_a_final_error(conn, provider):
     assert turn["status"] == 200 and turn["error"] == error
 
 
-@pytest.mark.parametrize("provider", [
-    "openai",
-    pytest.param("anthropic", marks=pytest.mark.xfail(strict=True, reason=(
-        "BUG: an Anthropic answer with an empty content list (200, content: []) is taken as "
-        "the text \"\" and the step succeeds; the OpenAI format's empty choices list is an "
-        "error (llm.c parse_anthropic accepts an empty content array)")))])
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
 def test_empty_answer_is_a_clear_error(conn, provider):
     name = make_agent(conn, provider, [{"fault": "empty", "times": 1, "text": "x"}], extra=FAST)
     res = execute(conn, name)
