@@ -30,6 +30,7 @@ def main():
     wake = load(d, "wakeup.json")
     thr = load(d, "throughput.json")
     iso = load(d, "isolation.json")
+    http = load(d, "http.json")
     out = []
     p = out.append
 
@@ -74,6 +75,14 @@ def main():
         p("| batch isolation: %s runs, every 10th fails, no error route | %s: %s completed, %s failed, %d/%d checks passed | exactly 100 failed, 900 completed, journals gapless |"
           % (num(iso["runs"]), "**PASS**" if iso["ok"] else "**FAIL**", bs.get("completed", 0), bs.get("failed", 0),
              sum(1 for c in iso["checks"] if c["ok"]), len(iso["checks"])))
+    if http:
+        b = http["best"]
+        p("| HTTP effects: 1,000 one-request runs, peak transfers in flight (200 ms server) | %d | >= 500 |"
+          % b["slow"]["peak_in_flight"])
+        p("| HTTP effects: wall time with a 0 ms / 200 ms server | %.3f s / %.3f s | |"
+          % (b["fast"]["wall_s"], b["slow"]["wall_s"]))
+        p("| HTTP effects: ratio 200 ms wall / max(200 ms, 0 ms wall) | %.2f | <= 2: **%s** |"
+          % (b["ratio"], "met" if b["ratio"] <= 2 else "missed"))
     p("")
 
     if wake or thr:

@@ -48,6 +48,8 @@ typedef struct WorkflowCacheEntry
 
 static HTAB *workflow_cache = NULL;
 static bool callback_registered = false;
+static bool cache_stale = false;	/* flush before the next lookup */
+static Oid	workflows_relid = InvalidOid;	/* tuvl.workflows, when known */
 
 bool
 StepKindFromName(const char *name, StepKind *kind)
@@ -257,33 +259,39 @@ WorkflowFindEnd(WorkflowDef *wf, const char *id)
 	return NULL;
 }
 
-/* Any invalidation of tuvl.workflows (or of everything) empties the cache. */
+/*
+ * An invalidation of tuvl.workflows (DROP EXTENSION, say) or of everything
+ * marks the cache stale.  Nothing is freed here: invalidations arrive at
+ * any lock acquisition, in the middle of a transition that still uses a
+ * WorkflowDef; the next WorkflowLoad empties the cache instead.  No catalog
+ * access either, as callbacks must not.
+ */
 static void
 workflow_cache_inval(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == workflows_relid)
+		cache_stale = true;
+}
+
+/* Empty a stale cache; called where no WorkflowDef is in use. */
+static void
+flush_if_stale(void)
 {
 	HASH_SEQ_STATUS status;
 	WorkflowCacheEntry *entry;
 	Oid			nsp;
 
-	if (workflow_cache == NULL)
+	if (!cache_stale)
 		return;
-	if (OidIsValid(relid))
-	{
-		nsp = get_rel_namespace(relid);
-		if (OidIsValid(nsp))
-		{
-			char	   *nspname = get_namespace_name(nsp);
-
-			if (nspname == NULL || strcmp(nspname, "tuvl") != 0)
-				return;
-		}
-	}
 	hash_seq_init(&status, workflow_cache);
 	while ((entry = hash_seq_search(&status)) != NULL)
 	{
 		MemoryContextDelete(entry->cxt);
 		hash_search(workflow_cache, &entry->key, HASH_REMOVE, NULL);
 	}
+	cache_stale = false;
+	nsp = get_namespace_oid("tuvl", true);
+	workflows_relid = OidIsValid(nsp) ? get_relname_relid("workflows", nsp) : InvalidOid;
 }
 
 static const char load_sql[] =
@@ -292,7 +300,8 @@ static const char load_sql[] =
 /*
  * The compiled definition of a workflow version, from the cache or the
  * table.  SPI must be connected.  The result lives in the cache: do not
- * modify or free it.
+ * modify or free it, and do not keep it past the next WorkflowLoad (which
+ * may empty a cache that an invalidation made stale).
  */
 WorkflowDef *
 WorkflowLoad(const char *name, int version)
@@ -321,7 +330,9 @@ WorkflowLoad(const char *name, int version)
 	{
 		CacheRegisterRelcacheCallback(workflow_cache_inval, (Datum) 0);
 		callback_registered = true;
+		cache_stale = true;		/* learns workflows_relid */
 	}
+	flush_if_stale();
 
 	memset(&key, 0, sizeof(key));
 	strlcpy(key.name, name, NAMEDATALEN);
