@@ -653,12 +653,12 @@ parse_anthropic(Jsonb *body, LlmReply *r)
 		}
 	}
 	appendStringInfoChar(&calls, ']');
-	if (text.len == 0 && ncalls == 0)
+	if (array_size(content) == 0)
 	{
 		r->error = "the model's response has no content (no text and no tool call)";
 		return;
 	}
-	r->text = text.len > 0 ? text.data : NULL;
+	r->text = text.data;
 	r->tool_calls = ncalls > 0 ? JsonFromCString(calls.data) : NULL;
 	r->finish_reason = JsonGetString(body, "stop_reason");
 	if (usage && JsonIsObject(usage))
