@@ -175,6 +175,15 @@ AS 'MODULE_PATHNAME', 'tuvl_wait'
 LANGUAGE C STRICT VOLATILE;
 COMMENT ON FUNCTION tuvl.wait(bigint, interval) IS 'block until the run is terminal or waiting, or the timeout passes; return its status';
 
+/* Workers, as shared memory sees them. */
+CREATE FUNCTION tuvl.worker_status(OUT pid integer, OUT database oid, OUT worker integer,
+                                   OUT runs_held integer, OUT transfers_in_flight integer,
+                                   OUT peak_transfers_in_flight integer, OUT heartbeat timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'tuvl_worker_status'
+LANGUAGE C STRICT VOLATILE;
+COMMENT ON FUNCTION tuvl.worker_status() IS 'each tuvl worker: runs held, HTTP transfers in flight (now and at peak), last heartbeat';
+
 /* MCP */
 CREATE FUNCTION tuvl.mcp_list_tools(url text)
 RETURNS jsonb

@@ -50,6 +50,7 @@ PG_FUNCTION_INFO_V1(tuvl_wait);
 PG_FUNCTION_INFO_V1(tuvl_render);
 PG_FUNCTION_INFO_V1(tuvl_extension_created);
 PG_FUNCTION_INFO_V1(tuvl_lease_holder_alive);
+PG_FUNCTION_INFO_V1(tuvl_worker_status);
 
 /* Runs created by the current transaction: waiting for them would hang. */
 static List *runs_created_here = NIL;
@@ -606,4 +607,37 @@ tuvl_lease_holder_alive(PG_FUNCTION_ARGS)
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
 		PG_RETURN_BOOL(false);
 	PG_RETURN_BOOL(TuvlLeaseHolderAlive(PG_GETARG_INT32(0), PG_GETARG_INT64(1)));
+}
+
+/*
+ * worker_status(): what every tuvl worker is doing, from shared memory.
+ */
+Datum
+tuvl_worker_status(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+
+	InitMaterializedSRF(fcinfo, 0);
+	if (TuvlShmem == NULL)
+		return (Datum) 0;
+	LWLockAcquire(TuvlShmem->lock, LW_SHARED);
+	for (int i = 0; i < TuvlShmem->nslots; i++)
+	{
+		TuvlWorkerSlot *s = &TuvlShmem->slots[i];
+		Datum		values[7];
+		bool		nulls[7] = {false, false, false, false, false, false, false};
+
+		if (!s->in_use || s->pid == 0)
+			continue;
+		values[0] = Int32GetDatum(s->pid);
+		values[1] = ObjectIdGetDatum(s->dboid);
+		values[2] = Int32GetDatum(s->number);
+		values[3] = Int32GetDatum(s->nheld);
+		values[4] = Int32GetDatum(s->in_flight);
+		values[5] = Int32GetDatum(s->peak_in_flight);
+		values[6] = TimestampTzGetDatum(s->alive_at);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	LWLockRelease(TuvlShmem->lock);
+	return (Datum) 0;
 }

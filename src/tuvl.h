@@ -52,6 +52,8 @@ typedef struct TuvlWorkerSlot
 	volatile TimestampTz alive_at;	/* heartbeat, written by a timer even
 									 * while the worker executes a step */
 	volatile int nheld;			/* runs the worker holds (a hint) */
+	volatile int in_flight;		/* HTTP transfers in flight */
+	volatile int peak_in_flight;	/* the most at once since start */
 } TuvlWorkerSlot;
 
 typedef struct TuvlSharedState

@@ -54,6 +54,9 @@
 /* Transitions per commit: stays under the 64 cached subxids of a PGPROC. */
 #define MAX_STEPS_PER_COMMIT 60
 
+/* Runs claimed at most per claim: a few batches, so the workers share. */
+#define MAX_CLAIM (2 * MAX_STEPS_PER_COMMIT)
+
 /* How often an idle worker checks that the extension still exists. */
 #define MAINTENANCE_INTERVAL_MS 1000
 
@@ -250,7 +253,7 @@ maintenance(bool renew)
 static int
 claim(void)
 {
-	int			room = Min(tuvl_runs_per_worker - list_length(held), MAX_STEPS_PER_COMMIT);
+	int			room = Min(tuvl_runs_per_worker - list_length(held), MAX_CLAIM);
 	List	   *runs;
 
 	if (room <= 0)
@@ -447,6 +450,18 @@ effect_done(RunState *run, Jsonb *result)
 	run->send = NULL;
 }
 
+/* Publish the transfers in flight for tuvl.worker_status(). */
+static void
+note_in_flight(void)
+{
+	TuvlWorkerSlot *slot = &TuvlShmem->slots[my_slot];
+	int			n = HttpInFlight();
+
+	slot->in_flight = n;
+	if (n > slot->peak_in_flight)
+		slot->peak_in_flight = n;
+}
+
 /* Start the transfers whose time has come; no transaction is open. */
 static void
 start_due_sends(TimestampTz *next_send)
@@ -488,6 +503,7 @@ start_due_sends(TimestampTz *next_send)
 		}
 		PG_END_TRY();
 	}
+	note_in_flight();
 }
 
 /* Hand finished transfers to their runs. */
@@ -507,6 +523,7 @@ collect_done(void)
 			continue;
 		effect_done(run, EffectFinish(run->send, res));
 	}
+	note_in_flight();
 }
 
 static void
@@ -542,6 +559,9 @@ TuvlWorkerMain(Datum main_arg)
 	LWLockAcquire(TuvlShmem->lock, LW_EXCLUSIVE);
 	TuvlShmem->slots[my_slot].pid = MyProcPid;
 	TuvlShmem->slots[my_slot].latch = MyLatch;
+	TuvlShmem->slots[my_slot].nheld = 0;
+	TuvlShmem->slots[my_slot].in_flight = 0;
+	TuvlShmem->slots[my_slot].peak_in_flight = 0;
 	epoch = TuvlShmem->epoch;
 	for (int i = 0; i < TUVL_MAX_DATABASES; i++)
 		if (TuvlShmem->dbs[i].dboid == dboid)
@@ -662,7 +682,7 @@ TuvlWorkerMain(Datum main_arg)
 		}
 
 		/* keep claiming while the queue may hold more than we took */
-		room = Min(tuvl_runs_per_worker - list_length(held), MAX_STEPS_PER_COMMIT);
+		room = Min(tuvl_runs_per_worker - list_length(held), MAX_CLAIM);
 		if (want_claim && room > 0)
 			want_claim = claim() >= room;
 

@@ -37,6 +37,11 @@ def test_waiting_worker_holds_no_transaction_and_exits_on_sigterm(db):
                timeout=10, message="requests were not sent")
     time.sleep(0.3)
 
+    # the workers say how many transfers they have in flight
+    in_flight = q1(conn, "SELECT sum(transfers_in_flight) FROM tuvl.worker_status() "
+                         "WHERE database = (SELECT oid FROM pg_database WHERE datname = current_database())")
+    assert in_flight == 40, "tuvl.worker_status() shows %s transfers in flight, not 40" % in_flight
+
     # no worker is inside a transaction while its runs wait on the network
     rows = q(conn, "SELECT pid, state, backend_xid, backend_xmin, xact_start FROM pg_stat_activity "
                    "WHERE datname = current_database() AND backend_type = 'tuvl worker'")
