@@ -156,7 +156,8 @@ tuvl_stop() {
     local rc=$? pid
     trap - EXIT INT TERM
     for pid in "${TUVL_PIDS[@]}"; do
-        kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+        # a killed server's status is not ours (and must not trip set -e)
+        { kill "$pid" && wait "$pid"; } 2>/dev/null || true
     done
     TUVL_PIDS=()
     if [ -n "${TUVL_PGDATA:-}" ] && [ -f "$TUVL_PGDATA/postmaster.pid" ]; then
