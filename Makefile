@@ -5,6 +5,7 @@ EXTVERSION = $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" tuvl.control)
 
 MODULE_big = tuvl
 OBJS = \
+	src/agent.o \
 	src/api.o \
 	src/effect.o \
 	src/executor.o \

@@ -54,6 +54,7 @@ CREATE TABLE tuvl.runs (
     started_at timestamptz,
     finished_at timestamptz,
     principal name NOT NULL,
+    control jsonb,
     FOREIGN KEY (workflow, workflow_version) REFERENCES tuvl.workflows (name, version)
 ) WITH (fillfactor = 80);
 COMMENT ON TABLE tuvl.runs IS 'one row per run: status, lease and checkpoint';
@@ -61,6 +62,7 @@ COMMENT ON COLUMN tuvl.runs.status IS 'queued, running, waiting_human, waiting_a
 COMMENT ON COLUMN tuvl.runs.attempt IS 'incremented at every claim; every write of a lease holder is fenced by it';
 COMMENT ON COLUMN tuvl.runs.lease_epoch IS 'server incarnation of the lease holder: leases of older epochs belong to dead processes';
 COMMENT ON COLUMN tuvl.runs.last_seq IS 'seq of the newest journal event of this run';
+COMMENT ON COLUMN tuvl.runs.control IS 'operator directives not yet applied, such as {"abort": "reason"}; read at every agent turn and between tool calls';
 
 /* Claims scan only queued runs; lease expiry scans only running ones. */
 CREATE INDEX runs_queued_idx ON tuvl.runs (id) WHERE status = 'queued';
@@ -189,7 +191,18 @@ CREATE FUNCTION tuvl.mcp_list_tools(url text)
 RETURNS jsonb
 AS 'MODULE_PATHNAME', 'tuvl_mcp_list_tools'
 LANGUAGE C STRICT VOLATILE;
-COMMENT ON FUNCTION tuvl.mcp_list_tools(text) IS 'the tools an MCP server offers (tools/list), with their input schemas';
+COMMENT ON FUNCTION tuvl.mcp_list_tools(text) IS 'the tools an MCP server offers (tools/list), with their input schemas; remembered in tuvl.mcp_tools';
+
+CREATE TABLE tuvl.mcp_tools (
+    url text NOT NULL,
+    name text NOT NULL,
+    description text,
+    input_schema jsonb,
+    listed_at timestamptz NOT NULL,
+    PRIMARY KEY (url, name)
+);
+COMMENT ON TABLE tuvl.mcp_tools IS 'tools last listed by tuvl.mcp_list_tools(); an agent offers a listed MCP tool''s input schema to the model';
+GRANT SELECT ON tuvl.mcp_tools TO PUBLIC;
 
 /* Templates */
 CREATE FUNCTION tuvl.render(template jsonb, context jsonb DEFAULT '{}')

@@ -223,14 +223,32 @@ installation_tag(void)
 /*
  * The idempotency key of the step's logical call number `logical`: made
  * only of the installation, the run, the journal position where the step
- * was entered and the call's number, so retries, crash recovery and
+ * was entered (and, for an agent's tool, the tool call's number) and the
+ * call's number, so retries, crash recovery and
  * replay agree on it, and no other database or reinstallation reuses it.
  */
 char *
 EffectKey(RunState *run, int logical)
 {
+	if (run->effect_call > 0)
+		return psprintf("tuvl-%s-" INT64_FORMAT "-%d-t%d-%d", installation_tag(), run->id,
+						run->entry_seq, run->effect_call, logical);
 	return psprintf("tuvl-%s-" INT64_FORMAT "-%d-%d", installation_tag(), run->id,
 					run->entry_seq, logical);
+}
+
+/*
+ * Append a record the step made itself (not an effect's result) to its
+ * step_state, where a later transition of the same step finds it with
+ * EffectAt.  It commits with the transition that made it.
+ */
+void
+EffectRecord(RunState *run, Jsonb *record)
+{
+	Jsonb	   *one = JsonFromCString(psprintf("[%s]",
+											   JsonbToCString(NULL, &record->root, VARSIZE(record))));
+
+	run->working_effects = run->working_effects ? JsonMerge(run->working_effects, one) : one;
 }
 
 EffectRequest *

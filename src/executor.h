@@ -24,6 +24,8 @@ typedef struct StepResult
 	char	   *signal;			/* NULL means "default" */
 	bool		pending;		/* the step needs an effect first */
 	struct EffectRequest *effect;	/* ... this one */
+	Jsonb	   *context_merge;	/* merged into the context first, or NULL */
+	char	   *exit_error;		/* why a reserved exit was taken, or NULL */
 } StepResult;
 
 /*
@@ -55,6 +57,11 @@ extern void StepExecuteAPICall(RunState *run, const StepDef *step, Jsonb *ctx,
 /* step_agent.c */
 extern void StepExecuteAgent(RunState *run, const StepDef *step, Jsonb *ctx,
 							 StepResult *result);
+
+/* agent.c */
+extern void StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx,
+								  StepResult *result);
+extern bool AgentIsReservedExit(const char *signal);
 
 /* mcp.c */
 extern void StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx,

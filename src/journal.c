@@ -13,6 +13,10 @@
  * NOTIFYs on tuvl_events.  Every event goes through JournalWrite.  SPI
  * must be connected.
  *
+ * A notify-only event (an agent's progress) is not stored and takes no
+ * seq: it is announced in its place among the others, carrying the seq of
+ * the stored event before it.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -81,6 +85,46 @@ notify_event(int64 run_id, int seq, JournalEvent *ev)
 }
 
 /*
+ * NOTIFY tuvl_events with a notify-only event: {"run_id", "seq" (of the
+ * newest stored event before it), "type", "agent_id"} plus its payload's
+ * fields.
+ */
+static void
+notify_progress(int64 run_id, int seq, JournalEvent *ev)
+{
+	StringInfoData buf;
+	char	   *fields = ev->payload ? JsonbToCString(NULL, &ev->payload->root, VARSIZE(ev->payload)) : NULL;
+
+	initStringInfo(&buf);
+	appendStringInfo(&buf, "{\"run_id\": " INT64_FORMAT ", \"seq\": %d, \"type\": ", run_id, seq);
+	escape_json(&buf, ev->type);
+	appendStringInfoString(&buf, ", \"agent_id\": ");
+	if (ev->agent_id)
+		escape_json(&buf, ev->agent_id);
+	else
+		appendStringInfoString(&buf, "null");
+	/* splice the payload object's fields in */
+	if (fields && strlen(fields) > 2 && fields[0] == '{')
+		appendStringInfo(&buf, ", %s", fields + 1);
+	else
+		appendStringInfoChar(&buf, '}');
+	Async_Notify("tuvl_events", buf.data);
+	pfree(buf.data);
+}
+
+/* How many of events are stored (have a seq). */
+int
+JournalCount(List *events)
+{
+	ListCell   *lc;
+	int			n = 0;
+
+	foreach(lc, events)
+		n += ((JournalEvent *) lfirst(lc))->notify_only ? 0 : 1;
+	return n;
+}
+
+/*
  * Write events with seq last_seq+1, last_seq+2, ... in one statement, and
  * announce each with NOTIFY (delivered at commit, discarded on abort).
  * Returns the new last seq.  Runs as the current user: callers write as
@@ -91,7 +135,7 @@ JournalWrite(int64 run_id, int last_seq, List *events)
 {
 	static const Oid types[9] = {INT8OID, INT4OID, TIMESTAMPTZARRAYOID, TEXTARRAYOID,
 		TEXTARRAYOID, TEXTARRAYOID, INT4ARRAYOID, FLOAT8ARRAYOID, JSONBARRAYOID};
-	int			n = list_length(events);
+	int			n = JournalCount(events);
 	Datum	   *ts,
 			   *type,
 			   *agent,
@@ -110,7 +154,11 @@ JournalWrite(int64 run_id, int last_seq, List *events)
 	ListCell   *lc;
 
 	if (n == 0)
+	{
+		foreach(lc, events)
+			notify_progress(run_id, last_seq, lfirst(lc));
 		return last_seq;
+	}
 	ts = palloc(sizeof(Datum) * n);
 	type = palloc(sizeof(Datum) * n);
 	agent = palloc(sizeof(Datum) * n);
@@ -126,6 +174,8 @@ JournalWrite(int64 run_id, int last_seq, List *events)
 	{
 		JournalEvent *ev = lfirst(lc);
 
+		if (ev->notify_only)
+			continue;
 		ts[i] = TimestampTzGetDatum(ev->ts);
 		type[i] = CStringGetTextDatum(ev->type);
 		agent_null[i] = ev->agent_id == NULL;
@@ -160,6 +210,13 @@ JournalWrite(int64 run_id, int last_seq, List *events)
 
 	i = 0;
 	foreach(lc, events)
-		notify_event(run_id, last_seq + (++i), lfirst(lc));
+	{
+		JournalEvent *ev = lfirst(lc);
+
+		if (ev->notify_only)
+			notify_progress(run_id, last_seq + i, ev);
+		else
+			notify_event(run_id, last_seq + (++i), ev);
+	}
 	return last_seq + n;
 }

@@ -21,11 +21,14 @@ typedef struct JournalEvent
 	int			tokens;			/* -1: none */
 	double		latency_ms;		/* < 0: none */
 	Jsonb	   *payload;		/* NULL: empty object */
+	bool		notify_only;	/* not stored: a NOTIFY with the payload's
+								 * fields (agent progress) */
 } JournalEvent;
 
 extern JournalEvent *JournalAdd(List **events, const char *type,
 								const char *agent_id, const char *engine,
 								Jsonb *payload);
+extern int	JournalCount(List *events);
 extern int	JournalWrite(int64 run_id, int last_seq, List *events);
 
 #endif							/* TUVL_JOURNAL_H */

@@ -25,7 +25,9 @@
  */
 #include "postgres.h"
 
+#include "catalog/pg_type.h"
 #include "common/jsonapi.h"
+#include "executor/spi.h"
 #include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
 #include "utils/builtins.h"
@@ -33,11 +35,13 @@
 #include "utils/jsonb.h"
 #include "utils/memutils.h"
 #include "fmgr.h"
+#include "miscadmin.h"
 
 #include "effect.h"
 #include "executor.h"
 #include "jsonutil.h"
 #include "mcp.h"
+#include "spiutil.h"
 #include "template.h"
 #include "tuvl.h"
 #include "workflow.h"
@@ -525,6 +529,72 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	result->effect = req;
 }
 
+static const char cache_sql[] =
+"INSERT INTO tuvl.mcp_tools AS c (url, name, description, input_schema, listed_at) "
+"SELECT $1, t->>'name', t->>'description', t->'inputSchema', now() "
+"FROM jsonb_array_elements($2) AS t WHERE t->>'name' IS NOT NULL "
+"ON CONFLICT (url, name) DO UPDATE SET description = excluded.description, "
+"  input_schema = excluded.input_schema, listed_at = excluded.listed_at";
+
+/*
+ * Remember the tools a server listed, so that an agent calling one of
+ * them without declared parameters offers the model the server's schema.
+ */
+static void
+cache_tools(const char *url, Jsonb *tools)
+{
+	static const Oid types[2] = {TEXTOID, JSONBOID};
+	Datum		values[2];
+	Oid			save_user;
+	int			save_sec;
+
+	values[0] = CStringGetTextDatum(url);
+	values[1] = JsonbPGetDatum(tools);
+	SPI_connect();
+	GetUserIdAndSecContext(&save_user, &save_sec);
+	SetUserIdAndSecContext(TuvlOwnerId(), save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	SpiExec(cache_sql, 2, types, values, NULL, SPI_OK_INSERT);
+	SetUserIdAndSecContext(save_user, save_sec);
+	SPI_finish();
+}
+
+/*
+ * The input schema of an MCP step's tool, when tuvl.mcp_list_tools() has
+ * listed it for the step's (literal) url; else NULL.  SPI must be
+ * connected.
+ */
+Jsonb *
+McpKnownInputSchema(Jsonb *mcp)
+{
+	static const Oid types[2] = {TEXTOID, TEXTOID};
+	Datum		values[2];
+	char	   *url = mcp ? JsonGetString(mcp, "url") : NULL;
+	char	   *tool = mcp ? JsonGetString(mcp, "tool") : NULL;
+	Oid			save_user;
+	int			save_sec;
+	Jsonb	   *schema = NULL;
+
+	if (url == NULL || tool == NULL || TemplateHasPlaceholders(url) ||
+		TemplateHasPlaceholders(tool))
+		return NULL;
+	values[0] = CStringGetTextDatum(url);
+	values[1] = CStringGetTextDatum(tool);
+	GetUserIdAndSecContext(&save_user, &save_sec);
+	SetUserIdAndSecContext(TuvlOwnerId(), save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	if (SpiExec("SELECT input_schema FROM tuvl.mcp_tools WHERE url = $1 AND name = $2 "
+				"AND jsonb_typeof(input_schema) = 'object'", 2, types, values, NULL,
+				SPI_OK_SELECT) == 1)
+	{
+		bool		isnull;
+		Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+
+		if (!isnull)
+			schema = DatumGetJsonbPCopy(d);
+	}
+	SetUserIdAndSecContext(save_user, save_sec);
+	return schema;
+}
+
 /*
  * tuvl.mcp_list_tools(url): initialize a session and list the server's
  * tools, synchronously in this backend.  Returns the tools array.
@@ -577,6 +647,7 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 			if (cursor == NULL || *cursor == '\0')
 				break;
 		}
+		cache_tools(url, all);
 		PG_RETURN_JSONB_P(all);
 	}
 }

@@ -15,5 +15,6 @@
 extern Jsonb *McpParseMessage(const char *body, const char *content_type, int id,
 							  char **error);
 extern Jsonb *McpListTools(const char *url);
+extern Jsonb *McpKnownInputSchema(Jsonb *mcp);
 
 #endif							/* TUVL_MCP_H */

@@ -277,7 +277,7 @@ static void
 finish_pending(Transition *t, StepResult *result)
 {
 	RunState   *run = t->run;
-	List	   *events = list_copy(t->events);
+	List	   *events = list_concat(list_copy(t->events), run->step_events);
 	EffectRequest *effect = result->effect;
 	Jsonb	   *state = pending_step_state(t, effect);
 	JsonObjBuilder b;
@@ -298,7 +298,7 @@ finish_pending(Transition *t, StepResult *result)
 
 	GetUserIdAndSecContext(&save_user, &save_sec);
 	SetUserIdAndSecContext(run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
-	run->next_seq = run->last_seq + list_length(events);
+	run->next_seq = run->last_seq + JournalCount(events);
 	write_checkpoint(run, "running", run->context, t->step->id, run->next_seq,
 					 NULL, NULL, NULL, state);
 	(void) JournalWrite(run->id, run->last_seq, events);
@@ -350,12 +350,16 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 		return;
 	}
 	events = list_copy(t->events);
+	if (result)
+		events = list_concat(events, run->step_events);
 
 	INSTR_TIME_SET_CURRENT(duration);
 	INSTR_TIME_SUBTRACT(duration, t->start);
 	if (result)
 	{
 		signal = result->signal ? result->signal : "default";
+		if (result->context_merge)
+			context = JsonMerge(context, result->context_merge);
 		if (result->has_output)
 			context = JsonSetKey(context, step->output_key, result->output);
 	}
@@ -370,6 +374,8 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "signal", signal);
+	if (result && result->exit_error)
+		JsonObjAddString(&b, "error", result->exit_error);
 	if (edata)
 	{
 		char		sqlstate[6];
@@ -409,12 +415,30 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 		else if (strcmp(status, "failed") == 0)
 			run_error = psprintf("the run reached end \"%s\", whose status is failed", end_name);
 	}
+	else if (strcmp(signal, "aborted") == 0 && step->kind == STEP_AGENT)
+	{
+		/* an abort is an out-of-band stop, not an authoring bug */
+		status = "aborted";
+		run_error = psprintf("warning: step \"%s\" was aborted and has no route for \"aborted\": %s",
+							 step->id, result->exit_error ? result->exit_error : "aborted");
+	}
 	else if (strcmp(signal, "error") == 0)
 	{
 		status = "failed";
-		run_error = edata
-			? psprintf("step \"%s\" failed: %s", step->id, edata->message)
-			: psprintf("step \"%s\" produced signal \"error\", which has no route", step->id);
+		if (edata)
+			run_error = psprintf("step \"%s\" failed: %s", step->id, edata->message);
+		else if (result->exit_error)
+			run_error = psprintf("warning: step \"%s\" ended on its \"error\" exit, which has no route: %s",
+								 step->id, result->exit_error);
+		else
+			run_error = psprintf("step \"%s\" produced signal \"error\", which has no route", step->id);
+	}
+	else if (step->kind == STEP_AGENT && AgentIsReservedExit(signal))
+	{
+		status = "failed";
+		run_error = psprintf("step \"%s\" ended on the reserved exit \"%s\", which has no route: %s "
+							 "(map %s in the step's routes to handle it)",
+							 step->id, signal, result->exit_error ? result->exit_error : signal, signal);
 	}
 	else
 	{
@@ -438,7 +462,8 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 		JsonObjAddJsonb(&b, "response", response);
 		if (run_error)
 			JsonObjAddString(&b, "error", run_error);
-		JournalAdd(&events, strcmp(status, "completed") == 0 ? "run_completed" : "run_failed",
+		JournalAdd(&events, strcmp(status, "completed") == 0 ? "run_completed" :
+				   strcmp(status, "aborted") == 0 ? "run_aborted" : "run_failed",
 				   NULL, NULL, JsonObjEnd(&b));
 	}
 
@@ -447,7 +472,7 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 	SetUserIdAndSecContext(run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
 
 	/* the fenced update first: a holder that lost its lease stops here */
-	run->next_seq = run->last_seq + list_length(events);
+	run->next_seq = run->last_seq + JournalCount(events);
 	write_checkpoint(run, status, context, next_step_id, run->next_seq,
 					 end_name, response, run_error, NULL);
 	(void) JournalWrite(run->id, run->last_seq, events);
@@ -483,7 +508,10 @@ in_subtransaction(Transition *t, bool execute, ErrorData *step_error,
 	ResourceOwner oldowner = CurrentResourceOwner;
 	volatile bool in_step = execute;
 	ErrorData  *volatile edata = NULL;
+	Jsonb	   *saved_effects = t->run->working_effects;
 
+	t->run->step_events = NIL;
+	t->run->effect_call = 0;
 	BeginInternalSubTransaction(NULL);
 	MemoryContextSwitchTo(oldcxt);
 	PG_TRY();
@@ -512,6 +540,10 @@ in_subtransaction(Transition *t, bool execute, ErrorData *step_error,
 		RollbackAndReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(oldcxt);
 		CurrentResourceOwner = oldowner;
+		/* what the step recorded is gone with its subtransaction */
+		t->run->working_effects = saved_effects;
+		t->run->step_events = NIL;
+		t->run->effect_call = 0;
 	}
 	PG_END_TRY();
 	*step_failed = edata != NULL && in_step;
@@ -534,8 +566,10 @@ take_fresh_effect(Transition *t)
 	Jsonb	   *kept = run->fresh_effect;
 	char	   *op;
 
+	run->fresh_position = -1;
 	if (run->fresh_effect == NULL)
 		return;
+	run->fresh_position = EffectCount(run);
 	op = JsonGetString(run->fresh_effect, "op");
 	if (op && strcmp(op, "llm") == 0)
 	{
@@ -586,6 +620,7 @@ RunAdvance(RunState *run)
 	memset(&t, 0, sizeof(t));
 	t.run = run;
 	t.wf = WorkflowLoad(run->workflow, run->version);
+	run->wf = t.wf;
 	run->send = NULL;
 
 	ectx.run = run;
@@ -633,6 +668,7 @@ RunAdvance(RunState *run)
 		t.first_entry = true;
 	}
 	take_fresh_effect(&t);
+	run->events_before = list_length(t.events);
 	INSTR_TIME_SET_CURRENT(t.start);
 
 	edata = in_subtransaction(&t, true, NULL, &step_failed);

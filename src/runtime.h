@@ -8,6 +8,7 @@
 #ifndef TUVL_RUNTIME_H
 #define TUVL_RUNTIME_H
 
+#include "nodes/pg_list.h"
 #include "utils/jsonb.h"
 #include "utils/palloc.h"
 #include "utils/timestamp.h"
@@ -45,6 +46,11 @@ typedef struct RunState
 	/* during a transition */
 	Jsonb	   *working_effects;	/* journaled results of this step's effects */
 	int			entry_seq;		/* seq of this step's agent_started */
+	int			fresh_position; /* where the fresh effect landed, or -1 */
+	int			effect_call;	/* > 0: effects belong to this agent tool call */
+	List	   *step_events;	/* journal events the step added */
+	WorkflowDef *wf;			/* the run's workflow version */
+	int			events_before;	/* events of the transition before the step's */
 
 	/* staged by RunAdvance, applied by RunApplyTransition */
 	Jsonb	   *next_context;

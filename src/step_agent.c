@@ -25,6 +25,7 @@
 #include "utils/json.h"
 #include "utils/jsonb.h"
 
+#include "agent.h"
 #include "effect.h"
 #include "executor.h"
 #include "jsonutil.h"
@@ -78,8 +79,8 @@ parse_agent_retry(Jsonb *agent, AgentRetry *r)
 }
 
 /* The enum values of agent.outcome, or NIL. */
-static List *
-outcome_enum(Jsonb *agent)
+List *
+AgentOutcomeEnum(Jsonb *agent)
 {
 	Jsonb	   *outcome = JsonGetJsonb(agent, "outcome");
 	JsonbValue *e = outcome && JsonIsObject(outcome) ? JsonGetField(outcome, "enum") : NULL;
@@ -97,7 +98,7 @@ outcome_enum(Jsonb *agent)
 }
 
 /* The strict final-answer format, for a declared enum. */
-static char *
+char *
 AgentFinalFormat(List *values)
 {
 	StringInfoData buf;
@@ -117,8 +118,8 @@ AgentFinalFormat(List *values)
 }
 
 /* Text without surrounding whitespace and ``` fences. */
-static char *
-strip_fences(const char *text)
+char *
+AgentStripFences(const char *text)
 {
 	const char *s = text;
 	const char *e;
@@ -162,7 +163,7 @@ AgentFinalize(const StepDef *step, const char *text, List *values, StepResult *r
 		result->output = JsonStringValue(text ? text : "");
 		return;
 	}
-	clean = strip_fences(text ? text : "");
+	clean = AgentStripFences(text ? text : "");
 	obj = JsonParseSafe(clean, strlen(clean));
 	StepErrorType = "invalid_outcome";
 	if (obj == NULL || !JsonIsObject(obj))
@@ -189,11 +190,11 @@ AgentFinalize(const StepDef *step, const char *text, List *values, StepResult *r
 }
 
 /*
- * After a failed call: retry (returns true with the request's delay set)
- * or give up (raises).
+ * After a failed call: should it be retried (per agent.retry), and after
+ * how long?
  */
-static bool
-AgentRetryOrFail(Jsonb *agent, LlmReply *reply, int attempts_made, EffectRequest *next)
+bool
+AgentShouldRetry(Jsonb *agent, LlmReply *reply, int attempts_made, int *delay_ms)
 {
 	AgentRetry	r;
 
@@ -205,11 +206,30 @@ AgentRetryOrFail(Jsonb *agent, LlmReply *reply, int attempts_made, EffectRequest
 		double		d = r.backoff_ms * pow(2.0, Max(attempts_made - 1, 0));
 
 		d += d * 0.5 * pg_prng_double(&pg_global_prng_state);
-		next->delay_ms = reply->retry_after_ms >= 0 ? reply->retry_after_ms : (int) Min(d, 600000);
+		*delay_ms = reply->retry_after_ms >= 0 ? reply->retry_after_ms : (int) Min(d, 600000);
 		return true;
 	}
-	StepErrorType = strcmp(reply->error_class ? reply->error_class : "error", "timeout") == 0
+	return false;
+}
+
+/* _last_error_type of a failed call. */
+const char *
+AgentFailureType(LlmReply *reply)
+{
+	return strcmp(reply->error_class ? reply->error_class : "error", "timeout") == 0
 		? "timeout" : "llm_error";
+}
+
+/*
+ * After a failed call: retry (returns true with the request's delay set)
+ * or give up (raises).
+ */
+static bool
+AgentRetryOrFail(Jsonb *agent, LlmReply *reply, int attempts_made, EffectRequest *next)
+{
+	if (AgentShouldRetry(agent, reply, attempts_made, &next->delay_ms))
+		return true;
+	StepErrorType = AgentFailureType(reply);
 	ereport(ERROR,
 			(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 			 errmsg("%s", reply->error),
@@ -225,7 +245,7 @@ execute_completion(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 	char	   *model = JsonGetString(agent, "model");
 	char	   *system = JsonGetString(agent, "system");
 	char	   *prompt = JsonGetString(agent, "prompt");
-	List	   *values = outcome_enum(agent);
+	List	   *values = AgentOutcomeEnum(agent);
 	LlmConfig  *cfg;
 	StringInfoData msgs;
 	EffectRequest *req;
@@ -285,12 +305,12 @@ StepExecuteAgent(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *res
 	char	   *mode = JsonGetString(step->spec, "mode");
 
 	if (mode && strcmp(mode, "completion") == 0)
-	{
 		execute_completion(run, step, ctx, result);
-		return;
-	}
-	ereport(ERROR,
-			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-			 errmsg("Agent mode \"%s\" is not available in tuvl %s", mode ? mode : "", TUVL_VERSION),
-			 errhint("Use mode: completion.")));
+	else if (mode && strcmp(mode, "autonomous") == 0)
+		StepExecuteAutonomous(run, step, ctx, result);
+	else
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("Agent step \"%s\" has mode \"%s\"", step->id, mode ? mode : ""),
+				 errhint("Use mode: completion or mode: autonomous.")));
 }

@@ -356,6 +356,149 @@ check_http_block(ValidateState *vs, Jsonb *http, const char *hpath)
 	check_retry(vs, http, hpath, http_on, "[timeout, error, 429, 5xx]");
 }
 
+/* The step object with this id in the definition, or NULL. */
+static Jsonb *
+find_step_object(ValidateState *vs, const char *id)
+{
+	JsonbValue *steps = JsonGetField(vs->definition, "steps");
+
+	if (!is_list(steps))
+		return NULL;
+	for (int i = 0; i < (int) JsonContainerSize(steps->val.binary.data); i++)
+	{
+		JsonbValue *sv = getIthJsonbValueFromContainer(steps->val.binary.data, i);
+		Jsonb	   *step;
+		char	   *sid;
+
+		if (!is_mapping(sv))
+			continue;
+		step = JsonValueToJsonb(sv);
+		sid = JsonGetString(step, "id");
+		if (sid && strcmp(sid, id) == 0)
+			return step;
+	}
+	return NULL;
+}
+
+/* A positive integer field, when present. */
+static void
+check_positive_int(ValidateState *vs, Jsonb *obj, const char *key, const char *path)
+{
+	JsonbValue *v = JsonGetField(obj, key);
+
+	if (v == NULL)
+		return;
+	if (v->type != jbvNumeric ||
+		!DatumGetBool(DirectFunctionCall2(numeric_eq, NumericGetDatum(v->val.numeric),
+										  DirectFunctionCall2(numeric_round, NumericGetDatum(v->val.numeric),
+															  Int32GetDatum(0)))) ||
+		DatumGetInt64(DirectFunctionCall1(numeric_int8, NumericGetDatum(v->val.numeric))) < 1)
+		add_finding(vs, "error", psprintf("%s.%s", path, key), "%s must be a positive integer", key);
+}
+
+/* agent.tools of an autonomous agent. */
+static void
+check_agent_tools(ValidateState *vs, Jsonb *agent, const char *apath, const char *self)
+{
+	static const char *const tool_keys[] = {"ref", "description", "parameters", "writes_context",
+	"approval", NULL};
+	JsonbValue *tv = JsonGetField(agent, "tools");
+	char	   *tpath = psprintf("%s.tools", apath);
+
+	if (tv == NULL || (is_list(tv) && JsonContainerSize(tv->val.binary.data) == 0))
+	{
+		add_finding(vs, "error", apath,
+					"an autonomous agent needs agent.tools: the steps it may call, as [{ref: step_id}]");
+		return;
+	}
+	if (!is_list(tv))
+	{
+		add_finding(vs, "error", tpath, "tools must be a list such as [{ref: lookup_order}]");
+		return;
+	}
+	for (int i = 0; i < (int) JsonContainerSize(tv->val.binary.data); i++)
+	{
+		JsonbValue *e = getIthJsonbValueFromContainer(tv->val.binary.data, i);
+		char	   *epath = psprintf("%s[%d]", tpath, i);
+		Jsonb	   *entry;
+		Jsonb	   *target;
+		char	   *ref;
+		char	   *kind;
+		JsonbValue *v;
+
+		if (!is_mapping(e))
+		{
+			add_finding(vs, "error", epath, "a tool must be a mapping such as {ref: lookup_order}");
+			continue;
+		}
+		entry = JsonValueToJsonb(e);
+		check_unknown_keys(vs, entry, epath, tool_keys, NULL);
+		ref = JsonGetString(entry, "ref");
+		if (ref == NULL)
+		{
+			add_finding(vs, "error", epath, "the tool is missing ref, the id of the step it calls");
+			continue;
+		}
+		if (strcmp(ref, self) == 0)
+		{
+			add_finding(vs, "error", psprintf("%s.ref", epath), "an agent cannot call itself as a tool");
+			continue;
+		}
+		target = find_step_object(vs, ref);
+		if (target == NULL)
+		{
+			add_finding(vs, "error", psprintf("%s.ref", epath),
+						"tool \"%s\" is not a step of this workflow", ref);
+			continue;
+		}
+		kind = JsonGetString(target, "kind");
+		if (kind && (strcmp(kind, "Agent") == 0 || strcmp(kind, "Human") == 0))
+			add_finding(vs, "error", psprintf("%s.ref", epath),
+						"step \"%s\" is a%s %s step, which cannot be called as a tool; "
+						"tools are Functional, ModelOp, Router, APICall or MCP steps",
+						ref, strcmp(kind, "Agent") == 0 ? "n" : "", kind);
+		if (JsonGetString(target, "description") == NULL && JsonGetString(entry, "description") == NULL)
+			add_finding(vs, "error", epath,
+						"tool \"%s\" has no description; give step \"%s\" a description, or the tool entry one, so the model knows what it does",
+						ref, ref);
+		v = JsonGetField(entry, "parameters");
+		if (v && !is_mapping(v))
+			add_finding(vs, "error", psprintf("%s.parameters", epath),
+						"parameters must be a JSON Schema object such as {type: object, properties: {...}}");
+		v = JsonGetField(entry, "writes_context");
+		if (v && v->type != jbvBool)
+			add_finding(vs, "error", psprintf("%s.writes_context", epath),
+						"writes_context must be true or false");
+	}
+}
+
+/* context_injection: a list of public context keys. */
+static void
+check_context_injection(ValidateState *vs, Jsonb *step, const char *path)
+{
+	JsonbValue *v = JsonGetField(step, "context_injection");
+	char	   *cpath = psprintf("%s.context_injection", path);
+
+	if (v == NULL)
+		return;
+	if (!is_list(v))
+	{
+		add_finding(vs, "error", cpath, "context_injection must be a list of context keys");
+		return;
+	}
+	for (int i = 0; i < (int) JsonContainerSize(v->val.binary.data); i++)
+	{
+		JsonbValue *k = getIthJsonbValueFromContainer(v->val.binary.data, i);
+
+		if (k->type != jbvString || k->val.string.len == 0)
+			add_finding(vs, "error", psprintf("%s[%d]", cpath, i), "a context key must be a non-empty string");
+		else if (k->val.string.val[0] == '_')
+			add_finding(vs, "error", psprintf("%s[%d]", cpath, i),
+						"\"%s\" is a private key; private keys are never shown to a model",
+						pnstrdup(k->val.string.val, k->val.string.len));
+	}
+}
+
 static void
 check_agent_block(ValidateState *vs, Jsonb *step, const char *path)
 {
@@ -370,17 +513,78 @@ check_agent_block(ValidateState *vs, Jsonb *step, const char *path)
 
 	static const char *const agent_keys[] = {"model", "system", "prompt", "steering", "skills",
 		"tools", "outcome", "max_iterations", "token_budget", "guardrails", "retry", NULL};
+	static const struct
+	{
+		const char *key;
+		const char *instead;
+	}			removed[] = {
+		{"output", "agent.outcome.write"},
+		{"steering_files", "agent.steering (inline text or an artifact:// reference)"},
+	};
+	bool		autonomous = mode && strcmp(mode, "autonomous") == 0;
+	Jsonb	   *routes = JsonGetJsonb(step, "routes");
 
 	if (!is_mapping(a))
 		return;
 	agent = JsonValueToJsonb(a);
-	check_unknown_keys(vs, agent, apath, agent_keys, NULL);
+	for (int i = 0; i < (int) lengthof(removed); i++)
+		if (JsonGetField(agent, removed[i].key))
+			add_finding(vs, "error", psprintf("%s.%s", apath, removed[i].key),
+						"agent.%s was removed; use %s", removed[i].key, removed[i].instead);
+	{
+		Jsonb	   *oc = JsonGetJsonb(agent, "outcome");
+
+		if (oc && JsonIsObject(oc) && JsonGetField(oc, "output_key"))
+			add_finding(vs, "error", psprintf("%s.outcome.output_key", apath),
+						"outcome.output_key was removed; use outcome.write");
+		if (oc && JsonIsObject(oc) && JsonGetField(oc, "signal_from"))
+			add_finding(vs, "error", psprintf("%s.outcome.signal_from", apath),
+						"outcome.signal_from was removed; the outcome is the \"outcome\" field of the final answer, one of outcome.enum");
+	}
+	{
+		static const char *const agent_keys_removed[] = {"output", "steering_files", NULL};
+
+		check_unknown_keys(vs, agent, apath, agent_keys, agent_keys_removed);
+	}
+	if (autonomous)
+	{
+		static const char *const exits[] = {"max_iterations", "budget_exceeded", "aborted", NULL};
+
+		if (JsonGetField(agent, "system"))
+			add_finding(vs, "error", psprintf("%s.system", apath),
+						"system is a completion-mode field; an autonomous agent takes its instructions from agent.steering");
+		if (JsonGetField(agent, "prompt"))
+			add_finding(vs, "error", psprintf("%s.prompt", apath),
+						"prompt is a completion-mode field; an autonomous agent reads the public context instead");
+		if (JsonGetField(agent, "steering") == NULL)
+			add_finding(vs, "warning", apath,
+						"agent.steering is missing; without it the model knows only the context and the tools");
+		check_agent_tools(vs, agent, apath, JsonGetString(step, "id") ? JsonGetString(step, "id") : "");
+		check_positive_int(vs, agent, "max_iterations", apath);
+		check_positive_int(vs, agent, "token_budget", apath);
+		for (int i = 0; exits[i]; i++)
+			if ((strcmp(exits[i], "budget_exceeded") != 0 || JsonGetField(agent, "token_budget")) &&
+				(routes == NULL || JsonGetField(routes, exits[i]) == NULL))
+				add_finding(vs, "warning", psprintf("%s.routes", path),
+							strcmp(exits[i], "aborted") == 0
+							? "the reserved exit \"%s\" has no route: an abort stops the run without a routed exit"
+							: "the reserved exit \"%s\" has no route: the run fails if the agent takes it",
+							exits[i]);
+		if ((JsonGetField(agent, "guardrails") || JsonGetField(step, "guardrails")) &&
+			(routes == NULL || JsonGetField(routes, "guardrail_violation") == NULL))
+			add_finding(vs, "warning", psprintf("%s.routes", path),
+						"guardrails are attached but \"guardrail_violation\" has no route: the run fails if a check fails");
+	}
+	else if (JsonGetField(agent, "tools"))
+		add_finding(vs, "warning", psprintf("%s.tools", apath),
+					"tools are used only by mode: autonomous; a completion agent ignores them");
+	check_context_injection(vs, step, path);
 	if (JsonGetField(step, "output"))
 		add_finding(vs, "warning", psprintf("%s.output", path),
 					"an Agent step writes its answer to agent.outcome.write (default <step id>_result); output is ignored");
 	if (JsonGetField(agent, "model") == NULL)
 		add_finding(vs, "error", apath, "agent.model is missing; name a model given to tuvl.register_llm()");
-	if (mode && strcmp(mode, "completion") == 0 && JsonGetField(agent, "prompt") == NULL)
+	if (!autonomous && mode && strcmp(mode, "completion") == 0 && JsonGetField(agent, "prompt") == NULL)
 		add_finding(vs, "error", apath, "a completion agent needs agent.prompt, the user message template");
 	check_retry(vs, agent, apath, agent_on, "[timeout, error]");
 	o = JsonGetField(agent, "outcome");
@@ -392,7 +596,6 @@ check_agent_block(ValidateState *vs, Jsonb *step, const char *path)
 		Jsonb	   *outcome = JsonValueToJsonb(o);
 		JsonbValue *e = JsonGetField(outcome, "enum");
 		JsonbValue *w = JsonGetField(outcome, "write");
-		Jsonb	   *routes = JsonGetJsonb(step, "routes");
 
 		if (w && (w->type != jbvString || w->val.string.len == 0))
 			add_finding(vs, "error", psprintf("%s.outcome.write", apath),

@@ -1,0 +1,23 @@
+/*-------------------------------------------------------------------------
+ *
+ * agent.h
+ *	  What the two Agent modes share: retry policy, the outcome contract.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef TUVL_AGENT_H
+#define TUVL_AGENT_H
+
+#include "nodes/pg_list.h"
+#include "utils/jsonb.h"
+
+#include "llm.h"
+
+extern List *AgentOutcomeEnum(Jsonb *agent);
+extern char *AgentFinalFormat(List *values);
+extern char *AgentStripFences(const char *text);
+extern bool AgentShouldRetry(Jsonb *agent, LlmReply *reply, int attempts_made,
+							 int *delay_ms);
+extern const char *AgentFailureType(LlmReply *reply);
+
+#endif							/* TUVL_AGENT_H */
