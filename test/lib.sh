@@ -84,11 +84,12 @@ tuvl_wait_port() {
     return 1
 }
 
-# The project's scripted LLM server: the offline model of the demo and tests.
+# The project's scripted LLM server: the offline model of the demo and tests
+# (TUVL_LLM_SCRIPTS: a JSON file of scripts to load at start).
 tuvl_start_llm() {
     TUVL_LLM_PORT=$(tuvl_free_port)
     tuvl_spawn "$TUVL_PYTHON" "$TUVL_ROOT/test/servers/llm_server.py" --port "$TUVL_LLM_PORT" \
-        2>"$TUVL_TMP/llm.log"
+        ${TUVL_LLM_SCRIPTS:+--scripts "$TUVL_LLM_SCRIPTS"} 2>"$TUVL_TMP/llm.log"
     tuvl_wait_port "$TUVL_LLM_PORT"
     export TUVL_LLM_PORT TUVL_LLM_URL="http://127.0.0.1:$TUVL_LLM_PORT/v1"
 }
