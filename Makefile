@@ -7,6 +7,7 @@ MODULE_big = tuvl
 OBJS = \
 	src/agent.o \
 	src/api.o \
+	src/artifact.o \
 	src/effect.o \
 	src/executor.o \
 	src/http.o \

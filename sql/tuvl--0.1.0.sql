@@ -55,6 +55,7 @@ CREATE TABLE tuvl.runs (
     finished_at timestamptz,
     principal name NOT NULL,
     control jsonb,
+    artifacts jsonb,
     FOREIGN KEY (workflow, workflow_version) REFERENCES tuvl.workflows (name, version)
 ) WITH (fillfactor = 80);
 COMMENT ON TABLE tuvl.runs IS 'one row per run: status, lease and checkpoint';
@@ -62,6 +63,7 @@ COMMENT ON COLUMN tuvl.runs.status IS 'queued, running, waiting_human, waiting_a
 COMMENT ON COLUMN tuvl.runs.attempt IS 'incremented at every claim; every write of a lease holder is fenced by it';
 COMMENT ON COLUMN tuvl.runs.lease_epoch IS 'server incarnation of the lease holder: leases of older epochs belong to dead processes';
 COMMENT ON COLUMN tuvl.runs.last_seq IS 'seq of the newest journal event of this run';
+COMMENT ON COLUMN tuvl.runs.artifacts IS 'the versions of floating artifact references, resolved when the run was created: {name: version}';
 COMMENT ON COLUMN tuvl.runs.control IS 'operator directives not yet applied, such as {"abort": "reason"}; read at every agent turn and between tool calls';
 
 /* Claims scan only queued runs; lease expiry scans only running ones. */
@@ -185,6 +187,27 @@ RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'tuvl_worker_status'
 LANGUAGE C STRICT VOLATILE;
 COMMENT ON FUNCTION tuvl.worker_status() IS 'each tuvl worker: runs held, HTTP transfers in flight (now and at peak), last heartbeat';
+
+/* Artifacts */
+CREATE TABLE tuvl.artifacts (
+    name text NOT NULL CHECK (name ~ '^[a-z_][a-z0-9_-]*$'),
+    version integer NOT NULL CHECK (version > 0),
+    type text NOT NULL CHECK (type IN ('steering', 'prompt', 'skill', 'guardrail', 'hook')),
+    body text,
+    definition jsonb NOT NULL,
+    source text NOT NULL,
+    owner name NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (name, version)
+);
+COMMENT ON TABLE tuvl.artifacts IS 'every version of every artifact; workflows refer to them as artifact://name or artifact://name@version';
+GRANT SELECT ON tuvl.artifacts TO PUBLIC;
+
+CREATE FUNCTION tuvl.register_artifact(source text)
+RETURNS integer
+AS 'MODULE_PATHNAME', 'tuvl_register_artifact'
+LANGUAGE C STRICT VOLATILE;
+COMMENT ON FUNCTION tuvl.register_artifact(text) IS 'store a steering, prompt, skill, guardrail or hook artifact as a new version';
 
 /* MCP */
 CREATE FUNCTION tuvl.mcp_list_tools(url text)

@@ -57,6 +57,7 @@
 #include "utils/timestamp.h"
 
 #include "agent.h"
+#include "artifact.h"
 #include "effect.h"
 #include "executor.h"
 #include "journal.h"
@@ -237,27 +238,19 @@ messages_jsonb(AgentLoop *l)
 	return JsonFromCString(psprintf("[%s]", l->msgs.data));
 }
 
-/* Inline text of a steering or skill entry. */
+/* The text of a steering or skill entry: inline, or an artifact's body. */
 static char *
-prose(AgentLoop *l, JsonbValue *v, const char *what)
+prose(AgentLoop *l, JsonbValue *v, ArtifactSite site, const char *what)
 {
-	char	   *text;
-
 	if (v == NULL)
 		return NULL;
 	if (v->type != jbvString)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s of agent step \"%s\" must be text", what, l->step->id)));
-	text = pnstrdup(v->val.string.val, v->val.string.len);
-	if (strncmp(text, "artifact://", 11) == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("%s of agent step \"%s\" is an artifact reference (%s)",
-						what, l->step->id, text),
-				 errdetail("This version of tuvl does not resolve artifact references yet."),
-				 errhint("Write the text inline.")));
-	return text;
+				 errmsg("%s of agent step \"%s\" must be text or an artifact:// reference",
+						what, l->step->id)));
+	return ArtifactResolveText(l->run, pnstrdup(v->val.string.val, v->val.string.len), site,
+							   psprintf("%s of step \"%s\"", what, l->step->id));
 }
 
 /*
@@ -269,7 +262,7 @@ static void
 opening_messages(AgentLoop *l)
 {
 	StringInfoData sys;
-	char	   *steering = prose(l, JsonGetField(l->agent, "steering"), "agent.steering");
+	char	   *steering = prose(l, JsonGetField(l->agent, "steering"), SITE_STEERING, "agent.steering");
 	JsonbValue *skills = JsonGetField(l->agent, "skills");
 	Jsonb	   *inject = JsonGetJsonb(l->step->spec, "context_injection");
 	Jsonb	   *public = JsonPublicContext(l->ctx);
@@ -287,7 +280,7 @@ opening_messages(AgentLoop *l)
 		for (int i = 0; i < n; i++)
 			appendStringInfo(&sys, "- %s\n",
 							 prose(l, getIthJsonbValueFromContainer(skills->val.binary.data, i),
-								   "agent.skills entry"));
+								   SITE_SKILL, "an agent.skills entry"));
 		if (n > 0)
 			appendStringInfoChar(&sys, '\n');
 	}

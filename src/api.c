@@ -28,6 +28,7 @@
 #include "pgstat.h"
 
 #include "api.h"
+#include "artifact.h"
 #include "effect.h"
 #include "journal.h"
 #include "jsonschema.h"
@@ -254,13 +255,14 @@ run_created_here(int64 id)
 int64
 ApiCreateRun(const char *workflow, Jsonb *input, bool running, int *version_out)
 {
-	static const Oid types[9] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, NAMEOID,
-	INT4OID, INT4OID, INT8OID, INTERVALOID};
+	static const Oid types[10] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, NAMEOID,
+	INT4OID, INT4OID, INT8OID, INTERVALOID, JSONBOID};
 	int			version = WorkflowLatestVersion(workflow, false);
 	WorkflowDef *wf = WorkflowLoad(workflow, version);
 	char	   *principal = GetUserNameFromId(GetUserId(), false);
-	Datum		values[9];
-	char		nulls[9] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Datum		values[10];
+	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Jsonb	   *pins = ArtifactPinFloating(wf->definition);
 	Interval   *lease = palloc0(sizeof(Interval));
 	Oid			save_user;
 	int			save_sec;
@@ -289,12 +291,17 @@ ApiCreateRun(const char *workflow, Jsonb *input, bool running, int *version_out)
 	if (!running)
 		nulls[6] = nulls[7] = nulls[8] = 'n';
 
+	if (JsonContainerSize(&pins->root) > 0)
+		values[9] = JsonbPGetDatum(pins);
+	else
+		nulls[9] = 'n';
 	as_owner(&save_user, &save_sec);
 	SpiExec("INSERT INTO tuvl.runs (workflow, workflow_version, status, input, context, "
-			"  principal, attempt, lease_owner, lease_epoch, lease_expires_at, started_at, last_seq) "
+			"  principal, attempt, lease_owner, lease_epoch, lease_expires_at, started_at, last_seq, "
+			"  artifacts) "
 			"VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8, now() + $9, "
-			"  CASE WHEN $6 > 0 THEN now() END, 1) RETURNING id",
-			9, types, values, nulls, SPI_OK_INSERT_RETURNING);
+			"  CASE WHEN $6 > 0 THEN now() END, 1, $10) RETURNING id",
+			10, types, values, nulls, SPI_OK_INSERT_RETURNING);
 	id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 
 	JsonObjStart(&b);
@@ -302,6 +309,8 @@ ApiCreateRun(const char *workflow, Jsonb *input, bool running, int *version_out)
 	JsonObjAddInt(&b, "version", version);
 	JsonObjAddString(&b, "principal", principal);
 	JsonObjAddJsonb(&b, "input", input);
+	if (JsonContainerSize(&pins->root) > 0)
+		JsonObjAddJsonb(&b, "artifacts", pins);
 	{
 		List	   *events = NIL;
 

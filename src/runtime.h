@@ -50,6 +50,7 @@ typedef struct RunState
 	int			effect_call;	/* > 0: effects belong to this agent tool call */
 	List	   *step_events;	/* journal events the step added */
 	WorkflowDef *wf;			/* the run's workflow version */
+	Jsonb	   *artifacts;		/* pinned artifact versions, loaded on use */
 	int			events_before;	/* events of the transition before the step's */
 
 	/* staged by RunAdvance, applied by RunApplyTransition */

@@ -26,6 +26,7 @@
 #include "utils/jsonb.h"
 
 #include "agent.h"
+#include "artifact.h"
 #include "effect.h"
 #include "executor.h"
 #include "jsonutil.h"
@@ -254,6 +255,10 @@ execute_completion(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 	StepErrorType = "llm_error";
 	cfg = LlmConfigLoad(model ? model : "default");
 
+	if (system)
+		system = ArtifactResolveText(run, system, SITE_STEERING, psprintf("agent.system of step \"%s\"", step->id));
+	if (prompt)
+		prompt = ArtifactResolveText(run, prompt, SITE_PROMPT, psprintf("agent.prompt of step \"%s\"", step->id));
 	StepErrorType = "template_error";
 	initStringInfo(&msgs);
 	appendStringInfoChar(&msgs, '[');

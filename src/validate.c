@@ -21,6 +21,7 @@
 #include "utils/numeric.h"
 #include "utils/jsonb.h"
 
+#include "artifact.h"
 #include "jsonschema.h"
 #include "jsonutil.h"
 #include "validate.h"
@@ -356,6 +357,172 @@ check_http_block(ValidateState *vs, Jsonb *http, const char *hpath)
 	check_retry(vs, http, hpath, http_on, "[timeout, error, 429, 5xx]");
 }
 
+/*
+ * An artifact reference at a site: it must exist (at its pinned version)
+ * and have a type the site takes; a floating one is a warning, or an
+ * error when strict.  Returns false when v is not a reference.
+ */
+static bool
+check_artifact_ref(ValidateState *vs, JsonbValue *v, const char *path, ArtifactSite site)
+{
+	char	   *text;
+	char	   *name;
+	int			version;
+	char	   *type;
+	int			latest = 0;
+
+	if (v == NULL || v->type != jbvString)
+		return false;
+	text = pnstrdup(v->val.string.val, v->val.string.len);
+	if (!ArtifactParseRef(text, &name, &version))
+		return false;
+	if (name == NULL)
+	{
+		add_finding(vs, "error", path,
+					"\"%s\" is not a valid artifact reference; write artifact://name or artifact://name@version",
+					text);
+		return true;
+	}
+	if (!ArtifactLookup(name, version, &type, NULL, NULL, &latest))
+	{
+		if (version > 0 && latest > 0)
+			add_finding(vs, "error", path,
+						"artifact \"%s\" has no version %d; its latest version is %d", name, version, latest);
+		else
+			add_finding(vs, "error", path,
+						"artifact \"%s\" does not exist; register it with tuvl.register_artifact()", name);
+		return true;
+	}
+	if (!ArtifactSiteAccepts(site, type))
+		add_finding(vs, "error", path, "%s is a %s artifact, but this field takes %s",
+					text, type, ArtifactSiteTypes(site));
+	if (version == 0)
+		add_finding(vs, vs->strict ? "error" : "warning", path,
+					"floating artifact reference %s (now version %d); pin it as %s@%d so that new versions cannot change this workflow",
+					text, latest, text, latest);
+	return true;
+}
+
+/* A list of artifact references (guardrails of a gate, hooks). */
+static void
+check_artifact_list(ValidateState *vs, JsonbValue *v, const char *path, ArtifactSite site,
+					const char *what)
+{
+	if (v == NULL)
+		return;
+	if (!is_list(v))
+	{
+		add_finding(vs, "error", path, "%s must be a list of artifact:// references", what);
+		return;
+	}
+	for (int i = 0; i < (int) JsonContainerSize(v->val.binary.data); i++)
+	{
+		JsonbValue *e = getIthJsonbValueFromContainer(v->val.binary.data, i);
+		char	   *epath = psprintf("%s[%d]", path, i);
+
+		if (!check_artifact_ref(vs, e, epath, site))
+			add_finding(vs, "error", epath, "%s must list only artifact:// references to %s",
+						what, ArtifactSiteTypes(site));
+	}
+}
+
+/* agent.guardrails (or a step's guardrails): {input, output, tools}. */
+static void
+check_guardrails(ValidateState *vs, JsonbValue *g, const char *path, bool autonomous)
+{
+	static const char *const gates[] = {"input", "output", "tools", NULL};
+	Jsonb	   *gj;
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+
+	if (g == NULL)
+		return;
+	if (!is_mapping(g))
+	{
+		add_finding(vs, "error", path,
+					"guardrails must be a mapping of gates such as { input: [artifact://no_pii] }");
+		return;
+	}
+	gj = JsonValueToJsonb(g);
+	it = JsonbIteratorInit(&gj->root);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		char	   *key;
+		bool		known = false;
+
+		if (tok != WJB_KEY)
+			continue;
+		key = pnstrdup(v.val.string.val, v.val.string.len);
+		for (int i = 0; gates[i]; i++)
+			known |= strcmp(gates[i], key) == 0;
+		if (!known)
+			add_finding(vs, "error", psprintf("%s.%s", path, key),
+						"unknown guardrail gate \"%s\"; use input, output or tools", key);
+		else if (strcmp(key, "tools") == 0 && !autonomous)
+			add_finding(vs, "error", psprintf("%s.%s", path, key),
+						"the tools gate checks tool results, which only mode: autonomous has");
+		tok = JsonbIteratorNext(&it, &v, true);
+		if (known)
+			check_artifact_list(vs, &v, psprintf("%s.%s", path, key), SITE_GUARDRAIL, "a guardrail gate");
+	}
+}
+
+/*
+ * Warn about steps nothing leads to: no route, no implicit next step, not
+ * an agent's tool, not a compensator.  Runs on a workflow without errors.
+ */
+static void
+check_reachable(ValidateState *vs, Jsonb *def)
+{
+	WorkflowDef *wf = WorkflowCompile("validate", 1, def);
+	bool	   *seen = palloc0(sizeof(bool) * Max(wf->nsteps, 1));
+	int		   *queue = palloc(sizeof(int) * Max(wf->nsteps, 1));
+	int			head = 0;
+	int			tail = 0;
+
+#define REACH(idx) do { int r_ = (idx); if (r_ >= 0 && !seen[r_]) { seen[r_] = true; queue[tail++] = r_; } } while (0)
+
+	REACH(wf->start);
+	while (head < tail)
+	{
+		StepDef    *st = &wf->steps[queue[head++]];
+		Jsonb	   *agent = JsonGetJsonb(st->spec, "agent");
+		Jsonb	   *tools = agent && JsonIsObject(agent) ? JsonGetJsonb(agent, "tools") : NULL;
+		char	   *comp = JsonGetString(st->spec, "compensate");
+
+		if (st->routes && JsonIsObject(st->routes))
+		{
+			JsonbIterator *it = JsonbIteratorInit(&st->routes->root);
+			JsonbValue	v;
+			JsonbIteratorToken tok;
+
+			while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+				if (tok == WJB_VALUE && v.type == jbvString)
+					REACH(WorkflowFindStep(wf, pnstrdup(v.val.string.val, v.val.string.len)));
+		}
+		if (st->routes == NULL || JsonGetField(st->routes, "default") == NULL)
+			REACH(st->next);
+		if (comp)
+			REACH(WorkflowFindStep(wf, comp));
+		if (tools && JB_ROOT_IS_ARRAY(tools) && !JB_ROOT_IS_SCALAR(tools))
+			for (int t = 0; t < (int) JsonContainerSize(&tools->root); t++)
+			{
+				JsonbValue *tv = getIthJsonbValueFromContainer(&tools->root, t);
+				char	   *ref = tv->type == jbvBinary ? JsonGetString(JsonValueToJsonb(tv), "ref") : NULL;
+
+				if (ref)
+					REACH(WorkflowFindStep(wf, ref));
+			}
+	}
+#undef REACH
+	for (int i = 0; i < wf->nsteps; i++)
+		if (!seen[i])
+			add_finding(vs, "warning", psprintf("steps[%d]", i),
+						"step \"%s\" is never reached: no route leads to it, no step falls through to it, and no agent calls it as a tool",
+						wf->steps[i].id);
+}
+
 /* The step object with this id in the definition, or NULL. */
 static Jsonb *
 find_step_object(ValidateState *vs, const char *id)
@@ -579,6 +746,34 @@ check_agent_block(ValidateState *vs, Jsonb *step, const char *path)
 		add_finding(vs, "warning", psprintf("%s.tools", apath),
 					"tools are used only by mode: autonomous; a completion agent ignores them");
 	check_context_injection(vs, step, path);
+
+	/* artifact references */
+	(void) check_artifact_ref(vs, JsonGetField(agent, "steering"), psprintf("%s.steering", apath),
+							  SITE_STEERING);
+	(void) check_artifact_ref(vs, JsonGetField(agent, "system"), psprintf("%s.system", apath),
+							  SITE_STEERING);
+	(void) check_artifact_ref(vs, JsonGetField(agent, "prompt"), psprintf("%s.prompt", apath),
+							  SITE_PROMPT);
+	{
+		JsonbValue *sk = JsonGetField(agent, "skills");
+
+		if (sk && !is_list(sk))
+			add_finding(vs, "error", psprintf("%s.skills", apath),
+						"skills must be a list of texts or artifact:// references to skill artifacts");
+		else if (sk)
+			for (int i = 0; i < (int) JsonContainerSize(sk->val.binary.data); i++)
+			{
+				JsonbValue *e = getIthJsonbValueFromContainer(sk->val.binary.data, i);
+
+				if (e->type != jbvString)
+					add_finding(vs, "error", psprintf("%s.skills[%d]", apath, i),
+								"a skill must be text or an artifact:// reference");
+				else
+					(void) check_artifact_ref(vs, e, psprintf("%s.skills[%d]", apath, i), SITE_SKILL);
+			}
+	}
+	check_guardrails(vs, JsonGetField(agent, "guardrails"), psprintf("%s.guardrails", apath), autonomous);
+	check_guardrails(vs, JsonGetField(step, "guardrails"), psprintf("%s.guardrails", path), autonomous);
 	if (JsonGetField(step, "output"))
 		add_finding(vs, "warning", psprintf("%s.output", path),
 					"an Agent step writes its answer to agent.outcome.write (default <step id>_result); output is ignored");
@@ -932,6 +1127,17 @@ ValidateWorkflow(Jsonb *def, Jsonb *positions, bool strict)
 			!list_has_string(vs.step_ids, pnstrdup(v->val.string.val, v->val.string.len)))
 			add_finding(&vs, "error", "start", "start must name a step of this workflow");
 	}
+	check_artifact_list(&vs, JsonGetField(def, "hooks"), "hooks", SITE_HOOK, "hooks");
+	for (int i = 0; i < nsteps; i++)
+	{
+		JsonbValue *st = getIthJsonbValueFromContainer(steps->val.binary.data, i);
+
+		if (is_mapping(st))
+			check_artifact_list(&vs, JsonGetField(JsonValueToJsonb(st), "hooks"),
+								psprintf("steps[%d].hooks", i), SITE_HOOK, "hooks");
+	}
+	if (!FindingsHaveErrors(vs.findings) && nsteps > 0)
+		check_reachable(&vs, def);
 	return vs.findings;
 }
 

@@ -1,0 +1,443 @@
+/*-------------------------------------------------------------------------
+ *
+ * artifact.c
+ *	  The artifact registry: versioned steering, prompt, skill, guardrail
+ *	  and hook texts shared by workflows.
+ *
+ * register_artifact(source) stores a YAML document {name, type, body,
+ * description} as version 1, 2, ... of its name; the type of a name never
+ * changes.  Workflows refer to artifacts as artifact://name (floating:
+ * the latest version) or artifact://name@N (pinned).  A run resolves its
+ * workflow's floating references once, when it is created, and records
+ * the versions in tuvl.runs.artifacts and its run_queued event; every
+ * later transition, crash recovery and replay included, uses exactly
+ * those versions, whatever was registered since.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include <ctype.h>
+
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "lib/stringinfo.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/memutils.h"
+
+#include "artifact.h"
+#include "jsonutil.h"
+#include "spiutil.h"
+#include "tuvl.h"
+#include "yamlparse.h"
+
+PG_FUNCTION_INFO_V1(tuvl_register_artifact);
+
+static const char *const artifact_types[] = {
+	"steering", "prompt", "skill", "guardrail", "hook", NULL
+};
+
+static bool
+valid_artifact_name(const char *name)
+{
+	if (name == NULL || !(islower((unsigned char) name[0]) || name[0] == '_'))
+		return false;
+	for (const char *p = name; *p; p++)
+		if (!(islower((unsigned char) *p) || isdigit((unsigned char) *p) || *p == '_' || *p == '-'))
+			return false;
+	return strlen(name) <= 63;
+}
+
+/*
+ * Is text an artifact reference?  Sets *name and *version (0: floating).
+ * A malformed reference sets *name NULL and still returns true.
+ */
+bool
+ArtifactParseRef(const char *text, char **name, int *version)
+{
+	const char *p;
+	const char *at;
+
+	*name = NULL;
+	*version = 0;
+	if (text == NULL || strncmp(text, ARTIFACT_PREFIX, strlen(ARTIFACT_PREFIX)) != 0)
+		return false;
+	p = text + strlen(ARTIFACT_PREFIX);
+	at = strchr(p, '@');
+	if (at)
+	{
+		char	   *end;
+		long		v = strtol(at + 1, &end, 10);
+
+		if (*end != '\0' || at[1] == '\0' || v < 1 || v > INT_MAX)
+			return true;
+		*version = (int) v;
+		*name = pnstrdup(p, at - p);
+	}
+	else
+		*name = pstrdup(p);
+	if (!valid_artifact_name(*name))
+		*name = NULL;
+	return true;
+}
+
+bool
+ArtifactSiteAccepts(ArtifactSite site, const char *type)
+{
+	switch (site)
+	{
+		case SITE_STEERING:
+			return strcmp(type, "steering") == 0 || strcmp(type, "prompt") == 0;
+		case SITE_PROMPT:
+			return strcmp(type, "prompt") == 0;
+		case SITE_SKILL:
+			return strcmp(type, "skill") == 0;
+		case SITE_GUARDRAIL:
+			return strcmp(type, "guardrail") == 0;
+		case SITE_HOOK:
+			return strcmp(type, "hook") == 0;
+	}
+	return false;
+}
+
+const char *
+ArtifactSiteTypes(ArtifactSite site)
+{
+	switch (site)
+	{
+		case SITE_STEERING:
+			return "a steering or prompt artifact";
+		case SITE_PROMPT:
+			return "a prompt artifact";
+		case SITE_SKILL:
+			return "a skill artifact";
+		case SITE_GUARDRAIL:
+			return "a guardrail artifact";
+		case SITE_HOOK:
+			return "a hook artifact";
+	}
+	return "an artifact";
+}
+
+/*
+ * Look up version `version` of artifact name (0: the latest).  Returns
+ * false when there is none; else sets what is asked for (palloc'd in the
+ * caller's context).  Connects to SPI itself.
+ */
+bool
+ArtifactLookup(const char *name, int version, char **type, char **body, int *version_out,
+			   int *latest)
+{
+	static const Oid types[2] = {TEXTOID, INT4OID};
+	Datum		values[2];
+	MemoryContext cxt = CurrentMemoryContext;
+	Oid			save_user;
+	int			save_sec;
+	bool		found = false;
+
+	values[0] = CStringGetTextDatum(name);
+	values[1] = Int32GetDatum(version);
+	SPI_connect();
+	GetUserIdAndSecContext(&save_user, &save_sec);
+	SetUserIdAndSecContext(TuvlOwnerId(), save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	if (SpiExec("SELECT a.type, a.body, a.version, "
+				"  (SELECT max(version) FROM tuvl.artifacts WHERE name = $1) "
+				"FROM tuvl.artifacts a WHERE a.name = $1 "
+				"  AND ($2 = 0 OR a.version = $2) ORDER BY a.version DESC LIMIT 1",
+				2, types, values, NULL, SPI_OK_SELECT) == 1)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[0];
+		TupleDesc	td = SPI_tuptable->tupdesc;
+		bool		isnull;
+		char	   *t = SPI_getvalue(tup, td, 1);
+		char	   *b = SPI_getvalue(tup, td, 2);
+		int			v = DatumGetInt32(SPI_getbinval(tup, td, 3, &isnull));
+		int			l = DatumGetInt32(SPI_getbinval(tup, td, 4, &isnull));
+
+		if (type)
+			*type = MemoryContextStrdup(cxt, t);
+		if (body)
+			*body = b ? MemoryContextStrdup(cxt, b) : NULL;
+		if (version_out)
+			*version_out = v;
+		if (latest)
+			*latest = l;
+		found = true;
+	}
+	else if (latest)
+	{
+		/* the name may exist without that version */
+		if (SpiExec("SELECT max(version) FROM tuvl.artifacts WHERE name = $1", 1, types, values,
+					NULL, SPI_OK_SELECT) == 1)
+		{
+			bool		isnull;
+			Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+
+			*latest = isnull ? 0 : DatumGetInt32(d);
+		}
+	}
+	SetUserIdAndSecContext(save_user, save_sec);
+	SPI_finish();
+	return found;
+}
+
+/* Collect every artifact reference in a JSON value. */
+static void
+collect_refs(JsonbValue *v, List **refs)
+{
+	if (v->type == jbvString)
+	{
+		char	   *s = pnstrdup(v->val.string.val, v->val.string.len);
+
+		if (strncmp(s, ARTIFACT_PREFIX, strlen(ARTIFACT_PREFIX)) == 0)
+			*refs = lappend(*refs, s);
+	}
+	else if (v->type == jbvBinary)
+	{
+		JsonbIterator *it = JsonbIteratorInit(v->val.binary.data);
+		JsonbValue	e;
+		JsonbIteratorToken tok;
+
+		/* unnested iteration: every scalar, at any depth */
+		while ((tok = JsonbIteratorNext(&it, &e, false)) != WJB_DONE)
+			if (tok == WJB_VALUE || tok == WJB_ELEM)
+				collect_refs(&e, refs);
+	}
+}
+
+/*
+ * The versions of the floating artifact references of a workflow
+ * definition, now: {name: version}.  Raises for a reference that cannot
+ * be resolved.
+ */
+Jsonb *
+ArtifactPinFloating(Jsonb *definition)
+{
+	JsonbValue	root;
+	List	   *refs = NIL;
+	ListCell   *lc;
+	JsonObjBuilder b;
+
+	root.type = jbvBinary;
+	root.val.binary.data = &definition->root;
+	root.val.binary.len = VARSIZE(definition) - VARHDRSZ;
+	collect_refs(&root, &refs);
+	JsonObjStart(&b);
+	foreach(lc, refs)
+	{
+		char	   *name;
+		int			version;
+		int			resolved;
+
+		if (!ArtifactParseRef(lfirst(lc), &name, &version) || name == NULL || version > 0)
+			continue;
+		if (!ArtifactLookup(name, 0, NULL, NULL, &resolved, NULL))
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_OBJECT),
+					 errmsg("artifact \"%s\" does not exist", name),
+					 errdetail("The workflow refers to %s.", (char *) lfirst(lc)),
+					 errhint("Register it with tuvl.register_artifact().")));
+		JsonObjAddInt(&b, name, resolved);
+	}
+	return JsonObjEnd(&b);
+}
+
+/* The versions a run pinned when it was created (tuvl.runs.artifacts). */
+static Jsonb *
+run_artifacts(RunState *run)
+{
+	static const Oid types[1] = {INT8OID};
+	Datum		values[1];
+	Oid			save_user;
+	int			save_sec;
+	Jsonb	   *pins = NULL;
+
+	if (run->artifacts)
+		return run->artifacts;
+	values[0] = Int64GetDatum(run->id);
+	SPI_connect();
+	GetUserIdAndSecContext(&save_user, &save_sec);
+	SetUserIdAndSecContext(TuvlOwnerId(), save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	if (SpiExec("SELECT artifacts FROM tuvl.runs WHERE id = $1", 1, types, values, NULL,
+				SPI_OK_SELECT) == 1)
+	{
+		bool		isnull;
+		Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+
+		if (!isnull)
+		{
+			MemoryContext old = MemoryContextSwitchTo(run->cxt);
+
+			pins = DatumGetJsonbPCopy(d);
+			MemoryContextSwitchTo(old);
+		}
+	}
+	SetUserIdAndSecContext(save_user, save_sec);
+	SPI_finish();
+	if (pins == NULL)
+		pins = JsonEmptyObject();
+	run->artifacts = pins;
+	return pins;
+}
+
+/*
+ * The text a field means: itself, or the body of the artifact it refers
+ * to, at the version the run pinned.  what names the field in errors.
+ */
+char *
+ArtifactResolveText(RunState *run, const char *text, ArtifactSite site, const char *what)
+{
+	char	   *name;
+	int			version;
+	char	   *type;
+	char	   *body;
+
+	if (!ArtifactParseRef(text, &name, &version))
+		return (char *) text;
+	if (name == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s is a malformed artifact reference: %s", what, text),
+				 errhint("Write artifact://name or artifact://name@version.")));
+	if (version == 0)
+	{
+		JsonbValue *pin = JsonGetField(run_artifacts(run), name);
+
+		if (pin == NULL || pin->type != jbvNumeric)
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_OBJECT),
+					 errmsg("run " INT64_FORMAT " has no pinned version of artifact \"%s\"", run->id, name),
+					 errdetail("%s refers to %s, which was not resolved when the run was created.",
+							   what, text)));
+		version = DatumGetInt32(DirectFunctionCall1(numeric_int4, NumericGetDatum(pin->val.numeric)));
+	}
+	if (!ArtifactLookup(name, version, &type, &body, NULL, NULL))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("artifact \"%s\" has no version %d", name, version),
+				 errdetail("%s refers to %s.", what, text)));
+	if (!ArtifactSiteAccepts(site, type))
+		ereport(ERROR,
+				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+				 errmsg("%s refers to %s, a %s artifact", what, text, type),
+				 errdetail("%s takes %s.", what, ArtifactSiteTypes(site))));
+	if (body == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("artifact %s has no body", text)));
+	return body;
+}
+
+/*
+ * register_artifact(source): store a new version of an artifact.
+ */
+Datum
+tuvl_register_artifact(PG_FUNCTION_ARGS)
+{
+	char	   *source = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	Jsonb	   *def = YamlToJsonb(source, "artifact", NULL);
+	char	   *name;
+	char	   *type;
+	JsonbValue *body;
+	bool		known = false;
+	char	   *old_type = NULL;
+	int			latest = 0;
+	int			version;
+	Oid			save_user;
+	int			save_sec;
+
+	if (!JsonIsObject(def))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("an artifact must be a YAML mapping with name, type and body")));
+	name = JsonGetString(def, "name");
+	type = JsonGetString(def, "type");
+	body = JsonGetField(def, "body");
+	if (!valid_artifact_name(name))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("artifact name %s%s%s is not valid", name ? "\"" : "", name ? name : "(missing)",
+						name ? "\"" : ""),
+				 errhint("A name matches [a-z_][a-z0-9_-]*, such as support_tone.")));
+	for (int i = 0; type && artifact_types[i]; i++)
+		known |= strcmp(type, artifact_types[i]) == 0;
+	if (!known)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("artifact \"%s\": type %s%s%s is not valid", name, type ? "\"" : "",
+						type ? type : "(missing)", type ? "\"" : ""),
+				 errhint("Use one of steering, prompt, skill, guardrail, hook.")));
+	if ((strcmp(type, "steering") == 0 || strcmp(type, "prompt") == 0 || strcmp(type, "skill") == 0) &&
+		(body == NULL || body->type != jbvString || body->val.string.len == 0))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("artifact \"%s\": a %s artifact needs body, its text", name, type)));
+	{
+		JsonbIterator *it = JsonbIteratorInit(&def->root);
+		JsonbValue	v;
+		JsonbIteratorToken tok;
+
+		while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+		{
+			char	   *key;
+
+			if (tok != WJB_KEY)
+				continue;
+			key = pnstrdup(v.val.string.val, v.val.string.len);
+			if (strcmp(key, "name") != 0 && strcmp(key, "type") != 0 && strcmp(key, "body") != 0 &&
+				strcmp(key, "description") != 0 &&
+				strcmp(type, "guardrail") != 0 && strcmp(type, "hook") != 0)
+				ereport(NOTICE,
+						(errmsg("artifact \"%s\": unknown key \"%s\" is ignored", name, key)));
+		}
+	}
+
+	SPI_connect();
+	{
+		static const Oid types[1] = {TEXTOID};
+		Datum		values[1];
+
+		values[0] = CStringGetTextDatum(name);
+		SpiExec("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('tuvl.artifact.' || $1, 0))",
+				1, types, values, NULL, SPI_OK_SELECT);
+		CheckObjectOwner("SELECT owner FROM tuvl.artifacts WHERE name = $1 AND version = 1",
+						 name, "artifact", "register a new version of");
+	}
+	SPI_finish();
+	if (ArtifactLookup(name, 0, &old_type, NULL, &latest, NULL) && strcmp(old_type, type) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
+				 errmsg("artifact \"%s\" is a %s artifact; a new version cannot change its type to %s",
+						name, old_type, type),
+				 errhint("Register the %s under another name.", type)));
+	version = latest + 1;
+	SPI_connect();
+	{
+		static const Oid types[7] = {TEXTOID, INT4OID, TEXTOID, TEXTOID, JSONBOID, TEXTOID, NAMEOID};
+		Datum		values[7];
+		char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
+
+		values[0] = CStringGetTextDatum(name);
+		values[1] = Int32GetDatum(version);
+		values[2] = CStringGetTextDatum(type);
+		if (body && body->type == jbvString)
+			values[3] = CStringGetTextDatum(pnstrdup(body->val.string.val, body->val.string.len));
+		else if (body)
+			values[3] = CStringGetTextDatum(JsonValueToText(body));
+		else
+			nulls[3] = 'n';
+		values[4] = JsonbPGetDatum(def);
+		values[5] = CStringGetTextDatum(source);
+		values[6] = DirectFunctionCall1(namein, CStringGetDatum(GetUserNameFromId(GetUserId(), false)));
+		GetUserIdAndSecContext(&save_user, &save_sec);
+		SetUserIdAndSecContext(TuvlOwnerId(), save_sec | SECURITY_LOCAL_USERID_CHANGE);
+		SpiExec("INSERT INTO tuvl.artifacts (name, version, type, body, definition, source, owner) "
+				"VALUES ($1, $2, $3, $4, $5, $6, $7)", 7, types, values, nulls, SPI_OK_INSERT);
+		SetUserIdAndSecContext(save_user, save_sec);
+	}
+	SPI_finish();
+	PG_RETURN_INT32(version);
+}

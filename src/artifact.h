@@ -1,0 +1,36 @@
+/*-------------------------------------------------------------------------
+ *
+ * artifact.h
+ *	  The artifact registry.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef TUVL_ARTIFACT_H
+#define TUVL_ARTIFACT_H
+
+#include "utils/jsonb.h"
+
+#include "runtime.h"
+
+#define ARTIFACT_PREFIX "artifact://"
+
+/* Where a reference is used decides which types it may name. */
+typedef enum ArtifactSite
+{
+	SITE_STEERING,				/* steering or prompt */
+	SITE_PROMPT,				/* prompt */
+	SITE_SKILL,
+	SITE_GUARDRAIL,
+	SITE_HOOK
+} ArtifactSite;
+
+extern bool ArtifactParseRef(const char *text, char **name, int *version);
+extern bool ArtifactSiteAccepts(ArtifactSite site, const char *type);
+extern const char *ArtifactSiteTypes(ArtifactSite site);
+extern bool ArtifactLookup(const char *name, int version, char **type, char **body,
+						   int *version_out, int *latest);
+extern Jsonb *ArtifactPinFloating(Jsonb *definition);
+extern char *ArtifactResolveText(RunState *run, const char *text, ArtifactSite site,
+								 const char *what);
+
+#endif							/* TUVL_ARTIFACT_H */
