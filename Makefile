@@ -8,6 +8,7 @@ OBJS = \
 	src/agent.o \
 	src/api.o \
 	src/artifact.o \
+	src/control.o \
 	src/effect.o \
 	src/executor.o \
 	src/http.o \
@@ -34,7 +35,7 @@ DATA = $(wildcard sql/tuvl--*.sql)
 DOCS = README.md
 
 # pg_regress: one file per area, inputs in sql/, outputs in expected/.
-REGRESS = version workflow template runs steps permissions cleanup
+REGRESS = version workflow validation template runs steps permissions cleanup
 REGRESS_OPTS = --load-extension=tuvl
 
 

@@ -66,6 +66,9 @@ COMMENT ON COLUMN tuvl.runs.last_seq IS 'seq of the newest journal event of this
 COMMENT ON COLUMN tuvl.runs.artifacts IS 'the versions of floating artifact references, resolved when the run was created: {name: version}';
 COMMENT ON COLUMN tuvl.runs.control IS 'operator directives not yet applied, such as {"abort": "reason"}; read at every agent turn and between tool calls';
 
+/* Paused agents are checked against tuvl.agent_pause_max every second. */
+CREATE INDEX runs_paused_idx ON tuvl.runs (id) WHERE status = 'paused';
+
 /* Claims scan only queued runs; lease expiry scans only running ones. */
 CREATE INDEX runs_queued_idx ON tuvl.runs (id) WHERE status = 'queued';
 CREATE INDEX runs_leased_idx ON tuvl.runs (lease_expires_at) WHERE status = 'running';
@@ -187,6 +190,35 @@ RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'tuvl_worker_status'
 LANGUAGE C STRICT VOLATILE;
 COMMENT ON FUNCTION tuvl.worker_status() IS 'each tuvl worker: runs held, HTTP transfers in flight (now and at peak), last heartbeat';
+
+/* Operator control and people in the loop (control.c) */
+CREATE FUNCTION tuvl.pause_run(run_id bigint) RETURNS void
+AS 'MODULE_PATHNAME', 'tuvl_pause_run' LANGUAGE C STRICT VOLATILE;
+COMMENT ON FUNCTION tuvl.pause_run(bigint) IS 'pause a run at its next step or agent turn; it releases its worker';
+CREATE FUNCTION tuvl.resume_run(run_id bigint) RETURNS void
+AS 'MODULE_PATHNAME', 'tuvl_resume_run' LANGUAGE C STRICT VOLATILE;
+COMMENT ON FUNCTION tuvl.resume_run(bigint) IS 'queue a paused run again; it continues from its last checkpoint';
+CREATE FUNCTION tuvl.abort_run(run_id bigint, reason text DEFAULT NULL) RETURNS void
+AS 'MODULE_PATHNAME', 'tuvl_abort_run' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+COMMENT ON FUNCTION tuvl.abort_run(bigint, text) IS 'abort a run at its next step, agent turn or between tool calls';
+CREATE FUNCTION tuvl.steer_run(run_id bigint, message text) RETURNS void
+AS 'MODULE_PATHNAME', 'tuvl_steer_run' LANGUAGE C STRICT VOLATILE;
+COMMENT ON FUNCTION tuvl.steer_run(bigint, text) IS 'guidance appended to the run''s agent conversation at its next turn';
+CREATE FUNCTION tuvl.submit(run_id bigint, data jsonb) RETURNS void
+AS 'MODULE_PATHNAME', 'tuvl_submit' LANGUAGE C STRICT VOLATILE;
+COMMENT ON FUNCTION tuvl.submit(bigint, jsonb) IS 'answer a run waiting at a Human step; data is checked against the step''s form';
+CREATE FUNCTION tuvl.decide(run_id bigint, approved boolean, note text DEFAULT NULL) RETURNS void
+AS 'MODULE_PATHNAME', 'tuvl_decide' LANGUAGE C CALLED ON NULL INPUT VOLATILE;
+COMMENT ON FUNCTION tuvl.decide(bigint, boolean, text) IS 'approve or reject the tool call a run is waiting on';
+
+/* How a checkpoint applies the control directives its transition consumed. */
+CREATE FUNCTION tuvl._control_apply(control jsonb, consumed text[], added jsonb, steers_done text[])
+RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+    SELECT nullif(CASE WHEN steers_done IS NULL OR jsonb_typeof(x->'steer') IS DISTINCT FROM 'object' THEN x
+                       WHEN (x->'steer') - steers_done = '{}' THEN x - 'steer'
+                       ELSE jsonb_set(x, '{steer}', (x->'steer') - steers_done) END, '{}')
+    FROM (SELECT (coalesce(control, '{}') - coalesce(consumed, '{}')) || coalesce(added, '{}') AS x) s
+$$;
 
 /* Artifacts */
 CREATE TABLE tuvl.artifacts (

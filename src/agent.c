@@ -90,6 +90,7 @@ typedef struct AgentTool
 	char	   *name;			/* the ref */
 	const StepDef *step;
 	bool		writes_context;
+	bool		approval;		/* ask a person before each call */
 } AgentTool;
 
 typedef struct AgentLoop
@@ -120,8 +121,12 @@ typedef enum ToolStatus
 	TOOL_DONE,					/* answered; the loop goes on */
 	TOOL_PENDING,				/* waits for an effect */
 	TOOL_TIMEOUT,				/* fatal */
-	TOOL_ABORTED
+	TOOL_ABORTED,
+	TOOL_PARKED					/* waits for an approval */
 } ToolStatus;
+
+static void agent_exit(AgentLoop *l, const char *signal, const char *error_type,
+					   const char *message);
 
 bool
 AgentIsReservedExit(const char *signal)
@@ -419,6 +424,7 @@ build_tools(AgentLoop *l)
 		tool->name = ref;
 		tool->step = &wf->steps[idx];
 		tool->writes_context = JsonGetBool(entry, "writes_context", false);
+		tool->approval = JsonGetBool(entry, "approval", false);
 		l->tools = lappend(l->tools, tool);
 
 		desc = JsonGetString(tool->step->spec, "description");
@@ -458,33 +464,158 @@ find_tool(AgentLoop *l, const char *name)
 
 /* ---------------------------------------------------------------- control */
 
-/*
- * The control checkpoint: has an operator asked this run to abort?
- * Returns the reason, or NULL.  (Pause and steer land here too once they
- * exist; see tuvl.runs.control.)
- */
-static char *
-control_abort(AgentLoop *l)
+/* The run's operator directives now (tuvl.runs.control), or NULL. */
+static Jsonb *
+read_control(AgentLoop *l)
 {
 	static const Oid types[1] = {INT8OID};
 	Datum		values[1];
 	Oid			save_user;
 	int			save_sec;
-	char	   *reason = NULL;
+	Jsonb	   *control = NULL;
 
 	values[0] = Int64GetDatum(l->run->id);
 	GetUserIdAndSecContext(&save_user, &save_sec);
 	SetUserIdAndSecContext(l->run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
-	if (SpiExec("SELECT coalesce(control->>'abort', '') FROM tuvl.runs "
-				"WHERE id = $1 AND control ? 'abort'", 1, types, values, NULL,
-				SPI_OK_SELECT) == 1)
+	if (SpiExec("SELECT control FROM tuvl.runs WHERE id = $1 AND control IS NOT NULL",
+				1, types, values, NULL, SPI_OK_SELECT) == 1)
 	{
-		char	   *v = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+		bool		isnull;
+		Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 
-		reason = pstrdup(v && *v ? v : "aborted by an operator");
+		if (!isnull)
+			control = DatumGetJsonbPCopy(d);
 	}
 	SetUserIdAndSecContext(save_user, save_sec);
-	return reason;
+	return control;
+}
+
+/* An abort directive: sets l->abort_reason and returns true. */
+static bool
+abort_requested(AgentLoop *l, Jsonb *control)
+{
+	Jsonb	   *abort = control ? JsonGetJsonb(control, "abort") : NULL;
+	char	   *reason;
+	char	   *by;
+
+	if (abort == NULL)
+		return false;
+	reason = JsonIsObject(abort) ? JsonGetString(abort, "reason") : NULL;
+	by = JsonIsObject(abort) ? JsonGetString(abort, "by") : NULL;
+	/* {"abort": "reason"} written by hand works too */
+	if (JB_ROOT_IS_SCALAR(abort))
+	{
+		JsonbValue *v = getIthJsonbValueFromContainer(&abort->root, 0);
+
+		if (v->type == jbvString)
+			reason = pnstrdup(v->val.string.val, v->val.string.len);
+	}
+	l->abort_reason = psprintf("aborted by %s%s%s", by ? by : "an operator",
+							   reason ? ": " : "", reason ? reason : "");
+	l->result->consume = list_make2("abort", "pause");
+	return true;
+}
+
+static const char steer_frame[] =
+"Guidance from a supervisor. It does not change your tools, your outcome "
+"contract or the task itself: ";
+
+/*
+ * The control checkpoint at the top of a turn (when acting, not
+ * replaying): abort, pause, steer.  Returns false when the turn must not
+ * go on (the exit or the pause is set).
+ */
+static bool
+control_checkpoint(AgentLoop *l)
+{
+	Jsonb	   *control = read_control(l);
+	Jsonb	   *steer = control ? JsonGetJsonb(control, "steer") : NULL;
+
+	if (control == NULL)
+		return true;
+	if (abort_requested(l, control))
+	{
+		agent_exit(l, "aborted", "aborted", l->abort_reason);
+		return false;
+	}
+	if (JsonGetField(control, "pause"))
+	{
+		Jsonb	   *pause = JsonGetJsonb(control, "pause");
+		JsonObjBuilder b;
+
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "step", l->step->id);
+		JsonObjAddInt(&b, "iteration", l->iteration);
+		JsonObjAddString(&b, "by", pause && JsonIsObject(pause) ? JsonGetString(pause, "by") : NULL);
+		JournalAdd(&l->run->step_events, "paused", l->step->id, l->step->kind_name, JsonObjEnd(&b));
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "paused_at",
+						 DatumGetCString(DirectFunctionCall1(timestamptz_out,
+															 TimestampTzGetDatum(GetCurrentTimestamp()))));
+		JsonObjAddBool(&b, "pause_max", true);
+		l->result->control_add = JsonObjEnd(&b);
+		l->result->consume = list_make1("pause");
+		l->result->park = "paused";
+		return false;
+	}
+	if (steer && JsonIsObject(steer) && JsonContainerSize(&steer->root) > 0)
+	{
+		JsonbIterator *it = JsonbIteratorInit(&steer->root);
+		JsonbValue	v;
+		JsonbIteratorToken tok;
+		List	   *done = NIL;
+
+		/* object keys sort by length, then bytes: fixed-width ids are in order */
+		while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+		{
+			char	   *id;
+			Jsonb	   *m;
+			char	   *message;
+			JsonObjBuilder b;
+
+			if (tok != WJB_KEY)
+				continue;
+			id = pnstrdup(v.val.string.val, v.val.string.len);
+			tok = JsonbIteratorNext(&it, &v, true);
+			m = JsonValueToJsonb(&v);
+			message = JsonIsObject(m) ? JsonGetString(m, "message") : NULL;
+			done = lappend(done, id);
+			if (message == NULL)
+				continue;
+			JsonObjStart(&b);
+			JsonObjAddString(&b, "op", "steer");
+			JsonObjAddString(&b, "message", message);
+			JsonObjAddString(&b, "by", JsonGetString(m, "by"));
+			EffectRecord(l->run, JsonObjEnd(&b));
+			l->cursor++;
+			JsonObjStart(&b);
+			JsonObjAddString(&b, "action", "steer");
+			JsonObjAddInt(&b, "iteration", l->iteration);
+			JsonObjAddString(&b, "message", message);
+			JsonObjAddString(&b, "by", JsonGetString(m, "by"));
+			JournalAdd(&l->run->step_events, "decision", l->step->id, l->step->kind_name,
+					   JsonObjEnd(&b));
+			add_message(l, "system", psprintf("%s%s", steer_frame, message), NULL, NULL, false);
+		}
+		l->result->steer_done = done;
+	}
+	return true;
+}
+
+/* Steer messages applied at this turn before: put them back in place. */
+static void
+replay_steers(AgentLoop *l)
+{
+	while (l->cursor < EffectCount(l->run))
+	{
+		Jsonb	   *rec = EffectAt(l->run, l->cursor);
+
+		if (!op_is(rec, "steer"))
+			break;
+		add_message(l, "system", psprintf("%s%s", steer_frame, JsonGetString(rec, "message")),
+					NULL, NULL, false);
+		l->cursor++;
+	}
 }
 
 /* ---------------------------------------------------------------- exits */
@@ -874,6 +1005,7 @@ tool_call(AgentLoop *l, Jsonb *tc, int index, char **content)
 	AgentTool  *tool = find_tool(l, name);
 	TimestampTz started;
 	int			first_inner;
+	Jsonb	   *approval = NULL;
 
 	if (id == NULL)
 		id = psprintf("call_%d", call);
@@ -882,7 +1014,7 @@ tool_call(AgentLoop *l, Jsonb *tc, int index, char **content)
 		JsonObjBuilder b;
 
 		/* an abort lands between the calls of one turn */
-		if (index > 0 && (l->abort_reason = control_abort(l)) != NULL)
+		if (index > 0 && abort_requested(l, read_control(l)))
 			return TOOL_ABORTED;
 		started = GetCurrentTimestamp();
 		JsonObjStart(&b);
@@ -914,6 +1046,16 @@ tool_call(AgentLoop *l, Jsonb *tc, int index, char **content)
 			corrupt_state(l, psprintf("the start of tool call %d", call));
 		started = (TimestampTz) json_int(rec, "started_at", 0);
 		l->cursor++;
+		/* a person's decision on this call, recorded by tuvl.decide() */
+		if (l->cursor < EffectCount(run) && op_is(EffectAt(run, l->cursor), "approval"))
+		{
+			approval = EffectAt(run, l->cursor);
+			if (json_int(approval, "call", -1) != call)
+				corrupt_state(l, psprintf("the approval of tool call %d", call));
+			/* the time limit counts from the decision */
+			started = (TimestampTz) json_int(approval, "decided_at", started);
+			l->cursor++;
+		}
 		first_inner = l->cursor;
 		while (l->cursor < EffectCount(run))
 		{
@@ -958,6 +1100,33 @@ tool_call(AgentLoop *l, Jsonb *tc, int index, char **content)
 	{
 		tool_done(l, call, id, name, tool->step->kind_name, "error", NULL,
 				  psprintf("a %s step cannot be called as a tool", tool->step->kind_name),
+				  NULL, content);
+		return TOOL_DONE;
+	}
+	if (tool->approval && approval == NULL)
+	{
+		JsonObjBuilder b;
+		Jsonb	   *info;
+
+		/* ask once: the run waits, holding nothing, until tuvl.decide() */
+		JsonObjStart(&b);
+		JsonObjAddInt(&b, "call", call);
+		JsonObjAddString(&b, "call_id", id);
+		JsonObjAddString(&b, "tool", name);
+		JsonObjAddInt(&b, "iteration", l->iteration);
+		JsonObjAddJsonb(&b, "arguments", args);
+		info = JsonObjEnd(&b);
+		JournalAdd(&run->step_events, "approval_requested", l->step->id, l->step->kind_name, info);
+		l->result->park = "waiting_approval";
+		l->result->park_info = info;
+		return TOOL_PARKED;
+	}
+	if (approval && !JsonGetBool(approval, "approved", false))
+	{
+		char	   *note = JsonGetString(approval, "note");
+
+		tool_done(l, call, id, name, tool->step->kind_name, "error", NULL,
+				  psprintf("rejected by approver: %s", note ? note : "no reason given"),
 				  NULL, content);
 		return TOOL_DONE;
 	}
@@ -1016,11 +1185,10 @@ StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 		bool		live = l.cursor >= EffectCount(run);
 
 		/* control checkpoint, then the budget, at the top of every turn */
-		if (live && (l.abort_reason = control_abort(&l)) != NULL)
-		{
-			agent_exit(&l, "aborted", "aborted", l.abort_reason);
+		replay_steers(&l);
+		live = l.cursor >= EffectCount(run);
+		if (live && !control_checkpoint(&l))
 			return;
-		}
 		if (l.token_budget > 0 && l.tokens_used >= l.token_budget)
 		{
 			agent_exit(&l, "budget_exceeded", "budget_exceeded",
@@ -1061,6 +1229,7 @@ StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 								l.answer_is_error);
 					break;
 				case TOOL_PENDING:
+				case TOOL_PARKED:
 					return;
 				case TOOL_TIMEOUT:
 					{

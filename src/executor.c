@@ -35,15 +35,6 @@ execute_router(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	result->has_output = false;
 }
 
-static void
-execute_unavailable(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *result)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-			 errmsg("step kind %s is not available in tuvl %s", step->kind_name, TUVL_VERSION),
-			 errhint("Upgrade the extension, or route around this step.")));
-}
-
 static const StepExecutor executors[STEP_KIND_COUNT] = {
 	{STEP_FUNCTIONAL, StepExecuteFunctional},
 	{STEP_MODELOP, StepExecuteModelOp},
@@ -51,7 +42,7 @@ static const StepExecutor executors[STEP_KIND_COUNT] = {
 	{STEP_APICALL, StepExecuteAPICall},
 	{STEP_MCP, StepExecuteMCP},
 	{STEP_AGENT, StepExecuteAgent},
-	{STEP_HUMAN, execute_unavailable},
+	{STEP_HUMAN, StepExecuteHuman},
 };
 
 const StepExecutor *

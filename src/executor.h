@@ -26,6 +26,12 @@ typedef struct StepResult
 	struct EffectRequest *effect;	/* ... this one */
 	Jsonb	   *context_merge;	/* merged into the context first, or NULL */
 	char	   *exit_error;		/* why a reserved exit was taken, or NULL */
+	const char *park;			/* wait for someone: "paused",
+								 * "waiting_human" or "waiting_approval" */
+	Jsonb	   *park_info;		/* what is awaited (step_state.awaiting) */
+	List	   *consume;		/* control keys applied: removed at commit */
+	Jsonb	   *control_add;	/* merged into tuvl.runs.control at commit */
+	List	   *steer_done;		/* ids of control.steer messages applied */
 } StepResult;
 
 /*
@@ -62,6 +68,10 @@ extern void StepExecuteAgent(RunState *run, const StepDef *step, Jsonb *ctx,
 extern void StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx,
 								  StepResult *result);
 extern bool AgentIsReservedExit(const char *signal);
+
+/* control.c */
+extern void StepExecuteHuman(RunState *run, const StepDef *step, Jsonb *ctx,
+							 StepResult *result);
 
 /* mcp.c */
 extern void StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx,

@@ -37,7 +37,7 @@ static const char claim_sql[] =
 "      LIMIT $1 FOR UPDATE SKIP LOCKED) c "
 "WHERE r.id = c.id "
 "RETURNING r.id, r.attempt, r.workflow, r.workflow_version, r.principal, "
-"  r.context, r.current_step, r.last_seq, r.step_state";
+"  r.context, r.current_step, r.last_seq, r.step_state, r.control";
 
 /*
  * Claim up to max_runs queued runs, oldest first; returns a List (in
@@ -87,6 +87,13 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, Oid 
 			{
 				old = MemoryContextSwitchTo(run->cxt);
 				run->step_state = DatumGetJsonbPCopy(ss);
+				MemoryContextSwitchTo(old);
+			}
+			ss = SPI_getbinval(tup, td, 10, &isnull);
+			if (!isnull)
+			{
+				old = MemoryContextSwitchTo(run->cxt);
+				run->control = DatumGetJsonbPCopy(ss);
 				MemoryContextSwitchTo(old);
 			}
 		}

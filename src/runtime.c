@@ -122,22 +122,38 @@ static const char fence_sql[] =
 "                     THEN clock_timestamp() END, "
 "  lease_expires_at = CASE WHEN $3 = 'running' THEN lease_expires_at END, "
 "  lease_owner = CASE WHEN $3 = 'running' THEN lease_owner END, "
-"  lease_epoch = CASE WHEN $3 = 'running' THEN lease_epoch END "
-"WHERE id = $1 AND attempt = $2 AND status = 'running'";
+"  lease_epoch = CASE WHEN $3 = 'running' THEN lease_epoch END, "
+"  control = CASE WHEN $11::text[] IS NULL AND $12::jsonb IS NULL AND $13::text[] IS NULL "
+"                 THEN control ELSE tuvl._control_apply(control, $11, $12, $13) END "
+"WHERE id = $1 AND attempt = $2 AND status = 'running' "
+"RETURNING control";
 
 /*
  * Write the run's new checkpoint, fenced by the lease.  Raises when the
  * lease was lost, which rolls back the caller's (sub)transaction.
  */
-static void
-write_checkpoint(RunState *run, const char *status, Jsonb *context,
-				 const char *step, int last_seq, const char *end_name,
-				 Jsonb *response, const char *error, Jsonb *step_state)
+static Datum
+text_array(List *strings)
 {
-	static const Oid types[10] = {INT8OID, INT4OID, TEXTOID, JSONBOID, TEXTOID,
-	INT4OID, TEXTOID, JSONBOID, TEXTOID, JSONBOID};
-	Datum		values[10];
-	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Datum	   *items = palloc(sizeof(Datum) * list_length(strings));
+	int			i = 0;
+	ListCell   *lc;
+
+	foreach(lc, strings)
+		items[i++] = CStringGetTextDatum(lfirst(lc));
+	return PointerGetDatum(construct_array(items, i, TEXTOID, -1, false, TYPALIGN_INT));
+}
+
+static void
+write_checkpoint_control(RunState *run, const char *status, Jsonb *context,
+						 const char *step, int last_seq, const char *end_name,
+						 Jsonb *response, const char *error, Jsonb *step_state,
+						 List *consume, Jsonb *control_add, List *steer_done)
+{
+	static const Oid types[13] = {INT8OID, INT4OID, TEXTOID, JSONBOID, TEXTOID,
+	INT4OID, TEXTOID, JSONBOID, TEXTOID, JSONBOID, TEXTARRAYOID, JSONBOID, TEXTARRAYOID};
+	Datum		values[13];
+	char		nulls[13] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	values[0] = Int64GetDatum(run->id);
 	values[1] = Int32GetDatum(run->attempt);
 	values[2] = CStringGetTextDatum(status);
@@ -163,13 +179,47 @@ write_checkpoint(RunState *run, const char *status, Jsonb *context,
 		values[9] = JsonbPGetDatum(step_state);
 	else
 		nulls[9] = 'n';
+	if (consume)
+		values[10] = text_array(consume);
+	else
+		nulls[10] = 'n';
+	if (control_add)
+		values[11] = JsonbPGetDatum(control_add);
+	else
+		nulls[11] = 'n';
+	if (steer_done)
+		values[12] = text_array(steer_done);
+	else
+		nulls[12] = 'n';
 
-	if (SpiExec(fence_sql, 10, types, values, nulls, SPI_OK_UPDATE) != 1)
+	if (SpiExec(fence_sql, 13, types, values, nulls, SPI_OK_UPDATE_RETURNING) != 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 				 errmsg("lease on run " INT64_FORMAT " was lost", run->id),
 				 errdetail("Attempt %d no longer holds the run; another claimer took it over.",
 						   run->attempt)));
+	{
+		bool		isnull;
+		Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+
+		run->next_control = NULL;
+		if (!isnull)
+		{
+			Jsonb	   *j = DatumGetJsonbP(d);
+
+			run->next_control = MemoryContextAlloc(run->cxt, VARSIZE(j));
+			memcpy(run->next_control, j, VARSIZE(j));
+		}
+	}
+}
+
+static void
+write_checkpoint(RunState *run, const char *status, Jsonb *context,
+				 const char *step, int last_seq, const char *end_name,
+				 Jsonb *response, const char *error, Jsonb *step_state)
+{
+	write_checkpoint_control(run, status, context, step, last_seq, end_name, response,
+							 error, step_state, NIL, NULL, NIL);
 }
 
 /* Payload helpers */
@@ -299,8 +349,8 @@ finish_pending(Transition *t, StepResult *result)
 	GetUserIdAndSecContext(&save_user, &save_sec);
 	SetUserIdAndSecContext(run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
 	run->next_seq = run->last_seq + JournalCount(events);
-	write_checkpoint(run, "running", run->context, t->step->id, run->next_seq,
-					 NULL, NULL, NULL, state);
+	write_checkpoint_control(run, "running", run->context, t->step->id, run->next_seq,
+							 NULL, NULL, NULL, state, NIL, NULL, result->steer_done);
 	(void) JournalWrite(run->id, run->last_seq, events);
 	SetUserIdAndSecContext(save_user, save_sec);
 
@@ -314,6 +364,59 @@ finish_pending(Transition *t, StepResult *result)
 	run->send = EffectRequestCopy(effect, run->cxt);
 	run->next_step = WorkflowFindStep(t->wf, t->step->id);	/* stays here */
 	run->next_status = "running";
+	run->next_error = NULL;
+}
+
+/*
+ * The step waits for a person or an operator (result->park is the
+ * status): keep it current with its step_state, journal what it asked
+ * for, and release the lease.  Whoever answers re-queues the run.
+ */
+static void
+finish_park(Transition *t, StepResult *result)
+{
+	RunState   *run = t->run;
+	List	   *events = list_concat(list_copy(t->events), run->step_events);
+	JsonObjBuilder b;
+	Jsonb	   *state;
+	Oid			save_user;
+	int			save_sec;
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "step", t->step->id);
+	JsonObjAddInt(&b, "entry_seq", run->entry_seq);
+	JsonObjAddJsonb(&b, "effects", run->working_effects ? run->working_effects
+					: JsonFromCString("[]"));
+	if (result->park_info)
+		JsonObjAddJsonb(&b, "awaiting", result->park_info);
+	state = JsonObjEnd(&b);
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "step", t->step->id);
+	JsonObjAddString(&b, "status", result->park);
+	if (result->park_info)
+		JsonObjAddJsonb(&b, "awaiting", result->park_info);
+	JournalAdd(&events, "checkpoint", t->step->id, t->step->kind_name, JsonObjEnd(&b));
+
+	GetUserIdAndSecContext(&save_user, &save_sec);
+	SetUserIdAndSecContext(run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	run->next_seq = run->last_seq + JournalCount(events);
+	write_checkpoint_control(run, result->park, run->context, t->step->id, run->next_seq,
+							 NULL, NULL, NULL, state, result->consume, result->control_add,
+							 result->steer_done);
+	(void) JournalWrite(run->id, run->last_seq, events);
+	SetUserIdAndSecContext(save_user, save_sec);
+	TuvlRunChangedAtCommit();
+
+	{
+		MemoryContext old = MemoryContextSwitchTo(run->cxt);
+
+		run->next_context = DatumGetJsonbPCopy(JsonbPGetDatum(run->context));
+		run->next_step_state = DatumGetJsonbPCopy(JsonbPGetDatum(state));
+		MemoryContextSwitchTo(old);
+	}
+	run->next_step = WorkflowFindStep(t->wf, t->step->id);
+	run->next_status = result->park;
 	run->next_error = NULL;
 }
 
@@ -347,6 +450,11 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 	if (result && result->pending)
 	{
 		finish_pending(t, result);
+		return;
+	}
+	if (result && result->park)
+	{
+		finish_park(t, result);
 		return;
 	}
 	events = list_copy(t->events);
@@ -473,8 +581,10 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 
 	/* the fenced update first: a holder that lost its lease stops here */
 	run->next_seq = run->last_seq + JournalCount(events);
-	write_checkpoint(run, status, context, next_step_id, run->next_seq,
-					 end_name, response, run_error, NULL);
+	write_checkpoint_control(run, status, context, next_step_id, run->next_seq,
+							 end_name, response, run_error, NULL,
+							 result ? result->consume : NIL, NULL,
+							 result ? result->steer_done : NIL);
 	(void) JournalWrite(run->id, run->last_seq, events);
 	SetUserIdAndSecContext(save_user, save_sec);
 
@@ -599,6 +709,78 @@ take_fresh_effect(Transition *t)
 }
 
 /*
+ * Operator directives that apply between steps (tuvl.runs.control, as
+ * seen at the last checkpoint): abort ends the run, pause parks it and
+ * releases the lease.  An agent in the middle of its loop applies them
+ * itself at its next turn, where its aborted exit may be routed.
+ * Returns true when the transition was such a stop.
+ */
+static bool
+boundary_control(Transition *t)
+{
+	RunState   *run = t->run;
+	Jsonb	   *abort = JsonGetJsonb(run->control, "abort");
+	Jsonb	   *pause = JsonGetJsonb(run->control, "pause");
+	char	   *state_step = run->step_state ? JsonGetString(run->step_state, "step") : NULL;
+	List	   *events = list_copy(t->events);
+	List	   *consume = NIL;
+	const char *status;
+	char	   *error = NULL;
+	JsonObjBuilder b;
+	Oid			save_user;
+	int			save_sec;
+
+	if (abort == NULL && pause == NULL)
+		return false;
+	if (t->step->kind == STEP_AGENT && state_step && strcmp(state_step, t->step->id) == 0)
+		return false;
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "step", t->step->id);
+	if (abort)
+	{
+		char	   *reason = JsonIsObject(abort) ? JsonGetString(abort, "reason") : NULL;
+		char	   *by = JsonIsObject(abort) ? JsonGetString(abort, "by") : NULL;
+
+		JsonObjAddString(&b, "reason", reason);
+		JsonObjAddString(&b, "by", by);
+		JsonObjAddString(&b, "status", "aborted");
+		JournalAdd(&events, "run_aborted", NULL, NULL, JsonObjEnd(&b));
+		status = "aborted";
+		error = psprintf("aborted by %s%s%s", by ? by : "an operator", reason ? ": " : "",
+						 reason ? reason : "");
+		consume = list_make2("abort", "pause");
+	}
+	else
+	{
+		JsonObjAddString(&b, "by", JsonIsObject(pause) ? JsonGetString(pause, "by") : NULL);
+		JournalAdd(&events, "paused", t->step->id, t->step->kind_name, JsonObjEnd(&b));
+		status = "paused";
+		consume = list_make1("pause");
+	}
+
+	GetUserIdAndSecContext(&save_user, &save_sec);
+	SetUserIdAndSecContext(run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	run->next_seq = run->last_seq + JournalCount(events);
+	write_checkpoint_control(run, status, run->context, t->step->id, run->next_seq,
+							 NULL, NULL, error, run->step_state, consume, NULL, NIL);
+	(void) JournalWrite(run->id, run->last_seq, events);
+	SetUserIdAndSecContext(save_user, save_sec);
+	TuvlRunChangedAtCommit();
+
+	{
+		MemoryContext old = MemoryContextSwitchTo(run->cxt);
+
+		run->next_context = DatumGetJsonbPCopy(JsonbPGetDatum(run->context));
+		run->next_step_state = run->step_state ? DatumGetJsonbPCopy(JsonbPGetDatum(run->step_state)) : NULL;
+		MemoryContextSwitchTo(old);
+	}
+	run->next_step = WorkflowFindStep(t->wf, t->step->id);
+	run->next_status = status;
+	run->next_error = error ? MemoryContextStrdup(run->cxt, error) : NULL;
+	return true;
+}
+
+/*
  * Execute one transition of run: see the file header.  Uses one
  * subtransaction when the step succeeds, two when it fails (the step's
  * work is rolled back, then the failure is journaled).  Any error raised
@@ -648,6 +830,12 @@ RunAdvance(RunState *run)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("role \"%s\" that started the run does not exist", run->principal_name)));
+
+	if (run->control && run->fresh_effect == NULL && boundary_control(&t))
+	{
+		error_context_stack = errcallback.previous;
+		return;
+	}
 
 	/* entering the step, or continuing it after an effect? */
 	state_step = run->step_state ? JsonGetString(run->step_state, "step") : NULL;
@@ -730,4 +918,8 @@ RunApplyTransition(RunState *run)
 	if (run->fresh_effect)
 		pfree(run->fresh_effect);
 	run->fresh_effect = NULL;
+	if (run->control)
+		pfree(run->control);
+	run->control = run->next_control;
+	run->next_control = NULL;
 }

@@ -35,6 +35,8 @@ typedef struct RunState
 	int			last_seq;
 	Jsonb	   *step_state;		/* state within the current step, or NULL:
 								 * {step, entry_seq, effects: [...]} */
+	Jsonb	   *control;		/* operator directives seen at the last
+								 * checkpoint (tuvl.runs.control), or NULL */
 	MemoryContext cxt;			/* "tuvl run": owns the fields above */
 
 	/* effects (see effect.c), owned by cxt */
@@ -56,6 +58,7 @@ typedef struct RunState
 	/* staged by RunAdvance, applied by RunApplyTransition */
 	Jsonb	   *next_context;
 	Jsonb	   *next_step_state;
+	Jsonb	   *next_control;
 	int			next_step;
 	int			next_seq;
 	const char *next_status;	/* "running" or a terminal status */

@@ -49,6 +49,7 @@ int			tuvl_sync_timeout = 30000;
 char	   *tuvl_http_allowed_hosts = NULL;
 int			tuvl_http_timeout = 30000;
 int			tuvl_agent_tool_timeout = 300;
+int			tuvl_agent_pause_max = 300;
 int			tuvl_http_max_response_size = 10 * 1024 * 1024;
 int			tuvl_http_max_redirects = 5;
 bool		tuvl_http_verify_tls = true;
@@ -304,6 +305,11 @@ define_gucs(void)
 							"A tool that runs longer ends the agent on its error exit.",
 							&tuvl_agent_tool_timeout, 300, 1, INT_MAX / 1000,
 							PGC_SUSET, GUC_UNIT_S, NULL, NULL, NULL);
+	DefineCustomIntVariable("tuvl.agent_pause_max",
+							"How long an autonomous agent may stay paused.",
+							"An agent paused longer is aborted: it takes its aborted exit.",
+							&tuvl_agent_pause_max, 300, 1, INT_MAX / 1000,
+							PGC_SIGHUP, GUC_UNIT_S, NULL, NULL, NULL);
 	DefineCustomIntVariable("tuvl.http_max_response_size",
 							"Largest HTTP response body accepted; larger ones fail the request.",
 							NULL,

@@ -85,6 +85,7 @@ extern int	tuvl_sync_timeout;
 extern char *tuvl_http_allowed_hosts;
 extern int	tuvl_http_timeout;
 extern int	tuvl_agent_tool_timeout;
+extern int	tuvl_agent_pause_max;
 extern int	tuvl_http_max_response_size;
 extern int	tuvl_http_max_redirects;
 extern bool tuvl_http_verify_tls;

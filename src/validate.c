@@ -636,6 +636,10 @@ check_agent_tools(ValidateState *vs, Jsonb *agent, const char *apath, const char
 		if (v && v->type != jbvBool)
 			add_finding(vs, "error", psprintf("%s.writes_context", epath),
 						"writes_context must be true or false");
+		v = JsonGetField(entry, "approval");
+		if (v && v->type != jbvBool)
+			add_finding(vs, "error", psprintf("%s.approval", epath),
+						"approval must be true (ask a person before each call) or false");
 	}
 }
 

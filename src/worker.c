@@ -45,6 +45,7 @@
 
 #include "effect.h"
 #include "http.h"
+#include "control.h"
 #include "lease.h"
 #include "runtime.h"
 #include "spiutil.h"
@@ -210,7 +211,8 @@ note_extension_present(void)
 
 /*
  * Housekeeping: the extension still exists, runs of holders that stopped
- * heartbeating go back to the queue, our leases are renewed.
+ * heartbeating go back to the queue, agents paused too long are queued to
+ * take their aborted exit, our leases are renewed.
  */
 static void
 maintenance(bool renew)
@@ -227,6 +229,7 @@ maintenance(bool renew)
 	}
 	async_commit();
 	n = LeaseReclaim();
+	n += ControlExpirePauses();
 	if (renew && held != NIL)
 	{
 		List	   *lost = LeaseRenew(held, tuvl_lease_timeout);

@@ -1,0 +1,555 @@
+/*-------------------------------------------------------------------------
+ *
+ * control.c
+ *	  Operators and people in the loop: pause, resume, abort and steer a
+ *	  run from any session; Human steps and tool approvals.
+ *
+ * A run held by a worker is never written by anyone else: a directive
+ * for it is stored in tuvl.runs.control ({"abort": {reason, by},
+ * "pause": {by}, "steer": [{message, by}]}) and applied by the holder,
+ * cooperatively: between steps (runtime.c), at the top of every agent
+ * turn and, for abort, between an agent's tool calls (agent.c); never in
+ * the middle of a call.  A run nobody holds (queued, paused or waiting
+ * for a person) is changed here directly, under its row lock, with its
+ * journal events: a worker's claim skips a locked row.
+ *
+ * Waiting costs nothing: a paused or waiting run has no lease, no worker
+ * slot and no open transaction.  Whoever answers (resume_run, submit,
+ * decide) records the answer in the step's step_state and re-queues the
+ * run; the step finds the answer there when it is executed again.
+ *
+ * Control is a privilege: the run's principal, members of tuvl_operator
+ * and superusers may control a run; every action is journaled with the
+ * role that took it.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_authid.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/lsyscache.h"
+#include "utils/timestamp.h"
+
+#include "effect.h"
+#include "executor.h"
+#include "journal.h"
+#include "jsonschema.h"
+#include "jsonutil.h"
+#include "control.h"
+#include "runtime.h"
+#include "spiutil.h"
+#include "tuvl.h"
+#include "workflow.h"
+
+PG_FUNCTION_INFO_V1(tuvl_pause_run);
+PG_FUNCTION_INFO_V1(tuvl_resume_run);
+PG_FUNCTION_INFO_V1(tuvl_abort_run);
+PG_FUNCTION_INFO_V1(tuvl_steer_run);
+PG_FUNCTION_INFO_V1(tuvl_submit);
+PG_FUNCTION_INFO_V1(tuvl_decide);
+
+/* A run row, locked. */
+typedef struct LockedRun
+{
+	int64		id;
+	char	   *status;
+	char	   *principal;
+	int			last_seq;
+	char	   *step;			/* current_step, or NULL */
+	Jsonb	   *step_state;
+	Jsonb	   *control;
+	char	   *workflow;
+	int			version;
+	char	   *by;				/* the role acting */
+} LockedRun;
+
+static Oid	save_user;
+static int	save_sec;
+
+static void
+as_owner(void)
+{
+	GetUserIdAndSecContext(&save_user, &save_sec);
+	SetUserIdAndSecContext(TuvlOwnerId(), save_sec | SECURITY_LOCAL_USERID_CHANGE);
+}
+
+static void
+as_caller(void)
+{
+	SetUserIdAndSecContext(save_user, save_sec);
+}
+
+/*
+ * Lock run id and check that the caller may control it.  SPI must be
+ * connected; runs as the caller.
+ */
+static void
+lock_run(int64 id, LockedRun *r, const char *action)
+{
+	static const Oid types[1] = {INT8OID};
+	Datum		values[1];
+	HeapTuple	tup;
+	TupleDesc	td;
+	bool		isnull;
+	Datum		d;
+	Oid			me = GetUserId();
+	Oid			principal;
+	Oid			operator_role;
+
+	memset(r, 0, sizeof(LockedRun));
+	r->id = id;
+	r->by = GetUserNameFromId(me, false);
+	values[0] = Int64GetDatum(id);
+	as_owner();
+	SpiExec("SELECT status, principal, last_seq, current_step, step_state, control, "
+			"  workflow, workflow_version FROM tuvl.runs WHERE id = $1 FOR UPDATE",
+			1, types, values, NULL, SPI_OK_SELECT);
+	as_caller();
+	if (SPI_processed != 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("run " INT64_FORMAT " does not exist", id)));
+	tup = SPI_tuptable->vals[0];
+	td = SPI_tuptable->tupdesc;
+	r->status = SPI_getvalue(tup, td, 1);
+	r->principal = SPI_getvalue(tup, td, 2);
+	r->last_seq = DatumGetInt32(SPI_getbinval(tup, td, 3, &isnull));
+	r->step = SPI_getvalue(tup, td, 4);
+	d = SPI_getbinval(tup, td, 5, &isnull);
+	r->step_state = isnull ? NULL : DatumGetJsonbPCopy(d);
+	d = SPI_getbinval(tup, td, 6, &isnull);
+	r->control = isnull ? NULL : DatumGetJsonbPCopy(d);
+	r->workflow = SPI_getvalue(tup, td, 7);
+	r->version = DatumGetInt32(SPI_getbinval(tup, td, 8, &isnull));
+
+	principal = get_role_oid(r->principal, true);
+	operator_role = get_role_oid("tuvl_operator", true);
+	if (!superuser() && me != principal &&
+		!(OidIsValid(operator_role) && has_privs_of_role(me, operator_role)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to %s run " INT64_FORMAT, action, id),
+				 errdetail("The run was started by role \"%s\".", r->principal),
+				 errhint("Only the role that started a run, members of tuvl_operator and superusers may control it.")));
+}
+
+static void
+require_status(LockedRun *r, const char *action, const char *const *allowed, const char *hint)
+{
+	for (int i = 0; allowed[i]; i++)
+		if (strcmp(r->status, allowed[i]) == 0)
+			return;
+	ereport(ERROR,
+			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+			 errmsg("cannot %s run " INT64_FORMAT ": its status is %s", action, r->id, r->status),
+			 errhint("%s", hint)));
+}
+
+/*
+ * Change a run nobody holds: its status, control, step_state (when
+ * given), error, and journal events, under the row lock.
+ */
+static void
+update_idle_run(LockedRun *r, const char *status, Jsonb *control, Jsonb *step_state,
+				const char *error, List *events)
+{
+	static const Oid types[6] = {INT8OID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, INT4OID};
+	Datum		values[6];
+	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
+	int			n = JournalCount(events);
+
+	values[0] = Int64GetDatum(r->id);
+	values[1] = CStringGetTextDatum(status);
+	if (control && JsonContainerSize(&control->root) > 0)
+		values[2] = JsonbPGetDatum(control);
+	else
+		nulls[2] = 'n';
+	if (step_state)
+		values[3] = JsonbPGetDatum(step_state);
+	else
+		nulls[3] = 'n';
+	if (error)
+		values[4] = CStringGetTextDatum(error);
+	else
+		nulls[4] = 'n';
+	values[5] = Int32GetDatum(r->last_seq + n);
+	as_owner();
+	SpiExec("UPDATE tuvl.runs SET status = $2, control = $3, "
+			"  step_state = CASE WHEN $4::jsonb IS NULL THEN step_state ELSE $4 END, "
+			"  error = coalesce($5, error), last_seq = $6, "
+			"  finished_at = CASE WHEN $2 IN ('completed', 'failed', 'aborted', 'compensated') "
+			"                     THEN clock_timestamp() END "
+			"WHERE id = $1", 6, types, values, nulls, SPI_OK_UPDATE);
+	(void) JournalWrite(r->id, r->last_seq, events);
+	as_caller();
+	TuvlRunChangedAtCommit();
+	if (strcmp(status, "queued") == 0)
+		TuvlWakeWorkersAtCommit();
+}
+
+/* Store a directive for the worker holding the run. */
+static void
+add_directive(LockedRun *r, Jsonb *directive)
+{
+	static const Oid types[2] = {INT8OID, JSONBOID};
+	Datum		values[2];
+
+	values[0] = Int64GetDatum(r->id);
+	values[1] = JsonbPGetDatum(directive);
+	as_owner();
+	SpiExec("UPDATE tuvl.runs SET control = coalesce(control, '{}') || $2 WHERE id = $1",
+			2, types, values, NULL, SPI_OK_UPDATE);
+	as_caller();
+}
+
+static Jsonb *
+by_object(LockedRun *r)
+{
+	JsonObjBuilder b;
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "by", r->by);
+	return JsonObjEnd(&b);
+}
+
+/* Is the run's current step an autonomous agent in the middle of its loop? */
+static bool
+agent_in_loop(LockedRun *r)
+{
+	char	   *state_step = r->step_state ? JsonGetString(r->step_state, "step") : NULL;
+	WorkflowDef *wf;
+	int			idx;
+
+	if (r->step == NULL || state_step == NULL || strcmp(state_step, r->step) != 0)
+		return false;
+	wf = WorkflowLoad(r->workflow, r->version);
+	idx = WorkflowFindStep(wf, r->step);
+	return idx >= 0 && wf->steps[idx].kind == STEP_AGENT;
+}
+
+/*
+ * pause_run(run_id)
+ */
+Datum
+tuvl_pause_run(PG_FUNCTION_ARGS)
+{
+	static const char *const allowed[] = {"queued", "running", "paused", NULL};
+	LockedRun	r;
+
+	SPI_connect();
+	lock_run(PG_GETARG_INT64(0), &r, "pause");
+	require_status(&r, "pause", allowed,
+				   "Only a queued or running run can be paused; a run waiting for a person already holds no worker.");
+	if (strcmp(r.status, "paused") == 0)
+		ereport(NOTICE, (errmsg("run " INT64_FORMAT " is already paused", r.id)));
+	else if (strcmp(r.status, "queued") == 0)
+	{
+		List	   *events = NIL;
+
+		JournalAdd(&events, "paused", r.step, NULL, by_object(&r));
+		update_idle_run(&r, "paused", r.control, NULL, NULL, events);
+	}
+	else
+		add_directive(&r, JsonSetKey(JsonEmptyObject(), "pause", by_object(&r)));
+	SPI_finish();
+	PG_RETURN_VOID();
+}
+
+/*
+ * resume_run(run_id)
+ */
+Datum
+tuvl_resume_run(PG_FUNCTION_ARGS)
+{
+	static const char *const allowed[] = {"paused", "running", "queued", "waiting_human",
+	"waiting_approval", NULL};
+	LockedRun	r;
+
+	SPI_connect();
+	lock_run(PG_GETARG_INT64(0), &r, "resume");
+	require_status(&r, "resume", allowed, "Only a paused run can be resumed.");
+	if (strcmp(r.status, "paused") == 0)
+	{
+		List	   *events = NIL;
+		Jsonb	   *control = r.control;
+
+		if (control)
+			control = JsonRemoveKey(JsonRemoveKey(JsonRemoveKey(control, "pause"), "paused_at"),
+									"pause_max");
+		JournalAdd(&events, "resumed", r.step, NULL, by_object(&r));
+		update_idle_run(&r, "queued", control, NULL, NULL, events);
+	}
+	else if (r.control && JsonGetField(r.control, "pause"))
+	{
+		/* the pause has not taken effect yet: withdraw it */
+		static const Oid types[1] = {INT8OID};
+		Datum		values[1];
+
+		values[0] = Int64GetDatum(r.id);
+		as_owner();
+		SpiExec("UPDATE tuvl.runs SET control = nullif(control - 'pause', '{}') WHERE id = $1",
+				1, types, values, NULL, SPI_OK_UPDATE);
+		as_caller();
+		ereport(NOTICE,
+				(errmsg("run " INT64_FORMAT " had not paused yet; its pause request was withdrawn", r.id)));
+	}
+	else
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("cannot resume run " INT64_FORMAT ": it is not paused", r.id)));
+	SPI_finish();
+	PG_RETURN_VOID();
+}
+
+/*
+ * abort_run(run_id, reason)
+ */
+Datum
+tuvl_abort_run(PG_FUNCTION_ARGS)
+{
+	static const char *const allowed[] = {"queued", "running", "paused", "waiting_human",
+	"waiting_approval", NULL};
+	char	   *reason = PG_ARGISNULL(1) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(1));
+	LockedRun	r;
+	JsonObjBuilder b;
+	Jsonb	   *directive;
+
+	if (PG_ARGISNULL(0))
+		PG_RETURN_VOID();
+	SPI_connect();
+	lock_run(PG_GETARG_INT64(0), &r, "abort");
+	require_status(&r, "abort", allowed, "The run has already ended.");
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "reason", reason);
+	JsonObjAddString(&b, "by", r.by);
+	directive = JsonObjEnd(&b);
+
+	if (strcmp(r.status, "running") == 0)
+		add_directive(&r, JsonSetKey(JsonEmptyObject(), "abort", directive));
+	else if (agent_in_loop(&r))
+	{
+		/* the agent takes its aborted exit, which may be routed */
+		Jsonb	   *control = r.control ? r.control : JsonEmptyObject();
+
+		control = JsonRemoveKey(JsonRemoveKey(control, "paused_at"), "pause_max");
+		update_idle_run(&r, "queued", JsonSetKey(control, "abort", directive), NULL, NULL, NIL);
+	}
+	else
+	{
+		List	   *events = NIL;
+
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "step", r.step);
+		JsonObjAddString(&b, "reason", reason);
+		JsonObjAddString(&b, "by", r.by);
+		JsonObjAddString(&b, "status", "aborted");
+		JournalAdd(&events, "run_aborted", NULL, NULL, JsonObjEnd(&b));
+		update_idle_run(&r, "aborted", NULL, NULL,
+						psprintf("aborted by %s%s%s", r.by, reason ? ": " : "", reason ? reason : ""),
+						events);
+	}
+	SPI_finish();
+	PG_RETURN_VOID();
+}
+
+/*
+ * steer_run(run_id, message): guidance for the run's agents, appended at
+ * the next turn boundary.
+ */
+Datum
+tuvl_steer_run(PG_FUNCTION_ARGS)
+{
+	static const char *const allowed[] = {"queued", "running", "paused", "waiting_human",
+	"waiting_approval", NULL};
+	char	   *message = text_to_cstring(PG_GETARG_TEXT_PP(1));
+	LockedRun	r;
+	JsonObjBuilder b;
+	Jsonb	   *steer;
+
+	if (*message == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("a steer message cannot be empty")));
+	SPI_connect();
+	lock_run(PG_GETARG_INT64(0), &r, "steer");
+	require_status(&r, "steer", allowed, "The run has already ended.");
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "message", message);
+	JsonObjAddString(&b, "by", r.by);
+	steer = JsonObjEnd(&b);
+	{
+		/* keyed by a fixed-width id, so key order is arrival order */
+		Jsonb	   *queue = r.control ? JsonGetJsonb(r.control, "steer") : NULL;
+		char	   *id = psprintf("%020" INT64_MODIFIER "d", (int64) GetCurrentTimestamp());
+
+		if (queue == NULL || !JsonIsObject(queue))
+			queue = JsonEmptyObject();
+		while (JsonGetField(queue, id))
+			id = psprintf("%020" INT64_MODIFIER "d", (int64) strtoll(id, NULL, 10) + 1);
+		add_directive(&r, JsonSetKey(JsonEmptyObject(), "steer", JsonSetKey(queue, id, steer)));
+	}
+	SPI_finish();
+	PG_RETURN_VOID();
+}
+
+/* step_state with one more record appended to its effects. */
+static Jsonb *
+append_record(Jsonb *state, Jsonb *record)
+{
+	Jsonb	   *effects = JsonGetJsonb(state, "effects");
+	Jsonb	   *one = JsonFromCString(psprintf("[%s]", JsonbToCString(NULL, &record->root, VARSIZE(record))));
+
+	effects = effects && JB_ROOT_IS_ARRAY(effects) && !JB_ROOT_IS_SCALAR(effects)
+		? JsonMerge(effects, one) : one;
+	return JsonRemoveKey(JsonSetKey(state, "effects", effects), "awaiting");
+}
+
+/*
+ * submit(run_id, data): answer a waiting Human step.
+ */
+Datum
+tuvl_submit(PG_FUNCTION_ARGS)
+{
+	static const char *const allowed[] = {"waiting_human", NULL};
+	Jsonb	   *data = PG_GETARG_JSONB_P(1);
+	LockedRun	r;
+	WorkflowDef *wf;
+	int			idx;
+	Jsonb	   *form;
+	JsonObjBuilder b;
+	List	   *events = NIL;
+
+	SPI_connect();
+	lock_run(PG_GETARG_INT64(0), &r, "submit to");
+	require_status(&r, "submit to", allowed,
+				   "tuvl.submit() answers a run whose status is waiting_human.");
+	wf = WorkflowLoad(r.workflow, r.version);
+	idx = r.step ? WorkflowFindStep(wf, r.step) : -1;
+	if (idx < 0 || wf->steps[idx].kind != STEP_HUMAN || r.step_state == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("run " INT64_FORMAT " is waiting_human but not at a Human step", r.id)));
+	form = JsonGetJsonb(wf->steps[idx].spec, "form");
+	if (form)
+		JsonSchemaValidateOrError(form, data, psprintf("data submitted to step \"%s\"", r.step));
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "op", "human");
+	JsonObjAddJsonb(&b, "data", data);
+	JsonObjAddString(&b, "by", r.by);
+	r.step_state = append_record(r.step_state, JsonObjEnd(&b));
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "action", "submit");
+	JsonObjAddJsonb(&b, "data", data);
+	JsonObjAddString(&b, "by", r.by);
+	JournalAdd(&events, "decision", r.step, "Human", JsonObjEnd(&b));
+	update_idle_run(&r, "queued", r.control, r.step_state, NULL, events);
+	SPI_finish();
+	PG_RETURN_VOID();
+}
+
+/*
+ * decide(run_id, approved, note): answer a waiting tool approval.
+ */
+Datum
+tuvl_decide(PG_FUNCTION_ARGS)
+{
+	static const char *const allowed[] = {"waiting_approval", NULL};
+	bool		approved = PG_GETARG_BOOL(1);
+	char	   *note = PG_ARGISNULL(2) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(2));
+	LockedRun	r;
+	Jsonb	   *awaiting;
+	JsonbValue *call;
+	JsonObjBuilder b;
+	List	   *events = NIL;
+
+	SPI_connect();
+	lock_run(PG_GETARG_INT64(0), &r, "decide on");
+	require_status(&r, "decide on", allowed,
+				   "tuvl.decide() answers a run whose status is waiting_approval.");
+	awaiting = r.step_state ? JsonGetJsonb(r.step_state, "awaiting") : NULL;
+	call = awaiting ? JsonGetField(awaiting, "call") : NULL;
+	if (call == NULL || call->type != jbvNumeric)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("run " INT64_FORMAT " is waiting_approval but records no tool call", r.id)));
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "op", "approval");
+	JsonObjAddJsonb(&b, "call", JsonGetJsonb(awaiting, "call"));
+	JsonObjAddBool(&b, "approved", approved);
+	JsonObjAddString(&b, "note", note);
+	JsonObjAddString(&b, "by", r.by);
+	JsonObjAddInt(&b, "decided_at", GetCurrentTimestamp());
+	r.step_state = append_record(r.step_state, JsonObjEnd(&b));
+
+	JsonObjStart(&b);
+	JsonObjAddJsonb(&b, "call_id", JsonGetJsonb(awaiting, "call_id"));
+	JsonObjAddJsonb(&b, "tool", JsonGetJsonb(awaiting, "tool"));
+	JsonObjAddBool(&b, "approved", approved);
+	JsonObjAddString(&b, "note", note);
+	JsonObjAddString(&b, "by", r.by);
+	JournalAdd(&events, "approval_decided", r.step, "Agent", JsonObjEnd(&b));
+	update_idle_run(&r, "queued", r.control, r.step_state, NULL, events);
+	SPI_finish();
+	PG_RETURN_VOID();
+}
+
+/*
+ * The Human step: wait for tuvl.submit(); its data is the output.
+ */
+void
+StepExecuteHuman(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *result)
+{
+	for (int i = EffectCount(run) - 1; i >= 0; i--)
+	{
+		Jsonb	   *rec = EffectAt(run, i);
+		char	   *op = JsonGetString(rec, "op");
+
+		if (op && strcmp(op, "human") == 0)
+		{
+			result->has_output = true;
+			result->output = JsonGetJsonb(rec, "data");
+			return;
+		}
+	}
+	{
+		JsonObjBuilder b;
+
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "kind", "human");
+		JsonObjAddJsonb(&b, "form", JsonGetJsonb(step->spec, "form"));
+		result->park = "waiting_human";
+		result->park_info = JsonObjEnd(&b);
+	}
+}
+
+/*
+ * Abort agents paused longer than tuvl.agent_pause_max: re-queue them
+ * with an abort directive, so each takes its aborted exit.  Called by the
+ * workers' maintenance; SPI connected, in a transaction.
+ */
+int
+ControlExpirePauses(void)
+{
+	static const Oid types[1] = {INT4OID};
+	Datum		values[1];
+
+	values[0] = Int32GetDatum(tuvl_agent_pause_max);
+	return (int) SpiExec("UPDATE tuvl.runs SET status = 'queued', "
+						 "  control = (control - 'paused_at' - 'pause_max' - 'pause') || "
+						 "    jsonb_build_object('abort', jsonb_build_object('reason', "
+						 "      format('paused longer than tuvl.agent_pause_max (%s s)', $1), "
+						 "      'by', 'tuvl')) "
+						 "WHERE status = 'paused' AND (control->>'pause_max')::boolean "
+						 "  AND (control->>'paused_at')::timestamptz < now() - make_interval(secs => $1)",
+						 1, types, values, NULL, SPI_OK_UPDATE);
+}
