@@ -177,6 +177,27 @@ jsonb_text(Jsonb *j)
 	return JsonbToCString(NULL, &j->root, VARSIZE(j));
 }
 
+/* text with every occurrence of needle replaced (case-sensitive). */
+static char *
+replace_all_text(const char *text, const char *needle, const char *with)
+{
+	StringInfoData buf;
+	const char *p = text;
+	const char *hit;
+
+	if (strstr(text, needle) == NULL)
+		return (char *) text;
+	initStringInfo(&buf);
+	while ((hit = strstr(p, needle)) != NULL)
+	{
+		appendBinaryStringInfo(&buf, p, hit - p);
+		appendStringInfoString(&buf, with);
+		p = hit + strlen(needle);
+	}
+	appendStringInfoString(&buf, p);
+	return buf.data;
+}
+
 /* The first AGENT_MAX_TOOL_RESULT_CHARS characters of text. */
 static char *
 truncate_result(char *text)
@@ -311,9 +332,15 @@ opening_messages(AgentLoop *l)
 		v = JsonGetField(l->ctx, key);
 		if (v == NULL)
 			continue;
-		appendStringInfo(&injected, "\n\n<untrusted-content key=\"%s\">\n%s\n</untrusted-content>",
-						 key, v->type == jbvString ? pnstrdup(v->val.string.val, v->val.string.len)
-						 : JsonValueToText(v));
+		{
+			char	   *value = v->type == jbvString ? pnstrdup(v->val.string.val, v->val.string.len)
+				: JsonValueToText(v);
+
+			/* the content cannot close its own block */
+			value = replace_all_text(value, "</untrusted-content", "<\\/untrusted-content");
+			appendStringInfo(&injected, "\n\n<untrusted-content key=\"%s\">\n%s\n</untrusted-content>",
+							 key, value);
+		}
 	}
 	add_message(l, "user", JsonContainerSize(&public->root) > 0 ? jsonb_text(public) : "Begin.",
 				NULL, NULL, false);
@@ -676,15 +703,16 @@ finalize(AgentLoop *l, const char *text)
 	if (parsed == NULL || !JsonIsObject(parsed))
 	{
 		agent_exit(l, "error", "invalid_outcome",
-				   psprintf("the model's final answer is not a JSON object {\"outcome\", \"result\"}: %.200s",
-							clean));
+				   psprintf("the model's final answer is not a JSON object {\"outcome\", \"result\"}: %s",
+							JsonClipText(clean, 200)));
 		return;
 	}
 	o = JsonGetField(parsed, "outcome");
 	if (o == NULL || o->type != jbvString)
 	{
 		agent_exit(l, "error", "invalid_outcome",
-				   psprintf("the model's final answer has no \"outcome\" string: %.200s", clean));
+				   psprintf("the model's final answer has no \"outcome\" string: %s",
+							JsonClipText(clean, 200)));
 		return;
 	}
 	outcome = pnstrdup(o->val.string.val, o->val.string.len);
@@ -908,6 +936,7 @@ run_tool(AgentLoop *l, AgentTool *tool, int call, const char *id, Jsonb *args,
 	{
 		run->working_effects = inner;
 		run->effect_call = call;
+		run->tool_args = JsonPublicContext(args);
 		if (sql)
 			arm_tool_timeout((int) Min(remaining_ms, INT_MAX));
 		StepErrorType = "error";
@@ -933,6 +962,7 @@ run_tool(AgentLoop *l, AgentTool *tool, int call, const char *id, Jsonb *args,
 	PG_END_TRY();
 	run->working_effects = saved;
 	run->effect_call = 0;
+	run->tool_args = NULL;
 	StepErrorType = saved_type;
 
 	if (timed_out)
@@ -976,8 +1006,11 @@ run_tool(AgentLoop *l, AgentTool *tool, int call, const char *id, Jsonb *args,
 		JsonObjBuilder b;
 
 		JsonObjStart(&b);
+		/* a tool's private keys stay private, as the context's do */
 		if (res.has_output && ts->output_key[0] != '_')
-			JsonObjAddJsonb(&b, ts->output_key, res.output ? res.output : JsonFromCString("null"));
+			JsonObjAddJsonb(&b, ts->output_key,
+							res.output == NULL ? JsonFromCString("null") :
+							JsonIsObject(res.output) ? JsonPublicContext(res.output) : res.output);
 		observation = JsonObjEnd(&b);
 	}
 	if (tool->writes_context && JsonContainerSize(&observation->root) > 0)
@@ -1013,8 +1046,8 @@ tool_call(AgentLoop *l, Jsonb *tc, int index, char **content)
 	{
 		JsonObjBuilder b;
 
-		/* an abort lands between the calls of one turn */
-		if (index > 0 && abort_requested(l, read_control(l)))
+		/* an abort lands before each call of a turn, never during one */
+		if (abort_requested(l, read_control(l)))
 			return TOOL_ABORTED;
 		started = GetCurrentTimestamp();
 		JsonObjStart(&b);
@@ -1078,8 +1111,8 @@ tool_call(AgentLoop *l, Jsonb *tc, int index, char **content)
 	if (args == NULL || !JsonIsObject(args))
 	{
 		tool_done(l, call, id, name, tool ? tool->step->kind_name : NULL, "error", NULL,
-				  psprintf("the arguments of this call are not a JSON object: %.200s",
-						   args_text ? args_text : ""),
+				  psprintf("the arguments of this call are not a JSON object: %s",
+						   JsonClipText(args_text ? args_text : "", 200)),
 				  NULL, content);
 		return TOOL_DONE;
 	}

@@ -292,3 +292,17 @@ JsonObjEnd(JsonObjBuilder *b)
 
 	return JsonbValueToJsonb(res);
 }
+
+/*
+ * At most maxbytes bytes of text, cut at a character boundary, with
+ * "..." when something was cut: safe to quote in a message.
+ */
+char *
+JsonClipText(const char *text, int maxbytes)
+{
+	int			len = strlen(text);
+
+	if (len <= maxbytes)
+		return (char *) text;
+	return psprintf("%s...", pnstrdup(text, pg_mbcliplen(text, len, maxbytes)));
+}

@@ -26,6 +26,7 @@ extern Jsonb *JsonMerge(Jsonb *a, Jsonb *b);
 extern Jsonb *JsonRemoveKey(Jsonb *obj, const char *key);
 extern Jsonb *JsonStringValue(const char *s);
 extern Jsonb *JsonPublicContext(Jsonb *ctx);
+extern char *JsonClipText(const char *text, int maxbytes);
 
 /*
  * A tiny builder for flat objects: JsonObjStart, JsonObjAdd*, JsonObjEnd.

@@ -396,6 +396,37 @@ call_output(Jsonb *res, const char *tool)
 }
 
 /*
+ * Called as an agent's tool, the model's arguments are the tool's: with
+ * no mcp.arguments they are passed as they are; else each declared
+ * argument the model gave replaces the rendered one.
+ */
+static Jsonb *
+agent_arguments(JsonbValue *declared, Jsonb *rendered, Jsonb *model)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+
+	if (declared == NULL)
+		return model;
+	if (!JsonIsObject(rendered))
+		return rendered;
+	it = JsonbIteratorInit(&model->root);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		char	   *key;
+
+		if (tok != WJB_KEY)
+			continue;
+		key = pnstrdup(v.val.string.val, v.val.string.len);
+		tok = JsonbIteratorNext(&it, &v, true);
+		if (JsonGetField(rendered, key))
+			rendered = JsonSetKey(rendered, key, JsonValueToJsonb(&v));
+	}
+	return rendered;
+}
+
+/*
  * The MCP step: see the file header.  Positions of effects double as
  * JSON-RPC ids (position + 1).
  */
@@ -422,6 +453,8 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	url = TemplateRenderText(JsonGetString(mcp, "url"), ctx, &use.opts);
 	tool = TemplateRenderText(tool, ctx, &use.opts);
 	args = argv ? JsonValueToJsonb(TemplateRenderValue(argv, ctx, &use.opts)) : JsonEmptyObject();
+	if (run->tool_args)
+		args = agent_arguments(argv, args, run->tool_args);
 	(void) DurationFromJson(JsonGetField(mcp, "timeout"), &timeout_ms);
 	StepErrorType = "mcp_error";
 	EffectCheckAllowed(url, use.values);

@@ -654,6 +654,7 @@ in_subtransaction(Transition *t, bool execute, ErrorData *step_error,
 		t->run->working_effects = saved_effects;
 		t->run->step_events = NIL;
 		t->run->effect_call = 0;
+		t->run->tool_args = NULL;
 	}
 	PG_END_TRY();
 	*step_failed = edata != NULL && in_step;

@@ -50,6 +50,7 @@ typedef struct RunState
 	int			entry_seq;		/* seq of this step's agent_started */
 	int			fresh_position; /* where the fresh effect landed, or -1 */
 	int			effect_call;	/* > 0: effects belong to this agent tool call */
+	Jsonb	   *tool_args;		/* the model's arguments of that call */
 	List	   *step_events;	/* journal events the step added */
 	WorkflowDef *wf;			/* the run's workflow version */
 	Jsonb	   *artifacts;		/* pinned artifact versions, loaded on use */

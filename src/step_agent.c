@@ -171,13 +171,13 @@ AgentFinalize(const StepDef *step, const char *text, List *values, StepResult *r
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("the model's final answer is not a JSON object with an \"outcome\""),
-				 errdetail("The answer was: %.200s", clean)));
+				 errdetail("The answer was: %s", JsonClipText(clean, 200))));
 	o = JsonGetField(obj, "outcome");
 	if (o == NULL || o->type != jbvString)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("the model's final answer has no \"outcome\" string"),
-				 errdetail("The answer was: %.200s", clean)));
+				 errdetail("The answer was: %s", JsonClipText(clean, 200))));
 	outcome = pnstrdup(o->val.string.val, o->val.string.len);
 	foreach(lc, values)
 		known |= strcmp(lfirst(lc), outcome) == 0;

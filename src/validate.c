@@ -289,7 +289,7 @@ check_retry(ValidateState *vs, Jsonb *parent, const char *path, const char *cons
 		return;
 	if (!is_mapping(r))
 	{
-		add_finding(vs, "error", rpath, "retry must be a mapping such as %s", example);
+		add_finding(vs, "error", rpath, "retry must be a mapping such as { on: %s, attempts: 3 }", example);
 		return;
 	}
 	retry = JsonValueToJsonb(r);
@@ -752,6 +752,13 @@ check_agent_block(ValidateState *vs, Jsonb *step, const char *path)
 	check_context_injection(vs, step, path);
 
 	/* artifact references */
+	{
+		JsonbValue *st = JsonGetField(agent, "steering");
+
+		if (st && st->type != jbvString)
+			add_finding(vs, "error", psprintf("%s.steering", apath),
+						"steering must be text or an artifact:// reference");
+	}
 	(void) check_artifact_ref(vs, JsonGetField(agent, "steering"), psprintf("%s.steering", apath),
 							  SITE_STEERING);
 	(void) check_artifact_ref(vs, JsonGetField(agent, "system"), psprintf("%s.system", apath),
