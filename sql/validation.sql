@@ -661,6 +661,23 @@ ends:
   - { id: done }
 $$);
 
+-- agent.steering is text or an artifact:// reference.
+SELECT * FROM tuvl.validate($$
+name: v
+steps:
+  - id: agent
+    kind: Agent
+    mode: autonomous
+    agent:
+      model: m
+      steering: [Answer questions about orders.]
+      tools: [{ ref: lookup }]
+    routes: { max_iterations: done, aborted: done }
+  - { id: lookup, kind: Functional, function: f, description: Look up an order }
+ends:
+  - { id: done }
+$$);
+
 -- An autonomous agent needs tools ...
 SELECT * FROM tuvl.validate($$
 name: v
