@@ -12,6 +12,14 @@
 -- the autonomous cases route max_iterations and aborted to keep to one row.
 \set VERBOSITY default
 
+-- The model the agent cases name (validation warns about an unregistered one).
+SELECT tuvl.register_llm($$
+name: m
+provider: openai
+base_url: http://127.0.0.1:9/v1
+model: test
+$$);
+
 -- A clean workflow has no findings.
 SELECT * FROM tuvl.validate($$
 name: clean
@@ -1284,3 +1292,14 @@ steps:
 ends:
   - { id: done }
 $$) AS version;
+
+-- An agent.model that no tuvl.register_llm() call gave: a warning, as the
+-- model may be registered before a run reaches the step.
+SELECT * FROM tuvl.validate($$
+name: unregistered_model
+steps:
+  - id: a
+    kind: Agent
+    mode: completion
+    agent: { model: nobody_registered_this, prompt: hi }
+$$);

@@ -1,6 +1,14 @@
 -- Registering and validating workflows.
 \set VERBOSITY default
 
+-- The model the agent cases name (validation warns about an unregistered one).
+SELECT tuvl.register_llm($$
+name: m
+provider: openai
+base_url: http://127.0.0.1:9/v1
+model: test
+$$);
+
 -- A clean workflow validates with no rows and registers as version 1, 2, ...
 SELECT * FROM tuvl.validate($$
 name: greet

@@ -132,6 +132,22 @@ tuvl_register_llm(PG_FUNCTION_ARGS)
  * The stored config of a model; raises when there is none.  SPI must be
  * connected.
  */
+/* Is there a model config of this name?  Connects to SPI itself. */
+bool
+LlmConfigExists(const char *name)
+{
+	static const Oid types[1] = {TEXTOID};
+	Datum		values[1];
+	bool		found;
+
+	values[0] = CStringGetTextDatum(name);
+	SPI_connect();
+	found = SpiExec("SELECT 1 FROM tuvl.llms WHERE name = $1", 1, types, values,
+					NULL, SPI_OK_SELECT) == 1;
+	SPI_finish();
+	return found;
+}
+
 LlmConfig *
 LlmConfigLoad(const char *name)
 {

@@ -43,6 +43,7 @@ typedef struct LlmReply
 } LlmReply;
 
 extern LlmConfig *LlmConfigLoad(const char *name);
+extern bool LlmConfigExists(const char *name);
 extern EffectRequest *LlmBuildRequest(LlmConfig *cfg, Jsonb *messages, Jsonb *tools,
 									  int timeout_ms);
 extern void LlmParseResult(LlmConfig *cfg, Jsonb *result, LlmReply *reply);

@@ -24,6 +24,7 @@
 #include "artifact.h"
 #include "jsonschema.h"
 #include "jsonutil.h"
+#include "llm.h"
 #include "validate.h"
 #include "workflow.h"
 #include "yamlparse.h"
@@ -276,6 +277,23 @@ string_in(JsonbValue *v, const char *const *options)
 }
 
 /* retry: {on: [...], attempts: n, backoff: duration} */
+/* Is v a whole number from 1 to INT_MAX? */
+static bool
+is_positive_int4(JsonbValue *v)
+{
+	bool		err = false;
+	int32		n;
+
+	if (v == NULL || v->type != jbvNumeric)
+		return false;
+	if (!DatumGetBool(DirectFunctionCall2(numeric_eq, NumericGetDatum(v->val.numeric),
+										  DirectFunctionCall2(numeric_round, NumericGetDatum(v->val.numeric),
+															  Int32GetDatum(0)))))
+		return false;
+	n = numeric_int4_opt_error(v->val.numeric, &err);
+	return !err && n >= 1;
+}
+
 static void
 check_retry(ValidateState *vs, Jsonb *parent, const char *path, const char *const *on_values,
 			const char *example)
@@ -293,9 +311,13 @@ check_retry(ValidateState *vs, Jsonb *parent, const char *path, const char *cons
 		return;
 	}
 	retry = JsonValueToJsonb(r);
+	{
+		static const char *const retry_keys[] = {"on", "attempts", "backoff", NULL};
+
+		check_unknown_keys(vs, retry, rpath, retry_keys, NULL);
+	}
 	v = JsonGetField(retry, "attempts");
-	if (v && (v->type != jbvNumeric ||
-			  DatumGetInt32(DirectFunctionCall1(numeric_int4, NumericGetDatum(v->val.numeric))) < 1))
+	if (v && !is_positive_int4(v))
 		add_finding(vs, "error", psprintf("%s.attempts", rpath), "attempts must be a positive integer");
 	check_duration(vs, retry, "backoff", rpath);
 	v = JsonGetField(retry, "on");
@@ -313,7 +335,10 @@ check_retry(ValidateState *vs, Jsonb *parent, const char *path, const char *cons
 
 			for (int j = 0; on_values[j]; j++)
 				ok |= strcmp(on_values[j], text) == 0;
-			if (!ok)
+			if (e->type != jbvString && e->type != jbvNumeric)
+				add_finding(vs, "error", psprintf("%s.on[%d]", rpath, i),
+							"retry conditions are names such as timeout; use %s", example);
+			else if (!ok)
 				add_finding(vs, "error", psprintf("%s.on[%d]", rpath, i),
 							"unknown retry condition \"%s\"; use %s", text, example);
 		}
@@ -488,7 +513,9 @@ check_reachable(ValidateState *vs, Jsonb *def)
 	{
 		StepDef    *st = &wf->steps[queue[head++]];
 		Jsonb	   *agent = JsonGetJsonb(st->spec, "agent");
-		Jsonb	   *tools = agent && JsonIsObject(agent) ? JsonGetJsonb(agent, "tools") : NULL;
+		char	   *mode = JsonGetString(st->spec, "mode");
+		Jsonb	   *tools = agent && JsonIsObject(agent) && mode && strcmp(mode, "autonomous") == 0
+			? JsonGetJsonb(agent, "tools") : NULL;
 		char	   *comp = JsonGetString(st->spec, "compensate");
 
 		if (st->routes && JsonIsObject(st->routes))
@@ -519,7 +546,7 @@ check_reachable(ValidateState *vs, Jsonb *def)
 	for (int i = 0; i < wf->nsteps; i++)
 		if (!seen[i])
 			add_finding(vs, "warning", psprintf("steps[%d]", i),
-						"step \"%s\" is never reached: no route leads to it, no step falls through to it, and no agent calls it as a tool",
+						"step \"%s\" is never reached: no route leads to it, no step falls through to it, no agent calls it as a tool and no step names it in compensate",
 						wf->steps[i].id);
 }
 
@@ -555,12 +582,9 @@ check_positive_int(ValidateState *vs, Jsonb *obj, const char *key, const char *p
 
 	if (v == NULL)
 		return;
-	if (v->type != jbvNumeric ||
-		!DatumGetBool(DirectFunctionCall2(numeric_eq, NumericGetDatum(v->val.numeric),
-										  DirectFunctionCall2(numeric_round, NumericGetDatum(v->val.numeric),
-															  Int32GetDatum(0)))) ||
-		DatumGetInt64(DirectFunctionCall1(numeric_int8, NumericGetDatum(v->val.numeric))) < 1)
-		add_finding(vs, "error", psprintf("%s.%s", path, key), "%s must be a positive integer", key);
+	if (!is_positive_int4(v))
+		add_finding(vs, "error", psprintf("%s.%s", path, key),
+					"%s must be a positive integer (at most 2147483647)", key);
 }
 
 /* agent.tools of an autonomous agent. */
@@ -790,6 +814,25 @@ check_agent_block(ValidateState *vs, Jsonb *step, const char *path)
 					"an Agent step writes its answer to agent.outcome.write (default <step id>_result); output is ignored");
 	if (JsonGetField(agent, "model") == NULL)
 		add_finding(vs, "error", apath, "agent.model is missing; name a model given to tuvl.register_llm()");
+	else if (JsonGetField(agent, "model")->type != jbvString)
+		add_finding(vs, "error", psprintf("%s.model", apath),
+					"model must name a model given to tuvl.register_llm()");
+	else if (!LlmConfigExists(JsonGetString(agent, "model")))
+		add_finding(vs, "warning", psprintf("%s.model", apath),
+					"model \"%s\" is not registered yet; register it with tuvl.register_llm() before a run reaches this step",
+					JsonGetString(agent, "model"));
+	{
+		static const char *const texts[] = {"system", "prompt", NULL};
+
+		for (int i = 0; texts[i]; i++)
+		{
+			JsonbValue *tv = JsonGetField(agent, texts[i]);
+
+			if (tv && tv->type != jbvString)
+				add_finding(vs, "error", psprintf("%s.%s", apath, texts[i]),
+							"%s must be text or an artifact:// reference", texts[i]);
+		}
+	}
 	if (!autonomous && mode && strcmp(mode, "completion") == 0 && JsonGetField(agent, "prompt") == NULL)
 		add_finding(vs, "error", apath, "a completion agent needs agent.prompt, the user message template");
 	check_retry(vs, agent, apath, agent_on, "[timeout, error]");
@@ -799,9 +842,12 @@ check_agent_block(ValidateState *vs, Jsonb *step, const char *path)
 					"outcome must be a mapping such as { enum: [approve, reject], write: decision }");
 	else if (o)
 	{
+		static const char *const outcome_keys[] = {"enum", "write", "output_key", "signal_from", NULL};
 		Jsonb	   *outcome = JsonValueToJsonb(o);
 		JsonbValue *e = JsonGetField(outcome, "enum");
 		JsonbValue *w = JsonGetField(outcome, "write");
+
+		check_unknown_keys(vs, outcome, psprintf("%s.outcome", apath), outcome_keys, NULL);
 
 		if (w && (w->type != jbvString || w->val.string.len == 0))
 			add_finding(vs, "error", psprintf("%s.outcome.write", apath),
