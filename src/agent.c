@@ -537,6 +537,8 @@ abort_requested(AgentLoop *l, Jsonb *control)
 		if (v->type == jbvString)
 			reason = pnstrdup(v->val.string.val, v->val.string.len);
 	}
+	if (reason && *reason == '\0')
+		reason = NULL;
 	l->abort_reason = psprintf("aborted by %s%s%s", by ? by : "an operator",
 							   reason ? ": " : "", reason ? reason : "");
 	l->result->consume = list_make2("abort", "pause");

@@ -318,6 +318,9 @@ tuvl_abort_run(PG_FUNCTION_ARGS)
 	"waiting_approval", NULL};
 	char	   *reason = PG_ARGISNULL(1) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(1));
 	LockedRun	r;
+
+	if (reason && *reason == '\0')
+		reason = NULL;
 	JsonObjBuilder b;
 	Jsonb	   *directive;
 

@@ -742,6 +742,8 @@ boundary_control(Transition *t)
 		char	   *reason = JsonIsObject(abort) ? JsonGetString(abort, "reason") : NULL;
 		char	   *by = JsonIsObject(abort) ? JsonGetString(abort, "by") : NULL;
 
+		if (reason && *reason == '\0')
+			reason = NULL;
 		JsonObjAddString(&b, "reason", reason);
 		JsonObjAddString(&b, "by", by);
 		JsonObjAddString(&b, "status", "aborted");
