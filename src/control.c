@@ -318,14 +318,13 @@ tuvl_abort_run(PG_FUNCTION_ARGS)
 	"waiting_approval", NULL};
 	char	   *reason = PG_ARGISNULL(1) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(1));
 	LockedRun	r;
-
-	if (reason && *reason == '\0')
-		reason = NULL;
 	JsonObjBuilder b;
 	Jsonb	   *directive;
 
 	if (PG_ARGISNULL(0))
 		PG_RETURN_VOID();
+	if (reason && *reason == '\0')
+		reason = NULL;
 	SPI_connect();
 	lock_run(PG_GETARG_INT64(0), &r, "abort");
 	require_status(&r, "abort", allowed, "The run has already ended.");
