@@ -184,28 +184,73 @@ ArtifactLookup(const char *name, int version, char **type, char **body, int *ver
 	return found;
 }
 
-/* Collect every artifact reference in a JSON value. */
+/* Add v to refs when it is a string (a reference or plain text). */
 static void
-collect_refs(JsonbValue *v, List **refs)
+collect_string(JsonbValue *v, List **refs)
 {
-	if (v->type == jbvString)
-	{
-		char	   *s = pnstrdup(v->val.string.val, v->val.string.len);
+	if (v && v->type == jbvString)
+		*refs = lappend(*refs, pnstrdup(v->val.string.val, v->val.string.len));
+}
 
-		if (strncmp(s, ARTIFACT_PREFIX, strlen(ARTIFACT_PREFIX)) == 0)
-			*refs = lappend(*refs, s);
-	}
-	else if (v->type == jbvBinary)
-	{
-		JsonbIterator *it = JsonbIteratorInit(v->val.binary.data);
-		JsonbValue	e;
-		JsonbIteratorToken tok;
+/* Add the strings of a list value. */
+static void
+collect_list(JsonbValue *v, List **refs)
+{
+	if (v == NULL || v->type != jbvBinary || !JsonContainerIsArray(v->val.binary.data))
+		return;
+	for (int i = 0; i < (int) JsonContainerSize(v->val.binary.data); i++)
+		collect_string(getIthJsonbValueFromContainer(v->val.binary.data, i), refs);
+}
 
-		/* unnested iteration: every scalar, at any depth */
-		while ((tok = JsonbIteratorNext(&it, &e, false)) != WJB_DONE)
-			if (tok == WJB_VALUE || tok == WJB_ELEM)
-				collect_refs(&e, refs);
+/* Add the strings of a guardrails mapping {gate: [refs]}. */
+static void
+collect_gates(JsonbValue *v, List **refs)
+{
+	static const char *const gates[] = {"input", "output", "tools", NULL};
+	Jsonb	   *g;
+
+	if (v == NULL || v->type != jbvBinary || !JsonContainerIsObject(v->val.binary.data))
+		return;
+	g = JsonValueToJsonb(v);
+	for (int i = 0; gates[i]; i++)
+		collect_list(JsonGetField(g, gates[i]), refs);
+}
+
+/*
+ * The strings at the sites of a workflow definition that take artifact
+ * references: agent.steering, system, prompt, skills[], guardrails, and
+ * hooks (of steps and of the workflow).  Text elsewhere is just text.
+ */
+static List *
+reference_sites(Jsonb *definition)
+{
+	List	   *refs = NIL;
+	Jsonb	   *steps = JsonGetJsonb(definition, "steps");
+
+	collect_list(JsonGetField(definition, "hooks"), &refs);
+	if (steps == NULL || !JB_ROOT_IS_ARRAY(steps) || JB_ROOT_IS_SCALAR(steps))
+		return refs;
+	for (int i = 0; i < (int) JsonContainerSize(&steps->root); i++)
+	{
+		JsonbValue *sv = getIthJsonbValueFromContainer(&steps->root, i);
+		Jsonb	   *step;
+		Jsonb	   *agent;
+
+		if (sv->type != jbvBinary || !JsonContainerIsObject(sv->val.binary.data))
+			continue;
+		step = JsonValueToJsonb(sv);
+		collect_list(JsonGetField(step, "hooks"), &refs);
+		collect_gates(JsonGetField(step, "guardrails"), &refs);
+		agent = JsonGetJsonb(step, "agent");
+		if (agent == NULL || !JsonIsObject(agent))
+			continue;
+		collect_string(JsonGetField(agent, "steering"), &refs);
+		collect_string(JsonGetField(agent, "system"), &refs);
+		collect_string(JsonGetField(agent, "prompt"), &refs);
+		collect_list(JsonGetField(agent, "skills"), &refs);
+		collect_gates(JsonGetField(agent, "guardrails"), &refs);
 	}
+	return refs;
 }
 
 /*
@@ -216,15 +261,10 @@ collect_refs(JsonbValue *v, List **refs)
 Jsonb *
 ArtifactPinFloating(Jsonb *definition)
 {
-	JsonbValue	root;
-	List	   *refs = NIL;
+	List	   *refs = reference_sites(definition);
 	ListCell   *lc;
 	JsonObjBuilder b;
 
-	root.type = jbvBinary;
-	root.val.binary.data = &definition->root;
-	root.val.binary.len = VARSIZE(definition) - VARHDRSZ;
-	collect_refs(&root, &refs);
 	JsonObjStart(&b);
 	foreach(lc, refs)
 	{

@@ -114,6 +114,8 @@ CheckObjectOwner(const char *owner_sql, const char *name, const char *what,
 		return;
 	owner = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
 	owner_oid = get_role_oid(owner, true);
+	if (superuser())
+		return;
 	if (!OidIsValid(owner_oid) || !has_privs_of_role(GetUserId(), owner_oid))
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),

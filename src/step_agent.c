@@ -255,6 +255,7 @@ execute_completion(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 	StepErrorType = "llm_error";
 	cfg = LlmConfigLoad(model ? model : "default");
 
+	StepErrorType = "error";
 	if (system)
 		system = ArtifactResolveText(run, system, SITE_STEERING, psprintf("agent.system of step \"%s\"", step->id));
 	if (prompt)

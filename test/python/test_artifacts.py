@@ -768,10 +768,6 @@ def test_a_registry_edited_by_hand_gives_precise_run_time_errors(conn, provider)
     assert len(sent(m)) == n, "nothing was sent to the model"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "tuvl bug: run creation pins every string starting with artifact:// anywhere in the "
-    "definition, not only at the sites that resolve references; validation accepts the "
-    "workflow, then every run of it fails with 'artifact ... does not exist'"))
 def test_artifact_text_outside_a_reference_site_is_plain_text(conn):
     wf = new_name("wf")
     missing = new_name("nowhere")
