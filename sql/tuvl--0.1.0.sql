@@ -56,6 +56,7 @@ CREATE TABLE tuvl.runs (
     principal name NOT NULL,
     control jsonb,
     artifacts jsonb,
+    compensation jsonb,
     FOREIGN KEY (workflow, workflow_version) REFERENCES tuvl.workflows (name, version)
 ) WITH (fillfactor = 80);
 COMMENT ON TABLE tuvl.runs IS 'one row per run: status, lease and checkpoint';
@@ -63,6 +64,7 @@ COMMENT ON COLUMN tuvl.runs.status IS 'queued, running, waiting_human, waiting_a
 COMMENT ON COLUMN tuvl.runs.attempt IS 'incremented at every claim; every write of a lease holder is fenced by it';
 COMMENT ON COLUMN tuvl.runs.lease_epoch IS 'server incarnation of the lease holder: leases of older epochs belong to dead processes';
 COMMENT ON COLUMN tuvl.runs.last_seq IS 'seq of the newest journal event of this run';
+COMMENT ON COLUMN tuvl.runs.compensation IS 'completed steps that declare a compensate step, most recent last, and while compensating why: {"stack": [...], "cause": {...}, "failed": [...]}';
 COMMENT ON COLUMN tuvl.runs.artifacts IS 'the versions of floating artifact references, resolved when the run was created: {name: version}';
 COMMENT ON COLUMN tuvl.runs.control IS 'operator directives not yet applied, such as {"abort": "reason"}; read at every agent turn and between tool calls';
 
@@ -71,7 +73,7 @@ CREATE INDEX runs_paused_idx ON tuvl.runs (id) WHERE status = 'paused';
 
 /* Claims scan only queued runs; lease expiry scans only running ones. */
 CREATE INDEX runs_queued_idx ON tuvl.runs (id) WHERE status = 'queued';
-CREATE INDEX runs_leased_idx ON tuvl.runs (lease_expires_at) WHERE status = 'running';
+CREATE INDEX runs_leased_idx ON tuvl.runs (lease_expires_at) WHERE status IN ('running', 'compensating');
 CREATE INDEX runs_workflow_idx ON tuvl.runs (workflow, created_at);
 
 /* The journal: append-only, seq is 1..n without gaps within a run. */

@@ -419,7 +419,7 @@ tuvl_run(PG_FUNCTION_ARGS)
 		RunAdvance(run);
 		RunApplyTransition(run);
 		status = run->next_status;
-		if (strcmp(status, "running") != 0)
+		if (strcmp(status, "running") != 0 && strcmp(status, "compensating") != 0)
 			break;
 		if (run->send)
 		{

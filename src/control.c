@@ -65,6 +65,7 @@ typedef struct LockedRun
 	char	   *step;			/* current_step, or NULL */
 	Jsonb	   *step_state;
 	Jsonb	   *control;
+	Jsonb	   *compensation;
 	char	   *workflow;
 	int			version;
 	char	   *by;				/* the role acting */
@@ -109,7 +110,7 @@ lock_run(int64 id, LockedRun *r, const char *action)
 	values[0] = Int64GetDatum(id);
 	as_owner();
 	SpiExec("SELECT status, principal, last_seq, current_step, step_state, control, "
-			"  workflow, workflow_version FROM tuvl.runs WHERE id = $1 FOR UPDATE",
+			"  workflow, workflow_version, compensation FROM tuvl.runs WHERE id = $1 FOR UPDATE",
 			1, types, values, NULL, SPI_OK_SELECT);
 	as_caller();
 	if (SPI_processed != 1)
@@ -128,6 +129,8 @@ lock_run(int64 id, LockedRun *r, const char *action)
 	r->control = isnull ? NULL : DatumGetJsonbPCopy(d);
 	r->workflow = SPI_getvalue(tup, td, 7);
 	r->version = DatumGetInt32(SPI_getbinval(tup, td, 8, &isnull));
+	d = SPI_getbinval(tup, td, 9, &isnull);
+	r->compensation = isnull ? NULL : DatumGetJsonbPCopy(d);
 
 	principal = get_role_oid(r->principal, true);
 	operator_role = get_role_oid("tuvl_operator", true);
@@ -234,6 +237,16 @@ agent_in_loop(LockedRun *r)
 	return idx >= 0 && wf->steps[idx].kind == STEP_AGENT;
 }
 
+/* Does the run have completed steps to compensate? */
+static bool
+has_compensations(LockedRun *r)
+{
+	Jsonb	   *stack = r->compensation ? JsonGetJsonb(r->compensation, "stack") : NULL;
+
+	return stack && JB_ROOT_IS_ARRAY(stack) && !JB_ROOT_IS_SCALAR(stack) &&
+		JsonContainerSize(&stack->root) > 0;
+}
+
 /*
  * pause_run(run_id)
  */
@@ -335,9 +348,12 @@ tuvl_abort_run(PG_FUNCTION_ARGS)
 
 	if (strcmp(r.status, "running") == 0)
 		add_directive(&r, JsonSetKey(JsonEmptyObject(), "abort", directive));
-	else if (agent_in_loop(&r))
+	else if (agent_in_loop(&r) || has_compensations(&r))
 	{
-		/* the agent takes its aborted exit, which may be routed */
+		/*
+		 * A worker applies it: an agent takes its aborted exit, which may
+		 * be routed; completed steps are compensated.
+		 */
 		Jsonb	   *control = r.control ? r.control : JsonEmptyObject();
 
 		control = JsonRemoveKey(JsonRemoveKey(control, "paused_at"), "pause_max");
@@ -494,6 +510,7 @@ tuvl_decide(PG_FUNCTION_ARGS)
 	r.step_state = append_record(r.step_state, JsonObjEnd(&b));
 
 	JsonObjStart(&b);
+	JsonObjAddJsonb(&b, "call", JsonGetJsonb(awaiting, "call"));
 	JsonObjAddJsonb(&b, "call_id", JsonGetJsonb(awaiting, "call_id"));
 	JsonObjAddJsonb(&b, "tool", JsonGetJsonb(awaiting, "tool"));
 	JsonObjAddBool(&b, "approved", approved);

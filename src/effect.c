@@ -230,11 +230,23 @@ installation_tag(void)
 char *
 EffectKey(RunState *run, int logical)
 {
+	/* a replay computes the keys of the run it replays */
+	if (run->key_base && run->effect_call > 0)
+		return psprintf("%s-%d-t%d-%d", run->key_base, run->entry_seq, run->effect_call, logical);
+	if (run->key_base)
+		return psprintf("%s-%d-%d", run->key_base, run->entry_seq, logical);
 	if (run->effect_call > 0)
 		return psprintf("tuvl-%s-" INT64_FORMAT "-%d-t%d-%d", installation_tag(), run->id,
 						run->entry_seq, run->effect_call, logical);
 	return psprintf("tuvl-%s-" INT64_FORMAT "-%d-%d", installation_tag(), run->id,
 					run->entry_seq, logical);
+}
+
+/* The part of every key of this run before the step's entry seq. */
+char *
+EffectKeyBase(RunState *run)
+{
+	return psprintf("tuvl-%s-" INT64_FORMAT, installation_tag(), run->id);
 }
 
 /*

@@ -47,6 +47,7 @@ extern Jsonb *SecretScrubJsonb(Jsonb *j, List *secrets);
 extern int	EffectCount(RunState *run);
 extern Jsonb *EffectAt(RunState *run, int position);
 extern char *EffectKey(RunState *run, int logical);
+extern char *EffectKeyBase(RunState *run);
 extern void EffectRecord(RunState *run, Jsonb *record);
 extern EffectRequest *EffectRequestCopy(EffectRequest *req, MemoryContext cxt);
 extern Jsonb *EffectResultToJsonb(HttpResult *res, List *secrets);

@@ -37,7 +37,7 @@ static const char claim_sql[] =
 "      LIMIT $1 FOR UPDATE SKIP LOCKED) c "
 "WHERE r.id = c.id "
 "RETURNING r.id, r.attempt, r.workflow, r.workflow_version, r.principal, "
-"  r.context, r.current_step, r.last_seq, r.step_state, r.control";
+"  r.context, r.current_step, r.last_seq, r.step_state, r.control, r.compensation";
 
 /*
  * Claim up to max_runs queued runs, oldest first; returns a List (in
@@ -96,6 +96,13 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, Oid 
 				run->control = DatumGetJsonbPCopy(ss);
 				MemoryContextSwitchTo(old);
 			}
+			ss = SPI_getbinval(tup, td, 11, &isnull);
+			if (!isnull)
+			{
+				old = MemoryContextSwitchTo(run->cxt);
+				run->compensation = DatumGetJsonbPCopy(ss);
+				MemoryContextSwitchTo(old);
+			}
 		}
 		run->owner = owner;
 		old = MemoryContextSwitchTo(runs_cxt);
@@ -108,7 +115,7 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, Oid 
 static const char renew_sql[] =
 "UPDATE tuvl.runs r SET lease_expires_at = now() + $3 "
 "FROM unnest($1::bigint[], $2::int[]) AS h(id, attempt) "
-"WHERE r.id = h.id AND r.attempt = h.attempt AND r.status = 'running' "
+"WHERE r.id = h.id AND r.attempt = h.attempt AND r.status IN ('running', 'compensating') "
 "RETURNING r.id";
 
 /*
@@ -170,7 +177,7 @@ static const char release_sql[] =
 "UPDATE tuvl.runs r SET status = 'queued', lease_owner = NULL, lease_epoch = NULL, "
 "  lease_expires_at = NULL "
 "FROM unnest($1::bigint[], $2::int[]) AS h(id, attempt) "
-"WHERE r.id = h.id AND r.attempt = h.attempt AND r.status = 'running'";
+"WHERE r.id = h.id AND r.attempt = h.attempt AND r.status IN ('running', 'compensating')";
 
 /*
  * Give runs back to the queue (the worker cannot go on with them); only
@@ -197,7 +204,7 @@ LeaseRelease(int n, const int64 *ids, const int32 *attempts)
 static const char reclaim_sql[] =
 "UPDATE tuvl.runs SET status = 'queued', lease_owner = NULL, lease_epoch = NULL, "
 "  lease_expires_at = NULL "
-"WHERE id IN (SELECT id FROM tuvl.runs WHERE status = 'running' "
+"WHERE id IN (SELECT id FROM tuvl.runs WHERE status IN ('running', 'compensating') "
 "             AND NOT tuvl._lease_holder_alive(lease_owner, lease_epoch) "
 "             FOR UPDATE SKIP LOCKED)";
 

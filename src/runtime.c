@@ -120,12 +120,13 @@ static const char fence_sql[] =
 "  end_name = $7, response = $8, error = $9, step_state = $10, "
 "  finished_at = CASE WHEN $3 IN ('completed', 'failed', 'aborted', 'compensated') "
 "                     THEN clock_timestamp() END, "
-"  lease_expires_at = CASE WHEN $3 = 'running' THEN lease_expires_at END, "
-"  lease_owner = CASE WHEN $3 = 'running' THEN lease_owner END, "
-"  lease_epoch = CASE WHEN $3 = 'running' THEN lease_epoch END, "
+"  lease_expires_at = CASE WHEN $3 IN ('running', 'compensating') THEN lease_expires_at END, "
+"  lease_owner = CASE WHEN $3 IN ('running', 'compensating') THEN lease_owner END, "
+"  lease_epoch = CASE WHEN $3 IN ('running', 'compensating') THEN lease_epoch END, "
+"  compensation = CASE WHEN $14 THEN $15 ELSE compensation END, "
 "  control = CASE WHEN $11::text[] IS NULL AND $12::jsonb IS NULL AND $13::text[] IS NULL "
 "                 THEN control ELSE tuvl._control_apply(control, $11, $12, $13) END "
-"WHERE id = $1 AND attempt = $2 AND status = 'running' "
+"WHERE id = $1 AND attempt = $2 AND status IN ('running', 'compensating') "
 "RETURNING control";
 
 /*
@@ -150,10 +151,11 @@ write_checkpoint_control(RunState *run, const char *status, Jsonb *context,
 						 Jsonb *response, const char *error, Jsonb *step_state,
 						 List *consume, Jsonb *control_add, List *steer_done)
 {
-	static const Oid types[13] = {INT8OID, INT4OID, TEXTOID, JSONBOID, TEXTOID,
-	INT4OID, TEXTOID, JSONBOID, TEXTOID, JSONBOID, TEXTARRAYOID, JSONBOID, TEXTARRAYOID};
-	Datum		values[13];
-	char		nulls[13] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	static const Oid types[15] = {INT8OID, INT4OID, TEXTOID, JSONBOID, TEXTOID,
+		INT4OID, TEXTOID, JSONBOID, TEXTOID, JSONBOID, TEXTARRAYOID, JSONBOID, TEXTARRAYOID,
+	BOOLOID, JSONBOID};
+	Datum		values[15];
+	char		nulls[15] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	values[0] = Int64GetDatum(run->id);
 	values[1] = Int32GetDatum(run->attempt);
 	values[2] = CStringGetTextDatum(status);
@@ -192,7 +194,14 @@ write_checkpoint_control(RunState *run, const char *status, Jsonb *context,
 	else
 		nulls[12] = 'n';
 
-	if (SpiExec(fence_sql, 13, types, values, nulls, SPI_OK_UPDATE_RETURNING) != 1)
+	/* a transition that changed the compensation record stages it first */
+	values[13] = BoolGetDatum(run->compensation_changed);
+	if (run->compensation_changed && run->next_compensation)
+		values[14] = JsonbPGetDatum(run->next_compensation);
+	else
+		nulls[14] = 'n';
+
+	if (SpiExec(fence_sql, 15, types, values, nulls, SPI_OK_UPDATE_RETURNING) != 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 				 errmsg("lease on run " INT64_FORMAT " was lost", run->id),
@@ -286,6 +295,135 @@ render_response(EndDef *end, Jsonb *context, char **error)
 	return response;
 }
 
+/* ---------------------------------------------------------------- compensation
+ *
+ * tuvl.runs.compensation records every completed step that declares a
+ * compensate step: {"stack": [{step, compensate, output_key, output,
+ * input}], ...}, most recent last.  When the run would end with a
+ * rollback end, an unhandled failure or an abort, and the stack is not
+ * empty, it is compensating instead: "cause" records the end it would
+ * have had, and each transition runs the compensator of the top entry
+ * and pops it, so a crash never runs a finished compensator again.
+ */
+
+static int
+json_array_len(Jsonb *j)
+{
+	if (j == NULL || !JB_ROOT_IS_ARRAY(j) || JB_ROOT_IS_SCALAR(j))
+		return 0;
+	return JsonContainerSize(&j->root);
+}
+
+/* The compensation record as of this transition. */
+static Jsonb *
+comp_current(RunState *run)
+{
+	return run->compensation_changed ? run->next_compensation : run->compensation;
+}
+
+static bool
+run_compensating(RunState *run)
+{
+	Jsonb	   *c = run->compensation;
+
+	return c && JsonGetField(c, "cause") != NULL && !JsonGetBool(c, "done", false);
+}
+
+static Jsonb *
+comp_stack(Jsonb *comp)
+{
+	return comp ? JsonGetJsonb(comp, "stack") : NULL;
+}
+
+static Jsonb *
+comp_top(Jsonb *comp)
+{
+	Jsonb	   *stack = comp_stack(comp);
+	int			n = json_array_len(stack);
+
+	return n > 0 ? JsonValueToJsonb(getIthJsonbValueFromContainer(&stack->root, n - 1)) : NULL;
+}
+
+/* arr with one more element */
+static Jsonb *
+json_array_append(Jsonb *arr, Jsonb *elem)
+{
+	Jsonb	   *one = JsonFromCString(psprintf("[%s]", JsonbToCString(NULL, &elem->root, VARSIZE(elem))));
+
+	return json_array_len(arr) > 0 ? JsonMerge(arr, one) : one;
+}
+
+/* arr without its last element */
+static Jsonb *
+array_drop_last(Jsonb *arr)
+{
+	StringInfoData buf;
+	int			n = json_array_len(arr);
+
+	initStringInfo(&buf);
+	appendStringInfoChar(&buf, '[');
+	for (int i = 0; i < n - 1; i++)
+	{
+		Jsonb	   *e = JsonValueToJsonb(getIthJsonbValueFromContainer(&arr->root, i));
+
+		if (i > 0)
+			appendStringInfoString(&buf, ", ");
+		appendStringInfoString(&buf, JsonbToCString(NULL, &e->root, VARSIZE(e)));
+	}
+	appendStringInfoChar(&buf, ']');
+	return JsonFromCString(buf.data);
+}
+
+static void
+stage_compensation(RunState *run, Jsonb *comp)
+{
+	run->next_compensation = comp ? DatumGetJsonbPCopy(JsonbPGetDatum(comp)) : NULL;
+	run->compensation_changed = true;
+}
+
+/*
+ * Would ending now start compensation?  If so, record why (cause) and
+ * return the first compensator's step id; else NULL.
+ */
+static const char *
+begin_compensation(RunState *run, const char *status, const char *end_name,
+				   Jsonb *response, const char *error)
+{
+	Jsonb	   *comp = comp_current(run);
+	Jsonb	   *top = comp_top(comp);
+	JsonObjBuilder b;
+
+	if (top == NULL || run_compensating(run))
+		return NULL;
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "status", status);
+	JsonObjAddString(&b, "end", end_name);
+	JsonObjAddJsonb(&b, "response", response);
+	JsonObjAddString(&b, "error", error);
+	comp = JsonSetKey(comp, "cause", JsonObjEnd(&b));
+	comp = JsonSetKey(comp, "failed", JsonFromCString("[]"));
+	stage_compensation(run, comp);
+	return JsonGetString(top, "compensate");
+}
+
+/* What a compensator sees under "compensation" in its context. */
+static Jsonb *
+compensation_context(RunState *run, Jsonb *context)
+{
+	Jsonb	   *top = comp_top(run->compensation);
+
+	if (top == NULL)
+		return context;
+	return JsonSetKey(context, "compensation", JsonRemoveKey(top, "compensate"));
+}
+
+/* The status of a run that goes on: running, or compensating. */
+static const char *
+active_status(RunState *run)
+{
+	return run_compensating(run) ? "compensating" : "running";
+}
+
 /* What a transition knows before and after its step executed. */
 typedef struct Transition
 {
@@ -295,6 +433,7 @@ typedef struct Transition
 	List	   *events;			/* journaled whatever the step does */
 	instr_time	start;
 	bool		first_entry;	/* agent_started is among events */
+	Jsonb	   *ctx;			/* the context the step executes against */
 } Transition;
 
 /* The step_state written while a step waits for an effect. */
@@ -349,7 +488,7 @@ finish_pending(Transition *t, StepResult *result)
 	GetUserIdAndSecContext(&save_user, &save_sec);
 	SetUserIdAndSecContext(run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
 	run->next_seq = run->last_seq + JournalCount(events);
-	write_checkpoint_control(run, "running", run->context, t->step->id, run->next_seq,
+	write_checkpoint_control(run, active_status(run), run->context, t->step->id, run->next_seq,
 							 NULL, NULL, NULL, state, NIL, NULL, result->steer_done);
 	(void) JournalWrite(run->id, run->last_seq, events);
 	SetUserIdAndSecContext(save_user, save_sec);
@@ -363,7 +502,7 @@ finish_pending(Transition *t, StepResult *result)
 	}
 	run->send = EffectRequestCopy(effect, run->cxt);
 	run->next_step = WorkflowFindStep(t->wf, t->step->id);	/* stays here */
-	run->next_status = "running";
+	run->next_status = active_status(run);
 	run->next_error = NULL;
 }
 
@@ -421,6 +560,145 @@ finish_park(Transition *t, StepResult *result)
 }
 
 /*
+ * The transition of a compensator: journal how it went, pop its entry,
+ * and go on with the next compensator or end the run: compensated, or
+ * failed (compensation_failed) when any compensator failed.  Routes are
+ * not followed.
+ */
+static void
+finish_compensation(Transition *t, StepResult *result, ErrorData *edata)
+{
+	RunState   *run = t->run;
+	const StepDef *step = t->step;
+	List	   *events = list_copy(t->events);
+	Jsonb	   *comp = run->compensation;
+	Jsonb	   *top = comp_top(comp);
+	Jsonb	   *context = run->context;
+	Jsonb	   *cause = JsonGetJsonb(comp, "cause");
+	Jsonb	   *failed = JsonGetJsonb(comp, "failed");
+	const char *original = top ? JsonGetString(top, "step") : NULL;
+	const char *status;
+	const char *next_step_id = NULL;
+	const char *end_name = NULL;
+	Jsonb	   *response = NULL;
+	char	   *run_error = NULL;
+	JsonObjBuilder b;
+	Oid			save_user;
+	int			save_sec;
+
+	if (result)
+		events = list_concat(events, run->step_events);
+	if (result && result->has_output)
+		context = JsonSetKey(context, step->output_key, result->output);
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "signal", edata ? "error" : (result->signal ? result->signal : "default"));
+	if (edata)
+		JsonObjAddString(&b, "error", edata->message);
+	else if (result->has_output)
+	{
+		JsonObjAddString(&b, "output_key", step->output_key);
+		JsonObjAddJsonb(&b, "output", result->output);
+	}
+	JournalAdd(&events, "agent_completed", step->id, step->kind_name, JsonObjEnd(&b));
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "step", original);
+	JsonObjAddString(&b, "compensator", step->id);
+	JsonObjAddBool(&b, "ok", edata == NULL);
+	if (edata)
+		JsonObjAddString(&b, "error", edata->message);
+	JournalAdd(&events, "compensation_completed", original, step->kind_name, JsonObjEnd(&b));
+
+	if (edata)
+	{
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "step", original);
+		JsonObjAddString(&b, "compensator", step->id);
+		JsonObjAddString(&b, "error", edata->message);
+		failed = json_array_append(failed, JsonObjEnd(&b));
+	}
+	comp = JsonSetKey(comp, "stack", array_drop_last(comp_stack(comp)));
+	comp = JsonSetKey(comp, "failed", failed ? failed : JsonFromCString("[]"));
+	top = comp_top(comp);
+	if (top)
+	{
+		status = "compensating";
+		next_step_id = JsonGetString(top, "compensate");
+	}
+	else
+	{
+		int			nfailed = json_array_len(failed);
+
+		end_name = cause ? JsonGetString(cause, "end") : NULL;
+		response = cause ? JsonGetJsonb(cause, "response") : NULL;
+		if (response && JB_ROOT_IS_SCALAR(response) &&
+			getIthJsonbValueFromContainer(&response->root, 0)->type == jbvNull)
+			response = NULL;
+		if (nfailed > 0)
+		{
+			StringInfoData why;
+
+			initStringInfo(&why);
+			for (int i = 0; i < nfailed; i++)
+			{
+				Jsonb	   *f = JsonValueToJsonb(getIthJsonbValueFromContainer(&failed->root, i));
+
+				appendStringInfo(&why, "%scompensator \"%s\" of step \"%s\" failed: %s",
+								 i > 0 ? "; " : "", JsonGetString(f, "compensator"),
+								 JsonGetString(f, "step"), JsonGetString(f, "error"));
+			}
+			status = "failed";
+			run_error = psprintf("compensation_failed: %s", why.data);
+		}
+		else
+		{
+			status = "compensated";
+			run_error = cause ? JsonGetString(cause, "error") : NULL;
+		}
+		comp = JsonSetKey(comp, "done", JsonFromCString("true"));
+	}
+	stage_compensation(run, comp);
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "step", next_step_id);
+	JsonObjAddString(&b, "status", status);
+	JournalAdd(&events, "checkpoint", step->id, step->kind_name, JsonObjEnd(&b));
+	if (strcmp(status, "compensating") != 0)
+	{
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "end", end_name);
+		JsonObjAddString(&b, "status", status);
+		JsonObjAddJsonb(&b, "response", response);
+		if (run_error)
+			JsonObjAddString(&b, "error", run_error);
+		JournalAdd(&events, strcmp(status, "compensated") == 0 ? "run_completed" : "run_failed",
+				   NULL, NULL, JsonObjEnd(&b));
+	}
+
+	GetUserIdAndSecContext(&save_user, &save_sec);
+	SetUserIdAndSecContext(run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	run->next_seq = run->last_seq + JournalCount(events);
+	write_checkpoint_control(run, status, context, next_step_id, run->next_seq,
+							 end_name, response, run_error, NULL, NIL, NULL, NIL);
+	(void) JournalWrite(run->id, run->last_seq, events);
+	SetUserIdAndSecContext(save_user, save_sec);
+	if (strcmp(status, "compensating") != 0)
+		TuvlRunChangedAtCommit();
+
+	{
+		MemoryContext old = MemoryContextSwitchTo(run->cxt);
+
+		run->next_context = DatumGetJsonbPCopy(JsonbPGetDatum(context));
+		MemoryContextSwitchTo(old);
+	}
+	run->next_step_state = NULL;
+	run->next_step = next_step_id ? WorkflowFindStep(t->wf, next_step_id) : -1;
+	run->next_status = status;
+	run->next_error = run_error ? MemoryContextStrdup(run->cxt, run_error) : NULL;
+}
+
+/*
  * Everything after the step: context update, journal, routing and the
  * fenced checkpoint.  result is NULL when the step failed with edata.
  * Runs in the transition's subtransaction.
@@ -457,9 +735,30 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 		finish_park(t, result);
 		return;
 	}
+	if (run_compensating(run))
+	{
+		finish_compensation(t, result, edata);
+		return;
+	}
 	events = list_copy(t->events);
 	if (result)
 		events = list_concat(events, run->step_events);
+
+	/* a completed step that declares a compensator is remembered */
+	if (result && JsonGetString(step->spec, "compensate"))
+	{
+		Jsonb	   *comp = comp_current(run);
+
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "step", step->id);
+		JsonObjAddString(&b, "compensate", JsonGetString(step->spec, "compensate"));
+		JsonObjAddString(&b, "output_key", step->output_key);
+		JsonObjAddJsonb(&b, "output", result->has_output ? result->output : NULL);
+		JsonObjAddJsonb(&b, "input", run->context);
+		comp = JsonSetKey(comp ? comp : JsonEmptyObject(), "stack",
+						  json_array_append(comp_stack(comp), JsonObjEnd(&b)));
+		stage_compensation(run, comp);
+	}
 
 	INSTR_TIME_SET_CURRENT(duration);
 	INSTR_TIME_SUBTRACT(duration, t->start);
@@ -555,14 +854,40 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 							 step->id, signal);
 	}
 
+	/*
+	 * A rollback end, an unhandled failure or an abort undoes the
+	 * completed steps that declare a compensator.
+	 */
+	if (strcmp(status, "running") != 0 &&
+		((end_name && WorkflowFindEnd(wf, end_name) && WorkflowFindEnd(wf, end_name)->rollback) ||
+		 (end_name == NULL && (strcmp(status, "failed") == 0 || strcmp(status, "aborted") == 0))))
+	{
+		const char *first = begin_compensation(run, status, end_name, response, run_error);
+
+		if (first)
+		{
+			if (strcmp(status, "aborted") == 0)
+			{
+				JsonObjStart(&b);
+				JsonObjAddString(&b, "status", "compensating");
+				JsonObjAddString(&b, "error", run_error);
+				JournalAdd(&events, "run_aborted", NULL, NULL, JsonObjEnd(&b));
+			}
+			status = "compensating";
+			next_step_id = first;
+			end_name = NULL;
+			response = NULL;
+		}
+	}
+
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "step", next_step_id);
-	if (strcmp(status, "running") != 0)
+	if (strcmp(status, "running") != 0 && strcmp(status, "compensating") != 0)
 		JsonObjAddString(&b, "end", end_name);
 	JsonObjAddString(&b, "status", status);
 	JournalAdd(&events, "checkpoint", step->id, step->kind_name, JsonObjEnd(&b));
 
-	if (strcmp(status, "running") != 0)
+	if (strcmp(status, "running") != 0 && strcmp(status, "compensating") != 0)
 	{
 		JsonObjStart(&b);
 		JsonObjAddString(&b, "end", end_name);
@@ -588,7 +913,7 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 	(void) JournalWrite(run->id, run->last_seq, events);
 	SetUserIdAndSecContext(save_user, save_sec);
 
-	if (strcmp(status, "running") != 0)
+	if (strcmp(status, "running") != 0 && strcmp(status, "compensating") != 0)
 		TuvlRunChangedAtCommit();
 
 	/* SPI's memory is gone at commit: keep the new context with the run */
@@ -632,7 +957,7 @@ in_subtransaction(Transition *t, bool execute, ErrorData *step_error,
 
 			memset(&result, 0, sizeof(result));
 			StepErrorType = "error";
-			ExecutorFor(t->step->kind)->execute(t->run, t->step, t->run->context, &result);
+			ExecutorFor(t->step->kind)->execute(t->run, t->step, t->ctx, &result);
 			in_step = false;
 			finish_transition(t, &result, NULL);
 		}
@@ -726,6 +1051,7 @@ boundary_control(Transition *t)
 	List	   *events = list_copy(t->events);
 	List	   *consume = NIL;
 	const char *status;
+	const char *next_step = NULL;
 	char	   *error = NULL;
 	JsonObjBuilder b;
 	Oid			save_user;
@@ -744,13 +1070,14 @@ boundary_control(Transition *t)
 
 		if (reason && *reason == '\0')
 			reason = NULL;
-		JsonObjAddString(&b, "reason", reason);
-		JsonObjAddString(&b, "by", by);
-		JsonObjAddString(&b, "status", "aborted");
-		JournalAdd(&events, "run_aborted", NULL, NULL, JsonObjEnd(&b));
-		status = "aborted";
 		error = psprintf("aborted by %s%s%s", by ? by : "an operator", reason ? ": " : "",
 						 reason ? reason : "");
+		next_step = begin_compensation(run, "aborted", NULL, NULL, error);
+		status = next_step ? "compensating" : "aborted";
+		JsonObjAddString(&b, "reason", reason);
+		JsonObjAddString(&b, "by", by);
+		JsonObjAddString(&b, "status", status);
+		JournalAdd(&events, "run_aborted", NULL, NULL, JsonObjEnd(&b));
 		consume = list_make2("abort", "pause");
 	}
 	else
@@ -763,9 +1090,17 @@ boundary_control(Transition *t)
 
 	GetUserIdAndSecContext(&save_user, &save_sec);
 	SetUserIdAndSecContext(run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	if (next_step)
+	{
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "step", next_step);
+		JsonObjAddString(&b, "status", status);
+		JournalAdd(&events, "checkpoint", t->step->id, t->step->kind_name, JsonObjEnd(&b));
+	}
 	run->next_seq = run->last_seq + JournalCount(events);
-	write_checkpoint_control(run, status, run->context, t->step->id, run->next_seq,
-							 NULL, NULL, error, run->step_state, consume, NULL, NIL);
+	write_checkpoint_control(run, status, run->context, next_step ? next_step : t->step->id,
+							 run->next_seq, NULL, NULL, error,
+							 next_step ? NULL : run->step_state, consume, NULL, NIL);
 	(void) JournalWrite(run->id, run->last_seq, events);
 	SetUserIdAndSecContext(save_user, save_sec);
 	TuvlRunChangedAtCommit();
@@ -774,10 +1109,11 @@ boundary_control(Transition *t)
 		MemoryContext old = MemoryContextSwitchTo(run->cxt);
 
 		run->next_context = DatumGetJsonbPCopy(JsonbPGetDatum(run->context));
-		run->next_step_state = run->step_state ? DatumGetJsonbPCopy(JsonbPGetDatum(run->step_state)) : NULL;
+		run->next_step_state = run->step_state && next_step == NULL
+			? DatumGetJsonbPCopy(JsonbPGetDatum(run->step_state)) : NULL;
 		MemoryContextSwitchTo(old);
 	}
-	run->next_step = WorkflowFindStep(t->wf, t->step->id);
+	run->next_step = WorkflowFindStep(t->wf, next_step ? next_step : t->step->id);
 	run->next_status = status;
 	run->next_error = error ? MemoryContextStrdup(run->cxt, error) : NULL;
 	return true;
@@ -807,6 +1143,8 @@ RunAdvance(RunState *run)
 	t.wf = WorkflowLoad(run->workflow, run->version);
 	run->wf = t.wf;
 	run->send = NULL;
+	run->compensation_changed = false;
+	run->next_compensation = NULL;
 
 	ectx.run = run;
 	ectx.step = NULL;
@@ -834,7 +1172,8 @@ RunAdvance(RunState *run)
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("role \"%s\" that started the run does not exist", run->principal_name)));
 
-	if (run->control && run->fresh_effect == NULL && boundary_control(&t))
+	if (run->control && run->fresh_effect == NULL && !run_compensating(run) &&
+		boundary_control(&t))
 	{
 		error_context_stack = errcallback.previous;
 		return;
@@ -857,7 +1196,18 @@ RunAdvance(RunState *run)
 		run->entry_seq = run->last_seq + list_length(t.events);
 		run->working_effects = NULL;
 		t.first_entry = true;
+		if (run_compensating(run))
+		{
+			Jsonb	   *top = comp_top(run->compensation);
+
+			JsonObjStart(&b);
+			JsonObjAddString(&b, "step", top ? JsonGetString(top, "step") : NULL);
+			JsonObjAddString(&b, "compensator", t.step->id);
+			JournalAdd(&t.events, "compensation_started", top ? JsonGetString(top, "step") : NULL,
+					   t.step->kind_name, JsonObjEnd(&b));
+		}
 	}
+	t.ctx = run_compensating(run) ? compensation_context(run, run->context) : run->context;
 	take_fresh_effect(&t);
 	run->events_before = list_length(t.events);
 	INSTR_TIME_SET_CURRENT(t.start);
@@ -925,4 +1275,14 @@ RunApplyTransition(RunState *run)
 		pfree(run->control);
 	run->control = run->next_control;
 	run->next_control = NULL;
+	if (run->compensation_changed)
+	{
+		MemoryContext old = MemoryContextSwitchTo(run->cxt);
+
+		run->compensation = run->next_compensation
+			? DatumGetJsonbPCopy(JsonbPGetDatum(run->next_compensation)) : NULL;
+		MemoryContextSwitchTo(old);
+		run->compensation_changed = false;
+		run->next_compensation = NULL;
+	}
 }

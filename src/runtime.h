@@ -35,6 +35,7 @@ typedef struct RunState
 	int			last_seq;
 	Jsonb	   *step_state;		/* state within the current step, or NULL:
 								 * {step, entry_seq, effects: [...]} */
+	Jsonb	   *compensation;	/* tuvl.runs.compensation, or NULL */
 	Jsonb	   *control;		/* operator directives seen at the last
 								 * checkpoint (tuvl.runs.control), or NULL */
 	MemoryContext cxt;			/* "tuvl run": owns the fields above */
@@ -60,6 +61,9 @@ typedef struct RunState
 	Jsonb	   *next_context;
 	Jsonb	   *next_step_state;
 	Jsonb	   *next_control;
+	Jsonb	   *next_compensation;
+	bool		compensation_changed;
+	char	   *key_base;		/* replay: idempotency keys of the recording */
 	int			next_step;
 	int			next_seq;
 	const char *next_status;	/* "running" or a terminal status */

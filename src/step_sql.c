@@ -32,6 +32,7 @@
 #include "utils/memutils.h"
 #include "utils/regproc.h"
 
+#include "effect.h"
 #include "executor.h"
 #include "jsonutil.h"
 #include "template.h"
@@ -279,7 +280,9 @@ StepExecuteFunctional(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 			elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
 		up = remember_plan(sql, plan, 1, types);
 	}
-	values[0] = JsonbPGetDatum(ctx);
+	/* the key an effect of this step would send: stable across retries, crashes and replay */
+	values[0] = JsonbPGetDatum(JsonSetKey(ctx, "idempotency_key",
+										  JsonStringValue(EffectKey(run, 0))));
 	rc = SPI_execute_plan(up->plan, values, NULL, false, 1);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));

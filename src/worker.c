@@ -418,7 +418,8 @@ advance_batch(void)
 		RunState   *run = lfirst(lc);
 
 		RunApplyTransition(run);
-		if (strcmp(run->next_status, "running") != 0)
+		if (strcmp(run->next_status, "running") != 0 &&
+			strcmp(run->next_status, "compensating") != 0)
 			forget_run(run);
 		else
 		{
