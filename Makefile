@@ -18,6 +18,7 @@ OBJS = \
 	src/launcher.o \
 	src/llm.o \
 	src/mcp.o \
+	src/replay.o \
 	src/lease.o \
 	src/runtime.o \
 	src/spiutil.o \

@@ -222,6 +222,42 @@ RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
     FROM (SELECT (coalesce(control, '{}') - coalesce(consumed, '{}')) || coalesce(added, '{}') AS x) s
 $$;
 
+/* Fixtures and replay (replay.c) */
+CREATE FUNCTION tuvl.pin_run(run_id bigint) RETURNS jsonb
+AS 'MODULE_PATHNAME', 'tuvl_pin_run' LANGUAGE C STRICT VOLATILE;
+COMMENT ON FUNCTION tuvl.pin_run(bigint) IS 'export an ended run as a replay fixture: input, versions and every result from outside the database (private keys redacted)';
+CREATE FUNCTION tuvl.replay(fixture jsonb) RETURNS jsonb
+AS 'MODULE_PATHNAME', 'tuvl_replay' LANGUAGE C STRICT VOLATILE;
+/* A model request without the tool results in it: what replay compares. */
+CREATE FUNCTION tuvl._llm_request_shape(request jsonb) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN jsonb_typeof(request->'messages') = 'array' THEN
+        jsonb_set(request, '{messages}', coalesce((
+            SELECT jsonb_agg(CASE
+                WHEN m->>'role' = 'tool' THEN m - 'content'
+                WHEN jsonb_typeof(m->'content') = 'array' THEN jsonb_set(m, '{content}', coalesce((
+                    SELECT jsonb_agg(CASE WHEN b->>'type' = 'tool_result' THEN b - 'content' ELSE b END
+                                     ORDER BY o)
+                    FROM jsonb_array_elements(m->'content') WITH ORDINALITY AS x(b, o)), '[]'))
+                ELSE m END ORDER BY i)
+            FROM jsonb_array_elements(request->'messages') WITH ORDINALITY AS y(m, i)), '[]'))
+    ELSE request END
+$$;
+
+COMMENT ON FUNCTION tuvl.replay(jsonb) IS 'run the current workflow again with every outside result served from the fixture; raises at the first divergence';
+
+/* For tests: NULL when the fixture replays as recorded, else why not. */
+CREATE FUNCTION tuvl.replay_divergence(fixture jsonb) RETURNS text
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM tuvl.replay(fixture);
+    RETURN NULL;
+EXCEPTION WHEN data_exception THEN
+    RETURN SQLERRM;
+END
+$$;
+COMMENT ON FUNCTION tuvl.replay_divergence(jsonb) IS 'NULL when tuvl.replay(fixture) succeeds, else the divergence it raised: for pgTAP, is(tuvl.replay_divergence(f), NULL)';
+
 /* Artifacts */
 CREATE TABLE tuvl.artifacts (
     name text NOT NULL CHECK (name ~ '^[a-z_][a-z0-9_-]*$'),

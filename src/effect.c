@@ -41,6 +41,7 @@
 #include "effect.h"
 #include "jsonutil.h"
 #include "spiutil.h"
+#include "tuvl.h"
 
 #define REDACTED "[redacted]"
 
@@ -76,6 +77,9 @@ secret_hook(const char *name, void *arg)
 	SetUserIdAndSecContext(save_user, save_sec);
 	if (connected)
 		SPI_finish();
+	/* a replay sends nothing: a secret this database lacks is not needed */
+	if (value == NULL && TuvlReplaying)
+		value = pstrdup("[replay]");
 	if (value)
 		use->values = lappend(use->values, value);
 	return value;

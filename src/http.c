@@ -120,7 +120,7 @@ pattern_matches(const char *pattern, size_t plen, const char *host, const char *
 bool
 HttpUrlAllowed(const char *url, char **reason)
 {
-	CURLU	   *u = curl_url();
+	CURLU	   *u;
 	char	   *scheme = NULL;
 	char	   *host = NULL;
 	char	   *port = NULL;
@@ -130,6 +130,10 @@ HttpUrlAllowed(const char *url, char **reason)
 	const char *p;
 
 	*reason = NULL;
+	/* a replay sends nothing, so it may name any host */
+	if (TuvlReplaying)
+		return true;
+	u = curl_url();
 	if (curl_url_set(u, CURLUPART_URL, url, 0) != CURLUE_OK ||
 		curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK ||
 		curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK ||

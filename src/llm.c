@@ -770,6 +770,28 @@ LlmTurnPayload(Jsonb *result, int *tokens)
 	JsonObjAddJsonb(&b, "latency_ms", JsonGetJsonb(result, "latency_ms"));
 	if (!r.ok)
 		JsonObjAddString(&b, "error", r.error);
+	/* what a replay needs to rebuild the answer exactly */
+	if (JsonGetField(result, "error_kind"))
+	{
+		JsonObjAddJsonb(&b, "error_kind", JsonGetJsonb(result, "error_kind"));
+		JsonObjAddJsonb(&b, "transport_error", JsonGetJsonb(result, "error"));
+	}
+	if (JsonGetField(result, "body_error"))
+		JsonObjAddJsonb(&b, "body_error", JsonGetJsonb(result, "body_error"));
+	{
+		Jsonb	   *h = JsonGetJsonb(result, "headers");
+		JsonObjBuilder hb;
+
+		if (h && (JsonGetField(h, "retry-after") || JsonGetField(h, "retry-after-ms")))
+		{
+			JsonObjStart(&hb);
+			if (JsonGetField(h, "retry-after"))
+				JsonObjAddJsonb(&hb, "retry-after", JsonGetJsonb(h, "retry-after"));
+			if (JsonGetField(h, "retry-after-ms"))
+				JsonObjAddJsonb(&hb, "retry-after-ms", JsonGetJsonb(h, "retry-after-ms"));
+			JsonObjAddJsonb(&b, "headers", JsonObjEnd(&hb));
+		}
+	}
 	JsonObjAddJsonb(&b, "request", JsonGetJsonb(result, "request"));
 	JsonObjAddJsonb(&b, "response", JsonGetJsonb(result, "body"));
 	return JsonObjEnd(&b);

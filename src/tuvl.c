@@ -50,6 +50,7 @@ char	   *tuvl_http_allowed_hosts = NULL;
 int			tuvl_http_timeout = 30000;
 int			tuvl_agent_tool_timeout = 300;
 int			tuvl_agent_pause_max = 300;
+bool		TuvlReplaying = false;
 int			tuvl_http_max_response_size = 10 * 1024 * 1024;
 int			tuvl_http_max_redirects = 5;
 bool		tuvl_http_verify_tls = true;

@@ -90,6 +90,9 @@ extern int	tuvl_http_max_response_size;
 extern int	tuvl_http_max_redirects;
 extern bool tuvl_http_verify_tls;
 
+/* Set while tuvl.replay() executes a fixture: nothing leaves the database. */
+extern bool TuvlReplaying;
+
 /* Wake-ups: recorded now, delivered when the transaction commits. */
 extern void TuvlWakeWorkersAtCommit(void);
 extern void TuvlExtensionCreatedAtCommit(void);

@@ -1,0 +1,651 @@
+/*-------------------------------------------------------------------------
+ *
+ * replay.c
+ *	  Pinned fixtures and replay: a recorded run re-executed with every
+ *	  result from outside the database served from its journal.
+ *
+ * tuvl.pin_run(run_id) exports a run as a fixture: the workflow and its
+ * source at the version the run used, the input, the artifact versions it
+ * resolved, its end and response, and every result that came from outside
+ * the database, in order: model answers (llm_turn), HTTP and MCP
+ * responses (tool_call/tool_result with a position), data submitted to a
+ * Human step and decisions on tool approvals.  Private "_" keys of the
+ * input and response are redacted; secrets never reached the journal.
+ *
+ * tuvl.replay(fixture) runs the current version of the workflow in this
+ * backend, inside the caller's transaction, exactly like tuvl.run(),
+ * except that whenever the run asks for something from outside, the next
+ * recorded result is served instead: nothing is sent, no model is paid
+ * for.  SQL steps execute for real, so a test can replay and roll back.
+ * The replay raises at the first divergence: an effect the recording does
+ * not hold, one asked by another step or with other arguments, or a
+ * different end, status or response.  Idempotency keys are those of the
+ * recorded run.  Replay is recovery in which every effect is served from
+ * the journal: the same code path as the workers'.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "storage/ipc.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+
+#include "api.h"
+#include "effect.h"
+#include "journal.h"
+#include "jsonutil.h"
+#include "runtime.h"
+#include "spiutil.h"
+#include "tuvl.h"
+#include "workflow.h"
+
+PG_FUNCTION_INFO_V1(tuvl_pin_run);
+PG_FUNCTION_INFO_V1(tuvl_replay);
+
+#define FIXTURE_FORMAT 1
+#define REDACTED "[redacted]"
+
+static int
+array_len(Jsonb *j)
+{
+	if (j == NULL || !JB_ROOT_IS_ARRAY(j) || JB_ROOT_IS_SCALAR(j))
+		return 0;
+	return JsonContainerSize(&j->root);
+}
+
+static Jsonb *
+array_at(Jsonb *j, int i)
+{
+	return JsonValueToJsonb(getIthJsonbValueFromContainer(&j->root, i));
+}
+
+static char *
+jtext(Jsonb *j)
+{
+	return j ? JsonbToCString(NULL, &j->root, VARSIZE(j)) : "null";
+}
+
+static bool
+jequal(Jsonb *a, Jsonb *b)
+{
+	if (a == NULL || b == NULL)
+		return a == b;
+	return compareJsonbContainers(&a->root, &b->root) == 0;
+}
+
+/* An object with the values of its top-level "_" keys redacted. */
+static Jsonb *
+redact_private(Jsonb *j)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+
+	if (j == NULL || !JsonIsObject(j))
+		return j;
+	it = JsonbIteratorInit(&j->root);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		char	   *key;
+
+		if (tok != WJB_KEY)
+			continue;
+		key = pnstrdup(v.val.string.val, v.val.string.len);
+		tok = JsonbIteratorNext(&it, &v, true);
+		if (key[0] == '_')
+			j = JsonSetKey(j, key, JsonStringValue(REDACTED));
+	}
+	return j;
+}
+
+/* ---------------------------------------------------------------- pin */
+
+/* The raw result an llm_turn event's payload stands for. */
+static Jsonb *
+llm_result(Jsonb *p)
+{
+	JsonObjBuilder b;
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "op", "llm");
+	JsonObjAddJsonb(&b, "provider", JsonGetJsonb(p, "provider"));
+	JsonObjAddJsonb(&b, "model", JsonGetJsonb(p, "model"));
+	JsonObjAddJsonb(&b, "status", JsonGetJsonb(p, "status"));
+	JsonObjAddJsonb(&b, "headers", JsonGetField(p, "headers") ? JsonGetJsonb(p, "headers") : JsonEmptyObject());
+	JsonObjAddJsonb(&b, "body", JsonGetJsonb(p, "response"));
+	JsonObjAddJsonb(&b, "latency_ms", JsonGetJsonb(p, "latency_ms"));
+	if (JsonGetField(p, "error_kind"))
+	{
+		JsonObjAddJsonb(&b, "error", JsonGetJsonb(p, "transport_error"));
+		JsonObjAddJsonb(&b, "error_kind", JsonGetJsonb(p, "error_kind"));
+	}
+	if (JsonGetField(p, "body_error"))
+		JsonObjAddJsonb(&b, "body_error", JsonGetJsonb(p, "body_error"));
+	return JsonObjEnd(&b);
+}
+
+static Jsonb *
+fixture_effect(const char *step, const char *type, Jsonb *request, Jsonb *result)
+{
+	JsonObjBuilder b;
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "step", step);
+	JsonObjAddString(&b, "type", type);
+	if (request)
+		JsonObjAddJsonb(&b, "request", request);
+	JsonObjAddJsonb(&b, "result", result);
+	return JsonObjEnd(&b);
+}
+
+/*
+ * pin_run(run_id): the run as a replay fixture.
+ */
+Datum
+tuvl_pin_run(PG_FUNCTION_ARGS)
+{
+	int64		id = PG_GETARG_INT64(0);
+	static const Oid types[1] = {INT8OID};
+	Datum		values[1];
+	HeapTuple	tup;
+	TupleDesc	td;
+	bool		isnull;
+	Datum		d;
+	char	   *workflow;
+	int			version;
+	char	   *status;
+	JsonObjBuilder b;
+	StringInfoData effects;
+	Jsonb	   *pending_requests = JsonEmptyObject();	/* "step:position" -> request */
+	int64		tokens = 0;
+	Jsonb	   *result;
+	int			n;
+
+	values[0] = Int64GetDatum(id);
+	SPI_connect();
+	/* as the caller: a run it cannot see does not exist for it */
+	SpiExec("SELECT r.workflow, r.workflow_version, r.status, r.input, r.end_name, r.response, "
+			"  r.artifacts, w.source "
+			"FROM tuvl.runs r JOIN tuvl.workflows w "
+			"  ON w.name = r.workflow AND w.version = r.workflow_version WHERE r.id = $1",
+			1, types, values, NULL, SPI_OK_SELECT);
+	if (SPI_processed != 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("run " INT64_FORMAT " does not exist", id),
+				 errhint("Runs are visible to the role that started them and to members of tuvl_operator.")));
+	tup = SPI_tuptable->vals[0];
+	td = SPI_tuptable->tupdesc;
+	workflow = SPI_getvalue(tup, td, 1);
+	version = DatumGetInt32(SPI_getbinval(tup, td, 2, &isnull));
+	status = SPI_getvalue(tup, td, 3);
+	if (!RunIsTerminalStatus(status))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("run " INT64_FORMAT " has not ended: its status is %s", id, status),
+				 errhint("Pin a run once it is completed, failed, aborted or compensated.")));
+
+	JsonObjStart(&b);
+	JsonObjAddInt(&b, "tuvl_fixture", FIXTURE_FORMAT);
+	JsonObjAddString(&b, "workflow", workflow);
+	JsonObjAddInt(&b, "version", version);
+	JsonObjAddInt(&b, "run_id", id);
+	d = SPI_getbinval(tup, td, 4, &isnull);
+	JsonObjAddJsonb(&b, "input", redact_private(DatumGetJsonbPCopy(d)));
+	JsonObjAddString(&b, "status", status);
+	JsonObjAddString(&b, "end", SPI_getvalue(tup, td, 5));
+	d = SPI_getbinval(tup, td, 6, &isnull);
+	JsonObjAddJsonb(&b, "response", isnull ? NULL : redact_private(DatumGetJsonbPCopy(d)));
+	d = SPI_getbinval(tup, td, 7, &isnull);
+	JsonObjAddJsonb(&b, "artifacts", isnull ? NULL : DatumGetJsonbPCopy(d));
+	JsonObjAddString(&b, "source", SPI_getvalue(tup, td, 8));
+
+	/* every result from outside the database, in order */
+	n = (int) SpiExec("SELECT type, agent_id, payload, coalesce(tokens, 0) FROM tuvl.events "
+					  "WHERE run_id = $1 AND type IN ('llm_turn', 'tool_call', 'tool_result', "
+					  "  'decision', 'approval_decided') ORDER BY seq",
+					  1, types, values, NULL, SPI_OK_SELECT);
+	initStringInfo(&effects);
+	for (int i = 0; i < n; i++)
+	{
+		HeapTuple	et = SPI_tuptable->vals[i];
+		TupleDesc	etd = SPI_tuptable->tupdesc;
+		char	   *type = SPI_getvalue(et, etd, 1);
+		char	   *step = SPI_getvalue(et, etd, 2);
+		Jsonb	   *p = DatumGetJsonbPCopy(SPI_getbinval(et, etd, 3, &isnull));
+		Jsonb	   *effect = NULL;
+		char	   *key = psprintf("%s:%s", step ? step : "", JsonGetField(p, "position") ? jtext(JsonGetJsonb(p, "position")) : "");
+
+		tokens += DatumGetInt32(SPI_getbinval(et, etd, 4, &isnull));
+		if (strcmp(type, "llm_turn") == 0)
+			effect = fixture_effect(step, "llm", JsonGetJsonb(p, "request"), llm_result(p));
+		else if (strcmp(type, "tool_call") == 0 && JsonGetField(p, "position"))
+			pending_requests = JsonSetKey(pending_requests, key, JsonGetJsonb(p, "request"));
+		else if (strcmp(type, "tool_result") == 0 && JsonGetField(p, "position"))
+			effect = fixture_effect(step, "http", JsonGetJsonb(pending_requests, key),
+									JsonGetJsonb(p, "result"));
+		else if (strcmp(type, "decision") == 0 && JsonGetString(p, "action") &&
+				 strcmp(JsonGetString(p, "action"), "submit") == 0)
+		{
+			JsonObjBuilder r;
+
+			JsonObjStart(&r);
+			JsonObjAddString(&r, "op", "human");
+			JsonObjAddJsonb(&r, "data", JsonGetJsonb(p, "data"));
+			JsonObjAddJsonb(&r, "by", JsonGetJsonb(p, "by"));
+			effect = fixture_effect(step, "human", NULL, JsonObjEnd(&r));
+		}
+		else if (strcmp(type, "approval_decided") == 0)
+		{
+			JsonObjBuilder r;
+
+			JsonObjStart(&r);
+			JsonObjAddString(&r, "op", "approval");
+			JsonObjAddJsonb(&r, "call", JsonGetJsonb(p, "call"));
+			JsonObjAddJsonb(&r, "approved", JsonGetJsonb(p, "approved"));
+			JsonObjAddJsonb(&r, "note", JsonGetJsonb(p, "note"));
+			JsonObjAddJsonb(&r, "by", JsonGetJsonb(p, "by"));
+			effect = fixture_effect(step, "approval", NULL, JsonObjEnd(&r));
+		}
+		if (effect)
+			appendStringInfo(&effects, "%s%s", effects.len ? ", " : "", jtext(effect));
+	}
+	JsonObjAddJsonb(&b, "effects", JsonFromCString(psprintf("[%s]", effects.data)));
+	JsonObjAddInt(&b, "tokens", tokens);
+	result = JsonObjEnd(&b);
+
+	/* the idempotency keys of the recorded run, for the replay to send the same */
+	{
+		RunState	fake;
+
+		memset(&fake, 0, sizeof(fake));
+		fake.id = id;
+		result = JsonSetKey(result, "key_base", JsonStringValue(EffectKeyBase(&fake)));
+	}
+	{
+		Jsonb	   *copy = SPI_palloc(VARSIZE(result));
+
+		memcpy(copy, result, VARSIZE(result));
+		SPI_finish();
+		PG_RETURN_JSONB_P(copy);
+	}
+}
+
+/* ---------------------------------------------------------------- replay */
+
+typedef struct Replay
+{
+	Jsonb	   *fixture;
+	Jsonb	   *effects;
+	int			next;			/* the next effect to serve */
+	int64		recorded_run;
+} Replay;
+
+static void pg_attribute_noreturn()
+diverged(Replay *rp, const char *message, const char *detail)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_DATA_EXCEPTION),
+			 errmsg("replay of run " INT64_FORMAT " diverged: %s", rp->recorded_run, message),
+			 detail ? errdetail("%s", detail) : 0,
+			 errhint("The workflow, its SQL or its artifacts no longer do what the recording did; "
+					 "pin a new fixture if the change is intended.")));
+}
+
+static const char *
+current_step_id(RunState *run)
+{
+	return run->step >= 0 ? run->wf->steps[run->step].id : "(start)";
+}
+
+/* The next recorded effect, which must be of this step and type. */
+static Jsonb *
+take_effect(Replay *rp, RunState *run, const char *type, const char *what)
+{
+	Jsonb	   *e;
+	const char *step = current_step_id(run);
+	char	   *rstep;
+	char	   *rtype;
+
+	if (rp->next >= array_len(rp->effects))
+		diverged(rp, psprintf("step \"%s\" asked for %s, which the recording does not hold", step, what),
+				 psprintf("All %d recorded effects were used.", array_len(rp->effects)));
+	e = array_at(rp->effects, rp->next);
+	rstep = JsonGetString(e, "step");
+	rtype = JsonGetString(e, "type");
+	if (rstep == NULL || rtype == NULL || strcmp(rstep, step) != 0 || strcmp(rtype, type) != 0)
+		diverged(rp, psprintf("step \"%s\" asked for %s, but the recording's next effect (number %d) is a %s of step \"%s\"",
+							  step, what, rp->next + 1, rtype ? rtype : "?", rstep ? rstep : "?"),
+				 NULL);
+	rp->next++;
+	return e;
+}
+
+/*
+ * Did the replay ask the model what the recording asked?  Tool results
+ * inside the conversation are left out: SQL tools really run again, and
+ * the rows they return may differ (a new serial id) without the workflow
+ * having changed.  The prompts, the tools offered, the context and the
+ * model's own calls must be the same.
+ */
+static bool
+same_llm_request(Jsonb *recorded, Jsonb *replayed)
+{
+	static const Oid types[2] = {JSONBOID, JSONBOID};
+	Datum		values[2];
+	bool		isnull;
+
+	if (recorded == NULL || replayed == NULL)
+		return recorded == replayed;
+	values[0] = JsonbPGetDatum(recorded);
+	values[1] = JsonbPGetDatum(replayed);
+	SpiExec("SELECT tuvl._llm_request_shape($1) = tuvl._llm_request_shape($2)", 2, types, values,
+			NULL, SPI_OK_SELECT);
+	return DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+}
+
+/* Serve the effect the run is waiting for from the recording. */
+static void
+serve_effect(Replay *rp, RunState *run)
+{
+	EffectRequest *req = run->send;
+	char	   *op = req->tag ? JsonGetString(req->tag, "op") : NULL;
+	bool		llm = op && strcmp(op, "llm") == 0;
+	Jsonb	   *e;
+	Jsonb	   *recorded;
+	MemoryContext old;
+
+	if (llm)
+	{
+		e = take_effect(rp, run, "llm", "a model call");
+		recorded = JsonGetJsonb(e, "request");
+		if (!same_llm_request(recorded, JsonGetJsonb(req->tag, "request")))
+			diverged(rp, psprintf("step \"%s\" sent the model a different request than the recording (effect %d)",
+								  current_step_id(run), rp->next),
+					 psprintf("Recorded: %s\nReplayed: %s", JsonClipText(jtext(recorded), 2000),
+							  JsonClipText(jtext(JsonGetJsonb(req->tag, "request")), 2000)));
+	}
+	else
+	{
+		char	   *method = JsonGetString(req->journal, "method");
+		char	   *url = JsonGetString(req->journal, "url");
+		char	   *rmethod;
+		char	   *rurl;
+
+		e = take_effect(rp, run, "http", psprintf("%s %s", method ? method : "", url ? url : ""));
+		recorded = JsonGetJsonb(e, "request");
+		rmethod = recorded ? JsonGetString(recorded, "method") : NULL;
+		rurl = recorded ? JsonGetString(recorded, "url") : NULL;
+		if (rmethod == NULL || rurl == NULL || method == NULL || url == NULL ||
+			strcmp(rmethod, method) != 0 || strcmp(rurl, url) != 0)
+			diverged(rp, psprintf("step \"%s\" sent %s %s, but the recording sent %s %s (effect %d)",
+								  current_step_id(run), method ? method : "?", url ? url : "?",
+								  rmethod ? rmethod : "?", rurl ? rurl : "?", rp->next),
+					 NULL);
+	}
+	old = MemoryContextSwitchTo(run->cxt);
+	run->fresh_effect = DatumGetJsonbPCopy(JsonbPGetDatum(JsonGetJsonb(e, "result")));
+	MemoryContextSwitchTo(old);
+	run->send = NULL;
+}
+
+/*
+ * The run waits for a person: answer from the recording as tuvl.submit()
+ * or tuvl.decide() did, and take the lease again.
+ */
+static void
+serve_person(Replay *rp, RunState *run, const char *status)
+{
+	bool		human = strcmp(status, "waiting_human") == 0;
+	Jsonb	   *e = take_effect(rp, run, human ? "human" : "approval",
+								human ? "data for a Human step" : "a decision on a tool call");
+	Jsonb	   *record = JsonGetJsonb(e, "result");
+	Jsonb	   *state = run->step_state ? run->step_state : JsonEmptyObject();
+	Jsonb	   *effects = JsonGetJsonb(state, "effects");
+	List	   *events = NIL;
+	JsonObjBuilder b;
+	static const Oid types[5] = {INT8OID, INT4OID, JSONBOID, INT4OID, INT8OID};
+	Datum		values[5];
+	bool		isnull;
+	Oid			save_user;
+	int			save_sec;
+	MemoryContext old;
+
+	if (!human)
+		record = JsonSetKey(record, "decided_at", JsonFromCString(psprintf(INT64_FORMAT, (int64) GetCurrentTimestamp())));
+	if (array_len(effects) > 0)
+	{
+		char	   *prev = jtext(effects);
+
+		prev[strlen(prev) - 1] = '\0';	/* drop the closing bracket */
+		effects = JsonFromCString(psprintf("%s, %s]", prev, jtext(record)));
+	}
+	else
+		effects = JsonFromCString(psprintf("[%s]", jtext(record)));
+	state = JsonRemoveKey(JsonSetKey(state, "effects", effects), "awaiting");
+
+	JsonObjStart(&b);
+	if (human)
+	{
+		JsonObjAddString(&b, "action", "submit");
+		JsonObjAddJsonb(&b, "data", JsonGetJsonb(record, "data"));
+	}
+	else
+	{
+		JsonObjAddJsonb(&b, "call", JsonGetJsonb(record, "call"));
+		JsonObjAddJsonb(&b, "approved", JsonGetJsonb(record, "approved"));
+		JsonObjAddJsonb(&b, "note", JsonGetJsonb(record, "note"));
+	}
+	JsonObjAddJsonb(&b, "by", JsonGetJsonb(record, "by"));
+	JsonObjAddBool(&b, "replayed", true);
+	JournalAdd(&events, human ? "decision" : "approval_decided", current_step_id(run),
+			   human ? "Human" : "Agent", JsonObjEnd(&b));
+
+	values[0] = Int64GetDatum(run->id);
+	values[1] = Int32GetDatum(MyProcPid);
+	values[2] = JsonbPGetDatum(state);
+	values[3] = Int32GetDatum(run->last_seq + 1);
+	values[4] = Int64GetDatum(TuvlShmem ? TuvlShmem->epoch : 0);
+	GetUserIdAndSecContext(&save_user, &save_sec);
+	SetUserIdAndSecContext(run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	(void) JournalWrite(run->id, run->last_seq, events);
+	SpiExec("UPDATE tuvl.runs SET status = 'running', attempt = attempt + 1, lease_owner = $2, "
+			"  lease_epoch = $5, lease_expires_at = now() + interval '1 hour', step_state = $3, "
+			"  last_seq = $4 WHERE id = $1 RETURNING attempt",
+			5, types, values, NULL, SPI_OK_UPDATE_RETURNING);
+	SetUserIdAndSecContext(save_user, save_sec);
+	run->attempt = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	run->last_seq++;
+	old = MemoryContextSwitchTo(run->cxt);
+	if (run->step_state)
+		pfree(run->step_state);
+	run->step_state = DatumGetJsonbPCopy(JsonbPGetDatum(state));
+	MemoryContextSwitchTo(old);
+}
+
+static void
+replay_reset(int code, Datum arg)
+{
+	TuvlReplaying = false;
+}
+
+/*
+ * replay(fixture): see the file header.
+ */
+Datum
+tuvl_replay(PG_FUNCTION_ARGS)
+{
+	Jsonb	   *fixture = PG_GETARG_JSONB_P(0);
+	Replay		rp;
+	char	   *workflow;
+	Jsonb	   *input;
+	int64		id;
+	int			version;
+	RunState   *run;
+	const char *status = "running";
+	JsonObjBuilder b;
+	Jsonb	   *result;
+	char	   *end_name = NULL;
+	Jsonb	   *response = NULL;
+	char	   *error = NULL;
+	int			transitions = 0;
+
+	memset(&rp, 0, sizeof(rp));
+	rp.fixture = fixture;
+	workflow = JsonIsObject(fixture) ? JsonGetString(fixture, "workflow") : NULL;
+	input = JsonIsObject(fixture) ? JsonGetJsonb(fixture, "input") : NULL;
+	rp.effects = JsonIsObject(fixture) ? JsonGetJsonb(fixture, "effects") : NULL;
+	if (workflow == NULL || input == NULL || !JsonIsObject(input) || rp.effects == NULL ||
+		!JB_ROOT_IS_ARRAY(rp.effects) || JB_ROOT_IS_SCALAR(rp.effects) ||
+		JsonGetField(fixture, "tuvl_fixture") == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("not a tuvl replay fixture"),
+				 errdetail("A fixture is the object tuvl.pin_run() returns, with tuvl_fixture, workflow, input and effects."),
+				 errhint("Pin a run with SELECT tuvl.pin_run(run_id).")));
+	{
+		JsonbValue *rid = JsonGetField(fixture, "run_id");
+
+		rp.recorded_run = rid && rid->type == jbvNumeric
+			? DatumGetInt64(DirectFunctionCall1(numeric_int8, NumericGetDatum(rid->val.numeric))) : 0;
+	}
+
+	SPI_connect();
+	PG_ENSURE_ERROR_CLEANUP(replay_reset, (Datum) 0);
+	{
+		TuvlReplaying = true;
+		id = ApiCreateRun(workflow, input, true, &version);
+		/* the artifact versions of the recording */
+		if (JsonGetField(fixture, "artifacts") && JsonIsObject(JsonGetJsonb(fixture, "artifacts")))
+		{
+			static const Oid types[2] = {INT8OID, JSONBOID};
+			Datum		values[2];
+			Oid			save_user;
+			int			save_sec;
+
+			values[0] = Int64GetDatum(id);
+			values[1] = JsonbPGetDatum(JsonGetJsonb(fixture, "artifacts"));
+			GetUserIdAndSecContext(&save_user, &save_sec);
+			SetUserIdAndSecContext(TuvlOwnerId(), save_sec | SECURITY_LOCAL_USERID_CHANGE);
+			SpiExec("UPDATE tuvl.runs SET artifacts = $2 WHERE id = $1", 2, types, values, NULL,
+					SPI_OK_UPDATE);
+			SetUserIdAndSecContext(save_user, save_sec);
+		}
+		run = RunStateCreate(CurrentMemoryContext, id, 1, workflow, version,
+							 GetUserNameFromId(GetUserId(), false), input, NULL, 1, NULL);
+		run->owner = TuvlOwnerId();
+		if (JsonGetString(fixture, "key_base"))
+			run->key_base = MemoryContextStrdup(run->cxt, JsonGetString(fixture, "key_base"));
+
+		for (;;)
+		{
+			CHECK_FOR_INTERRUPTS();
+			RunAdvance(run);
+			RunApplyTransition(run);
+			transitions++;
+			status = run->next_status;
+			if (run->send)
+			{
+				serve_effect(&rp, run);
+				continue;
+			}
+			if (strcmp(status, "running") == 0 || strcmp(status, "compensating") == 0)
+				continue;
+			if (strcmp(status, "waiting_human") == 0 || strcmp(status, "waiting_approval") == 0)
+			{
+				serve_person(&rp, run, status);
+				continue;
+			}
+			break;
+		}
+	}
+	PG_END_ENSURE_ERROR_CLEANUP(replay_reset, (Datum) 0);
+	TuvlReplaying = false;
+
+	/* how the replay ended */
+	{
+		static const Oid types[1] = {INT8OID};
+		Datum		values[1];
+		bool		isnull;
+		Datum		d;
+
+		values[0] = Int64GetDatum(id);
+		SpiExec("SELECT end_name, response, error FROM tuvl.runs WHERE id = $1", 1, types, values,
+				NULL, SPI_OK_SELECT);
+		end_name = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
+		response = isnull ? NULL : redact_private(DatumGetJsonbPCopy(d));
+		error = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3);
+	}
+	{
+		char	   *rstatus = JsonGetString(fixture, "status");
+		char	   *rend = JsonGetString(fixture, "end");
+		Jsonb	   *rresponse = JsonGetJsonb(fixture, "response");
+
+		if (rresponse && JB_ROOT_IS_SCALAR(rresponse) &&
+			getIthJsonbValueFromContainer(&rresponse->root, 0)->type == jbvNull)
+			rresponse = NULL;
+		if (rstatus && strcmp(rstatus, status) != 0)
+			diverged(&rp, psprintf("the recorded run ended %s, the replay %s", rstatus, status),
+					 error ? psprintf("The replay's error: %s", error) : NULL);
+		if ((rend == NULL) != (end_name == NULL) || (rend && strcmp(rend, end_name) != 0))
+			diverged(&rp, psprintf("the recorded run ended at %s, the replay at %s",
+								   rend ? psprintf("end \"%s\"", rend) : "no end",
+								   end_name ? psprintf("end \"%s\"", end_name) : "no end"),
+					 NULL);
+		if (!jequal(rresponse, response))
+			diverged(&rp, "the replay's response differs from the recording's",
+					 psprintf("Recorded: %s\nReplayed: %s", JsonClipText(jtext(rresponse), 2000),
+							  JsonClipText(jtext(response), 2000)));
+		if (rp.next < array_len(rp.effects))
+		{
+			Jsonb	   *e = array_at(rp.effects, rp.next);
+
+			diverged(&rp, psprintf("the replay used %d of the %d recorded effects; the next one is a %s of step \"%s\"",
+								   rp.next, array_len(rp.effects), JsonGetString(e, "type"),
+								   JsonGetString(e, "step")),
+					 NULL);
+		}
+	}
+
+	/* the replay's own run is scaffolding: leave no trace of it */
+	{
+		static const Oid types[1] = {INT8OID};
+		Datum		values[1];
+		Oid			save_user;
+		int			save_sec;
+
+		values[0] = Int64GetDatum(id);
+		GetUserIdAndSecContext(&save_user, &save_sec);
+		SetUserIdAndSecContext(TuvlOwnerId(), save_sec | SECURITY_LOCAL_USERID_CHANGE);
+		SpiExec("DELETE FROM tuvl.events WHERE run_id = $1", 1, types, values, NULL, SPI_OK_DELETE);
+		SpiExec("DELETE FROM tuvl.runs WHERE id = $1", 1, types, values, NULL, SPI_OK_DELETE);
+		SetUserIdAndSecContext(save_user, save_sec);
+	}
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "status", status);
+	JsonObjAddString(&b, "end", end_name);
+	JsonObjAddJsonb(&b, "response", response);
+	JsonObjAddInt(&b, "effects_served", rp.next);
+	JsonObjAddInt(&b, "transitions", transitions);
+	JsonObjAddInt(&b, "tokens_spent", 0);
+	JsonObjAddJsonb(&b, "tokens_recorded", JsonGetJsonb(fixture, "tokens"));
+	JsonObjAddInt(&b, "workflow_version", version);
+	result = JsonObjEnd(&b);
+	{
+		Jsonb	   *copy = SPI_palloc(VARSIZE(result));
+
+		memcpy(copy, result, VARSIZE(result));
+		RunStateFree(run);
+		SPI_finish();
+		PG_RETURN_JSONB_P(copy);
+	}
+}
