@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Print the Markdown results block of bench/run from the JSON the benchmarks wrote.
 
-usage: report.py DIR   (DIR holds wakeup.json, throughput.json, isolation.json, env.json)
+usage: report.py DIR   (DIR holds wakeup.json, throughput.json, isolation.json, http.json,
+                       agents.json, env.json)
 """
 import json
 import os
@@ -24,6 +25,10 @@ def num(x, fmt="{:,.0f}"):
     return "n/a" if x is None else fmt.format(x)
 
 
+def mb(kb):
+    return "n/a" if kb is None else "%.1f" % (kb / 1024.0)
+
+
 def main():
     d = sys.argv[1]
     env = load(d, "env.json") or {}
@@ -31,6 +36,7 @@ def main():
     thr = load(d, "throughput.json")
     iso = load(d, "isolation.json")
     http = load(d, "http.json")
+    agents = load(d, "agents.json")
     out = []
     p = out.append
 
@@ -84,6 +90,38 @@ def main():
           % (b["fast"]["wall_s"], b["slow"]["wall_s"]))
         p("| HTTP effects: ratio 200 ms wall / max(200 ms, 0 ms wall) | %.2f | <= 2: **%s** |"
           % (b["ratio"], "met" if b["ratio"] <= 2 else "missed"))
+    if agents and agents.get("best"):
+        b = agents["best"]
+        n = num(agents["runs"])
+        others = [r for r in agents["rounds"] if r is not b]
+        p("| autonomous agents: %s runs x 3 model turns (2 Functional tool calls), wall time with a 0 ms / 100 ms model | %.3f s / %.3f s%s | |"
+          % (n, b["fast"]["wall_s"], b["slow"]["wall_s"],
+             "".join(" (other round: %.3f s / %.3f s)" % (r["fast"]["wall_s"], r["slow"]["wall_s"]) for r in others)))
+        p("| autonomous agents: ratio 100 ms wall / max(300 ms, 0 ms wall) | %.2f%s | <= 2: **%s** |"
+          % (b["ratio"], "".join(" (other round: %.2f)" % r["ratio"] for r in others),
+             "met" if b["ratio"] <= 2 else "missed"))
+        p("| autonomous agents, 100 ms model: peak requests at the scripted server / transfers in flight in the workers | %d / %d | |"
+          % (b["slow"]["peak_concurrent_server"], b["slow"].get("peak_in_flight_workers") or 0))
+        growth = agents["rss_growth"]
+        cells = []
+        worst = 0
+        for w in sorted(growth):
+            g = growth[w]
+            if g.get("restarted"):
+                cells.append("worker %s restarted (pid %s -> %s)" % (w, g.get("pid_before"), g.get("pid_after")))
+                continue
+            worst = max(worst, g["VmRSS_growth_kb"])
+            cells.append("worker %s: %s -> %s MB (%+.1f; anon %+.1f, shared memory %+.1f)"
+                         % (w, mb(g["VmRSS_before_kb"]), mb(g["VmRSS_after_kb"]), g["VmRSS_growth_kb"] / 1024.0,
+                            g["RssAnon_growth_kb"] / 1024.0, g["RssShmem_growth_kb"] / 1024.0))
+        p("| autonomous agents: worker VmRSS after a %d-run warm-up -> after the last round | %s | growth <= 10 MB per worker: **%s** |"
+          % (agents["warmup"][0]["runs"] if agents.get("warmup") else 0, "; ".join(cells),
+             "met" if worst <= 10 * 1024 and cells else "missed"))
+        every = [ph for r in agents["rounds"] for ph in (r["fast"], r["slow"])] + agents.get("warmup", [])
+        bad = [ph for ph in every if not ph["ok"]]
+        p("| autonomous agents: every run completed with the expected answer, the tool ran exactly twice per run, 3 requests per run answered 200 | %s (%d phases, %s runs) | all |"
+          % ("**PASS**" if not bad else "**FAIL** in %d phases" % len(bad), len(every),
+             num(sum(ph["runs"] for ph in every))))
     p("")
 
     if wake or thr:
@@ -109,6 +147,36 @@ def main():
             else:
                 cells += [""] * 5
             p("| " + " | ".join(cells) + " |")
+        p("")
+    if agents and agents.get("rounds"):
+        p("Autonomous agents, all rounds (model turn: latency_ms of the llm_turn events, from the request's start to the worker's collecting the answer):")
+        p("")
+        p("| round | model | wall | peak at server | peak in workers | model turn median / p95 | worker CPU | server CPU | machine busy | seq scans of tuvl.runs (tuples read) | runs_leased_idx entries read | journal per run |")
+        p("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for i, r in enumerate(agents["rounds"]):
+            for ph in (r["fast"], r["slow"]):
+                t = ph.get("llm_turn_ms") or {}
+                leased = (ph.get("runs_indexes") or {}).get("runs_leased_idx", {}).get("tuples_read")
+                p("| %d | %d ms | %.3f s | %d | %s | %s / %s ms | %.2f s | %s | %.0f%% | %s (%s) | %s | %s kB |"
+                  % (i + 1, ph["server_ms"], ph["wall_s"], ph["peak_concurrent_server"],
+                     num(ph.get("peak_in_flight_workers")), num(t.get("median")), num(t.get("p95")),
+                     ph["worker_cpu_s"], "%.2f s" % ph["server_cpu_s"] if ph.get("server_cpu_s") is not None else "n/a",
+                     100 * ph.get("machine_cpu_busy", 0), num(ph.get("runs_seq_scans")),
+                     num(ph.get("runs_seq_tup_read")), num(leased),
+                     num(ph.get("journal_payload_bytes_per_run", 0) / 1024.0, "{:.1f}")))
+        p("")
+        p("Worker memory (MB; VmRSS = anon + shared memory + file):")
+        p("")
+        p("| worker | when | VmRSS | RssAnon | RssShmem | VmHWM |")
+        p("|---|---|---|---|---|---|")
+        points = [("after warm-up", agents["rss_before"])] + \
+                 [("after round %d" % (i + 1), r["rss_after"]) for i, r in enumerate(agents["rounds"])]
+        for w in sorted(agents["rss_before"]):
+            for label, snap in points:
+                m = snap.get(w, {})
+                p("| %s (pid %s) | %s | %s | %s | %s | %s |"
+                  % (w, m.get("pid", "?"), label, mb(m.get("VmRSS")), mb(m.get("RssAnon")),
+                     mb(m.get("RssShmem")), mb(m.get("VmHWM"))))
         p("")
     if iso:
         p("Batch isolation checks:")
