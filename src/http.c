@@ -49,6 +49,8 @@ struct HttpTransfer
 	int			timeout_ms;
 	int			redirects;
 	instr_time	start;
+	instr_time	finish;			/* when libcurl reported it done */
+	bool		finished;
 	/* response, malloc'd */
 	char	   *buf;
 	size_t		len;
@@ -328,6 +330,8 @@ engine_init(void)
 	curl_multi_setopt(multi, CURLMOPT_SOCKETFUNCTION, socket_cb);
 	curl_multi_setopt(multi, CURLMOPT_TIMERFUNCTION, timer_cb);
 	curl_multi_setopt(multi, CURLMOPT_MAX_HOST_CONNECTIONS, 0L);
+	/* keep a bounded number of idle connections for reuse */
+	curl_multi_setopt(multi, CURLMOPT_MAXCONNECTS, 64L);
 
 	wait_set = CreateWaitEventSet(TopMemoryContext, 3);
 	AddWaitEventToSet(wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
@@ -619,6 +623,9 @@ drain_messages(void)
 			continue;
 		curl_multi_remove_handle(multi, t->easy);
 		t->done = true;
+		/* latency ends here, not when a busy worker gets to the result */
+		INSTR_TIME_SET_CURRENT(t->finish);
+		t->finished = true;
 		unlink_in_flight(t);
 		t->next = done_list;
 		done_list = t;
@@ -758,7 +765,10 @@ HttpTakeResult(HttpTransfer *t)
 	HttpResult *res = palloc0(sizeof(HttpResult));
 	instr_time	d;
 
-	INSTR_TIME_SET_CURRENT(d);
+	if (t->finished)
+		d = t->finish;
+	else
+		INSTR_TIME_SET_CURRENT(d);
 	INSTR_TIME_SUBTRACT(d, t->start);
 	res->latency_ms = INSTR_TIME_GET_MILLISEC(d);
 	res->final_url = HttpRedactUrl(t->url);

@@ -204,9 +204,9 @@ LeaseRelease(int n, const int64 *ids, const int32 *attempts)
 static const char reclaim_sql[] =
 "UPDATE tuvl.runs SET status = 'queued', lease_owner = NULL, lease_epoch = NULL, "
 "  lease_expires_at = NULL "
-"WHERE id IN (SELECT id FROM tuvl.runs WHERE status IN ('running', 'compensating') "
-"             AND NOT tuvl._lease_holder_alive(lease_owner, lease_epoch) "
-"             FOR UPDATE SKIP LOCKED)";
+"WHERE id = ANY (ARRAY(SELECT id FROM tuvl.runs WHERE status IN ('running', 'compensating') "
+"                    AND NOT tuvl._lease_holder_alive(lease_owner, lease_epoch) "
+"                    FOR UPDATE SKIP LOCKED))";
 
 /*
  * Return to the queue every run whose lease holder no longer heartbeats:

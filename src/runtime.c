@@ -126,7 +126,7 @@ static const char fence_sql[] =
 "  compensation = CASE WHEN $14 THEN $15 ELSE compensation END, "
 "  control = CASE WHEN $11::text[] IS NULL AND $12::jsonb IS NULL AND $13::text[] IS NULL "
 "                 THEN control ELSE tuvl._control_apply(control, $11, $12, $13) END "
-"WHERE id = $1 AND attempt = $2 AND status IN ('running', 'compensating') "
+"WHERE id = $1 AND attempt = $2 AND status = ANY ($16::text[]) "
 "RETURNING control";
 
 /*
@@ -151,11 +151,12 @@ write_checkpoint_control(RunState *run, const char *status, Jsonb *context,
 						 Jsonb *response, const char *error, Jsonb *step_state,
 						 List *consume, Jsonb *control_add, List *steer_done)
 {
-	static const Oid types[15] = {INT8OID, INT4OID, TEXTOID, JSONBOID, TEXTOID,
+	static const Oid types[16] = {INT8OID, INT4OID, TEXTOID, JSONBOID, TEXTOID,
 		INT4OID, TEXTOID, JSONBOID, TEXTOID, JSONBOID, TEXTARRAYOID, JSONBOID, TEXTARRAYOID,
-	BOOLOID, JSONBOID};
-	Datum		values[15];
-	char		nulls[15] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	BOOLOID, JSONBOID, TEXTARRAYOID};
+	Datum		values[16];
+	char		nulls[16] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	static List *held_statuses = NIL;
 	values[0] = Int64GetDatum(run->id);
 	values[1] = Int32GetDatum(run->attempt);
 	values[2] = CStringGetTextDatum(status);
@@ -201,7 +202,21 @@ write_checkpoint_control(RunState *run, const char *status, Jsonb *context,
 	else
 		nulls[14] = 'n';
 
-	if (SpiExec(fence_sql, 15, types, values, nulls, SPI_OK_UPDATE_RETURNING) != 1)
+	/*
+	 * The statuses a holder writes from, as a parameter: a constant would
+	 * let a generic plan pick the partial index on them (runs_leased_idx)
+	 * and filter every held run for this id.
+	 */
+	if (held_statuses == NIL)
+	{
+		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+
+		held_statuses = list_make2(pstrdup("running"), pstrdup("compensating"));
+		MemoryContextSwitchTo(old);
+	}
+	values[15] = text_array(held_statuses);
+
+	if (SpiExec(fence_sql, 16, types, values, nulls, SPI_OK_UPDATE_RETURNING) != 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 				 errmsg("lease on run " INT64_FORMAT " was lost", run->id),

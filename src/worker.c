@@ -23,6 +23,10 @@
  */
 #include "postgres.h"
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include <setjmp.h>
 
 #include "access/xact.h"
@@ -68,6 +72,7 @@ static MemoryContext round_cxt = NULL;
 static Oid	owner_id = InvalidOid;
 static int64 epoch = 0;
 static TimeoutId heartbeat_id;
+static bool trimmed = true;		/* memory given back since the last claim */
 static uint32 start_gen = 0;	/* our database's created_gen at start */
 static bool was_present = false;	/* the extension was here when we started */
 
@@ -247,6 +252,18 @@ maintenance(bool renew)
 	commit_tx();
 	if (n > 0)
 		TuvlWakeWorkers(MyDatabaseId);
+
+	/*
+	 * Idle after a burst: give the memory malloc keeps cached back to the
+	 * system, so a worker's footprint follows its load.
+	 */
+#ifdef __GLIBC__
+	if (held == NIL && !trimmed)
+	{
+		malloc_trim(0);
+		trimmed = true;
+	}
+#endif
 }
 
 /*
@@ -265,6 +282,8 @@ claim(void)
 	/* a lost claim only means the run is claimed again */
 	async_commit();
 	runs = LeaseClaim(runs_cxt, room, epoch, tuvl_lease_timeout, owner_id);
+	if (runs != NIL)
+		trimmed = false;
 	commit_tx();
 	hold_runs(runs);
 	/* a full claim means more are queued: share them with the others */

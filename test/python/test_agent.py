@@ -1217,6 +1217,9 @@ def test_a_valid_autonomous_agent_has_no_findings_and_registers(conn):
 @pytest.mark.parametrize("case", list(VALIDATION_CASES))
 def test_validation_findings(conn, case):
     source, expected = VALIDATION_CASES[case]
+    # the model the cases name exists (an unregistered one is a warning of its own)
+    q(conn, "SELECT tuvl.register_llm(%s)",
+      ("name: m\nprovider: openai\nbase_url: http://127.0.0.1:9/v1\nmodel: test\n",))
     found = q(conn, "SELECT severity, path, message FROM tuvl.validate(%s)", (source,))
     # every finding names where it is in the source
     assert all(re.search(r" \(line \d+, column \d+\)$", m) for _, _, m in found), found
