@@ -553,8 +553,9 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 		JsonObjAddJsonb(&b, "arguments", args);
 		req = rpc_request(url, "tools/call", JsonObjEnd(&b), n + 1, session, version,
 						  "call", timeout_ms);
-		req->journal = JsonMerge(req->journal, JsonSetKey(JsonEmptyObject(), "tool",
-														  JsonStringValue(tool)));
+		req->journal = JsonMerge(req->journal, JsonSetKey(JsonSetKey(JsonEmptyObject(), "tool",
+																	 JsonStringValue(tool)),
+														  "arguments", args));
 	}
 	req->secrets = use.values;
 	req->journal = SecretScrubJsonb(req->journal, use.values);

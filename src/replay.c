@@ -192,6 +192,18 @@ tuvl_pin_run(PG_FUNCTION_ARGS)
 				 errmsg("run " INT64_FORMAT " has not ended: its status is %s", id, status),
 				 errhint("Pin a run once it is completed, failed, aborted or compensated.")));
 
+	/* operators' actions are not in the recording's effects: refuse */
+	if (SpiExec("SELECT type FROM tuvl.events WHERE run_id = $1 AND (type = 'run_aborted' OR "
+				"  (type = 'decision' AND payload->>'action' = 'steer')) LIMIT 1",
+				1, types, values, NULL, SPI_OK_SELECT) == 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("run " INT64_FORMAT " cannot be pinned: an operator %s it", id,
+						strcmp(SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1), "run_aborted") == 0
+						? "aborted" : "steered"),
+				 errdetail("A replay serves results from outside the database; it cannot repeat an operator's action."),
+				 errhint("Pin a run that no operator aborted or steered.")));
+
 	JsonObjStart(&b);
 	JsonObjAddInt(&b, "tuvl_fixture", FIXTURE_FORMAT);
 	JsonObjAddString(&b, "workflow", workflow);
@@ -389,6 +401,22 @@ serve_effect(Replay *rp, RunState *run)
 								  current_step_id(run), method ? method : "?", url ? url : "?",
 								  rmethod ? rmethod : "?", rurl ? rurl : "?", rp->next),
 					 NULL);
+		/* the same MCP tool with the same arguments; the same request body */
+		{
+			static const char *const keys[] = {"tool", "arguments", "body_md5", NULL};
+
+			for (int i = 0; keys[i]; i++)
+			{
+				Jsonb	   *mine = JsonGetField(req->journal, keys[i]) ? JsonGetJsonb(req->journal, keys[i]) : NULL;
+				Jsonb	   *theirs = JsonGetField(recorded, keys[i]) ? JsonGetJsonb(recorded, keys[i]) : NULL;
+
+				if (mine && theirs && !jequal(mine, theirs))
+					diverged(rp, psprintf("step \"%s\" sent %s %s with another %s than the recording (effect %d)",
+										  current_step_id(run), method, url,
+										  strcmp(keys[i], "body_md5") == 0 ? "body" : keys[i], rp->next),
+							 psprintf("Recorded: %s\nReplayed: %s", jtext(theirs), jtext(mine)));
+			}
+		}
 	}
 	old = MemoryContextSwitchTo(run->cxt);
 	run->fresh_effect = DatumGetJsonbPCopy(JsonbPGetDatum(JsonGetJsonb(e, "result")));

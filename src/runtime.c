@@ -389,11 +389,17 @@ array_drop_last(Jsonb *arr)
 	return JsonFromCString(buf.data);
 }
 
+/* Stage comp for the checkpoint; it outlives the transaction, in run->cxt. */
 static void
 stage_compensation(RunState *run, Jsonb *comp)
 {
+	MemoryContext old = MemoryContextSwitchTo(run->cxt);
+
+	if (run->next_compensation)
+		pfree(run->next_compensation);
 	run->next_compensation = comp ? DatumGetJsonbPCopy(JsonbPGetDatum(comp)) : NULL;
 	run->compensation_changed = true;
+	MemoryContextSwitchTo(old);
 }
 
 /*
@@ -592,6 +598,12 @@ finish_compensation(Transition *t, StepResult *result, ErrorData *edata)
 	Jsonb	   *cause = JsonGetJsonb(comp, "cause");
 	Jsonb	   *failed = JsonGetJsonb(comp, "failed");
 	const char *original = top ? JsonGetString(top, "step") : NULL;
+	const char *signal = edata ? "error" : (result->signal ? result->signal : "default");
+	/* a compensator fails by raising, or by ending on error (or another reserved exit) */
+	char	   *failure = edata ? edata->message :
+		(strcmp(signal, "error") == 0 || (step->kind == STEP_AGENT && AgentIsReservedExit(signal)))
+		? (result->exit_error ? result->exit_error : psprintf("it ended with signal \"%s\"", signal))
+		: NULL;
 	const char *status;
 	const char *next_step_id = NULL;
 	const char *end_name = NULL;
@@ -607,9 +619,9 @@ finish_compensation(Transition *t, StepResult *result, ErrorData *edata)
 		context = JsonSetKey(context, step->output_key, result->output);
 
 	JsonObjStart(&b);
-	JsonObjAddString(&b, "signal", edata ? "error" : (result->signal ? result->signal : "default"));
-	if (edata)
-		JsonObjAddString(&b, "error", edata->message);
+	JsonObjAddString(&b, "signal", signal);
+	if (failure)
+		JsonObjAddString(&b, "error", failure);
 	else if (result->has_output)
 	{
 		JsonObjAddString(&b, "output_key", step->output_key);
@@ -620,17 +632,17 @@ finish_compensation(Transition *t, StepResult *result, ErrorData *edata)
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "step", original);
 	JsonObjAddString(&b, "compensator", step->id);
-	JsonObjAddBool(&b, "ok", edata == NULL);
-	if (edata)
-		JsonObjAddString(&b, "error", edata->message);
+	JsonObjAddBool(&b, "ok", failure == NULL);
+	if (failure)
+		JsonObjAddString(&b, "error", failure);
 	JournalAdd(&events, "compensation_completed", original, step->kind_name, JsonObjEnd(&b));
 
-	if (edata)
+	if (failure)
 	{
 		JsonObjStart(&b);
 		JsonObjAddString(&b, "step", original);
 		JsonObjAddString(&b, "compensator", step->id);
-		JsonObjAddString(&b, "error", edata->message);
+		JsonObjAddString(&b, "error", failure);
 		failed = json_array_append(failed, JsonObjEnd(&b));
 	}
 	comp = JsonSetKey(comp, "stack", array_drop_last(comp_stack(comp)));
@@ -1159,6 +1171,8 @@ RunAdvance(RunState *run)
 	run->wf = t.wf;
 	run->send = NULL;
 	run->compensation_changed = false;
+	if (run->next_compensation)
+		pfree(run->next_compensation);
 	run->next_compensation = NULL;
 
 	ectx.run = run;
@@ -1292,11 +1306,9 @@ RunApplyTransition(RunState *run)
 	run->next_control = NULL;
 	if (run->compensation_changed)
 	{
-		MemoryContext old = MemoryContextSwitchTo(run->cxt);
-
-		run->compensation = run->next_compensation
-			? DatumGetJsonbPCopy(JsonbPGetDatum(run->next_compensation)) : NULL;
-		MemoryContextSwitchTo(old);
+		if (run->compensation)
+			pfree(run->compensation);
+		run->compensation = run->next_compensation;	/* in run->cxt */
 		run->compensation_changed = false;
 		run->next_compensation = NULL;
 	}

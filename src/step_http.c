@@ -16,6 +16,8 @@
  */
 #include "postgres.h"
 
+#include "common/md5.h"
+
 #include <math.h>
 #include <curl/curl.h>
 
@@ -297,6 +299,16 @@ build_request(RunState *run, const StepDef *step, Jsonb *http, Jsonb *ctx, Secre
 	JsonObjAddString(&b, "url", SecretScrub(HttpRedactUrl(url), use->values));
 	if (req->idempotency_key)
 		JsonObjAddString(&b, "idempotency_key", req->idempotency_key);
+	/* what was sent, without its secrets: replay compares it */
+	if (req->http.body)
+	{
+		char		digest[33];
+		const char *errstr = NULL;
+		char	   *scrubbed = SecretScrub(req->http.body, use->values);
+
+		if (pg_md5_hash(scrubbed, strlen(scrubbed), digest, &errstr))
+			JsonObjAddString(&b, "body_md5", digest);
+	}
 	req->journal = JsonObjEnd(&b);
 	return req;
 }

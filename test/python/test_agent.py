@@ -1183,13 +1183,13 @@ VALIDATION_CASES = {
         ("warning", "steps[0].agent",
          "agent.steering is missing; without it the model knows only the context and the tools")]),
     "max_iterations 0": (variant(("      tools:", "      max_iterations: 0\n      tools:")), [
-        ("error", "steps[0].agent.max_iterations", "max_iterations must be a positive integer")]),
+        ("error", "steps[0].agent.max_iterations", "max_iterations must be a positive integer (at most 2147483647)")]),
     "max_iterations -2": (variant(("      tools:", "      max_iterations: -2\n      tools:")), [
-        ("error", "steps[0].agent.max_iterations", "max_iterations must be a positive integer")]),
+        ("error", "steps[0].agent.max_iterations", "max_iterations must be a positive integer (at most 2147483647)")]),
     "max_iterations 1.5": (variant(("      tools:", "      max_iterations: 1.5\n      tools:")), [
-        ("error", "steps[0].agent.max_iterations", "max_iterations must be a positive integer")]),
+        ("error", "steps[0].agent.max_iterations", "max_iterations must be a positive integer (at most 2147483647)")]),
     "max_iterations text": (variant(("      tools:", "      max_iterations: many\n      tools:")), [
-        ("error", "steps[0].agent.max_iterations", "max_iterations must be a positive integer")]),
+        ("error", "steps[0].agent.max_iterations", "max_iterations must be a positive integer (at most 2147483647)")]),
     "private context_injection": (variant(("    routes:", "    context_injection: [body, _ssn]\n    routes:")), [
         ("error", "steps[0].context_injection[1]",
          '"_ssn" is a private key; private keys are never shown to a model')]),
