@@ -252,7 +252,7 @@ LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     PERFORM tuvl.replay(fixture);
     RETURN NULL;
-EXCEPTION WHEN data_exception THEN
+EXCEPTION WHEN SQLSTATE '22000' THEN    -- a divergence; other errors propagate
     RETURN SQLERRM;
 END
 $$;

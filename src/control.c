@@ -345,7 +345,7 @@ tuvl_abort_run(PG_FUNCTION_ARGS)
 		 !JsonGetBool(r.compensation, "done", false) && !RunIsTerminalStatus(r.status)))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("cannot abort run " INT64_FORMAT ": it is compensating", r.id),
+				 errmsg("cannot abort run " INT64_FORMAT ": its status is compensating", r.id),
 				 errdetail("Compensation undoes the run's completed steps and runs to its end."),
 				 errhint("Wait for it with tuvl.wait(); a compensator waiting for a person still needs an answer.")));
 	require_status(&r, "abort", allowed, "The run has already ended.");

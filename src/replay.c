@@ -190,7 +190,7 @@ tuvl_pin_run(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("run " INT64_FORMAT " has not ended: its status is %s", id, status),
-				 errhint("Pin a run once it is completed, failed, aborted or compensated.")));
+				 errhint("Pin a run once it has ended.")));
 
 	/* operators' actions are not in the recording's effects: refuse */
 	if (SpiExec("SELECT type FROM tuvl.events WHERE run_id = $1 AND (type = 'run_aborted' OR "

@@ -1209,6 +1209,8 @@ VALIDATION_CASES = {
 
 
 def test_a_valid_autonomous_agent_has_no_findings_and_registers(conn):
+    q(conn, "SELECT tuvl.register_llm(%s)",
+      ("name: m\nprovider: openai\nbase_url: http://127.0.0.1:9/v1\nmodel: test\n",))
     assert q(conn, "SELECT * FROM tuvl.validate(%s)", (VALID,)) == []
     source = VALID.replace("name: v", "name: " + new_name("v"))
     assert q1(conn, "SELECT tuvl.register_workflow(%s)", (source,)) is not None

@@ -440,21 +440,24 @@ def test_pin_run_refuses_runs_that_have_not_ended(conn):
     with pytest.raises(psycopg2.errors.ObjectNotInPrerequisiteState) as exc:
         pin(conn, run_id)
     assert exc.value.diag.message_primary == f"run {run_id} has not ended: its status is running"
-    assert exc.value.diag.message_hint == \
-        "Pin a run once it is completed, failed, aborted or compensated."
+    assert exc.value.diag.message_hint == "Pin a run once it has ended."
     assert wait(conn, run_id) == "waiting_human"
     with pytest.raises(psycopg2.errors.ObjectNotInPrerequisiteState):
         pin(conn, run_id)
     q(conn, "SELECT tuvl.abort_run(%s)", (run_id,))
-    assert pin(conn, run_id)["status"] == "aborted"
+    # a replay cannot repeat an operator's action
+    with pytest.raises(psycopg2.errors.ObjectNotInPrerequisiteState) as exc:
+        pin(conn, run_id)
+    assert exc.value.diag.message_primary == f"run {run_id} cannot be pinned: an operator aborted it"
     with pytest.raises(psycopg2.errors.UndefinedObject) as exc:
         pin(conn, 987654321)
     assert exc.value.diag.message_primary == "run 987654321 does not exist"
     with pytest.raises(psycopg2.errors.InvalidParameterValue) as exc:
         replay(conn, {"workflow": name})
     assert exc.value.diag.message_primary == "not a tuvl replay fixture"
-    # replay_divergence catches every error of class 22 (data exception), this one too
-    assert divergence(conn, {"workflow": name}) == "not a tuvl replay fixture"
+    # replay_divergence reports divergences only: a broken fixture still raises
+    with pytest.raises(psycopg2.errors.InvalidParameterValue):
+        divergence(conn, {"workflow": name})
 
 
 def test_replay_divergence_returns_null_or_the_message_and_private_keys_are_redacted(conn):
