@@ -252,8 +252,11 @@ LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
     PERFORM tuvl.replay(fixture);
     RETURN NULL;
-EXCEPTION WHEN SQLSTATE '22000' THEN    -- a divergence; other errors propagate
-    RETURN SQLERRM;
+EXCEPTION WHEN data_exception THEN
+    IF SQLSTATE = '22000' THEN    -- a divergence; other errors propagate
+        RETURN SQLERRM;
+    END IF;
+    RAISE;
 END
 $$;
 COMMENT ON FUNCTION tuvl.replay_divergence(jsonb) IS 'NULL when tuvl.replay(fixture) succeeds, else the divergence it raised: for pgTAP, is(tuvl.replay_divergence(f), NULL)';
