@@ -1041,6 +1041,7 @@ tool_call(AgentLoop *l, Jsonb *tc, int index, char **content)
 	TimestampTz started;
 	int			first_inner;
 	Jsonb	   *approval = NULL;
+	bool		fresh = false;	/* the call starts in this transition */
 
 	if (id == NULL)
 		id = psprintf("call_%d", call);
@@ -1072,6 +1073,7 @@ tool_call(AgentLoop *l, Jsonb *tc, int index, char **content)
 		JournalAdd(&run->step_events, "tool_call", l->step->id,
 				   tool ? tool->step->kind_name : NULL, JsonObjEnd(&b));
 		first_inner = l->cursor;
+		fresh = true;
 	}
 	else
 	{
@@ -1143,6 +1145,10 @@ tool_call(AgentLoop *l, Jsonb *tc, int index, char **content)
 		JsonObjBuilder b;
 		Jsonb	   *info;
 
+		/* queued again without a decision (an abort, say): abort first */
+		if (!fresh && abort_requested(l, read_control(l)))
+			return TOOL_ABORTED;
+
 		/* ask once: the run waits, holding nothing, until tuvl.decide() */
 		JsonObjStart(&b);
 		JsonObjAddInt(&b, "call", call);
@@ -1151,7 +1157,8 @@ tool_call(AgentLoop *l, Jsonb *tc, int index, char **content)
 		JsonObjAddInt(&b, "iteration", l->iteration);
 		JsonObjAddJsonb(&b, "arguments", args);
 		info = JsonObjEnd(&b);
-		JournalAdd(&run->step_events, "approval_requested", l->step->id, l->step->kind_name, info);
+		if (fresh)
+			JournalAdd(&run->step_events, "approval_requested", l->step->id, l->step->kind_name, info);
 		l->result->park = "waiting_approval";
 		l->result->park_info = info;
 		return TOOL_PARKED;

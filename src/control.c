@@ -335,7 +335,9 @@ tuvl_abort_run(PG_FUNCTION_ARGS)
 	Jsonb	   *directive;
 
 	if (PG_ARGISNULL(0))
-		PG_RETURN_VOID();
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("run_id must not be null")));
 	if (reason && *reason == '\0')
 		reason = NULL;
 	SPI_connect();
@@ -489,7 +491,7 @@ Datum
 tuvl_decide(PG_FUNCTION_ARGS)
 {
 	static const char *const allowed[] = {"waiting_approval", NULL};
-	bool		approved = PG_GETARG_BOOL(1);
+	bool		approved;
 	char	   *note = PG_ARGISNULL(2) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(2));
 	LockedRun	r;
 	Jsonb	   *awaiting;
@@ -497,6 +499,12 @@ tuvl_decide(PG_FUNCTION_ARGS)
 	JsonObjBuilder b;
 	List	   *events = NIL;
 
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", PG_ARGISNULL(0) ? "run_id" : "approved"),
+				 errhint("Call tuvl.decide(run_id, true) to approve, tuvl.decide(run_id, false, 'why') to reject.")));
+	approved = PG_GETARG_BOOL(1);
 	SPI_connect();
 	lock_run(PG_GETARG_INT64(0), &r, "decide on");
 	require_status(&r, "decide on", allowed,

@@ -733,9 +733,6 @@ def test_a_tool_marked_approval_waits_for_decide(conn, as_role, approved):
 
 
 @needs_llm
-@pytest.mark.xfail(strict=True, reason="C bug: an abort of a run waiting_approval is not applied: "
-                   "the agent re-parks at the same call (a second approval_requested), the abort "
-                   "stays in tuvl.runs.control, and after tuvl.decide(approved) the tool still runs")
 def test_abort_of_an_agent_waiting_for_approval(conn, as_role):
     alice = as_role(ALICE)
     tag = new_tag()
@@ -750,8 +747,6 @@ def test_abort_of_an_agent_waiting_for_approval(conn, as_role):
 
 
 @needs_llm
-@pytest.mark.xfail(strict=True, reason="C bug: tuvl.decide(run, NULL) is taken as a rejection "
-                   "(PG_GETARG_BOOL of a NULL argument) instead of being refused")
 def test_a_null_decision_is_refused(conn):
     tag = new_tag()
     name = agent(conn, [tool_call("refund", tag=tag, amount=1), {"text": "{{last_user}}"}])
