@@ -157,25 +157,8 @@ op_is(Jsonb *rec, const char *op)
 	return o != NULL && strcmp(o, op) == 0;
 }
 
-static int
-array_size(Jsonb *j)
-{
-	if (j == NULL || !JB_ROOT_IS_ARRAY(j) || JB_ROOT_IS_SCALAR(j))
-		return 0;
-	return JsonContainerSize(&j->root);
-}
 
-static Jsonb *
-array_at(Jsonb *j, int i)
-{
-	return JsonValueToJsonb(getIthJsonbValueFromContainer(&j->root, i));
-}
 
-static char *
-jsonb_text(Jsonb *j)
-{
-	return JsonbToCString(NULL, &j->root, VARSIZE(j));
-}
 
 /* text with every occurrence of needle replaced (case-sensitive). */
 static char *
@@ -247,7 +230,7 @@ add_message(AgentLoop *l, const char *role, const char *content, Jsonb *tool_cal
 	else
 		appendStringInfoString(buf, "null");
 	if (tool_calls)
-		appendStringInfo(buf, ", \"tool_calls\": %s", jsonb_text(tool_calls));
+		appendStringInfo(buf, ", \"tool_calls\": %s", JsonText(tool_calls));
 	if (tool_call_id)
 	{
 		appendStringInfoString(buf, ", \"tool_call_id\": ");
@@ -317,7 +300,7 @@ opening_messages(AgentLoop *l)
 
 	/* injected keys are shown only inside the delimited block */
 	initStringInfo(&injected);
-	for (int i = 0; i < array_size(inject); i++)
+	for (int i = 0; i < JsonArraySize(inject); i++)
 	{
 		JsonbValue *k = getIthJsonbValueFromContainer(&inject->root, i);
 		char	   *key;
@@ -342,7 +325,7 @@ opening_messages(AgentLoop *l)
 							 key, value);
 		}
 	}
-	add_message(l, "user", JsonContainerSize(&public->root) > 0 ? jsonb_text(public) : "Begin.",
+	add_message(l, "user", JsonContainerSize(&public->root) > 0 ? JsonText(public) : "Begin.",
 				NULL, NULL, false);
 	if (injected.len > 0)
 		add_message(l, "user", psprintf("%s%s", injection_preamble, injected.data),
@@ -426,16 +409,16 @@ build_tools(AgentLoop *l)
 	WorkflowDef *wf = l->run->wf;
 	StringInfoData specs;
 
-	if (array_size(tools) == 0)
+	if (JsonArraySize(tools) == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("autonomous agent step \"%s\" declares no tools", l->step->id),
 				 errhint("List the steps it may call under agent.tools, as [{ref: step_id}].")));
 	initStringInfo(&specs);
 	appendStringInfoChar(&specs, '[');
-	for (int i = 0; i < array_size(tools); i++)
+	for (int i = 0; i < JsonArraySize(tools); i++)
 	{
-		Jsonb	   *entry = array_at(tools, i);
+		Jsonb	   *entry = JsonArrayAt(tools, i);
 		char	   *ref = JsonIsObject(entry) ? JsonGetString(entry, "ref") : NULL;
 		int			idx = ref ? WorkflowFindStep(wf, ref) : -1;
 		AgentTool  *tool;
@@ -468,7 +451,7 @@ build_tools(AgentLoop *l)
 		escape_json(&specs, ref);
 		appendStringInfoString(&specs, ", \"description\": ");
 		escape_json(&specs, desc);
-		appendStringInfo(&specs, ", \"parameters\": %s}", jsonb_text(params));
+		appendStringInfo(&specs, ", \"parameters\": %s}", JsonText(params));
 	}
 	appendStringInfoChar(&specs, ']');
 	l->specs = JsonFromCString(specs.data);
@@ -828,7 +811,7 @@ records_slice(RunState *run, int from, int to)
 	{
 		if (i > from)
 			appendStringInfoString(&buf, ", ");
-		appendStringInfoString(&buf, jsonb_text(EffectAt(run, i)));
+		appendStringInfoString(&buf, JsonText(EffectAt(run, i)));
 	}
 	appendStringInfoChar(&buf, ']');
 	return JsonFromCString(buf.data);
@@ -854,7 +837,7 @@ tool_done(AgentLoop *l, int call, const char *id, const char *name, const char *
 	}
 	else
 		shown = observation;
-	*content = truncate_result(jsonb_text(shown));
+	*content = truncate_result(JsonText(shown));
 	l->answer_is_error = error != NULL;
 
 	JsonObjStart(&b);
@@ -972,7 +955,7 @@ run_tool(AgentLoop *l, AgentTool *tool, int call, const char *id, Jsonb *args,
 	if (edata)
 	{
 		/* an HTTP request cut short by the time limit */
-		Jsonb	   *last = inner ? array_at(inner, array_size(inner) - 1) : NULL;
+		Jsonb	   *last = inner ? JsonArrayAt(inner, JsonArraySize(inner) - 1) : NULL;
 		char	   *kind = last ? JsonGetString(last, "error_kind") : NULL;
 
 		if (kind && strcmp(kind, "timeout") == 0 && JsonGetBool(last, "clamped", false))
@@ -1184,9 +1167,9 @@ tool_call(AgentLoop *l, Jsonb *tc, int index, char **content)
 static void
 answer_skipped(AgentLoop *l, Jsonb *calls, int from, const char *why)
 {
-	for (int j = from; j < array_size(calls); j++)
+	for (int j = from; j < JsonArraySize(calls); j++)
 	{
-		Jsonb	   *tc = array_at(calls, j);
+		Jsonb	   *tc = JsonArrayAt(calls, j);
 		char	   *id = JsonGetString(tc, "id");
 
 		add_message(l, "tool", psprintf("{\"error\": \"skipped: %s\"}", why), NULL,
@@ -1241,7 +1224,7 @@ StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 		if (!model_turn(&l, &reply))
 			return;
 		l.tokens_used += reply.total_tokens;
-		ncalls = array_size(reply.tool_calls);
+		ncalls = JsonArraySize(reply.tool_calls);
 		if (l.cursor - 1 == run->fresh_position)
 		{
 			JsonObjBuilder b;
@@ -1261,7 +1244,7 @@ StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 		}
 		for (int j = 0; j < ncalls; j++)
 		{
-			Jsonb	   *tc = array_at(reply.tool_calls, j);
+			Jsonb	   *tc = JsonArrayAt(reply.tool_calls, j);
 			char	   *content = NULL;
 
 			switch (tool_call(&l, tc, j, &content))

@@ -65,35 +65,17 @@ static const char insert_events_sql[] =
 "            $8::float8[], $9::jsonb[]) WITH ORDINALITY "
 "     AS e(ts, type, agent_id, engine, tokens, latency_ms, payload, n)";
 
-/* NOTIFY tuvl_events with {"run_id", "seq", "type", "agent_id"}. */
+/*
+ * NOTIFY tuvl_events with {"run_id", "seq", "type", "agent_id"}; a
+ * notify-only event (agent progress) adds its payload's fields, and its
+ * seq is that of the newest stored event before it.
+ */
 static void
 notify_event(int64 run_id, int seq, JournalEvent *ev)
 {
 	StringInfoData buf;
-
-	initStringInfo(&buf);
-	appendStringInfo(&buf, "{\"run_id\": " INT64_FORMAT ", \"seq\": %d, \"type\": ", run_id, seq);
-	escape_json(&buf, ev->type);
-	appendStringInfoString(&buf, ", \"agent_id\": ");
-	if (ev->agent_id)
-		escape_json(&buf, ev->agent_id);
-	else
-		appendStringInfoString(&buf, "null");
-	appendStringInfoChar(&buf, '}');
-	Async_Notify("tuvl_events", buf.data);
-	pfree(buf.data);
-}
-
-/*
- * NOTIFY tuvl_events with a notify-only event: {"run_id", "seq" (of the
- * newest stored event before it), "type", "agent_id"} plus its payload's
- * fields.
- */
-static void
-notify_progress(int64 run_id, int seq, JournalEvent *ev)
-{
-	StringInfoData buf;
-	char	   *fields = ev->payload ? JsonbToCString(NULL, &ev->payload->root, VARSIZE(ev->payload)) : NULL;
+	char	   *fields = ev->notify_only && ev->payload
+		? JsonbToCString(NULL, &ev->payload->root, VARSIZE(ev->payload)) : NULL;
 
 	initStringInfo(&buf);
 	appendStringInfo(&buf, "{\"run_id\": " INT64_FORMAT ", \"seq\": %d, \"type\": ", run_id, seq);
@@ -156,7 +138,7 @@ JournalWrite(int64 run_id, int last_seq, List *events)
 	if (n == 0)
 	{
 		foreach(lc, events)
-			notify_progress(run_id, last_seq, lfirst(lc));
+			notify_event(run_id, last_seq, lfirst(lc));
 		return last_seq;
 	}
 	ts = palloc(sizeof(Datum) * n);
@@ -213,10 +195,7 @@ JournalWrite(int64 run_id, int last_seq, List *events)
 	{
 		JournalEvent *ev = lfirst(lc);
 
-		if (ev->notify_only)
-			notify_progress(run_id, last_seq + i, ev);
-		else
-			notify_event(run_id, last_seq + (++i), ev);
+		notify_event(run_id, ev->notify_only ? last_seq + i : last_seq + (++i), ev);
 	}
 	return last_seq + n;
 }

@@ -306,3 +306,26 @@ JsonClipText(const char *text, int maxbytes)
 		return (char *) text;
 	return psprintf("%s...", pnstrdup(text, pg_mbcliplen(text, len, maxbytes)));
 }
+
+/* The number of elements of a JSON array; 0 for anything else or NULL. */
+int
+JsonArraySize(Jsonb *j)
+{
+	if (j == NULL || !JB_ROOT_IS_ARRAY(j) || JB_ROOT_IS_SCALAR(j))
+		return 0;
+	return JsonContainerSize(&j->root);
+}
+
+/* Element i of a JSON array (0 <= i < JsonArraySize). */
+Jsonb *
+JsonArrayAt(Jsonb *j, int i)
+{
+	return JsonValueToJsonb(getIthJsonbValueFromContainer(&j->root, i));
+}
+
+/* The JSON text of j, or "null" for NULL. */
+char *
+JsonText(Jsonb *j)
+{
+	return j ? JsonbToCString(NULL, &j->root, VARSIZE(j)) : "null";
+}

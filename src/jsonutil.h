@@ -27,6 +27,9 @@ extern Jsonb *JsonRemoveKey(Jsonb *obj, const char *key);
 extern Jsonb *JsonStringValue(const char *s);
 extern Jsonb *JsonPublicContext(Jsonb *ctx);
 extern char *JsonClipText(const char *text, int maxbytes);
+extern int	JsonArraySize(Jsonb *j);
+extern Jsonb *JsonArrayAt(Jsonb *j, int i);
+extern char *JsonText(Jsonb *j);
 
 /*
  * A tiny builder for flat objects: JsonObjStart, JsonObjAdd*, JsonObjEnd.

@@ -229,19 +229,7 @@ append_params(StringInfo buf, Jsonb *params, const char *skip)
 	}
 }
 
-static int
-array_size(Jsonb *j)
-{
-	if (j == NULL || !JB_ROOT_IS_ARRAY(j) || JB_ROOT_IS_SCALAR(j))
-		return 0;
-	return JsonContainerSize(&j->root);
-}
 
-static Jsonb *
-array_at(Jsonb *j, int i)
-{
-	return JsonValueToJsonb(getIthJsonbValueFromContainer(&j->root, i));
-}
 
 static char *
 str_or_empty(Jsonb *obj, const char *key)
@@ -258,7 +246,7 @@ static char *
 openai_body(LlmConfig *cfg, Jsonb *messages, Jsonb *tools)
 {
 	StringInfoData buf;
-	int			n = array_size(messages);
+	int			n = JsonArraySize(messages);
 
 	initStringInfo(&buf);
 	appendStringInfoString(&buf, "{\"model\": ");
@@ -266,7 +254,7 @@ openai_body(LlmConfig *cfg, Jsonb *messages, Jsonb *tools)
 	appendStringInfoString(&buf, ", \"messages\": [");
 	for (int i = 0; i < n; i++)
 	{
-		Jsonb	   *m = array_at(messages, i);
+		Jsonb	   *m = JsonArrayAt(messages, i);
 		char	   *role = JsonGetString(m, "role");
 		Jsonb	   *calls = JsonGetJsonb(m, "tool_calls");
 
@@ -274,7 +262,7 @@ openai_body(LlmConfig *cfg, Jsonb *messages, Jsonb *tools)
 			appendStringInfoString(&buf, ", ");
 		appendStringInfoString(&buf, "{\"role\": ");
 		escape_json(&buf, role);
-		if (strcmp(role, "assistant") == 0 && array_size(calls) > 0)
+		if (strcmp(role, "assistant") == 0 && JsonArraySize(calls) > 0)
 		{
 			JsonbValue *c = JsonGetField(m, "content");
 
@@ -283,9 +271,9 @@ openai_body(LlmConfig *cfg, Jsonb *messages, Jsonb *tools)
 			else
 				appendStringInfoString(&buf, ", \"content\": null");
 			appendStringInfoString(&buf, ", \"tool_calls\": [");
-			for (int j = 0; j < array_size(calls); j++)
+			for (int j = 0; j < JsonArraySize(calls); j++)
 			{
-				Jsonb	   *tc = array_at(calls, j);
+				Jsonb	   *tc = JsonArrayAt(calls, j);
 
 				appendStringInfoString(&buf, j > 0 ? ", {\"id\": " : "{\"id\": ");
 				escape_json(&buf, str_or_empty(tc, "id"));
@@ -303,12 +291,12 @@ openai_body(LlmConfig *cfg, Jsonb *messages, Jsonb *tools)
 		appendStringInfoChar(&buf, '}');
 	}
 	appendStringInfoChar(&buf, ']');
-	if (array_size(tools) > 0)
+	if (JsonArraySize(tools) > 0)
 	{
 		appendStringInfoString(&buf, ", \"tools\": [");
-		for (int i = 0; i < array_size(tools); i++)
+		for (int i = 0; i < JsonArraySize(tools); i++)
 		{
-			Jsonb	   *t = array_at(tools, i);
+			Jsonb	   *t = JsonArrayAt(tools, i);
 
 			appendStringInfoString(&buf, i > 0 ? ", {\"type\": \"function\", \"function\": {\"name\": "
 								   : "{\"type\": \"function\", \"function\": {\"name\": ");
@@ -334,7 +322,7 @@ anthropic_body(LlmConfig *cfg, Jsonb *messages, Jsonb *tools)
 	StringInfoData buf;
 	StringInfoData system;
 	StringInfoData pending;		/* tool_result blocks awaiting a user turn */
-	int			n = array_size(messages);
+	int			n = JsonArraySize(messages);
 	bool		first = true;
 	JsonbValue *mt = JsonGetField(cfg->params, "max_tokens");
 
@@ -350,7 +338,7 @@ anthropic_body(LlmConfig *cfg, Jsonb *messages, Jsonb *tools)
 	appendStringInfoString(&buf, ", \"messages\": [");
 	for (int i = 0; i < n; i++)
 	{
-		Jsonb	   *m = array_at(messages, i);
+		Jsonb	   *m = JsonArrayAt(messages, i);
 		char	   *role = JsonGetString(m, "role");
 
 		if (strcmp(role, "system") == 0)
@@ -371,9 +359,9 @@ anthropic_body(LlmConfig *cfg, Jsonb *messages, Jsonb *tools)
 				appendStringInfoString(&pending, ", \"is_error\": true");
 			appendStringInfoChar(&pending, '}');
 			/* flush unless a user message follows to carry them */
-			if (i + 1 < n && strcmp(JsonGetString(array_at(messages, i + 1), "role"), "tool") == 0)
+			if (i + 1 < n && strcmp(JsonGetString(JsonArrayAt(messages, i + 1), "role"), "tool") == 0)
 				continue;
-			if (i + 1 < n && strcmp(JsonGetString(array_at(messages, i + 1), "role"), "user") == 0)
+			if (i + 1 < n && strcmp(JsonGetString(JsonArrayAt(messages, i + 1), "role"), "user") == 0)
 				continue;
 			appendStringInfoString(&buf, first ? "" : ", ");
 			appendStringInfo(&buf, "{\"role\": \"user\", \"content\": [%s]}", pending.data);
@@ -409,9 +397,9 @@ anthropic_body(LlmConfig *cfg, Jsonb *messages, Jsonb *tools)
 				appendStringInfoChar(&buf, '}');
 				any = true;
 			}
-			for (int j = 0; j < array_size(calls); j++)
+			for (int j = 0; j < JsonArraySize(calls); j++)
 			{
-				Jsonb	   *tc = array_at(calls, j);
+				Jsonb	   *tc = JsonArrayAt(calls, j);
 				char	   *args = str_or_empty(tc, "arguments");
 				Jsonb	   *input = JsonParseSafe(args, strlen(args));
 
@@ -436,12 +424,12 @@ anthropic_body(LlmConfig *cfg, Jsonb *messages, Jsonb *tools)
 	appendStringInfoChar(&buf, ']');
 	if (system.len > 0)
 		append_str(&buf, "system", system.data);
-	if (array_size(tools) > 0)
+	if (JsonArraySize(tools) > 0)
 	{
 		appendStringInfoString(&buf, ", \"tools\": [");
-		for (int i = 0; i < array_size(tools); i++)
+		for (int i = 0; i < JsonArraySize(tools); i++)
 		{
-			Jsonb	   *t = array_at(tools, i);
+			Jsonb	   *t = JsonArrayAt(tools, i);
 
 			appendStringInfoString(&buf, i > 0 ? ", {\"name\": " : "{\"name\": ");
 			escape_json(&buf, str_or_empty(t, "name"));
@@ -583,12 +571,12 @@ parse_openai(Jsonb *body, LlmReply *r)
 	Jsonb	   *calls;
 	Jsonb	   *usage = JsonGetJsonb(body, "usage");
 
-	if (array_size(choices) == 0)
+	if (JsonArraySize(choices) == 0)
 	{
 		r->error = "the model's response has no choices";
 		return;
 	}
-	choice = array_at(choices, 0);
+	choice = JsonArrayAt(choices, 0);
 	msg = JsonGetJsonb(choice, "message");
 	if (msg == NULL || !JsonIsObject(msg))
 	{
@@ -598,15 +586,15 @@ parse_openai(Jsonb *body, LlmReply *r)
 	r->text = JsonGetString(msg, "content");
 	r->finish_reason = JsonGetString(choice, "finish_reason");
 	calls = JsonGetJsonb(msg, "tool_calls");
-	if (array_size(calls) > 0)
+	if (JsonArraySize(calls) > 0)
 	{
 		StringInfoData buf;
 
 		initStringInfo(&buf);
 		appendStringInfoChar(&buf, '[');
-		for (int i = 0; i < array_size(calls); i++)
+		for (int i = 0; i < JsonArraySize(calls); i++)
 		{
-			Jsonb	   *c = array_at(calls, i);
+			Jsonb	   *c = JsonArrayAt(calls, i);
 			Jsonb	   *f = JsonGetJsonb(c, "function");
 
 			if (i > 0)
@@ -648,9 +636,9 @@ parse_anthropic(Jsonb *body, LlmReply *r)
 	initStringInfo(&text);
 	initStringInfo(&calls);
 	appendStringInfoChar(&calls, '[');
-	for (int i = 0; i < array_size(content); i++)
+	for (int i = 0; i < JsonArraySize(content); i++)
 	{
-		Jsonb	   *blk = array_at(content, i);
+		Jsonb	   *blk = JsonArrayAt(content, i);
 		char	   *type = JsonGetString(blk, "type");
 
 		if (type && strcmp(type, "text") == 0)
@@ -669,7 +657,7 @@ parse_anthropic(Jsonb *body, LlmReply *r)
 		}
 	}
 	appendStringInfoChar(&calls, ']');
-	if (array_size(content) == 0)
+	if (JsonArraySize(content) == 0)
 	{
 		r->error = "the model's response has no content (no text and no tool call)";
 		return;

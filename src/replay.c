@@ -52,25 +52,8 @@ PG_FUNCTION_INFO_V1(tuvl_replay);
 #define FIXTURE_FORMAT 1
 #define REDACTED "[redacted]"
 
-static int
-array_len(Jsonb *j)
-{
-	if (j == NULL || !JB_ROOT_IS_ARRAY(j) || JB_ROOT_IS_SCALAR(j))
-		return 0;
-	return JsonContainerSize(&j->root);
-}
 
-static Jsonb *
-array_at(Jsonb *j, int i)
-{
-	return JsonValueToJsonb(getIthJsonbValueFromContainer(&j->root, i));
-}
 
-static char *
-jtext(Jsonb *j)
-{
-	return j ? JsonbToCString(NULL, &j->root, VARSIZE(j)) : "null";
-}
 
 static bool
 jequal(Jsonb *a, Jsonb *b)
@@ -233,7 +216,7 @@ tuvl_pin_run(PG_FUNCTION_ARGS)
 		char	   *step = SPI_getvalue(et, etd, 2);
 		Jsonb	   *p = DatumGetJsonbPCopy(SPI_getbinval(et, etd, 3, &isnull));
 		Jsonb	   *effect = NULL;
-		char	   *key = psprintf("%s:%s", step ? step : "", JsonGetField(p, "position") ? jtext(JsonGetJsonb(p, "position")) : "");
+		char	   *key = psprintf("%s:%s", step ? step : "", JsonGetField(p, "position") ? JsonText(JsonGetJsonb(p, "position")) : "");
 
 		tokens += DatumGetInt32(SPI_getbinval(et, etd, 4, &isnull));
 		if (strcmp(type, "llm_turn") == 0)
@@ -267,7 +250,7 @@ tuvl_pin_run(PG_FUNCTION_ARGS)
 			effect = fixture_effect(step, "approval", NULL, JsonObjEnd(&r));
 		}
 		if (effect)
-			appendStringInfo(&effects, "%s%s", effects.len ? ", " : "", jtext(effect));
+			appendStringInfo(&effects, "%s%s", effects.len ? ", " : "", JsonText(effect));
 	}
 	JsonObjAddJsonb(&b, "effects", JsonFromCString(psprintf("[%s]", effects.data)));
 	JsonObjAddInt(&b, "tokens", tokens);
@@ -326,10 +309,10 @@ take_effect(Replay *rp, RunState *run, const char *type, const char *what)
 	char	   *rstep;
 	char	   *rtype;
 
-	if (rp->next >= array_len(rp->effects))
+	if (rp->next >= JsonArraySize(rp->effects))
 		diverged(rp, psprintf("step \"%s\" asked for %s, which the recording does not hold", step, what),
-				 psprintf("All %d recorded effects were used.", array_len(rp->effects)));
-	e = array_at(rp->effects, rp->next);
+				 psprintf("All %d recorded effects were used.", JsonArraySize(rp->effects)));
+	e = JsonArrayAt(rp->effects, rp->next);
 	rstep = JsonGetString(e, "step");
 	rtype = JsonGetString(e, "type");
 	if (rstep == NULL || rtype == NULL || strcmp(rstep, step) != 0 || strcmp(rtype, type) != 0)
@@ -381,8 +364,8 @@ serve_effect(Replay *rp, RunState *run)
 		if (!same_llm_request(recorded, JsonGetJsonb(req->tag, "request")))
 			diverged(rp, psprintf("step \"%s\" sent the model a different request than the recording (effect %d)",
 								  current_step_id(run), rp->next),
-					 psprintf("Recorded: %s\nReplayed: %s", JsonClipText(jtext(recorded), 2000),
-							  JsonClipText(jtext(JsonGetJsonb(req->tag, "request")), 2000)));
+					 psprintf("Recorded: %s\nReplayed: %s", JsonClipText(JsonText(recorded), 2000),
+							  JsonClipText(JsonText(JsonGetJsonb(req->tag, "request")), 2000)));
 	}
 	else
 	{
@@ -414,7 +397,7 @@ serve_effect(Replay *rp, RunState *run)
 					diverged(rp, psprintf("step \"%s\" sent %s %s with another %s than the recording (effect %d)",
 										  current_step_id(run), method, url,
 										  strcmp(keys[i], "body_md5") == 0 ? "body" : keys[i], rp->next),
-							 psprintf("Recorded: %s\nReplayed: %s", jtext(theirs), jtext(mine)));
+							 psprintf("Recorded: %s\nReplayed: %s", JsonText(theirs), JsonText(mine)));
 			}
 		}
 	}
@@ -448,15 +431,15 @@ serve_person(Replay *rp, RunState *run, const char *status)
 
 	if (!human)
 		record = JsonSetKey(record, "decided_at", JsonFromCString(psprintf(INT64_FORMAT, (int64) GetCurrentTimestamp())));
-	if (array_len(effects) > 0)
+	if (JsonArraySize(effects) > 0)
 	{
-		char	   *prev = jtext(effects);
+		char	   *prev = JsonText(effects);
 
 		prev[strlen(prev) - 1] = '\0';	/* drop the closing bracket */
-		effects = JsonFromCString(psprintf("%s, %s]", prev, jtext(record)));
+		effects = JsonFromCString(psprintf("%s, %s]", prev, JsonText(record)));
 	}
 	else
-		effects = JsonFromCString(psprintf("[%s]", jtext(record)));
+		effects = JsonFromCString(psprintf("[%s]", JsonText(record)));
 	state = JsonRemoveKey(JsonSetKey(state, "effects", effects), "awaiting");
 
 	JsonObjStart(&b);
@@ -630,14 +613,14 @@ tuvl_replay(PG_FUNCTION_ARGS)
 					 NULL);
 		if (!jequal(rresponse, response))
 			diverged(&rp, "the replay's response differs from the recording's",
-					 psprintf("Recorded: %s\nReplayed: %s", JsonClipText(jtext(rresponse), 2000),
-							  JsonClipText(jtext(response), 2000)));
-		if (rp.next < array_len(rp.effects))
+					 psprintf("Recorded: %s\nReplayed: %s", JsonClipText(JsonText(rresponse), 2000),
+							  JsonClipText(JsonText(response), 2000)));
+		if (rp.next < JsonArraySize(rp.effects))
 		{
-			Jsonb	   *e = array_at(rp.effects, rp.next);
+			Jsonb	   *e = JsonArrayAt(rp.effects, rp.next);
 
 			diverged(&rp, psprintf("the replay used %d of the %d recorded effects; the next one is a %s of step \"%s\"",
-								   rp.next, array_len(rp.effects), JsonGetString(e, "type"),
+								   rp.next, JsonArraySize(rp.effects), JsonGetString(e, "type"),
 								   JsonGetString(e, "step")),
 					 NULL);
 		}

@@ -321,13 +321,6 @@ render_response(EndDef *end, Jsonb *context, char **error)
  * and pops it, so a crash never runs a finished compensator again.
  */
 
-static int
-json_array_len(Jsonb *j)
-{
-	if (j == NULL || !JB_ROOT_IS_ARRAY(j) || JB_ROOT_IS_SCALAR(j))
-		return 0;
-	return JsonContainerSize(&j->root);
-}
 
 /* The compensation record as of this transition. */
 static Jsonb *
@@ -354,7 +347,7 @@ static Jsonb *
 comp_top(Jsonb *comp)
 {
 	Jsonb	   *stack = comp_stack(comp);
-	int			n = json_array_len(stack);
+	int			n = JsonArraySize(stack);
 
 	return n > 0 ? JsonValueToJsonb(getIthJsonbValueFromContainer(&stack->root, n - 1)) : NULL;
 }
@@ -365,7 +358,7 @@ json_array_append(Jsonb *arr, Jsonb *elem)
 {
 	Jsonb	   *one = JsonFromCString(psprintf("[%s]", JsonbToCString(NULL, &elem->root, VARSIZE(elem))));
 
-	return json_array_len(arr) > 0 ? JsonMerge(arr, one) : one;
+	return JsonArraySize(arr) > 0 ? JsonMerge(arr, one) : one;
 }
 
 /* arr without its last element */
@@ -373,7 +366,7 @@ static Jsonb *
 array_drop_last(Jsonb *arr)
 {
 	StringInfoData buf;
-	int			n = json_array_len(arr);
+	int			n = JsonArraySize(arr);
 
 	initStringInfo(&buf);
 	appendStringInfoChar(&buf, '[');
@@ -655,7 +648,7 @@ finish_compensation(Transition *t, StepResult *result, ErrorData *edata)
 	}
 	else
 	{
-		int			nfailed = json_array_len(failed);
+		int			nfailed = JsonArraySize(failed);
 
 		end_name = cause ? JsonGetString(cause, "end") : NULL;
 		response = cause ? JsonGetJsonb(cause, "response") : NULL;

@@ -11,7 +11,6 @@ each tool call committed with the record of its result, so the table holds
 exactly one row per call.
 """
 import collections
-import json
 import os
 import signal
 import urllib.request
@@ -21,6 +20,7 @@ import psycopg2
 import pytest
 
 from conftest import connect, journal_violations, q, q1, wait_for_server, wait_until
+from llmutil import script, sent
 
 LLM_URL = os.environ.get("TUVL_LLM_URL")
 LLM_ROOT = LLM_URL[: -len("/v1")] if LLM_URL and LLM_URL.endswith("/v1") else LLM_URL
@@ -29,24 +29,6 @@ pytestmark = pytest.mark.skipif(not LLM_URL, reason="TUVL_LLM_URL is not set (ru
 
 # Never let an http_proxy variable send the tests' own requests elsewhere.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def _server(method, path, body=None):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(LLM_ROOT + path, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
-    with _OPENER.open(req, timeout=10) as resp:
-        return json.loads(resp.read().decode())
-
-
-def script(name, turns):
-    got = _server("POST", "/_script", {"name": name, "turns": turns})
-    assert got["ok"], got
-    return name
-
-
-def sent(model):
-    return _server("GET", f"/_log?model={model}")["requests"]
 
 
 def workflow(name):

@@ -28,6 +28,7 @@ import pytest
 
 from conftest import (connect, journal_violations, listen_notifies, q, q1, report, wait_for_server,
                       wait_until, worker_pids)
+from llmutil import llm_server as _server, sent
 
 LLM_URL = os.environ.get("TUVL_LLM_URL")
 LLM_ROOT = LLM_URL[: -len("/v1")] if LLM_URL and LLM_URL.endswith("/v1") else LLM_URL
@@ -202,19 +203,6 @@ def new_tag():
 
 # ---------------------------------------------------------------------------
 # The scripted LLM server and the agent workflow
-
-
-def _server(method, path, body=None):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(LLM_ROOT + path, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
-    with _OPENER.open(req, timeout=10) as resp:
-        return json.loads(resp.read().decode())
-
-
-def sent(model):
-    """Every request the LLM server received for model, oldest first."""
-    return _server("GET", f"/_log?model={model}")["requests"]
 
 
 def tool_call(name, **arguments):

@@ -27,6 +27,7 @@ import psycopg2.errors
 import pytest
 
 from conftest import SERVER_LOG, connect, journal_violations, q, q1, wait_for_server, wait_until
+from llmutil import script, sent
 
 LLM_URL = os.environ.get("TUVL_LLM_URL")
 LLM_ROOT = LLM_URL[: -len("/v1")] if LLM_URL and LLM_URL.endswith("/v1") else LLM_URL
@@ -43,26 +44,6 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 # ---------------------------------------------------------------------------
 # The scripted LLM server
-
-
-def _server(method, path, body=None):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(LLM_ROOT + path, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
-    with _OPENER.open(req, timeout=10) as resp:
-        return json.loads(resp.read().decode())
-
-
-def script(name, turns):
-    """Register (or replace) script `name`; a model of that name plays it."""
-    got = _server("POST", "/_script", {"name": name, "turns": turns})
-    assert got["ok"], got
-    return name
-
-
-def sent(model):
-    """Every request the server received for model, oldest first."""
-    return _server("GET", f"/_log?model={model}")["requests"]
 
 
 def new_name(prefix="l"):
