@@ -577,14 +577,41 @@ ControlExpirePauses(void)
 {
 	static const Oid types[1] = {INT4OID};
 	Datum		values[1];
+	uint64		n;
+	char	   *reason = psprintf("paused longer than tuvl.agent_pause_max (%d s)", tuvl_agent_pause_max);
 
 	values[0] = Int32GetDatum(tuvl_agent_pause_max);
-	return (int) SpiExec("UPDATE tuvl.runs SET status = 'queued', "
-						 "  control = (control - 'paused_at' - 'pause_max' - 'pause') || "
-						 "    jsonb_build_object('abort', jsonb_build_object('reason', "
-						 "      format('paused longer than tuvl.agent_pause_max (%s s)', $1), "
-						 "      'by', 'tuvl')) "
-						 "WHERE status = 'paused' AND (control->>'pause_max')::boolean "
-						 "  AND (control->>'paused_at')::timestamptz < now() - make_interval(secs => $1)",
-						 1, types, values, NULL, SPI_OK_UPDATE);
+	n = SpiExec("UPDATE tuvl.runs SET status = 'queued', last_seq = last_seq + 1, "
+				"  control = (control - 'paused_at' - 'pause_max' - 'pause') || "
+				"    jsonb_build_object('abort', jsonb_build_object('reason', "
+				"      format('paused longer than tuvl.agent_pause_max (%s s)', $1), "
+				"      'by', 'tuvl')) "
+				"WHERE status = 'paused' AND (control->>'pause_max')::boolean "
+				"  AND (control->>'paused_at')::timestamptz < now() - make_interval(secs => $1) "
+				"RETURNING id, last_seq - 1, current_step",
+				1, types, values, NULL, SPI_OK_UPDATE_RETURNING);
+	if (n > 0)
+	{
+		SPITupleTable *tt = SPI_tuptable;
+
+		/* each is journaled: the run goes on to take its aborted exit */
+		for (uint64 i = 0; i < n; i++)
+		{
+			bool		isnull;
+			int64		id = DatumGetInt64(SPI_getbinval(tt->vals[i], tt->tupdesc, 1, &isnull));
+			int			last_seq = DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 2, &isnull));
+			char	   *step = SPI_getvalue(tt->vals[i], tt->tupdesc, 3);
+			List	   *events = NIL;
+			JsonObjBuilder b;
+
+			JsonObjStart(&b);
+			JsonObjAddString(&b, "by", "tuvl");
+			JsonObjAddString(&b, "reason", reason);
+			JsonObjAddBool(&b, "abort", true);
+			JournalAdd(&events, "resumed", step, NULL, JsonObjEnd(&b));
+			(void) JournalWrite(id, last_seq, events);
+		}
+		TuvlRunChangedAtCommit();
+	}
+	return (int) n;
 }

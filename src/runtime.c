@@ -124,7 +124,8 @@ static const char fence_sql[] =
 "  lease_owner = CASE WHEN $3 IN ('running', 'compensating') THEN lease_owner END, "
 "  lease_epoch = CASE WHEN $3 IN ('running', 'compensating') THEN lease_epoch END, "
 "  compensation = CASE WHEN $14 THEN $15 ELSE compensation END, "
-"  control = CASE WHEN $11::text[] IS NULL AND $12::jsonb IS NULL AND $13::text[] IS NULL "
+"  control = CASE WHEN $3 IN ('completed', 'failed', 'aborted', 'compensated') THEN NULL "
+"                 WHEN $11::text[] IS NULL AND $12::jsonb IS NULL AND $13::text[] IS NULL "
 "                 THEN control ELSE tuvl._control_apply(control, $11, $12, $13) END "
 "WHERE id = $1 AND attempt = $2 AND status = ANY ($16::text[]) "
 "RETURNING control";

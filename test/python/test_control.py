@@ -377,16 +377,14 @@ def test_a_queued_run_is_paused_at_once_and_resumed_from_the_start(conn, as_role
     assert types_of(conn, run_id)[:4] == ["run_queued", "paused", "resumed", "run_started"]
 
 
-def test_steer_without_an_agent_is_kept_but_never_delivered(conn, as_role):
+def test_steer_without_an_agent_is_never_delivered(conn, as_role):
     alice = as_role(ALICE)
     run_id = start(alice, "slow3", {"tag": new_tag(), "secs": 0.1})
     q(alice, "SELECT tuvl.steer_run(%s, 'hurry up')", (run_id,))
     assert wait(alice, run_id)[0] == "completed"
-    # no agent read it: it is not journaled and stays in the control column
+    # no agent read it: it is not journaled, and the control column is cleared at the end
     assert events(conn, run_id, "decision") == []
-    (steer,) = q1(conn, "SELECT control -> 'steer' FROM tuvl.runs WHERE id = %s",
-                  (run_id,)).values()
-    assert steer == {"message": "hurry up", "by": ALICE}
+    assert q1(conn, "SELECT control FROM tuvl.runs WHERE id = %s", (run_id,)) is None
     with pytest.raises(psycopg2.errors.InvalidParameterValue):
         q(alice, "SELECT tuvl.steer_run(%s, '')", (run_id,))
 
@@ -666,8 +664,10 @@ def test_a_paused_agent_past_agent_pause_max_takes_its_aborted_exit(conn, as_rol
     assert "agent_pause_max" in row["context"]["_last_error"]
     assert row["context"]["_last_error_type"] == "aborted"
     assert len(sent(name)) == 1
-    assert types_of(conn, run_id)[-6:] == ["paused", "checkpoint", "agent_completed", "signal",
-                                           "checkpoint", "run_aborted"]
+    assert types_of(conn, run_id)[-7:] == ["paused", "checkpoint", "resumed", "agent_completed",
+                                           "signal", "checkpoint", "run_aborted"]
+    resumed = events(conn, run_id, "resumed")[-1][3]
+    assert resumed["by"] == "tuvl" and resumed["abort"] is True and "agent_pause_max" in resumed["reason"]
     assert run_row(conn, plain)["status"] == "paused"
     q(alice, "SELECT tuvl.abort_run(%s)", (plain,))
 
