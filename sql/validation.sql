@@ -1303,3 +1303,17 @@ steps:
     mode: completion
     agent: { model: nobody_registered_this, prompt: hi }
 $$);
+
+-- A tool whose step declares compensate: a tool call is never compensated.
+SELECT * FROM tuvl.validate($$
+name: compensated_tool
+steps:
+  - id: a
+    kind: Agent
+    mode: autonomous
+    agent: { model: m, steering: s, tools: [{ ref: t }] }
+    routes: { max_iterations: e, aborted: e }
+  - { id: t, kind: Functional, function: f, description: T, compensate: u }
+  - { id: u, kind: Functional, function: g }
+ends: [{ id: e }]
+$$);

@@ -648,6 +648,10 @@ check_agent_tools(ValidateState *vs, Jsonb *agent, const char *apath, const char
 						"step \"%s\" is a%s %s step, which cannot be called as a tool; "
 						"tools are Functional, ModelOp, Router, APICall or MCP steps",
 						ref, strcmp(kind, "Agent") == 0 ? "n" : "", kind);
+		if (JsonGetField(target, "compensate"))
+			add_finding(vs, "warning", psprintf("%s.ref", epath),
+						"step \"%s\" declares compensate, but a tool call is never compensated; undo its work in another tool the agent can call",
+						ref);
 		if (JsonGetString(target, "description") == NULL && JsonGetString(entry, "description") == NULL)
 			add_finding(vs, "error", epath,
 						"tool \"%s\" has no description; give step \"%s\" a description, or the tool entry one, so the model knows what it does",
