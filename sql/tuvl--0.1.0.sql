@@ -261,6 +261,48 @@ END
 $$;
 COMMENT ON FUNCTION tuvl.replay_divergence(jsonb) IS 'NULL when tuvl.replay(fixture) succeeds, else the divergence it raised: for pgTAP, is(tuvl.replay_divergence(f), NULL)';
 
+/* Schedules: pg_cron calls tuvl.start_scheduled(workflow) at every slot. */
+CREATE TABLE tuvl.schedule_slots (
+    workflow text NOT NULL,
+    slot timestamptz NOT NULL,
+    run_id bigint,
+    PRIMARY KEY (workflow, slot)
+);
+COMMENT ON TABLE tuvl.schedule_slots IS 'the slots of scheduled workflows already started: one run per slot, however many callers';
+GRANT SELECT ON tuvl.schedule_slots TO PUBLIC;
+
+/* Who may start a workflow's slots: its owner's members and operators. */
+ALTER TABLE tuvl.schedule_slots ENABLE ROW LEVEL SECURITY;
+CREATE POLICY schedule_slots_read ON tuvl.schedule_slots FOR SELECT USING (true);
+CREATE POLICY schedule_slots_start ON tuvl.schedule_slots FOR INSERT
+    WITH CHECK (pg_has_role(current_user, (SELECT w.owner FROM tuvl.workflows w
+                                           WHERE w.name = workflow AND w.version = 1), 'MEMBER')
+                OR pg_has_role(current_user, 'tuvl_operator', 'MEMBER'));
+CREATE POLICY schedule_slots_record ON tuvl.schedule_slots FOR UPDATE
+    USING (pg_has_role(current_user, (SELECT w.owner FROM tuvl.workflows w
+                                      WHERE w.name = workflow AND w.version = 1), 'MEMBER')
+           OR pg_has_role(current_user, 'tuvl_operator', 'MEMBER'));
+GRANT INSERT, UPDATE ON tuvl.schedule_slots TO PUBLIC;
+
+CREATE FUNCTION tuvl.start_scheduled(workflow text, slot timestamptz DEFAULT date_trunc('minute', now()))
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    id bigint;
+BEGIN
+    INSERT INTO tuvl.schedule_slots AS s (workflow, slot) VALUES (start_scheduled.workflow, start_scheduled.slot)
+    ON CONFLICT DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN NULL;            -- this slot's run was started already
+    END IF;
+    id := tuvl.start_run(start_scheduled.workflow, jsonb_build_object('_scheduled_at', start_scheduled.slot));
+    UPDATE tuvl.schedule_slots s SET run_id = id
+    WHERE s.workflow = start_scheduled.workflow AND s.slot = start_scheduled.slot;
+    RETURN id;
+END
+$$;
+COMMENT ON FUNCTION tuvl.start_scheduled(text, timestamptz) IS 'start the run of one schedule slot (default: this minute) as the caller, at most once per slot; pg_cron jobs call it';
+
 /* Artifacts */
 CREATE TABLE tuvl.artifacts (
     name text NOT NULL CHECK (name ~ '^[a-z_][a-z0-9_-]*$'),

@@ -22,6 +22,8 @@
 #include "storage/latch.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
+#include "commands/dbcommands.h"
+#include "utils/lsyscache.h"
 #include "utils/jsonb.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
@@ -78,6 +80,91 @@ static void
 restore_user(Oid save_user, int save_sec)
 {
 	SetUserIdAndSecContext(save_user, save_sec);
+}
+
+/*
+ * Keep the workflow's pg_cron job in step with its newest version: a
+ * trigger.schedule creates or updates job "tuvl_<workflow>", which calls
+ * tuvl.start_scheduled('<workflow>') at every slot; a version without one
+ * removes it.  The job belongs to the registering role, whose runs these
+ * become.  pg_cron lives in one database (cron.database_name); elsewhere,
+ * or without the privilege to schedule, a notice says what to do.  SPI
+ * must be connected.
+ */
+static void
+sync_schedule(const char *name, Jsonb *def)
+{
+	Jsonb	   *trigger = JsonGetJsonb(def, "trigger");
+	char	   *schedule = trigger && JsonIsObject(trigger) ? JsonGetString(trigger, "schedule") : NULL;
+	char	   *job = psprintf("tuvl_%s", name);
+	char	   *command = psprintf("SELECT tuvl.start_scheduled(%s)", quote_literal_cstr(name));
+	bool		has_cron;
+	MemoryContext oldcxt = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+
+	SpiExec("SELECT EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = n.oid "
+			"                AND p.proname = 'schedule'), "
+			"  has_schema_privilege(n.oid, 'USAGE') "
+			"FROM pg_namespace n WHERE n.nspname = 'cron'",
+			0, NULL, NULL, NULL, SPI_OK_SELECT);
+	has_cron = SPI_processed == 1 &&
+		strcmp(SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1), "t") == 0;
+	/* nothing to remove for a role that could never have scheduled */
+	if (has_cron && schedule == NULL &&
+		strcmp(SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2), "t") != 0)
+		return;
+	if (!has_cron)
+	{
+		if (schedule)
+			ereport(NOTICE,
+					(errmsg("workflow \"%s\" has a schedule, but pg_cron is not installed in this database", name),
+					 errhint("In the database named by cron.database_name, run: SELECT cron.schedule_in_database('%s', '%s', $$%s$$, '%s');",
+							 job, schedule, command, get_database_name(MyDatabaseId))));
+		return;
+	}
+
+	/* a role without the right to schedule still registers its workflow */
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcxt);
+	PG_TRY();
+	{
+		static const Oid types[3] = {TEXTOID, TEXTOID, TEXTOID};
+		Datum		values[3];
+
+		values[0] = CStringGetTextDatum(job);
+		if (schedule)
+		{
+			values[1] = CStringGetTextDatum(schedule);
+			values[2] = CStringGetTextDatum(command);
+			SpiExec("SELECT cron.schedule($1, $2, $3)", 3, types, values, NULL, SPI_OK_SELECT);
+			ereport(NOTICE,
+					(errmsg("workflow \"%s\" is scheduled as pg_cron job \"%s\" (%s)", name, job, schedule)));
+		}
+		else
+			SpiExec("SELECT cron.unschedule(jobid) FROM cron.job "
+					"WHERE jobname = $1 AND username = current_user",
+					1, types, values, NULL, SPI_OK_SELECT);
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcxt);
+		CurrentResourceOwner = oldowner;
+		ereport(WARNING,
+				(errmsg("could not %s the pg_cron job of workflow \"%s\": %s",
+						schedule ? "schedule" : "remove", name, edata->message),
+				 errhint("A superuser can GRANT USAGE ON SCHEMA cron to the role, or schedule SELECT tuvl.start_scheduled('%s') itself.",
+						 name)));
+	}
+	PG_END_TRY();
 }
 
 /*
@@ -138,6 +225,7 @@ tuvl_register_workflow(PG_FUNCTION_ARGS)
 				"VALUES ($1, $2, $3, $4, $5)", 5, types, values, NULL, SPI_OK_INSERT);
 		restore_user(save_user, save_sec);
 	}
+	sync_schedule(name, def);
 	SPI_finish();
 	PG_RETURN_INT32(version);
 }

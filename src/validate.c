@@ -995,6 +995,38 @@ check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
 	check_unknown_keys(vs, step, path, step_common_keys, extra);
 }
 
+/*
+ * Is text a schedule pg_cron takes: five fields of digits, names and
+ * * / , - (minute hour day-of-month month day-of-week), or a macro?
+ */
+static bool
+valid_cron(const char *text)
+{
+	static const char *const macros[] = {"@yearly", "@annually", "@monthly", "@weekly",
+	"@daily", "@midnight", "@hourly", NULL};
+	int			fields = 0;
+	const char *p = text;
+
+	for (int i = 0; macros[i]; i++)
+		if (strcmp(text, macros[i]) == 0)
+			return true;
+	while (*p)
+	{
+		while (*p == ' ' || *p == '\t')
+			p++;
+		if (*p == '\0')
+			break;
+		fields++;
+		while (*p && *p != ' ' && *p != '\t')
+		{
+			if (!(isalnum((unsigned char) *p) || strchr("*/,-", *p)))
+				return false;
+			p++;
+		}
+	}
+	return fields == 5;
+}
+
 static void
 check_trigger(ValidateState *vs, JsonbValue *tv)
 {
@@ -1024,9 +1056,18 @@ check_trigger(ValidateState *vs, JsonbValue *tv)
 	}
 	check_duration(vs, trigger, "sync_timeout", "trigger");
 	schedule = JsonGetField(trigger, "schedule");
-	if (schedule && schedule->type != jbvString)
+	if (schedule && (schedule->type != jbvString ||
+					 !valid_cron(pnstrdup(schedule->val.string.val, schedule->val.string.len))))
 		add_finding(vs, "error", "trigger.schedule",
-					"schedule must be a cron expression string such as \"*/5 * * * *\"");
+					"schedule must be a cron expression of five fields (minute hour day-of-month month day-of-week) such as \"*/5 * * * *\", or @hourly, @daily, @weekly, @monthly, @yearly");
+	else if (schedule && input && is_mapping(input))
+	{
+		JsonbValue *req = JsonGetField(JsonValueToJsonb(input), "required");
+
+		if (is_list(req) && JsonContainerSize(req->val.binary.data) > 0)
+			add_finding(vs, "warning", "trigger.schedule",
+						"scheduled runs start with the input {\"_scheduled_at\": <slot>}, which trigger.input refuses (it requires keys); each scheduled start will fail");
+	}
 }
 
 /*
