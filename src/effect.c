@@ -23,6 +23,7 @@
 
 #include <curl/curl.h>
 
+#include "access/xact.h"
 #include "access/xlog.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
@@ -207,9 +208,16 @@ static const char *
 installation_tag(void)
 {
 	static Oid	cached_ext = InvalidOid;
+	static TimestampTz looked_up_in = 0;
 	static char tag[17];
-	Oid			ext = get_extension_oid("tuvl", false);
+	Oid			ext = cached_ext;
 
+	/* look the extension up once per transaction, not once per step */
+	if (looked_up_in != GetCurrentTransactionStartTimestamp())
+	{
+		ext = get_extension_oid("tuvl", false);
+		looked_up_in = GetCurrentTransactionStartTimestamp();
+	}
 	if (ext != cached_ext)
 	{
 		uint64		parts[3];
@@ -235,15 +243,11 @@ char *
 EffectKey(RunState *run, int logical)
 {
 	/* a replay computes the keys of the run it replays */
-	if (run->key_base && run->effect_call > 0)
-		return psprintf("%s-%d-t%d-%d", run->key_base, run->entry_seq, run->effect_call, logical);
-	if (run->key_base)
-		return psprintf("%s-%d-%d", run->key_base, run->entry_seq, logical);
+	const char *base = run->key_base ? run->key_base : EffectKeyBase(run);
+
 	if (run->effect_call > 0)
-		return psprintf("tuvl-%s-" INT64_FORMAT "-%d-t%d-%d", installation_tag(), run->id,
-						run->entry_seq, run->effect_call, logical);
-	return psprintf("tuvl-%s-" INT64_FORMAT "-%d-%d", installation_tag(), run->id,
-					run->entry_seq, logical);
+		return psprintf("%s-%d-t%d-%d", base, run->entry_seq, run->effect_call, logical);
+	return psprintf("%s-%d-%d", base, run->entry_seq, logical);
 }
 
 /* The part of every key of this run before the step's entry seq. */

@@ -1232,7 +1232,6 @@ RunAdvance(RunState *run)
 	}
 	t.ctx = run_compensating(run) ? compensation_context(run, run->context) : run->context;
 	take_fresh_effect(&t);
-	run->events_before = list_length(t.events);
 	INSTR_TIME_SET_CURRENT(t.start);
 
 	edata = in_subtransaction(&t, true, NULL, &step_failed);

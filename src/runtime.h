@@ -55,7 +55,6 @@ typedef struct RunState
 	List	   *step_events;	/* journal events the step added */
 	WorkflowDef *wf;			/* the run's workflow version */
 	Jsonb	   *artifacts;		/* pinned artifact versions, loaded on use */
-	int			events_before;	/* events of the transition before the step's */
 
 	/* staged by RunAdvance, applied by RunApplyTransition */
 	Jsonb	   *next_context;

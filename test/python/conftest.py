@@ -11,6 +11,7 @@ or restart the server wait until it accepts connections again
 import os
 import re
 import select
+import signal
 import subprocess
 import time
 import warnings
@@ -130,6 +131,22 @@ def wait_for_server(timeout=SERVER_START_TIMEOUT):
     """Wait until the server accepts connections again (after a crash restart)."""
     return wait_until(server_accepts_connections, timeout, interval=0.05,
                       message="the server to accept connections")
+
+
+def kill_worker(pid, server_log):
+    """kill -9 a tuvl worker and return once the server has gone through
+    crash recovery and accepts connections again."""
+    mark = server_log.mark()
+    os.kill(pid, signal.SIGKILL)
+    server_log.wait_for(mark, r"all server processes terminated; reinitializing", 30)
+    wait_for_server()
+
+
+def wait_run_finished(conn, run_id, timeout=40):
+    """Wait until run_id has ended (connections may fail while the server restarts)."""
+    wait_until(lambda: q1(conn, "SELECT finished_at IS NOT NULL FROM tuvl.runs WHERE id = %s",
+                          (run_id,)), timeout, interval=0.1,
+               message="the run to finish after the crash", ignore=(psycopg2.OperationalError,))
 
 
 def ensure_server_running():

@@ -12,14 +12,12 @@ exactly one row per call.
 """
 import collections
 import os
-import signal
 import urllib.request
 import uuid
 
-import psycopg2
 import pytest
 
-from conftest import connect, journal_violations, q, q1, wait_for_server, wait_until
+from conftest import connect, journal_violations, kill_worker, q, q1, wait_run_finished, wait_until
 from llmutil import script, sent
 
 LLM_URL = os.environ.get("TUVL_LLM_URL")
@@ -93,17 +91,11 @@ def test_kill_9_in_turn_3_repeats_only_the_call_in_flight(crashdb, provider, ser
     finally:
         conn.close()
 
-    mark = server_log.mark()
-    os.kill(holder, signal.SIGKILL)
-    server_log.wait_for(mark, r"all server processes terminated; reinitializing", 30)
-    wait_for_server()
+    kill_worker(holder, server_log)
 
     conn = connect(crashdb)
     try:
-        wait_until(lambda: q1(conn, "SELECT finished_at IS NOT NULL FROM tuvl.runs WHERE id = %s",
-                              (run_id,)), 40, interval=0.1,
-                   message="the run to finish after the crash",
-                   ignore=(psycopg2.OperationalError,))
+        wait_run_finished(conn, run_id)
         status, end, response, attempt, step_state = q(
             conn, "SELECT status, end_name, response, attempt, step_state FROM tuvl.runs "
                   "WHERE id = %s", (run_id,))[0]

@@ -24,7 +24,6 @@ run gets version 2.
 import collections
 import json
 import os
-import signal
 import threading
 import time
 import urllib.request
@@ -34,7 +33,7 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
-from conftest import connect, journal_violations, q, q1, wait_for_server, wait_until
+from conftest import connect, journal_violations, kill_worker, q, q1, wait_run_finished, wait_until
 from llmutil import script, sent
 
 LLM_URL = os.environ.get("TUVL_LLM_URL")
@@ -778,19 +777,13 @@ def kill_holder(conn_db, run_id, server_log):
                   (holder,)) == "tuvl worker"
     finally:
         conn.close()
-    mark = server_log.mark()
-    os.kill(holder, signal.SIGKILL)
-    server_log.wait_for(mark, r"all server processes terminated; reinitializing", 30)
-    wait_for_server()
+    kill_worker(holder, server_log)
 
 
 def wait_finished(db, run_id):
     conn = connect(db)
     try:
-        wait_until(lambda: q1(conn, "SELECT finished_at IS NOT NULL FROM tuvl.runs WHERE id = %s",
-                              (run_id,)), 40, interval=0.1,
-                   message="the run to finish after the crash",
-                   ignore=(psycopg2.OperationalError,))
+        wait_run_finished(conn, run_id)
         res = outcome(conn, run_id)
         res["attempt"] = q1(conn, "SELECT attempt FROM tuvl.runs WHERE id = %s", (run_id,))
         res["queued"] = queued_payload(conn, run_id)

@@ -28,9 +28,7 @@ worker while a compensator runs (compensation resumes, no finished
 compensator runs twice).
 """
 import json
-import os
 import re
-import signal
 import time
 import uuid
 
@@ -38,7 +36,8 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
-from conftest import connect, journal_violations, q, q1, wait_for_server, wait_until
+from conftest import (connect, journal_violations, kill_worker, q, q1, wait_for_server,
+                      wait_run_finished, wait_until)
 
 SCHEMA = """
 CREATE SCHEMA cp;
@@ -618,15 +617,10 @@ def test_kill_9_during_compensation_resumes_and_runs_no_finished_compensator_twi
             "tuvl worker"
     finally:
         conn.close()
-    mark = server_log.mark()
-    os.kill(holder, signal.SIGKILL)
-    server_log.wait_for(mark, r"all server processes terminated; reinitializing", 30)
-    wait_for_server()
+    kill_worker(holder, server_log)
     conn = connect(cdb)
     try:
-        wait_until(lambda: q1(conn, "SELECT finished_at IS NOT NULL FROM tuvl.runs WHERE id = %s",
-                              (run_id,)), 40, interval=0.1,
-                   message="the run to finish after the crash", ignore=(psycopg2.OperationalError,))
+        wait_run_finished(conn, run_id)
         res = outcome(conn, run_id)
         assert res["status"] == "compensated", res
         assert q1(conn, "SELECT attempt FROM tuvl.runs WHERE id = %s", (run_id,)) > attempt

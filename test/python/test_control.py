@@ -17,7 +17,6 @@ tuvl_operator, ctl_bob is neither.
 """
 import json
 import os
-import signal
 import time
 import urllib.request
 import uuid
@@ -26,7 +25,7 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
-from conftest import (connect, journal_violations, listen_notifies, q, q1, report, wait_for_server,
+from conftest import (connect, journal_violations, kill_worker, listen_notifies, q, q1, report,
                       wait_until, worker_pids)
 from llmutil import llm_server as _server, sent
 
@@ -763,10 +762,7 @@ def test_a_worker_crash_leaves_waiting_runs_waiting(ctldb, server_log):
         victim = worker_pids(ctldb)[0]
     finally:
         conn.close()
-    mark = server_log.mark()
-    os.kill(victim, signal.SIGKILL)
-    server_log.wait_for(mark, r"all server processes terminated; reinitializing", 30)
-    wait_for_server()
+    kill_worker(victim, server_log)
     conn = connect(ctldb)
     try:
         want = int(q1(conn, "SHOW tuvl.workers_per_database"))

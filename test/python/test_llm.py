@@ -16,7 +16,6 @@ tuvl.run(); and kill -9 of a worker while a call is in flight.
 """
 import json
 import os
-import signal
 import socket
 import time
 import urllib.request
@@ -26,7 +25,8 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
-from conftest import SERVER_LOG, connect, journal_violations, q, q1, wait_for_server, wait_until
+from conftest import (SERVER_LOG, connect, journal_violations, kill_worker, q, q1,
+                      wait_run_finished, wait_until)
 from llmutil import script, sent
 
 LLM_URL = os.environ.get("TUVL_LLM_URL")
@@ -921,16 +921,10 @@ def test_kill_9_while_a_call_is_in_flight_resends_it_once(db, provider, server_l
                   (holder,)) == "tuvl worker"
     finally:
         conn.close()
-    mark = server_log.mark()
-    os.kill(holder, signal.SIGKILL)
-    server_log.wait_for(mark, r"all server processes terminated; reinitializing", 30)
-    wait_for_server()
+    kill_worker(holder, server_log)
     conn = connect(db)
     try:
-        wait_until(lambda: q1(conn, "SELECT finished_at IS NOT NULL FROM tuvl.runs WHERE id = %s",
-                              (run_id,)), 40, interval=0.1,
-                   message="the run to finish after the crash",
-                   ignore=(psycopg2.OperationalError,))
+        wait_run_finished(conn, run_id)
         status, end, response, attempt = q(
             conn, "SELECT status, end_name, response, attempt FROM tuvl.runs WHERE id = %s",
             (run_id,))[0]
@@ -961,16 +955,10 @@ def test_kill_9_during_the_backoff_before_a_retry_loses_no_attempt(db, server_lo
         assert holder and len(sent(name)) == 1
     finally:
         conn.close()
-    mark = server_log.mark()
-    os.kill(holder, signal.SIGKILL)
-    server_log.wait_for(mark, r"all server processes terminated; reinitializing", 30)
-    wait_for_server()
+    kill_worker(holder, server_log)
     conn = connect(db)
     try:
-        wait_until(lambda: q1(conn, "SELECT finished_at IS NOT NULL FROM tuvl.runs WHERE id = %s",
-                              (run_id,)), 40, interval=0.1,
-                   message="the run to finish after the crash",
-                   ignore=(psycopg2.OperationalError,))
+        wait_run_finished(conn, run_id)
         assert q1(conn, "SELECT response FROM tuvl.runs WHERE id = %s", (run_id,)) == "retried"
         assert [r["status"] for r in sent(name)] == [500, 200]
         assert [t["status"] for t in turns_of(conn, run_id)] == [500, 200]
