@@ -21,6 +21,7 @@ OBJS = \
 	src/replay.o \
 	src/lease.o \
 	src/runtime.o \
+	src/security.o \
 	src/spiutil.o \
 	src/step_agent.o \
 	src/step_http.o \

@@ -1,6 +1,14 @@
 -- Steps execute as the run's principal, never as the worker's superuser.
 CREATE ROLE tuvl_alice LOGIN;
 CREATE ROLE tuvl_bob LOGIN;
+CREATE ROLE tuvl_nobody LOGIN;
+-- A role needs tuvl_user to use tuvl at all.
+SET ROLE tuvl_nobody;
+SELECT tuvl.start_run('alice_flow');
+SELECT count(*) FROM tuvl.runs;
+SELECT tuvl.version() = extversion AS version_for_everyone FROM pg_extension WHERE extname = 'tuvl';
+RESET ROLE;
+GRANT tuvl_user TO tuvl_alice, tuvl_bob;
 CREATE SCHEMA perm;
 GRANT USAGE ON SCHEMA perm TO tuvl_alice, tuvl_bob;
 CREATE TABLE perm.secret (v text);
@@ -33,7 +41,7 @@ SELECT context->'who_result'->>'current_user' AS step_user, context->'written' A
 FROM tuvl.runs WHERE workflow = 'alice_flow';
 SELECT * FROM perm.open;
 
--- Only the owner of a workflow (or a member of its role) registers new versions.
+-- Only the owner of a workflow registers new versions; no other role, superusers included.
 SET ROLE tuvl_bob;
 SELECT tuvl.register_workflow($$
 name: alice_flow
@@ -57,3 +65,31 @@ RESET ROLE;
 DELETE FROM tuvl.runs WHERE workflow IN ('alice_flow');
 DELETE FROM perm.open;
 REVOKE tuvl_operator FROM tuvl_bob;
+SELECT tuvl.register_workflow($$
+name: alice_flow
+steps:
+  - { id: who, kind: Functional, function: perm.whoami }
+$$);
+-- Alice may not push her name onto a role she cannot act as.
+SET ROLE tuvl_alice;
+SELECT tuvl.transfer('workflow', 'alice_flow', 'postgres');
+RESET ROLE;
+-- A superuser (or a member of tuvl_admin) hands it over; then it may add a version.
+SELECT tuvl.transfer('workflow', 'alice_flow', 'postgres');
+SELECT tuvl.register_workflow($$
+name: alice_flow
+steps:
+  - { id: who, kind: Functional, function: perm.whoami }
+$$);
+SELECT DISTINCT owner FROM tuvl.workflows WHERE name = 'alice_flow';
+-- A role that owns tuvl objects cannot be dropped.
+SET ROLE tuvl_bob;
+SELECT tuvl.register_workflow($$
+name: bob_flow
+steps:
+  - { id: who, kind: Functional, function: perm.whoami }
+$$);
+RESET ROLE;
+DROP ROLE tuvl_bob;
+SELECT tuvl.transfer('workflow', 'bob_flow', 'postgres');
+DROP ROLE tuvl_nobody;

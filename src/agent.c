@@ -64,6 +64,7 @@
 #include "jsonutil.h"
 #include "llm.h"
 #include "mcp.h"
+#include "security.h"
 #include "spiutil.h"
 #include "template.h"
 #include "tuvl.h"
@@ -480,14 +481,13 @@ read_control(AgentLoop *l)
 {
 	static const Oid types[1] = {INT8OID};
 	Datum		values[1];
-	Oid			save_user;
-	int			save_sec;
+	SecurityFrame frame;
 	Jsonb	   *control = NULL;
 
 	values[0] = Int64GetDatum(l->run->id);
-	GetUserIdAndSecContext(&save_user, &save_sec);
-	SetUserIdAndSecContext(l->run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
-	if (SpiExec("SELECT control FROM tuvl.runs WHERE id = $1 AND control IS NOT NULL",
+	SecurityAsOwner(&frame);
+	if (SpiExec("SELECT control FROM tuvl.runs "
+				"WHERE id OPERATOR(pg_catalog.=) $1 AND control IS NOT NULL",
 				1, types, values, NULL, SPI_OK_SELECT) == 1)
 	{
 		bool		isnull;
@@ -496,7 +496,7 @@ read_control(AgentLoop *l)
 		if (!isnull)
 			control = DatumGetJsonbPCopy(d);
 	}
-	SetUserIdAndSecContext(save_user, save_sec);
+	SecurityRestore(&frame);
 	return control;
 }
 
@@ -735,7 +735,7 @@ model_turn(AgentLoop *l, LlmReply *reply)
 
 		if (l->cursor >= EffectCount(run))
 		{
-			EffectRequest *req = LlmBuildRequest(l->cfg, messages_jsonb(l), l->specs, -1);
+			EffectRequest *req = LlmBuildRequest(l->run, l->cfg, messages_jsonb(l), l->specs, -1);
 
 			req->delay_ms = delay_ms;
 			l->result->pending = true;

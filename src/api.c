@@ -5,9 +5,8 @@
  *
  * Each function checks its arguments and delegates.  They run as the
  * calling role, which becomes a run's principal; writes to tuvl's own
- * tables run as the extension's owner (the tables are not writable by
- * other roles), switched with SetUserIdAndSecContext and restored by
- * transaction abort if anything fails.
+ * tables run as the extension's owner in an owner frame (security.c),
+ * which transaction abort undoes if anything fails.
  *
  *-------------------------------------------------------------------------
  */
@@ -37,6 +36,7 @@
 #include "jsonutil.h"
 #include "launcher.h"
 #include "runtime.h"
+#include "security.h"
 #include "spiutil.h"
 #include "template.h"
 #include "tuvl.h"
@@ -54,6 +54,7 @@ PG_FUNCTION_INFO_V1(tuvl_render);
 PG_FUNCTION_INFO_V1(tuvl_extension_created);
 PG_FUNCTION_INFO_V1(tuvl_lease_holder_alive);
 PG_FUNCTION_INFO_V1(tuvl_worker_status);
+PG_FUNCTION_INFO_V1(tuvl_transfer);
 
 /* Runs created by the current transaction: waiting for them would hang. */
 static List *runs_created_here = NIL;
@@ -64,22 +65,6 @@ Datum
 tuvl_version(PG_FUNCTION_ARGS)
 {
 	PG_RETURN_TEXT_P(cstring_to_text(TUVL_VERSION));
-}
-
-/* Switch to the extension owner for internal writes. */
-static void
-as_owner(Oid *save_user, int *save_sec)
-{
-	Oid			owner = TuvlOwnerId();
-
-	GetUserIdAndSecContext(save_user, save_sec);
-	SetUserIdAndSecContext(owner, *save_sec | SECURITY_LOCAL_USERID_CHANGE);
-}
-
-static void
-restore_user(Oid save_user, int save_sec)
-{
-	SetUserIdAndSecContext(save_user, save_sec);
 }
 
 /*
@@ -102,10 +87,11 @@ sync_schedule(const char *name, Jsonb *def)
 	MemoryContext oldcxt = CurrentMemoryContext;
 	ResourceOwner oldowner = CurrentResourceOwner;
 
-	SpiExec("SELECT EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = n.oid "
-			"                AND p.proname = 'schedule'), "
-			"  has_schema_privilege(n.oid, 'USAGE') "
-			"FROM pg_namespace n WHERE n.nspname = 'cron'",
+	SpiExec("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p "
+			"               WHERE p.pronamespace OPERATOR(pg_catalog.=) n.oid "
+			"                 AND p.proname OPERATOR(pg_catalog.=) 'schedule'), "
+			"  pg_catalog.has_schema_privilege(n.oid, 'USAGE') "
+			"FROM pg_catalog.pg_namespace n WHERE n.nspname OPERATOR(pg_catalog.=) 'cron'",
 			0, NULL, NULL, NULL, SPI_OK_SELECT);
 	has_cron = SPI_processed == 1 &&
 		strcmp(SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1), "t") == 0;
@@ -136,13 +122,15 @@ sync_schedule(const char *name, Jsonb *def)
 		{
 			values[1] = CStringGetTextDatum(schedule);
 			values[2] = CStringGetTextDatum(command);
-			SpiExec("SELECT cron.schedule($1, $2, $3)", 3, types, values, NULL, SPI_OK_SELECT);
+			SpiExec("SELECT cron.schedule($1::pg_catalog.text, $2::pg_catalog.text, $3::pg_catalog.text)",
+					3, types, values, NULL, SPI_OK_SELECT);
 			ereport(NOTICE,
 					(errmsg("workflow \"%s\" is scheduled as pg_cron job \"%s\" (%s)", name, job, schedule)));
 		}
 		else
 			SpiExec("SELECT cron.unschedule(jobid) FROM cron.job "
-					"WHERE jobname = $1 AND username = current_user",
+					"WHERE jobname OPERATOR(pg_catalog.=) $1 "
+					"  AND username OPERATOR(pg_catalog.=) CURRENT_USER::pg_catalog.text",
 					1, types, values, NULL, SPI_OK_SELECT);
 		ReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(oldcxt);
@@ -180,8 +168,7 @@ tuvl_register_workflow(PG_FUNCTION_ARGS)
 	char	   *name = JsonGetString(def, "name");
 	ListCell   *lc;
 	int			version;
-	Oid			save_user;
-	int			save_sec;
+	SecurityFrame frame;
 
 	if (FindingsHaveErrors(findings))
 		ereport(ERROR,
@@ -205,25 +192,30 @@ tuvl_register_workflow(PG_FUNCTION_ARGS)
 		Datum		values[1];
 
 		values[0] = CStringGetTextDatum(name);
-		SpiExec("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('tuvl.workflow.' || $1, 0))",
+		SecurityAsOwner(&frame);
+		SpiExec("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended("
+				"'tuvl.workflow.' OPERATOR(pg_catalog.||) $1, 0))",
 				1, types, values, NULL, SPI_OK_SELECT);
-		CheckObjectOwner("SELECT owner FROM tuvl.workflows WHERE name = $1 AND version = 1",
-						 name, "workflow", "register a new version of");
+		SecurityRestore(&frame);
+		SecurityCheckNameOwner("workflow", name,
+							   SpiNameOwner("SELECT owner FROM tuvl.workflows "
+											"WHERE name OPERATOR(pg_catalog.=) $1 "
+											"  AND version OPERATOR(pg_catalog.=) 1", name));
 	}
 	version = WorkflowLatestVersion(name, true) + 1;
 	{
-		static const Oid types[5] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, NAMEOID};
+		static const Oid types[5] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, REGROLEOID};
 		Datum		values[5];
 
 		values[0] = CStringGetTextDatum(name);
 		values[1] = Int32GetDatum(version);
 		values[2] = CStringGetTextDatum(source);
 		values[3] = JsonbPGetDatum(def);
-		values[4] = DirectFunctionCall1(namein, CStringGetDatum(GetUserNameFromId(GetUserId(), false)));
-		as_owner(&save_user, &save_sec);
+		values[4] = ObjectIdGetDatum(GetUserId());
+		SecurityAsOwner(&frame);
 		SpiExec("INSERT INTO tuvl.workflows (name, version, source, definition, owner) "
 				"VALUES ($1, $2, $3, $4, $5)", 5, types, values, NULL, SPI_OK_INSERT);
-		restore_user(save_user, save_sec);
+		SecurityRestore(&frame);
 	}
 	sync_schedule(name, def);
 	SPI_finish();
@@ -343,17 +335,16 @@ run_created_here(int64 id)
 int64
 ApiCreateRun(const char *workflow, Jsonb *input, bool running, int *version_out)
 {
-	static const Oid types[10] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, NAMEOID,
-	INT4OID, INT4OID, INT8OID, INTERVALOID, JSONBOID};
+	static const Oid types[11] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, NAMEOID,
+	INT4OID, INT4OID, INT8OID, INTERVALOID, JSONBOID, REGROLEOID};
 	int			version = WorkflowLatestVersion(workflow, false);
 	WorkflowDef *wf = WorkflowLoad(workflow, version);
 	char	   *principal = GetUserNameFromId(GetUserId(), false);
-	Datum		values[10];
-	char		nulls[10] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Datum		values[11];
+	char		nulls[11] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	Jsonb	   *pins = ArtifactPinFloating(wf->definition);
 	Interval   *lease = palloc0(sizeof(Interval));
-	Oid			save_user;
-	int			save_sec;
+	SecurityFrame frame;
 	bool		isnull;
 	int64		id;
 	JsonObjBuilder b;
@@ -383,13 +374,15 @@ ApiCreateRun(const char *workflow, Jsonb *input, bool running, int *version_out)
 		values[9] = JsonbPGetDatum(pins);
 	else
 		nulls[9] = 'n';
-	as_owner(&save_user, &save_sec);
+	values[10] = ObjectIdGetDatum(GetUserId());
+	SecurityAsOwner(&frame);
 	SpiExec("INSERT INTO tuvl.runs (workflow, workflow_version, status, input, context, "
 			"  principal, attempt, lease_owner, lease_epoch, lease_expires_at, started_at, last_seq, "
-			"  artifacts) "
-			"VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8, now() + $9, "
-			"  CASE WHEN $6 > 0 THEN now() END, 1, $10) RETURNING id",
-			10, types, values, nulls, SPI_OK_INSERT_RETURNING);
+			"  artifacts, principal_id) "
+			"VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8, pg_catalog.now() OPERATOR(pg_catalog.+) $9, "
+			"  CASE WHEN $6 OPERATOR(pg_catalog.>) 0 THEN pg_catalog.now() END, 1, $10, $11) "
+			"RETURNING id",
+			11, types, values, nulls, SPI_OK_INSERT_RETURNING);
 	id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 
 	JsonObjStart(&b);
@@ -405,7 +398,7 @@ ApiCreateRun(const char *workflow, Jsonb *input, bool running, int *version_out)
 		JournalAdd(&events, "run_queued", NULL, NULL, JsonObjEnd(&b));
 		(void) JournalWrite(id, 0, events);
 	}
-	restore_user(save_user, save_sec);
+	SecurityRestore(&frame);
 
 	remember_created_run(id);
 	if (version_out)
@@ -449,7 +442,8 @@ tuvl_start_run(PG_FUNCTION_ARGS)
 
 static const char handover_sql[] =
 "UPDATE tuvl.runs SET status = 'queued', lease_owner = NULL, lease_epoch = NULL, "
-"  lease_expires_at = NULL WHERE id = $1 AND attempt = $2";
+"  lease_expires_at = NULL "
+"WHERE id OPERATOR(pg_catalog.=) $1 AND attempt OPERATOR(pg_catalog.=) $2";
 
 /*
  * run(workflow, input, sync_timeout): execute in this backend, one
@@ -479,6 +473,7 @@ tuvl_run(PG_FUNCTION_ARGS)
 				 errmsg("workflow name must not be null")));
 	workflow = text_to_cstring(PG_GETARG_TEXT_PP(0));
 	input = PG_ARGISNULL(1) ? JsonEmptyObject() : PG_GETARG_JSONB_P(1);
+	TuvlRefuseWhileReplaying("tuvl.run()");
 
 	SPI_connect();
 	id = ApiCreateRun(workflow, input, true, &version);
@@ -497,9 +492,8 @@ tuvl_run(PG_FUNCTION_ARGS)
 		timeout_ms = tuvl_sync_timeout;
 	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
 
-	run = RunStateCreate(CurrentMemoryContext, id, 1, workflow, version,
+	run = RunStateCreate(CurrentMemoryContext, id, 1, workflow, version, GetUserId(),
 						 GetUserNameFromId(GetUserId(), false), input, NULL, 1, NULL);
-	run->owner = TuvlOwnerId();
 
 	for (;;)
 	{
@@ -520,14 +514,13 @@ tuvl_run(PG_FUNCTION_ARGS)
 		{
 			static const Oid types[2] = {INT8OID, INT4OID};
 			Datum		values[2];
-			Oid			save_user;
-			int			save_sec;
+			SecurityFrame frame;
 
 			values[0] = Int64GetDatum(id);
 			values[1] = Int32GetDatum(run->attempt);
-			as_owner(&save_user, &save_sec);
+			SecurityAsOwner(&frame);
 			SpiExec(handover_sql, 2, types, values, NULL, SPI_OK_UPDATE);
-			restore_user(save_user, save_sec);
+			SecurityRestore(&frame);
 			status = "queued";
 			TuvlWakeWorkersAtCommit();
 			if (!TuvlPreloaded())
@@ -546,7 +539,7 @@ tuvl_run(PG_FUNCTION_ARGS)
 		Datum		d;
 
 		values[0] = Int64GetDatum(id);
-		SpiExec("SELECT end_name, response, error FROM tuvl.runs WHERE id = $1",
+		SpiExec("SELECT end_name, response, error FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1",
 				1, types, values, NULL, SPI_OK_SELECT);
 		if (SPI_processed == 1)
 		{
@@ -595,7 +588,9 @@ fetch_status(int64 id)
 
 	values[0] = Int64GetDatum(id);
 	SPI_connect();
-	SpiExec("SELECT status FROM tuvl.runs WHERE id = $1", 1, types, values, NULL, SPI_OK_SELECT);
+	/* as the caller: row security decides what it may see */
+	SpiExec("SELECT status FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1",
+			1, types, values, NULL, SPI_OK_SELECT);
 	if (SPI_processed != 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
@@ -737,4 +732,21 @@ tuvl_worker_status(PG_FUNCTION_ARGS)
 	}
 	LWLockRelease(TuvlShmem->lock);
 	return (Datum) 0;
+}
+
+/*
+ * transfer(kind, name, new_owner): hand a name to another role.
+ */
+Datum
+tuvl_transfer(PG_FUNCTION_ARGS)
+{
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("kind, name and new_owner must not be null")));
+	SPI_connect();
+	SecurityTransferName(text_to_cstring(PG_GETARG_TEXT_PP(0)),
+						 text_to_cstring(PG_GETARG_TEXT_PP(1)), PG_GETARG_OID(2));
+	SPI_finish();
+	PG_RETURN_VOID();
 }

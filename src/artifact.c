@@ -30,6 +30,7 @@
 
 #include "artifact.h"
 #include "jsonutil.h"
+#include "security.h"
 #include "spiutil.h"
 #include "tuvl.h"
 #include "yamlparse.h"
@@ -134,19 +135,19 @@ ArtifactLookup(const char *name, int version, char **type, char **body, int *ver
 	static const Oid types[2] = {TEXTOID, INT4OID};
 	Datum		values[2];
 	MemoryContext cxt = CurrentMemoryContext;
-	Oid			save_user;
-	int			save_sec;
+	SecurityFrame frame;
 	bool		found = false;
 
 	values[0] = CStringGetTextDatum(name);
 	values[1] = Int32GetDatum(version);
 	SPI_connect();
-	GetUserIdAndSecContext(&save_user, &save_sec);
-	SetUserIdAndSecContext(TuvlOwnerId(), save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	SecurityAsOwner(&frame);
 	if (SpiExec("SELECT a.type, a.body, a.version, "
-				"  (SELECT max(version) FROM tuvl.artifacts WHERE name = $1) "
-				"FROM tuvl.artifacts a WHERE a.name = $1 "
-				"  AND ($2 = 0 OR a.version = $2) ORDER BY a.version DESC LIMIT 1",
+				"  (SELECT pg_catalog.max(x.version) FROM tuvl.artifacts x "
+				"   WHERE x.name OPERATOR(pg_catalog.=) $1) "
+				"FROM tuvl.artifacts a WHERE a.name OPERATOR(pg_catalog.=) $1 "
+				"  AND ($2 OPERATOR(pg_catalog.=) 0 OR a.version OPERATOR(pg_catalog.=) $2) "
+				"ORDER BY a.version DESC LIMIT 1",
 				2, types, values, NULL, SPI_OK_SELECT) == 1)
 	{
 		HeapTuple	tup = SPI_tuptable->vals[0];
@@ -170,7 +171,8 @@ ArtifactLookup(const char *name, int version, char **type, char **body, int *ver
 	else if (latest)
 	{
 		/* the name may exist without that version */
-		if (SpiExec("SELECT max(version) FROM tuvl.artifacts WHERE name = $1", 1, types, values,
+		if (SpiExec("SELECT pg_catalog.max(version) FROM tuvl.artifacts "
+					"WHERE name OPERATOR(pg_catalog.=) $1", 1, types, values,
 					NULL, SPI_OK_SELECT) == 1)
 		{
 			bool		isnull;
@@ -179,7 +181,7 @@ ArtifactLookup(const char *name, int version, char **type, char **body, int *ver
 			*latest = isnull ? 0 : DatumGetInt32(d);
 		}
 	}
-	SetUserIdAndSecContext(save_user, save_sec);
+	SecurityRestore(&frame);
 	SPI_finish();
 	return found;
 }
@@ -291,18 +293,16 @@ run_artifacts(RunState *run)
 {
 	static const Oid types[1] = {INT8OID};
 	Datum		values[1];
-	Oid			save_user;
-	int			save_sec;
+	SecurityFrame frame;
 	Jsonb	   *pins = NULL;
 
 	if (run->artifacts)
 		return run->artifacts;
 	values[0] = Int64GetDatum(run->id);
 	SPI_connect();
-	GetUserIdAndSecContext(&save_user, &save_sec);
-	SetUserIdAndSecContext(TuvlOwnerId(), save_sec | SECURITY_LOCAL_USERID_CHANGE);
-	if (SpiExec("SELECT artifacts FROM tuvl.runs WHERE id = $1", 1, types, values, NULL,
-				SPI_OK_SELECT) == 1)
+	SecurityAsOwner(&frame);
+	if (SpiExec("SELECT artifacts FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1", 1, types,
+				values, NULL, SPI_OK_SELECT) == 1)
 	{
 		bool		isnull;
 		Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
@@ -315,7 +315,7 @@ run_artifacts(RunState *run)
 			MemoryContextSwitchTo(old);
 		}
 	}
-	SetUserIdAndSecContext(save_user, save_sec);
+	SecurityRestore(&frame);
 	SPI_finish();
 	if (pins == NULL)
 		pins = JsonEmptyObject();
@@ -386,8 +386,7 @@ tuvl_register_artifact(PG_FUNCTION_ARGS)
 	char	   *old_type = NULL;
 	int			latest = 0;
 	int			version;
-	Oid			save_user;
-	int			save_sec;
+	SecurityFrame frame;
 
 	if (!JsonIsObject(def))
 		ereport(ERROR,
@@ -441,10 +440,15 @@ tuvl_register_artifact(PG_FUNCTION_ARGS)
 		Datum		values[1];
 
 		values[0] = CStringGetTextDatum(name);
-		SpiExec("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('tuvl.artifact.' || $1, 0))",
+		SecurityAsOwner(&frame);
+		SpiExec("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended("
+				"'tuvl.artifact.' OPERATOR(pg_catalog.||) $1, 0))",
 				1, types, values, NULL, SPI_OK_SELECT);
-		CheckObjectOwner("SELECT owner FROM tuvl.artifacts WHERE name = $1 AND version = 1",
-						 name, "artifact", "register a new version of");
+		SecurityRestore(&frame);
+		SecurityCheckNameOwner("artifact", name,
+							   SpiNameOwner("SELECT owner FROM tuvl.artifacts "
+											"WHERE name OPERATOR(pg_catalog.=) $1 "
+											"  AND version OPERATOR(pg_catalog.=) 1", name));
 	}
 	SPI_finish();
 	if (ArtifactLookup(name, 0, &old_type, NULL, &latest, NULL) && strcmp(old_type, type) != 0)
@@ -456,7 +460,7 @@ tuvl_register_artifact(PG_FUNCTION_ARGS)
 	version = latest + 1;
 	SPI_connect();
 	{
-		static const Oid types[7] = {TEXTOID, INT4OID, TEXTOID, TEXTOID, JSONBOID, TEXTOID, NAMEOID};
+		static const Oid types[7] = {TEXTOID, INT4OID, TEXTOID, TEXTOID, JSONBOID, TEXTOID, REGROLEOID};
 		Datum		values[7];
 		char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
 
@@ -471,12 +475,11 @@ tuvl_register_artifact(PG_FUNCTION_ARGS)
 			nulls[3] = 'n';
 		values[4] = JsonbPGetDatum(def);
 		values[5] = CStringGetTextDatum(source);
-		values[6] = DirectFunctionCall1(namein, CStringGetDatum(GetUserNameFromId(GetUserId(), false)));
-		GetUserIdAndSecContext(&save_user, &save_sec);
-		SetUserIdAndSecContext(TuvlOwnerId(), save_sec | SECURITY_LOCAL_USERID_CHANGE);
+		values[6] = ObjectIdGetDatum(GetUserId());
+		SecurityAsOwner(&frame);
 		SpiExec("INSERT INTO tuvl.artifacts (name, version, type, body, definition, source, owner) "
 				"VALUES ($1, $2, $3, $4, $5, $6, $7)", 7, types, values, nulls, SPI_OK_INSERT);
-		SetUserIdAndSecContext(save_user, save_sec);
+		SecurityRestore(&frame);
 	}
 	SPI_finish();
 	PG_RETURN_INT32(version);

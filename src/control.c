@@ -19,8 +19,8 @@
  * run; the step finds the answer there when it is executed again.
  *
  * Control is a privilege: the run's principal, members of tuvl_operator
- * and superusers may control a run; every action is journaled with the
- * role that took it.
+ * and superusers may control a run, and to anyone else it does not exist;
+ * every action is journaled with the role that took it.
  *
  *-------------------------------------------------------------------------
  */
@@ -44,6 +44,7 @@
 #include "jsonutil.h"
 #include "control.h"
 #include "runtime.h"
+#include "security.h"
 #include "spiutil.h"
 #include "tuvl.h"
 #include "workflow.h"
@@ -71,25 +72,27 @@ typedef struct LockedRun
 	char	   *by;				/* the role acting */
 } LockedRun;
 
-static Oid	save_user;
-static int	save_sec;
-
-static void
-as_owner(void)
+/*
+ * Run one internal statement as the extension owner (see SpiExec).
+ */
+static uint64
+exec_as_owner(const char *sql, int nargs, const Oid *types, Datum *values,
+			  const char *nulls, int expected)
 {
-	GetUserIdAndSecContext(&save_user, &save_sec);
-	SetUserIdAndSecContext(TuvlOwnerId(), save_sec | SECURITY_LOCAL_USERID_CHANGE);
-}
+	SecurityFrame frame;
+	uint64		n;
 
-static void
-as_caller(void)
-{
-	SetUserIdAndSecContext(save_user, save_sec);
+	SecurityAsOwner(&frame);
+	n = SpiExec(sql, nargs, types, values, nulls, expected);
+	SecurityRestore(&frame);
+	return n;
 }
 
 /*
- * Lock run id and check that the caller may control it.  SPI must be
- * connected; runs as the caller.
+ * Lock run id and check that the caller may control it: its principal,
+ * members of tuvl_operator and superusers.  A run the caller may not
+ * control is reported as not existing, like one it cannot see, so
+ * nothing about other roles' runs leaks.  SPI must be connected.
  */
 static void
 lock_run(int64 id, LockedRun *r, const char *action)
@@ -102,21 +105,23 @@ lock_run(int64 id, LockedRun *r, const char *action)
 	Datum		d;
 	Oid			me = GetUserId();
 	Oid			principal;
-	Oid			operator_role;
 
 	memset(r, 0, sizeof(LockedRun));
 	r->id = id;
 	r->by = GetUserNameFromId(me, false);
 	values[0] = Int64GetDatum(id);
-	as_owner();
-	SpiExec("SELECT status, principal, last_seq, current_step, step_state, control, "
-			"  workflow, workflow_version, compensation FROM tuvl.runs WHERE id = $1 FOR UPDATE",
-			1, types, values, NULL, SPI_OK_SELECT);
-	as_caller();
-	if (SPI_processed != 1)
+	exec_as_owner("SELECT status, principal, last_seq, current_step, step_state, control, "
+				  "  workflow, workflow_version, compensation, principal_id "
+				  "FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1 FOR UPDATE",
+				  1, types, values, NULL, SPI_OK_SELECT);
+	principal = SPI_processed == 1
+		? DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 10, &isnull))
+		: InvalidOid;
+	if (SPI_processed != 1 || (me != principal && !SecurityIsOperator(me)))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
-				 errmsg("run " INT64_FORMAT " does not exist", id)));
+				 errmsg("run " INT64_FORMAT " does not exist", id),
+				 errhint("Runs are visible to the role that started them and to members of tuvl_operator.")));
 	tup = SPI_tuptable->vals[0];
 	td = SPI_tuptable->tupdesc;
 	r->status = SPI_getvalue(tup, td, 1);
@@ -131,16 +136,6 @@ lock_run(int64 id, LockedRun *r, const char *action)
 	r->version = DatumGetInt32(SPI_getbinval(tup, td, 8, &isnull));
 	d = SPI_getbinval(tup, td, 9, &isnull);
 	r->compensation = isnull ? NULL : DatumGetJsonbPCopy(d);
-
-	principal = get_role_oid(r->principal, true);
-	operator_role = get_role_oid("tuvl_operator", true);
-	if (!superuser() && me != principal &&
-		!(OidIsValid(operator_role) && has_privs_of_role(me, operator_role)))
-		ereport(ERROR,
-				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-				 errmsg("permission denied to %s run " INT64_FORMAT, action, id),
-				 errdetail("The run was started by role \"%s\".", r->principal),
-				 errhint("Only the role that started a run, members of tuvl_operator and superusers may control it.")));
 }
 
 static void
@@ -167,6 +162,7 @@ update_idle_run(LockedRun *r, const char *status, Jsonb *control, Jsonb *step_st
 	Datum		values[6];
 	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
 	int			n = JournalCount(events);
+	SecurityFrame frame;
 
 	values[0] = Int64GetDatum(r->id);
 	values[1] = CStringGetTextDatum(status);
@@ -183,15 +179,16 @@ update_idle_run(LockedRun *r, const char *status, Jsonb *control, Jsonb *step_st
 	else
 		nulls[4] = 'n';
 	values[5] = Int32GetDatum(r->last_seq + n);
-	as_owner();
+	SecurityAsOwner(&frame);
 	SpiExec("UPDATE tuvl.runs SET status = $2, control = $3, "
-			"  step_state = CASE WHEN $4::jsonb IS NULL THEN step_state ELSE $4 END, "
-			"  error = coalesce($5, error), last_seq = $6, "
-			"  finished_at = CASE WHEN $2 IN ('completed', 'failed', 'aborted', 'compensated') "
-			"                     THEN clock_timestamp() END "
-			"WHERE id = $1", 6, types, values, nulls, SPI_OK_UPDATE);
+			"  step_state = CASE WHEN $4::pg_catalog.jsonb IS NULL THEN step_state ELSE $4 END, "
+			"  error = COALESCE($5, error), last_seq = $6, "
+			"  finished_at = CASE WHEN $2 OPERATOR(pg_catalog.=) "
+			"                          ANY ('{completed,failed,aborted,compensated}'::pg_catalog.text[]) "
+			"                     THEN pg_catalog.clock_timestamp() END "
+			"WHERE id OPERATOR(pg_catalog.=) $1", 6, types, values, nulls, SPI_OK_UPDATE);
 	(void) JournalWrite(r->id, r->last_seq, events);
-	as_caller();
+	SecurityRestore(&frame);
 	TuvlRunChangedAtCommit();
 	if (strcmp(status, "queued") == 0)
 		TuvlWakeWorkersAtCommit();
@@ -206,10 +203,10 @@ add_directive(LockedRun *r, Jsonb *directive)
 
 	values[0] = Int64GetDatum(r->id);
 	values[1] = JsonbPGetDatum(directive);
-	as_owner();
-	SpiExec("UPDATE tuvl.runs SET control = coalesce(control, '{}') || $2 WHERE id = $1",
-			2, types, values, NULL, SPI_OK_UPDATE);
-	as_caller();
+	exec_as_owner("UPDATE tuvl.runs "
+				  "SET control = COALESCE(control, '{}'::pg_catalog.jsonb) OPERATOR(pg_catalog.||) $2 "
+				  "WHERE id OPERATOR(pg_catalog.=) $1",
+				  2, types, values, NULL, SPI_OK_UPDATE);
 }
 
 static Jsonb *
@@ -306,10 +303,11 @@ tuvl_resume_run(PG_FUNCTION_ARGS)
 		Datum		values[1];
 
 		values[0] = Int64GetDatum(r.id);
-		as_owner();
-		SpiExec("UPDATE tuvl.runs SET control = nullif(control - 'pause', '{}') WHERE id = $1",
-				1, types, values, NULL, SPI_OK_UPDATE);
-		as_caller();
+		exec_as_owner("UPDATE tuvl.runs "
+					  "SET control = NULLIF(control OPERATOR(pg_catalog.-) 'pause'::pg_catalog.text, "
+					  "                     '{}'::pg_catalog.jsonb) "
+					  "WHERE id OPERATOR(pg_catalog.=) $1",
+					  1, types, values, NULL, SPI_OK_UPDATE);
 		ereport(NOTICE,
 				(errmsg("run " INT64_FORMAT " had not paused yet; its pause request was withdrawn", r.id)));
 	}
@@ -579,16 +577,22 @@ ControlExpirePauses(void)
 	Datum		values[1];
 	uint64		n;
 	char	   *reason = psprintf("paused longer than tuvl.agent_pause_max (%d s)", tuvl_agent_pause_max);
+	SecurityFrame frame;
 
 	values[0] = Int32GetDatum(tuvl_agent_pause_max);
-	n = SpiExec("UPDATE tuvl.runs SET status = 'queued', last_seq = last_seq + 1, "
-				"  control = (control - 'paused_at' - 'pause_max' - 'pause') || "
-				"    jsonb_build_object('abort', jsonb_build_object('reason', "
-				"      format('paused longer than tuvl.agent_pause_max (%s s)', $1), "
-				"      'by', 'tuvl')) "
-				"WHERE status = 'paused' AND (control->>'pause_max')::boolean "
-				"  AND (control->>'paused_at')::timestamptz < now() - make_interval(secs => $1) "
-				"RETURNING id, last_seq - 1, current_step",
+	SecurityAsOwner(&frame);
+	n = SpiExec("UPDATE tuvl.runs SET status = 'queued', last_seq = last_seq OPERATOR(pg_catalog.+) 1, "
+				"  control = (control OPERATOR(pg_catalog.-) '{paused_at,pause_max,pause}'::pg_catalog.text[]) "
+				"    OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object('abort', "
+				"      pg_catalog.jsonb_build_object('reason', "
+				"        pg_catalog.format('paused longer than tuvl.agent_pause_max (%s s)', $1), "
+				"        'by', 'tuvl')) "
+				"WHERE status OPERATOR(pg_catalog.=) 'paused' "
+				"  AND (control OPERATOR(pg_catalog.->>) 'pause_max')::pg_catalog.bool "
+				"  AND (control OPERATOR(pg_catalog.->>) 'paused_at')::pg_catalog.timestamptz "
+				"      OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) "
+				"      pg_catalog.make_interval(secs => $1::pg_catalog.float8)) "
+				"RETURNING id, last_seq OPERATOR(pg_catalog.-) 1, current_step",
 				1, types, values, NULL, SPI_OK_UPDATE_RETURNING);
 	if (n > 0)
 	{
@@ -613,5 +617,6 @@ ControlExpirePauses(void)
 		}
 		TuvlRunChangedAtCommit();
 	}
+	SecurityRestore(&frame);
 	return (int) n;
 }

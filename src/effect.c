@@ -41,57 +41,81 @@
 
 #include "effect.h"
 #include "jsonutil.h"
+#include "security.h"
 #include "spiutil.h"
 #include "tuvl.h"
 
 #define REDACTED "[redacted]"
 
+static const char secret_sql[] =
+"SELECT s.value, EXISTS (SELECT 1 FROM tuvl.secret_grants g "
+"                        WHERE g.secret OPERATOR(pg_catalog.=) s.name "
+"                          AND pg_catalog.pg_has_role($2::pg_catalog.oid, g.grantee::pg_catalog.oid, 'USAGE')) "
+"FROM tuvl.secrets s WHERE s.name OPERATOR(pg_catalog.=) $1";
+
 /*
  * Template hook: read a secret as the extension owner and remember its
- * value.  Never puts the value in an error.
+ * value, if the run's principal holds a grant for it (superusers need
+ * none).  A replay never reads secrets: it sends nothing, so a stand-in
+ * does.  Never puts a value in an error; the error does not tell a
+ * missing secret from one that was not granted.
  */
 static const char *
 secret_hook(const char *name, void *arg)
 {
 	SecretUse  *use = arg;
-	static const Oid types[1] = {TEXTOID};
-	Datum		values[1];
-	Oid			save_user;
-	int			save_sec;
+	static const Oid types[2] = {TEXTOID, OIDOID};
+	Datum		values[2];
+	SecurityFrame frame;
 	char	   *value = NULL;
+	bool		granted = false;
 	bool		connected = false;
 
-	GetUserIdAndSecContext(&save_user, &save_sec);
-	if (SPI_connect() == SPI_OK_CONNECT)
-		connected = true;
-	SetUserIdAndSecContext(TuvlOwnerId(), save_sec | SECURITY_LOCAL_USERID_CHANGE);
-	values[0] = CStringGetTextDatum(name);
-	if (SpiExec("SELECT value FROM tuvl.secrets WHERE name = $1", 1, types, values,
-				NULL, SPI_OK_SELECT) == 1)
-	{
-		char	   *v = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
-
-		value = v ? SPI_palloc(strlen(v) + 1) : NULL;
-		if (value)
-			strcpy(value, v);
-	}
-	SetUserIdAndSecContext(save_user, save_sec);
-	if (connected)
-		SPI_finish();
-	/* a replay sends nothing: a secret this database lacks is not needed */
-	if (value == NULL && TuvlReplaying)
+	if (use->run && use->run->replay)
 		value = pstrdup("[replay]");
-	if (value)
-		use->values = lappend(use->values, value);
+	else
+	{
+		if (SPI_connect() == SPI_OK_CONNECT)
+			connected = true;
+		values[0] = CStringGetTextDatum(name);
+		values[1] = ObjectIdGetDatum(use->run ? use->run->principal : GetUserId());
+		SecurityAsOwner(&frame);
+		if (SpiExec(secret_sql, 2, types, values, NULL, SPI_OK_SELECT) == 1)
+		{
+			bool		isnull;
+			char	   *v = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+
+			granted = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2,
+												 &isnull)) ||
+				superuser_arg(DatumGetObjectId(values[1]));
+			value = v && granted ? SPI_palloc(strlen(v) + 1) : NULL;
+			if (value)
+				strcpy(value, v);
+		}
+		SecurityRestore(&frame);
+		if (connected)
+			SPI_finish();
+		if (value == NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+					 errmsg("secret \"%s\"%s%s is not available to role \"%s\"", name,
+							use->named_by ? " named by " : "", use->named_by ? use->named_by : "",
+							use->run ? use->run->principal_name : GetUserNameFromId(GetUserId(), false)),
+					 errdetail("It does not exist, or it has not been granted to the role that started the run."),
+					 errhint("A member of tuvl_admin stores it with tuvl.set_secret() and grants it with tuvl.grant_secret().")));
+	}
+	use->values = lappend(use->values, value);
 	return value;
 }
 
+/* Start collecting the secrets run reads (run may be NULL outside a run). */
 void
-SecretUseInit(SecretUse *use)
+SecretUseInit(SecretUse *use, RunState *run)
 {
 	memset(use, 0, sizeof(SecretUse));
 	use->opts.secret_hook = secret_hook;
 	use->opts.secret_arg = use;
+	use->run = run;
 }
 
 static char *
@@ -420,5 +444,5 @@ EffectPerform(EffectRequest *req)
 			CHECK_FOR_INTERRUPTS();
 		}
 	}
-	return EffectFinish(req, HttpPerform(&req->http));
+	return EffectFinish(req, HttpPerform(&req->http, req->secrets));
 }

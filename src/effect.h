@@ -37,9 +37,11 @@ typedef struct SecretUse
 {
 	TemplateOptions opts;
 	List	   *values;			/* char *, the values read */
+	RunState   *run;			/* whose principal's grants apply */
+	const char *named_by;		/* for messages: "LLM config \"x\"", or NULL */
 } SecretUse;
 
-extern void SecretUseInit(SecretUse *use);
+extern void SecretUseInit(SecretUse *use, RunState *run);
 extern char *SecretScrub(const char *text, List *secrets);
 extern void EffectCheckAllowed(const char *url, List *secrets);
 extern Jsonb *SecretScrubJsonb(Jsonb *j, List *secrets);

@@ -64,6 +64,8 @@ struct HttpTransfer
 	long		status;
 	const char *fail_kind;		/* set when we failed it ourselves */
 	char	   *fail_msg;		/* malloc'd */
+	char	  **secrets;		/* values of the secrets in the request */
+	int			nsecrets;
 	bool		done;
 	HttpTransfer *next;
 };
@@ -75,6 +77,7 @@ static TimestampTz curl_deadline = 0;	/* 0: no timer */
 static HttpTransfer *in_flight = NULL;
 static HttpTransfer *done_list = NULL;
 static int	n_in_flight = 0;
+static MemoryContext redirect_cxt = NULL;
 
 /* ---- allow-list ---- */
 
@@ -132,9 +135,6 @@ HttpUrlAllowed(const char *url, char **reason)
 	const char *p;
 
 	*reason = NULL;
-	/* a replay sends nothing, so it may name any host */
-	if (TuvlReplaying)
-		return true;
 	u = curl_url();
 	if (curl_url_set(u, CURLUPART_URL, url, 0) != CURLUE_OK ||
 		curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) != CURLUE_OK ||
@@ -352,6 +352,9 @@ transfer_free(HttpTransfer *t)
 	free(t->buf);
 	free(t->hbuf);
 	free(t->fail_msg);
+	for (int i = 0; i < t->nsecrets; i++)
+		free(t->secrets[i]);
+	free(t->secrets);
 	free(t);
 }
 
@@ -411,14 +414,17 @@ transfer_submit(HttpTransfer *t)
 
 /*
  * Start a request; the returned transfer is collected by HttpCollectDone
- * once finished.  Raises when the URL is not allowed.
+ * once finished.  secrets are the values of the secrets the request
+ * holds: a redirect to another origin carries none of them.  Raises when
+ * the URL is not allowed, and while a replay executes.
  */
 HttpTransfer *
-HttpStart(const HttpRequest *req, void *owner)
+HttpStart(const HttpRequest *req, List *secrets, void *owner)
 {
 	HttpTransfer *t;
 	ListCell   *lc;
 
+	TuvlRefuseWhileReplaying("an HTTP request");
 	HttpCheckAllowed(req->url);
 	engine_init();
 
@@ -426,6 +432,18 @@ HttpStart(const HttpRequest *req, void *owner)
 	if (t == NULL)
 		ereport(ERROR, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("out of memory")));
 	t->owner = owner;
+	if (secrets != NIL)
+	{
+		t->secrets = calloc(list_length(secrets), sizeof(char *));
+		if (t->secrets == NULL)
+		{
+			free(t);
+			ereport(ERROR, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("out of memory")));
+		}
+		foreach(lc, secrets)
+			if (lfirst(lc) && *(char *) lfirst(lc))
+				t->secrets[t->nsecrets++] = xstrdup(lfirst(lc));
+	}
 	t->method = xstrdup(req->method ? req->method : "GET");
 	t->url = xstrdup(req->url);
 	if (req->body)
@@ -521,9 +539,25 @@ url_origin(const char *url)
 	return out;
 }
 
+/* Does text hold the value of one of the request's secrets? */
+static bool
+holds_secret(HttpTransfer *t, const char *text, size_t len)
+{
+	for (int i = 0; i < t->nsecrets; i++)
+	{
+		size_t		sl = strlen(t->secrets[i]);
+
+		for (size_t off = 0; off + sl <= len; off++)
+			if (memcmp(text + off, t->secrets[i], sl) == 0)
+				return true;
+	}
+	return false;
+}
+
 /*
  * A redirect to another origin must not carry credentials: drop the
- * headers that hold them, as browsers and curl do.
+ * headers that hold them by name (as browsers and curl do) and every
+ * header whose value holds one of the request's secrets.
  */
 static void
 drop_credentials(HttpTransfer *t)
@@ -535,7 +569,7 @@ drop_credentials(HttpTransfer *t)
 
 	for (struct curl_slist *h = t->hdrs; h; h = h->next)
 	{
-		bool		drop = false;
+		bool		drop = holds_secret(t, h->data, strlen(h->data));
 
 		for (int i = 0; sensitive[i]; i++)
 			if (pg_strncasecmp(h->data, sensitive[i], strlen(sensitive[i])) == 0)
@@ -553,6 +587,7 @@ maybe_redirect(HttpTransfer *t)
 {
 	char	   *location = NULL;
 	char	   *reason;
+	bool		allowed;
 	MemoryContext old;
 
 	if (t->code != CURLE_OK || t->status < 300 || t->status > 399 ||
@@ -567,24 +602,39 @@ maybe_redirect(HttpTransfer *t)
 		t->fail_msg = strdup("too many redirects");
 		return false;
 	}
-	old = MemoryContextSwitchTo(TopMemoryContext);
-	if (!HttpUrlAllowed(location, &reason))
+	/* the check allocates: in a context of its own, emptied at once */
+	if (redirect_cxt == NULL)
+		redirect_cxt = AllocSetContextCreate(TopMemoryContext, "tuvl redirects",
+											 ALLOCSET_SMALL_SIZES);
+	old = MemoryContextSwitchTo(redirect_cxt);
+	allowed = HttpUrlAllowed(location, &reason);
+	if (!allowed)
 	{
 		t->fail_kind = "not_allowed";
 		t->fail_msg = strdup(psprintf("redirect refused: %s", reason));
-		MemoryContextSwitchTo(old);
-		return false;
 	}
 	MemoryContextSwitchTo(old);
+	MemoryContextReset(redirect_cxt);
+	if (!allowed)
+		return false;
 	t->redirects++;
 	{
 		char	   *from = url_origin(t->url);
 		char	   *to = url_origin(location);
+		bool		cross = from == NULL || to == NULL || strcmp(from, to) != 0;
 
-		if (from == NULL || to == NULL || strcmp(from, to) != 0)
-			drop_credentials(t);
 		free(from);
 		free(to);
+		/* 307 and 308 send the body again: not one that holds a secret */
+		if (cross && (t->status == 307 || t->status == 308) && t->body &&
+			holds_secret(t, t->body, t->body_len))
+		{
+			t->fail_kind = "not_allowed";
+			t->fail_msg = strdup("redirect refused: the request body holds a secret and the redirect leaves its origin");
+			return false;
+		}
+		if (cross)
+			drop_credentials(t);
 	}
 	free(t->url);
 	t->url = strdup(location);
@@ -835,9 +885,9 @@ HttpAbortAll(void)
  * path), checking for interrupts while it is in flight.
  */
 HttpResult *
-HttpPerform(const HttpRequest *req)
+HttpPerform(const HttpRequest *req, List *secrets)
 {
-	HttpTransfer *volatile t = HttpStart(req, NULL);
+	HttpTransfer *volatile t = HttpStart(req, secrets, NULL);
 	HttpResult *res = NULL;
 
 	PG_TRY();

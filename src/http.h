@@ -45,7 +45,7 @@ typedef struct HttpTransfer HttpTransfer;
 
 extern void HttpCheckAllowed(const char *url);
 extern bool HttpUrlAllowed(const char *url, char **reason);
-extern HttpTransfer *HttpStart(const HttpRequest *req, void *owner);
+extern HttpTransfer *HttpStart(const HttpRequest *req, List *secrets, void *owner);
 extern int	HttpInFlight(void);
 extern long HttpTimeoutMs(void);
 extern bool HttpWait(long timeout_ms);
@@ -54,7 +54,7 @@ extern void *HttpTransferOwner(HttpTransfer *t);
 extern void HttpDisown(HttpTransfer *t);
 extern HttpResult *HttpTakeResult(HttpTransfer *t);
 extern void HttpAbortAll(void);
-extern HttpResult *HttpPerform(const HttpRequest *req);
+extern HttpResult *HttpPerform(const HttpRequest *req, List *secrets);
 extern const char *HttpResultHeader(HttpResult *res, const char *name);
 extern char *HttpRedactUrl(const char *url);
 

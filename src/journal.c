@@ -60,9 +60,12 @@ JournalAdd(List **events, const char *type, const char *agent_id,
 
 static const char insert_events_sql[] =
 "INSERT INTO tuvl.events (run_id, seq, ts, type, agent_id, engine, tokens, latency_ms, payload) "
-"SELECT $1, $2 + e.n, e.ts, e.type, e.agent_id, e.engine, e.tokens, e.latency_ms, e.payload "
-"FROM unnest($3::timestamptz[], $4::text[], $5::text[], $6::text[], $7::int[], "
-"            $8::float8[], $9::jsonb[]) WITH ORDINALITY "
+"SELECT $1, $2 OPERATOR(pg_catalog.+) e.n, e.ts, e.type, e.agent_id, e.engine, e.tokens, "
+"       e.latency_ms, e.payload "
+"FROM ROWS FROM (pg_catalog.unnest($3::pg_catalog.timestamptz[]), pg_catalog.unnest($4::pg_catalog.text[]), "
+"               pg_catalog.unnest($5::pg_catalog.text[]), pg_catalog.unnest($6::pg_catalog.text[]), "
+"               pg_catalog.unnest($7::pg_catalog.int4[]), pg_catalog.unnest($8::pg_catalog.float8[]), "
+"               pg_catalog.unnest($9::pg_catalog.jsonb[])) WITH ORDINALITY "
 "     AS e(ts, type, agent_id, engine, tokens, latency_ms, payload, n)";
 
 /*
@@ -109,8 +112,7 @@ JournalCount(List *events)
 /*
  * Write events with seq last_seq+1, last_seq+2, ... in one statement, and
  * announce each with NOTIFY (delivered at commit, discarded on abort).
- * Returns the new last seq.  Runs as the current user: callers write as
- * the extension owner.
+ * Returns the new last seq.  Callers hold an owner frame (security.c).
  */
 int
 JournalWrite(int64 run_id, int last_seq, List *events)

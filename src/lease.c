@@ -10,7 +10,8 @@
  * incarnations go back to the queue at once, runs of a holder stalled for
  * longer than tuvl.lease_timeout go back then.  lease_expires_at shows
  * the last renewal plus the timeout, for monitoring.
- * All functions run inside the caller's transaction with SPI connected;
+ * All functions run inside the caller's transaction with SPI connected,
+ * as the extension owner (security.c);
  * the worker commits claims and renewals asynchronously, since losing
  * one in a crash only means the run is claimed again.
  *
@@ -27,17 +28,19 @@
 
 #include "lease.h"
 #include "runtime.h"
+#include "security.h"
 #include "spiutil.h"
 
 static const char claim_sql[] =
-"UPDATE tuvl.runs r SET status = 'running', attempt = r.attempt + 1, "
-"  lease_owner = $2, lease_epoch = $3, lease_expires_at = now() + $4, "
-"  started_at = coalesce(r.started_at, now()) "
-"FROM (SELECT id FROM tuvl.runs WHERE status = 'queued' ORDER BY id "
+"UPDATE tuvl.runs r SET status = 'running', attempt = r.attempt OPERATOR(pg_catalog.+) 1, "
+"  lease_owner = $2, lease_epoch = $3, lease_expires_at = pg_catalog.now() OPERATOR(pg_catalog.+) $4, "
+"  started_at = COALESCE(r.started_at, pg_catalog.now()) "
+"FROM (SELECT id FROM tuvl.runs WHERE status OPERATOR(pg_catalog.=) 'queued' ORDER BY id "
 "      LIMIT $1 FOR UPDATE SKIP LOCKED) c "
-"WHERE r.id = c.id "
+"WHERE r.id OPERATOR(pg_catalog.=) c.id "
 "RETURNING r.id, r.attempt, r.workflow, r.workflow_version, r.principal, "
-"  r.context, r.current_step, r.last_seq, r.step_state, r.control, r.compensation";
+"  r.context, r.current_step, r.last_seq, r.step_state, r.control, r.compensation, "
+"  r.principal_id";
 
 /*
  * Claim up to max_runs queued runs, oldest first; returns a List (in
@@ -45,7 +48,7 @@ static const char claim_sql[] =
  * be loaded (its workflow vanished) is failed in place.
  */
 List *
-LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, Oid owner)
+LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms)
 {
 	static const Oid types[4] = {INT4OID, INT4OID, INT8OID, INTERVALOID};
 	Datum		values[4];
@@ -54,13 +57,16 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, Oid 
 	uint64		n;
 	SPITupleTable *tt;
 	MemoryContext old;
+	SecurityFrame frame;
 
 	lease->time = (int64) lease_ms * 1000;
 	values[0] = Int32GetDatum(max_runs);
 	values[1] = Int32GetDatum(MyProcPid);
 	values[2] = Int64GetDatum(epoch);
 	values[3] = IntervalPGetDatum(lease);
+	SecurityAsOwner(&frame);
 	n = SpiExec(claim_sql, 4, types, values, NULL, SPI_OK_UPDATE_RETURNING);
+	SecurityRestore(&frame);
 	tt = SPI_tuptable;
 	for (uint64 i = 0; i < n; i++)
 	{
@@ -75,6 +81,7 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, Oid 
 							 DatumGetInt32(SPI_getbinval(tup, td, 2, &isnull)),
 							 SPI_getvalue(tup, td, 3),
 							 DatumGetInt32(SPI_getbinval(tup, td, 4, &isnull)),
+							 DatumGetObjectId(SPI_getbinval(tup, td, 12, &isnull)),
 							 SPI_getvalue(tup, td, 5),
 							 DatumGetJsonbP(SPI_getbinval(tup, td, 6, &isnull)),
 							 step,
@@ -104,7 +111,6 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, Oid 
 				MemoryContextSwitchTo(old);
 			}
 		}
-		run->owner = owner;
 		old = MemoryContextSwitchTo(runs_cxt);
 		runs = lappend(runs, run);
 		MemoryContextSwitchTo(old);
@@ -113,9 +119,10 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, Oid 
 }
 
 static const char renew_sql[] =
-"UPDATE tuvl.runs r SET lease_expires_at = now() + $3 "
-"FROM unnest($1::bigint[], $2::int[]) AS h(id, attempt) "
-"WHERE r.id = h.id AND r.attempt = h.attempt AND r.status IN ('running', 'compensating') "
+"UPDATE tuvl.runs r SET lease_expires_at = pg_catalog.now() OPERATOR(pg_catalog.+) $3 "
+"FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[]), pg_catalog.unnest($2::pg_catalog.int4[])) AS h(id, attempt) "
+"WHERE r.id OPERATOR(pg_catalog.=) h.id AND r.attempt OPERATOR(pg_catalog.=) h.attempt "
+"  AND r.status OPERATOR(pg_catalog.=) ANY ('{running,compensating}'::pg_catalog.text[]) "
 "RETURNING r.id";
 
 /*
@@ -135,6 +142,7 @@ LeaseRenew(List *runs, int lease_ms)
 	List	   *lost = NIL;
 	ListCell   *lc;
 	int			i = 0;
+	SecurityFrame frame;
 
 	if (n == 0)
 		return NIL;
@@ -152,7 +160,9 @@ LeaseRenew(List *runs, int lease_ms)
 	values[0] = PointerGetDatum(construct_array(ids, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
 	values[1] = PointerGetDatum(construct_array(attempts, n, INT4OID, 4, true, TYPALIGN_INT));
 	values[2] = IntervalPGetDatum(lease);
+	SecurityAsOwner(&frame);
 	kept = SpiExec(renew_sql, 3, types, values, NULL, SPI_OK_UPDATE_RETURNING);
+	SecurityRestore(&frame);
 	if (kept == (uint64) n)
 		return NIL;
 	foreach(lc, runs)
@@ -176,8 +186,9 @@ LeaseRenew(List *runs, int lease_ms)
 static const char release_sql[] =
 "UPDATE tuvl.runs r SET status = 'queued', lease_owner = NULL, lease_epoch = NULL, "
 "  lease_expires_at = NULL "
-"FROM unnest($1::bigint[], $2::int[]) AS h(id, attempt) "
-"WHERE r.id = h.id AND r.attempt = h.attempt AND r.status IN ('running', 'compensating')";
+"FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[]), pg_catalog.unnest($2::pg_catalog.int4[])) AS h(id, attempt) "
+"WHERE r.id OPERATOR(pg_catalog.=) h.id AND r.attempt OPERATOR(pg_catalog.=) h.attempt "
+"  AND r.status OPERATOR(pg_catalog.=) ANY ('{running,compensating}'::pg_catalog.text[])";
 
 /*
  * Give runs back to the queue (the worker cannot go on with them); only
@@ -190,6 +201,8 @@ LeaseRelease(int n, const int64 *ids, const int32 *attempts)
 	Datum	   *idd = palloc(sizeof(Datum) * Max(n, 1));
 	Datum	   *atd = palloc(sizeof(Datum) * Max(n, 1));
 	Datum		values[2];
+	SecurityFrame frame;
+	uint64		done;
 
 	for (int i = 0; i < n; i++)
 	{
@@ -198,15 +211,19 @@ LeaseRelease(int n, const int64 *ids, const int32 *attempts)
 	}
 	values[0] = PointerGetDatum(construct_array(idd, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
 	values[1] = PointerGetDatum(construct_array(atd, n, INT4OID, 4, true, TYPALIGN_INT));
-	return SpiExec(release_sql, 2, types, values, NULL, SPI_OK_UPDATE);
+	SecurityAsOwner(&frame);
+	done = SpiExec(release_sql, 2, types, values, NULL, SPI_OK_UPDATE);
+	SecurityRestore(&frame);
+	return done;
 }
 
 static const char reclaim_sql[] =
 "UPDATE tuvl.runs SET status = 'queued', lease_owner = NULL, lease_epoch = NULL, "
 "  lease_expires_at = NULL "
-"WHERE id = ANY (ARRAY(SELECT id FROM tuvl.runs WHERE status IN ('running', 'compensating') "
-"                    AND NOT tuvl._lease_holder_alive(lease_owner, lease_epoch) "
-"                    FOR UPDATE SKIP LOCKED))";
+"WHERE id OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT id FROM tuvl.runs "
+"    WHERE status OPERATOR(pg_catalog.=) ANY ('{running,compensating}'::pg_catalog.text[]) "
+"      AND NOT tuvl._lease_holder_alive(lease_owner, lease_epoch) "
+"    FOR UPDATE SKIP LOCKED))";
 
 /*
  * Return to the queue every run whose lease holder no longer heartbeats:
@@ -218,5 +235,11 @@ static const char reclaim_sql[] =
 uint64
 LeaseReclaim(void)
 {
-	return SpiExec(reclaim_sql, 0, NULL, NULL, NULL, SPI_OK_UPDATE);
+	SecurityFrame frame;
+	uint64		n;
+
+	SecurityAsOwner(&frame);
+	n = SpiExec(reclaim_sql, 0, NULL, NULL, NULL, SPI_OK_UPDATE);
+	SecurityRestore(&frame);
+	return n;
 }

@@ -32,6 +32,7 @@
 
 #include "jsonutil.h"
 #include "llm.h"
+#include "security.h"
 #include "spiutil.h"
 #include "tuvl.h"
 #include "workflow.h"
@@ -57,8 +58,7 @@ tuvl_register_llm(PG_FUNCTION_ARGS)
 	char	   *model;
 	JsonbValue *v;
 	int			ms;
-	Oid			save_user;
-	int			save_sec;
+	SecurityFrame frame;
 
 	if (!JsonIsObject(def))
 		ereport(ERROR,
@@ -105,24 +105,25 @@ tuvl_register_llm(PG_FUNCTION_ARGS)
 				 errmsg("LLM config \"%s\": api_key_secret must name a secret given to tuvl.set_secret", name)));
 
 	SPI_connect();
-	CheckObjectOwner("SELECT owner FROM tuvl.llms WHERE name = $1", name, "LLM config", "replace");
+	SecurityCheckNameOwner("LLM config", name,
+						   SpiNameOwner("SELECT owner FROM tuvl.llms WHERE name OPERATOR(pg_catalog.=) $1",
+										name));
 	{
-		static const Oid types[5] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID, NAMEOID};
+		static const Oid types[5] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID, REGROLEOID};
 		Datum		values[5];
 
 		values[0] = CStringGetTextDatum(name);
 		values[1] = CStringGetTextDatum(provider);
 		values[2] = CStringGetTextDatum(source);
 		values[3] = JsonbPGetDatum(def);
-		values[4] = DirectFunctionCall1(namein, CStringGetDatum(GetUserNameFromId(GetUserId(), false)));
-		GetUserIdAndSecContext(&save_user, &save_sec);
-		SetUserIdAndSecContext(TuvlOwnerId(), save_sec | SECURITY_LOCAL_USERID_CHANGE);
+		values[4] = ObjectIdGetDatum(GetUserId());
+		SecurityAsOwner(&frame);
 		SpiExec("INSERT INTO tuvl.llms (name, provider, source, definition, owner) "
 				"VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO UPDATE SET "
 				"provider = excluded.provider, source = excluded.source, "
-				"definition = excluded.definition, updated_at = now()",
+				"definition = excluded.definition, updated_at = pg_catalog.now()",
 				5, types, values, NULL, SPI_OK_INSERT);
-		SetUserIdAndSecContext(save_user, save_sec);
+		SecurityRestore(&frame);
 	}
 	SPI_finish();
 	PG_RETURN_VOID();
@@ -139,11 +140,14 @@ LlmConfigExists(const char *name)
 	static const Oid types[1] = {TEXTOID};
 	Datum		values[1];
 	bool		found;
+	SecurityFrame frame;
 
 	values[0] = CStringGetTextDatum(name);
 	SPI_connect();
-	found = SpiExec("SELECT 1 FROM tuvl.llms WHERE name = $1", 1, types, values,
+	SecurityAsOwner(&frame);
+	found = SpiExec("SELECT 1 FROM tuvl.llms WHERE name OPERATOR(pg_catalog.=) $1", 1, types, values,
 					NULL, SPI_OK_SELECT) == 1;
+	SecurityRestore(&frame);
 	SPI_finish();
 	return found;
 }
@@ -157,10 +161,15 @@ LlmConfigLoad(const char *name)
 	Jsonb	   *def;
 	LlmConfig  *cfg = palloc0(sizeof(LlmConfig));
 	JsonbValue *p;
+	SecurityFrame frame;
+	uint64		n;
 
 	values[0] = CStringGetTextDatum(name);
-	if (SpiExec("SELECT definition FROM tuvl.llms WHERE name = $1", 1, types, values,
-				NULL, SPI_OK_SELECT) != 1)
+	SecurityAsOwner(&frame);
+	n = SpiExec("SELECT definition FROM tuvl.llms WHERE name OPERATOR(pg_catalog.=) $1", 1, types, values,
+				NULL, SPI_OK_SELECT);
+	SecurityRestore(&frame);
+	if (n != 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("LLM config \"%s\" does not exist", name),
@@ -471,7 +480,7 @@ join_url(const char *base, const char *path)
  * never contains it.
  */
 EffectRequest *
-LlmBuildRequest(LlmConfig *cfg, Jsonb *messages, Jsonb *tools, int timeout_ms)
+LlmBuildRequest(RunState *run, LlmConfig *cfg, Jsonb *messages, Jsonb *tools, int timeout_ms)
 {
 	EffectRequest *req = palloc0(sizeof(EffectRequest));
 	SecretUse	use;
@@ -480,17 +489,11 @@ LlmBuildRequest(LlmConfig *cfg, Jsonb *messages, Jsonb *tools, int timeout_ms)
 	char	   *body;
 	JsonObjBuilder b;
 
-	SecretUseInit(&use);
+	/* the run's principal must hold a grant for the config's key */
+	SecretUseInit(&use, run);
+	use.named_by = psprintf("LLM config \"%s\"", cfg->name);
 	if (cfg->api_key_secret)
-	{
 		key = use.opts.secret_hook(cfg->api_key_secret, use.opts.secret_arg);
-		if (key == NULL)
-			ereport(ERROR,
-					(errcode(ERRCODE_UNDEFINED_OBJECT),
-					 errmsg("secret \"%s\" named by LLM config \"%s\" does not exist",
-							cfg->api_key_secret, cfg->name),
-					 errhint("Store it with tuvl.set_secret().")));
-	}
 	body = anthropic ? anthropic_body(cfg, messages, tools) : openai_body(cfg, messages, tools);
 	req->http.method = "POST";
 	req->http.url = join_url(cfg->base_url, anthropic ? "/messages" : "/chat/completions");

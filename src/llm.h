@@ -44,7 +44,7 @@ typedef struct LlmReply
 
 extern LlmConfig *LlmConfigLoad(const char *name);
 extern bool LlmConfigExists(const char *name);
-extern EffectRequest *LlmBuildRequest(LlmConfig *cfg, Jsonb *messages, Jsonb *tools,
+extern EffectRequest *LlmBuildRequest(RunState *run, LlmConfig *cfg, Jsonb *messages, Jsonb *tools,
 									  int timeout_ms);
 extern void LlmParseResult(LlmConfig *cfg, Jsonb *result, LlmReply *reply);
 extern Jsonb *LlmTurnPayload(Jsonb *result, int *tokens);

@@ -41,6 +41,7 @@
 #include "executor.h"
 #include "jsonutil.h"
 #include "mcp.h"
+#include "security.h"
 #include "spiutil.h"
 #include "template.h"
 #include "tuvl.h"
@@ -448,7 +449,7 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	SecretUse	use;
 	EffectRequest *req;
 
-	SecretUseInit(&use);
+	SecretUseInit(&use, run);
 	StepErrorType = "template_error";
 	url = TemplateRenderText(JsonGetString(mcp, "url"), ctx, &use.opts);
 	tool = TemplateRenderText(tool, ctx, &use.opts);
@@ -565,8 +566,10 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 
 static const char cache_sql[] =
 "INSERT INTO tuvl.mcp_tools AS c (url, name, description, input_schema, listed_at) "
-"SELECT $1, t->>'name', t->>'description', t->'inputSchema', now() "
-"FROM jsonb_array_elements($2) AS t WHERE t->>'name' IS NOT NULL "
+"SELECT $1, t OPERATOR(pg_catalog.->>) 'name', t OPERATOR(pg_catalog.->>) 'description', "
+"       t OPERATOR(pg_catalog.->) 'inputSchema', pg_catalog.now() "
+"FROM pg_catalog.jsonb_array_elements($2) AS t "
+"WHERE t OPERATOR(pg_catalog.->>) 'name' IS NOT NULL "
 "ON CONFLICT (url, name) DO UPDATE SET description = excluded.description, "
 "  input_schema = excluded.input_schema, listed_at = excluded.listed_at";
 
@@ -579,16 +582,14 @@ cache_tools(const char *url, Jsonb *tools)
 {
 	static const Oid types[2] = {TEXTOID, JSONBOID};
 	Datum		values[2];
-	Oid			save_user;
-	int			save_sec;
+	SecurityFrame frame;
 
 	values[0] = CStringGetTextDatum(url);
 	values[1] = JsonbPGetDatum(tools);
 	SPI_connect();
-	GetUserIdAndSecContext(&save_user, &save_sec);
-	SetUserIdAndSecContext(TuvlOwnerId(), save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	SecurityAsOwner(&frame);
 	SpiExec(cache_sql, 2, types, values, NULL, SPI_OK_INSERT);
-	SetUserIdAndSecContext(save_user, save_sec);
+	SecurityRestore(&frame);
 	SPI_finish();
 }
 
@@ -604,8 +605,7 @@ McpKnownInputSchema(Jsonb *mcp)
 	Datum		values[2];
 	char	   *url = mcp ? JsonGetString(mcp, "url") : NULL;
 	char	   *tool = mcp ? JsonGetString(mcp, "tool") : NULL;
-	Oid			save_user;
-	int			save_sec;
+	SecurityFrame frame;
 	Jsonb	   *schema = NULL;
 
 	if (url == NULL || tool == NULL || TemplateHasPlaceholders(url) ||
@@ -613,11 +613,11 @@ McpKnownInputSchema(Jsonb *mcp)
 		return NULL;
 	values[0] = CStringGetTextDatum(url);
 	values[1] = CStringGetTextDatum(tool);
-	GetUserIdAndSecContext(&save_user, &save_sec);
-	SetUserIdAndSecContext(TuvlOwnerId(), save_sec | SECURITY_LOCAL_USERID_CHANGE);
-	if (SpiExec("SELECT input_schema FROM tuvl.mcp_tools WHERE url = $1 AND name = $2 "
-				"AND jsonb_typeof(input_schema) = 'object'", 2, types, values, NULL,
-				SPI_OK_SELECT) == 1)
+	SecurityAsOwner(&frame);
+	if (SpiExec("SELECT input_schema FROM tuvl.mcp_tools "
+				"WHERE url OPERATOR(pg_catalog.=) $1 AND name OPERATOR(pg_catalog.=) $2 "
+				"  AND pg_catalog.jsonb_typeof(input_schema) OPERATOR(pg_catalog.=) 'object'",
+				2, types, values, NULL, SPI_OK_SELECT) == 1)
 	{
 		bool		isnull;
 		Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
@@ -625,7 +625,7 @@ McpKnownInputSchema(Jsonb *mcp)
 		if (!isnull)
 			schema = DatumGetJsonbPCopy(d);
 	}
-	SetUserIdAndSecContext(save_user, save_sec);
+	SecurityRestore(&frame);
 	return schema;
 }
 
@@ -644,6 +644,7 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 	char	   *session;
 	char	   *version;
 
+	TuvlRefuseWhileReplaying("tuvl.mcp_list_tools()");
 	req = rpc_request(url, "initialize", initialize_params(), 1, NULL, NULL, "initialize",
 					  tuvl_http_timeout);
 	r = EffectPerform(req);

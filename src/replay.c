@@ -42,6 +42,7 @@
 #include "journal.h"
 #include "jsonutil.h"
 #include "runtime.h"
+#include "security.h"
 #include "spiutil.h"
 #include "tuvl.h"
 #include "workflow.h"
@@ -157,7 +158,9 @@ tuvl_pin_run(PG_FUNCTION_ARGS)
 	SpiExec("SELECT r.workflow, r.workflow_version, r.status, r.input, r.end_name, r.response, "
 			"  r.artifacts, w.source "
 			"FROM tuvl.runs r JOIN tuvl.workflows w "
-			"  ON w.name = r.workflow AND w.version = r.workflow_version WHERE r.id = $1",
+			"  ON w.name OPERATOR(pg_catalog.=) r.workflow "
+			" AND w.version OPERATOR(pg_catalog.=) r.workflow_version "
+			"WHERE r.id OPERATOR(pg_catalog.=) $1",
 			1, types, values, NULL, SPI_OK_SELECT);
 	if (SPI_processed != 1)
 		ereport(ERROR,
@@ -176,8 +179,11 @@ tuvl_pin_run(PG_FUNCTION_ARGS)
 				 errhint("Pin a run once it has ended.")));
 
 	/* operators' actions are not in the recording's effects: refuse */
-	if (SpiExec("SELECT type FROM tuvl.events WHERE run_id = $1 AND (type = 'run_aborted' OR "
-				"  (type = 'decision' AND payload->>'action' = 'steer')) LIMIT 1",
+	if (SpiExec("SELECT type FROM tuvl.events WHERE run_id OPERATOR(pg_catalog.=) $1 "
+				"  AND (type OPERATOR(pg_catalog.=) 'run_aborted' OR "
+				"       (type OPERATOR(pg_catalog.=) 'decision' "
+				"        AND payload OPERATOR(pg_catalog.->>) 'action' OPERATOR(pg_catalog.=) 'steer')) "
+				"LIMIT 1",
 				1, types, values, NULL, SPI_OK_SELECT) == 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -203,9 +209,10 @@ tuvl_pin_run(PG_FUNCTION_ARGS)
 	JsonObjAddString(&b, "source", SPI_getvalue(tup, td, 8));
 
 	/* every result from outside the database, in order */
-	n = (int) SpiExec("SELECT type, agent_id, payload, coalesce(tokens, 0) FROM tuvl.events "
-					  "WHERE run_id = $1 AND type IN ('llm_turn', 'tool_call', 'tool_result', "
-					  "  'decision', 'approval_decided') ORDER BY seq",
+	n = (int) SpiExec("SELECT type, agent_id, payload, COALESCE(tokens, 0) FROM tuvl.events "
+					  "WHERE run_id OPERATOR(pg_catalog.=) $1 "
+					  "  AND type OPERATOR(pg_catalog.=) ANY ('{llm_turn,tool_call,tool_result,"
+					  "decision,approval_decided}'::pg_catalog.text[]) ORDER BY seq",
 					  1, types, values, NULL, SPI_OK_SELECT);
 	initStringInfo(&effects);
 	for (int i = 0; i < n; i++)
@@ -336,14 +343,19 @@ same_llm_request(Jsonb *recorded, Jsonb *replayed)
 	static const Oid types[2] = {JSONBOID, JSONBOID};
 	Datum		values[2];
 	bool		isnull;
+	SecurityFrame frame;
+	bool		same;
 
 	if (recorded == NULL || replayed == NULL)
 		return recorded == replayed;
 	values[0] = JsonbPGetDatum(recorded);
 	values[1] = JsonbPGetDatum(replayed);
-	SpiExec("SELECT tuvl._llm_request_shape($1) = tuvl._llm_request_shape($2)", 2, types, values,
-			NULL, SPI_OK_SELECT);
-	return DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	SecurityAsOwner(&frame);
+	SpiExec("SELECT tuvl._llm_request_shape($1) OPERATOR(pg_catalog.=) tuvl._llm_request_shape($2)",
+			2, types, values, NULL, SPI_OK_SELECT);
+	same = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	SecurityRestore(&frame);
+	return same;
 }
 
 /* Serve the effect the run is waiting for from the recording. */
@@ -425,8 +437,7 @@ serve_person(Replay *rp, RunState *run, const char *status)
 	static const Oid types[5] = {INT8OID, INT4OID, JSONBOID, INT4OID, INT8OID};
 	Datum		values[5];
 	bool		isnull;
-	Oid			save_user;
-	int			save_sec;
+	SecurityFrame frame;
 	MemoryContext old;
 
 	if (!human)
@@ -464,14 +475,14 @@ serve_person(Replay *rp, RunState *run, const char *status)
 	values[2] = JsonbPGetDatum(state);
 	values[3] = Int32GetDatum(run->last_seq + 1);
 	values[4] = Int64GetDatum(TuvlShmem ? TuvlShmem->epoch : 0);
-	GetUserIdAndSecContext(&save_user, &save_sec);
-	SetUserIdAndSecContext(run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	SecurityAsOwner(&frame);
 	(void) JournalWrite(run->id, run->last_seq, events);
-	SpiExec("UPDATE tuvl.runs SET status = 'running', attempt = attempt + 1, lease_owner = $2, "
-			"  lease_epoch = $5, lease_expires_at = now() + interval '1 hour', step_state = $3, "
-			"  last_seq = $4 WHERE id = $1 RETURNING attempt",
+	SpiExec("UPDATE tuvl.runs SET status = 'running', attempt = attempt OPERATOR(pg_catalog.+) 1, "
+			"  lease_owner = $2, lease_epoch = $5, "
+			"  lease_expires_at = pg_catalog.now() OPERATOR(pg_catalog.+) '1 hour'::pg_catalog.interval, "
+			"  step_state = $3, last_seq = $4 WHERE id OPERATOR(pg_catalog.=) $1 RETURNING attempt",
 			5, types, values, NULL, SPI_OK_UPDATE_RETURNING);
-	SetUserIdAndSecContext(save_user, save_sec);
+	SecurityRestore(&frame);
 	run->attempt = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	run->last_seq++;
 	old = MemoryContextSwitchTo(run->cxt);
@@ -484,7 +495,7 @@ serve_person(Replay *rp, RunState *run, const char *status)
 static void
 replay_reset(int code, Datum arg)
 {
-	TuvlReplaying = false;
+	TuvlReplayDepth--;
 }
 
 /*
@@ -528,30 +539,29 @@ tuvl_replay(PG_FUNCTION_ARGS)
 			? DatumGetInt64(DirectFunctionCall1(numeric_int8, NumericGetDatum(rid->val.numeric))) : 0;
 	}
 
+	TuvlRefuseWhileReplaying("tuvl.replay()");
 	SPI_connect();
+	TuvlReplayDepth++;
 	PG_ENSURE_ERROR_CLEANUP(replay_reset, (Datum) 0);
 	{
-		TuvlReplaying = true;
 		id = ApiCreateRun(workflow, input, true, &version);
 		/* the artifact versions of the recording */
 		if (JsonGetField(fixture, "artifacts") && JsonIsObject(JsonGetJsonb(fixture, "artifacts")))
 		{
 			static const Oid types[2] = {INT8OID, JSONBOID};
 			Datum		values[2];
-			Oid			save_user;
-			int			save_sec;
+			SecurityFrame frame;
 
 			values[0] = Int64GetDatum(id);
 			values[1] = JsonbPGetDatum(JsonGetJsonb(fixture, "artifacts"));
-			GetUserIdAndSecContext(&save_user, &save_sec);
-			SetUserIdAndSecContext(TuvlOwnerId(), save_sec | SECURITY_LOCAL_USERID_CHANGE);
-			SpiExec("UPDATE tuvl.runs SET artifacts = $2 WHERE id = $1", 2, types, values, NULL,
-					SPI_OK_UPDATE);
-			SetUserIdAndSecContext(save_user, save_sec);
+			SecurityAsOwner(&frame);
+			SpiExec("UPDATE tuvl.runs SET artifacts = $2 WHERE id OPERATOR(pg_catalog.=) $1",
+					2, types, values, NULL, SPI_OK_UPDATE);
+			SecurityRestore(&frame);
 		}
-		run = RunStateCreate(CurrentMemoryContext, id, 1, workflow, version,
+		run = RunStateCreate(CurrentMemoryContext, id, 1, workflow, version, GetUserId(),
 							 GetUserNameFromId(GetUserId(), false), input, NULL, 1, NULL);
-		run->owner = TuvlOwnerId();
+		run->replay = true;
 		if (JsonGetString(fixture, "key_base"))
 			run->key_base = MemoryContextStrdup(run->cxt, JsonGetString(fixture, "key_base"));
 
@@ -578,7 +588,7 @@ tuvl_replay(PG_FUNCTION_ARGS)
 		}
 	}
 	PG_END_ENSURE_ERROR_CLEANUP(replay_reset, (Datum) 0);
-	TuvlReplaying = false;
+	TuvlReplayDepth--;
 
 	/* how the replay ended */
 	{
@@ -588,8 +598,8 @@ tuvl_replay(PG_FUNCTION_ARGS)
 		Datum		d;
 
 		values[0] = Int64GetDatum(id);
-		SpiExec("SELECT end_name, response, error FROM tuvl.runs WHERE id = $1", 1, types, values,
-				NULL, SPI_OK_SELECT);
+		SpiExec("SELECT end_name, response, error FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1",
+				1, types, values, NULL, SPI_OK_SELECT);
 		end_name = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
 		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
 		response = isnull ? NULL : redact_private(DatumGetJsonbPCopy(d));
@@ -630,15 +640,15 @@ tuvl_replay(PG_FUNCTION_ARGS)
 	{
 		static const Oid types[1] = {INT8OID};
 		Datum		values[1];
-		Oid			save_user;
-		int			save_sec;
+		SecurityFrame frame;
 
 		values[0] = Int64GetDatum(id);
-		GetUserIdAndSecContext(&save_user, &save_sec);
-		SetUserIdAndSecContext(TuvlOwnerId(), save_sec | SECURITY_LOCAL_USERID_CHANGE);
-		SpiExec("DELETE FROM tuvl.events WHERE run_id = $1", 1, types, values, NULL, SPI_OK_DELETE);
-		SpiExec("DELETE FROM tuvl.runs WHERE id = $1", 1, types, values, NULL, SPI_OK_DELETE);
-		SetUserIdAndSecContext(save_user, save_sec);
+		SecurityAsOwner(&frame);
+		SpiExec("DELETE FROM tuvl.events WHERE run_id OPERATOR(pg_catalog.=) $1", 1, types, values,
+				NULL, SPI_OK_DELETE);
+		SpiExec("DELETE FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1", 1, types, values,
+				NULL, SPI_OK_DELETE);
+		SecurityRestore(&frame);
 	}
 
 	JsonObjStart(&b);

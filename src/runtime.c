@@ -31,6 +31,7 @@
 #include "utils/builtins.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 
 #include "effect.h"
@@ -39,6 +40,7 @@
 #include "llm.h"
 #include "jsonutil.h"
 #include "runtime.h"
+#include "security.h"
 #include "spiutil.h"
 #include "template.h"
 #include "tuvl.h"
@@ -61,9 +63,9 @@ RunIsTerminalStatus(const char *status)
  */
 RunState *
 RunStateCreate(MemoryContext parent, int64 id, int attempt,
-			   const char *workflow, int version, const char *principal,
-			   Jsonb *context, const char *current_step, int last_seq,
-			   Jsonb *step_state)
+			   const char *workflow, int version, Oid principal,
+			   const char *principal_name, Jsonb *context,
+			   const char *current_step, int last_seq, Jsonb *step_state)
 {
 	MemoryContext cxt = AllocSetContextCreate(parent, "tuvl run",
 											  ALLOCSET_SMALL_SIZES);
@@ -76,8 +78,8 @@ RunStateCreate(MemoryContext parent, int64 id, int attempt,
 	run->attempt = attempt;
 	run->workflow = pstrdup(workflow);
 	run->version = version;
-	run->principal_name = pstrdup(principal);
-	run->principal = get_role_oid(principal, true);
+	run->principal_name = pstrdup(principal_name);
+	run->principal = principal;
 	run->context = DatumGetJsonbPCopy(JsonbPGetDatum(context));
 	run->last_seq = last_seq;
 	run->step_state = step_state ? DatumGetJsonbPCopy(JsonbPGetDatum(step_state)) : NULL;
@@ -118,16 +120,22 @@ run_error_callback(void *arg)
 static const char fence_sql[] =
 "UPDATE tuvl.runs SET status = $3, context = $4, current_step = $5, last_seq = $6, "
 "  end_name = $7, response = $8, error = $9, step_state = $10, "
-"  finished_at = CASE WHEN $3 IN ('completed', 'failed', 'aborted', 'compensated') "
-"                     THEN clock_timestamp() END, "
-"  lease_expires_at = CASE WHEN $3 IN ('running', 'compensating') THEN lease_expires_at END, "
-"  lease_owner = CASE WHEN $3 IN ('running', 'compensating') THEN lease_owner END, "
-"  lease_epoch = CASE WHEN $3 IN ('running', 'compensating') THEN lease_epoch END, "
+"  finished_at = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY ('{completed,failed,aborted,compensated}'::pg_catalog.text[]) "
+"                     THEN pg_catalog.clock_timestamp() END, "
+"  lease_expires_at = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY ('{running,compensating}'::pg_catalog.text[]) "
+"                          THEN lease_expires_at END, "
+"  lease_owner = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY ('{running,compensating}'::pg_catalog.text[]) "
+"                     THEN lease_owner END, "
+"  lease_epoch = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY ('{running,compensating}'::pg_catalog.text[]) "
+"                     THEN lease_epoch END, "
 "  compensation = CASE WHEN $14 THEN $15 ELSE compensation END, "
-"  control = CASE WHEN $3 IN ('completed', 'failed', 'aborted', 'compensated') THEN NULL "
-"                 WHEN $11::text[] IS NULL AND $12::jsonb IS NULL AND $13::text[] IS NULL "
+"  control = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY ('{completed,failed,aborted,compensated}'::pg_catalog.text[]) "
+"                 THEN NULL "
+"                 WHEN $11::pg_catalog.text[] IS NULL AND $12::pg_catalog.jsonb IS NULL "
+"                      AND $13::pg_catalog.text[] IS NULL "
 "                 THEN control ELSE tuvl._control_apply(control, $11, $12, $13) END "
-"WHERE id = $1 AND attempt = $2 AND status = ANY ($16::text[]) "
+"WHERE id OPERATOR(pg_catalog.=) $1 AND attempt OPERATOR(pg_catalog.=) $2 "
+"  AND status OPERATOR(pg_catalog.=) ANY ($16::pg_catalog.text[]) "
 "RETURNING control";
 
 /*
@@ -485,8 +493,7 @@ finish_pending(Transition *t, StepResult *result)
 	EffectRequest *effect = result->effect;
 	Jsonb	   *state = pending_step_state(t, effect);
 	JsonObjBuilder b;
-	Oid			save_user;
-	int			save_sec;
+	SecurityFrame frame;
 
 	/* an LLM call is journaled once, as llm_turn, when it answered */
 	if (!(effect->tag && JsonGetString(effect->tag, "op") &&
@@ -500,13 +507,12 @@ finish_pending(Transition *t, StepResult *result)
 		JournalAdd(&events, "tool_call", t->step->id, t->step->kind_name, JsonObjEnd(&b));
 	}
 
-	GetUserIdAndSecContext(&save_user, &save_sec);
-	SetUserIdAndSecContext(run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	SecurityAsOwner(&frame);
 	run->next_seq = run->last_seq + JournalCount(events);
 	write_checkpoint_control(run, active_status(run), run->context, t->step->id, run->next_seq,
 							 NULL, NULL, NULL, state, NIL, NULL, result->steer_done);
 	(void) JournalWrite(run->id, run->last_seq, events);
-	SetUserIdAndSecContext(save_user, save_sec);
+	SecurityRestore(&frame);
 
 	{
 		MemoryContext old = MemoryContextSwitchTo(run->cxt);
@@ -533,8 +539,7 @@ finish_park(Transition *t, StepResult *result)
 	List	   *events = list_concat(list_copy(t->events), run->step_events);
 	JsonObjBuilder b;
 	Jsonb	   *state;
-	Oid			save_user;
-	int			save_sec;
+	SecurityFrame frame;
 
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "step", t->step->id);
@@ -552,14 +557,13 @@ finish_park(Transition *t, StepResult *result)
 		JsonObjAddJsonb(&b, "awaiting", result->park_info);
 	JournalAdd(&events, "checkpoint", t->step->id, t->step->kind_name, JsonObjEnd(&b));
 
-	GetUserIdAndSecContext(&save_user, &save_sec);
-	SetUserIdAndSecContext(run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	SecurityAsOwner(&frame);
 	run->next_seq = run->last_seq + JournalCount(events);
 	write_checkpoint_control(run, result->park, run->context, t->step->id, run->next_seq,
 							 NULL, NULL, NULL, state, result->consume, result->control_add,
 							 result->steer_done);
 	(void) JournalWrite(run->id, run->last_seq, events);
-	SetUserIdAndSecContext(save_user, save_sec);
+	SecurityRestore(&frame);
 	TuvlRunChangedAtCommit();
 
 	{
@@ -604,8 +608,7 @@ finish_compensation(Transition *t, StepResult *result, ErrorData *edata)
 	Jsonb	   *response = NULL;
 	char	   *run_error = NULL;
 	JsonObjBuilder b;
-	Oid			save_user;
-	int			save_sec;
+	SecurityFrame frame;
 
 	if (result)
 		events = list_concat(events, run->step_events);
@@ -697,13 +700,12 @@ finish_compensation(Transition *t, StepResult *result, ErrorData *edata)
 				   NULL, NULL, JsonObjEnd(&b));
 	}
 
-	GetUserIdAndSecContext(&save_user, &save_sec);
-	SetUserIdAndSecContext(run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	SecurityAsOwner(&frame);
 	run->next_seq = run->last_seq + JournalCount(events);
 	write_checkpoint_control(run, status, context, next_step_id, run->next_seq,
 							 end_name, response, run_error, NULL, NIL, NULL, NIL);
 	(void) JournalWrite(run->id, run->last_seq, events);
-	SetUserIdAndSecContext(save_user, save_sec);
+	SecurityRestore(&frame);
 	if (strcmp(status, "compensating") != 0)
 		TuvlRunChangedAtCommit();
 
@@ -743,8 +745,7 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 	const char *end_name = NULL;
 	Jsonb	   *response = NULL;
 	char	   *run_error = NULL;
-	Oid			save_user;
-	int			save_sec;
+	SecurityFrame frame;
 
 	if (result && result->pending)
 	{
@@ -922,8 +923,7 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 	}
 
 	/* Internal writes run as the extension's owner. */
-	GetUserIdAndSecContext(&save_user, &save_sec);
-	SetUserIdAndSecContext(run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	SecurityAsOwner(&frame);
 
 	/* the fenced update first: a holder that lost its lease stops here */
 	run->next_seq = run->last_seq + JournalCount(events);
@@ -932,7 +932,7 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 							 result ? result->consume : NIL, NULL,
 							 result ? result->steer_done : NIL);
 	(void) JournalWrite(run->id, run->last_seq, events);
-	SetUserIdAndSecContext(save_user, save_sec);
+	SecurityRestore(&frame);
 
 	if (strcmp(status, "running") != 0 && strcmp(status, "compensating") != 0)
 		TuvlRunChangedAtCommit();
@@ -1075,8 +1075,7 @@ boundary_control(Transition *t)
 	const char *next_step = NULL;
 	char	   *error = NULL;
 	JsonObjBuilder b;
-	Oid			save_user;
-	int			save_sec;
+	SecurityFrame frame;
 
 	if (abort == NULL && pause == NULL)
 		return false;
@@ -1109,8 +1108,7 @@ boundary_control(Transition *t)
 		consume = list_make1("pause");
 	}
 
-	GetUserIdAndSecContext(&save_user, &save_sec);
-	SetUserIdAndSecContext(run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	SecurityAsOwner(&frame);
 	if (next_step)
 	{
 		JsonObjStart(&b);
@@ -1123,7 +1121,7 @@ boundary_control(Transition *t)
 							 run->next_seq, NULL, NULL, error,
 							 next_step ? NULL : run->step_state, consume, NULL, NIL);
 	(void) JournalWrite(run->id, run->last_seq, events);
-	SetUserIdAndSecContext(save_user, save_sec);
+	SecurityRestore(&frame);
 	TuvlRunChangedAtCommit();
 
 	{
@@ -1190,10 +1188,11 @@ RunAdvance(RunState *run)
 	t.step = &t.wf->steps[cur];
 	ectx.step = t.step->id;
 
-	if (!OidIsValid(run->principal))
+	if (!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(run->principal)))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
-				 errmsg("role \"%s\" that started the run does not exist", run->principal_name)));
+				 errmsg("role \"%s\" that started the run does not exist", run->principal_name),
+				 errdetail("Runs belong to the role, not to its name: a role created again under the name does not take them over.")));
 
 	if (run->control && run->fresh_effect == NULL && !run_compensating(run) &&
 		boundary_control(&t))
@@ -1256,8 +1255,7 @@ RunFail(RunState *run, const char *error)
 {
 	List	   *events = NIL;
 	JsonObjBuilder b;
-	Oid			save_user;
-	int			save_sec;
+	SecurityFrame frame;
 
 	JsonObjStart(&b);
 	JsonObjAddNull(&b, "end");
@@ -1265,13 +1263,12 @@ RunFail(RunState *run, const char *error)
 	JsonObjAddString(&b, "error", error);
 	JournalAdd(&events, "run_failed", NULL, NULL, JsonObjEnd(&b));
 
-	GetUserIdAndSecContext(&save_user, &save_sec);
-	SetUserIdAndSecContext(run->owner, save_sec | SECURITY_LOCAL_USERID_CHANGE);
+	SecurityAsOwner(&frame);
 	write_checkpoint(run, "failed", run->context,
 					 run->step >= 0 ? WorkflowLoad(run->workflow, run->version)->steps[run->step].id : NULL,
 					 run->last_seq + 1, NULL, NULL, error, run->step_state);
 	(void) JournalWrite(run->id, run->last_seq, events);
-	SetUserIdAndSecContext(save_user, save_sec);
+	SecurityRestore(&frame);
 	TuvlRunChangedAtCommit();
 }
 

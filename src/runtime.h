@@ -27,9 +27,10 @@ typedef struct RunState
 	int			attempt;		/* the lease fence */
 	char	   *workflow;
 	int			version;
-	Oid			principal;
+	Oid			principal;		/* user code runs as this role */
 	char	   *principal_name;
-	Oid			owner;			/* internal writes run as this role */
+	bool		replay;			/* a tuvl.replay(): effects are served from
+								 * its fixture, secrets are never read */
 	Jsonb	   *context;
 	int			step;			/* index of the current step; -1: start */
 	int			last_seq;
@@ -70,8 +71,8 @@ typedef struct RunState
 } RunState;
 
 extern RunState *RunStateCreate(MemoryContext parent, int64 id, int attempt,
-								const char *workflow, int version,
-								const char *principal, Jsonb *context,
+								const char *workflow, int version, Oid principal,
+								const char *principal_name, Jsonb *context,
 								const char *current_step, int last_seq,
 								Jsonb *step_state);
 extern void RunStateFree(RunState *run);

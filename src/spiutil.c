@@ -28,6 +28,7 @@
 #include "catalog/pg_type.h"
 #include "miscadmin.h"
 
+#include "security.h"
 #include "spiutil.h"
 
 typedef struct PlanEntry
@@ -94,39 +95,36 @@ SpiExec(const char *sql, int nargs, const Oid *argtypes,
 }
 
 /*
- * Raise unless the current role may replace the named object: the owner
- * (found by owner_sql, one text parameter, one row with the owner's name,
- * or none when the object is new) or a member of the owner's role.  what
- * names the object in messages, e.g. "workflow" or "LLM config", action
- * what was refused, e.g. "replace".
+ * The owner (a regrole) that owner_sql (one text parameter, at most one
+ * row) finds for name, or InvalidOid when the name is new.  Runs as the
+ * extension owner.
  */
-void
-CheckObjectOwner(const char *owner_sql, const char *name, const char *what,
-				 const char *action)
+Oid
+SpiNameOwner(const char *owner_sql, const char *name)
 {
 	static const Oid types[1] = {TEXTOID};
 	Datum		values[1];
-	char	   *owner;
-	Oid			owner_oid;
+	SecurityFrame frame;
+	Oid			owner = InvalidOid;
 
 	values[0] = CStringGetTextDatum(name);
-	if (SpiExec(owner_sql, 1, types, values, NULL, SPI_OK_SELECT) == 0)
-		return;
-	owner = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
-	owner_oid = get_role_oid(owner, true);
-	if (superuser())
-		return;
-	if (!OidIsValid(owner_oid) || !has_privs_of_role(GetUserId(), owner_oid))
-		ereport(ERROR,
-				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
-				 errmsg("permission denied to %s %s \"%s\"", action, what, name),
-				 errdetail("The %s belongs to role \"%s\".", what, owner),
-				 errhint("Act as a member of role \"%s\", or choose another name.", owner)));
+	SecurityAsOwner(&frame);
+	if (SpiExec(owner_sql, 1, types, values, NULL, SPI_OK_SELECT) == 1)
+	{
+		bool		isnull;
+		Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+
+		if (!isnull)
+			owner = DatumGetObjectId(d);
+	}
+	SecurityRestore(&frame);
+	return owner;
 }
 
 /*
  * The owner of the tuvl extension in this database: internal writes to
- * tuvl's tables run as this role.  Must be called inside a transaction.
+ * tuvl's tables run as this role (use SecurityOwnerId, which caches it).
+ * Must be called inside a transaction.
  */
 Oid
 TuvlOwnerId(void)

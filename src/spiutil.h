@@ -14,7 +14,6 @@ extern SPIPlanPtr SpiPlan(const char *sql, int nargs, const Oid *argtypes);
 extern uint64 SpiExec(const char *sql, int nargs, const Oid *argtypes,
 					  Datum *values, const char *nulls, int expected);
 extern Oid	TuvlOwnerId(void);
-extern void CheckObjectOwner(const char *owner_sql, const char *name, const char *what,
-							 const char *action);
+extern Oid	SpiNameOwner(const char *owner_sql, const char *name);
 
 #endif							/* TUVL_SPIUTIL_H */

@@ -340,7 +340,7 @@ StepExecuteAPICall(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 	Jsonb	   *last = n > 0 ? EffectAt(run, n - 1) : NULL;
 
 	parse_retry(http, &rp);
-	SecretUseInit(&use);
+	SecretUseInit(&use, run);
 	req = build_request(run, step, http, ctx, &use);
 
 	if (last == NULL)

@@ -5,12 +5,13 @@
  *
  * Both run inside the transition's subtransaction, so their database
  * writes commit with the checkpoint and journal rows that record them, or
- * not at all.  Both execute as the run's principal (never as the worker's
- * superuser role), inside a GUC nest level that is discarded afterwards,
- * so a step cannot change the settings of the session that runs the next
- * step.  Workflow SQL is prepared once per backend (plans are kept in a
- * small list keyed by SQL text) and values are always bound as
- * parameters, never spliced into the SQL.
+ * not at all.  Both execute as the run's principal in a principal frame
+ * (security.c): never as the worker's superuser role, security restricted,
+ * in a GUC nest level that is discarded afterwards, so a step cannot
+ * change the session that runs the next step.  Workflow SQL is prepared
+ * once per backend and principal (plans are kept in a small list keyed by
+ * SQL text and role) and values are always bound as parameters, never
+ * spliced into the SQL.
  *
  *-------------------------------------------------------------------------
  */
@@ -35,6 +36,7 @@
 #include "effect.h"
 #include "executor.h"
 #include "jsonutil.h"
+#include "security.h"
 #include "template.h"
 
 /* Upper bound on cached workflow statements per backend. */
@@ -42,6 +44,7 @@
 
 typedef struct UserPlan
 {
+	Oid			principal;
 	char	   *sql;
 	SPIPlanPtr	plan;
 	int			nargs;
@@ -60,6 +63,7 @@ remember_plan(const char *sql, SPIPlanPtr plan, int nargs, Oid *argtypes)
 	UserPlan   *up = palloc(sizeof(UserPlan));
 
 	SPI_keepplan(plan);
+	up->principal = GetUserId();
 	up->sql = pstrdup(sql);
 	up->plan = plan;
 	up->nargs = nargs;
@@ -81,16 +85,18 @@ remember_plan(const char *sql, SPIPlanPtr plan, int nargs, Oid *argtypes)
 	return up;
 }
 
+/* The plan of sql prepared for the current role, or NULL. */
 static UserPlan *
 find_plan(const char *sql)
 {
+	Oid			me = GetUserId();
 	ListCell   *lc;
 
 	foreach(lc, user_plans)
 	{
 		UserPlan   *up = lfirst(lc);
 
-		if (strcmp(up->sql, sql) == 0)
+		if (up->principal == me && strcmp(up->sql, sql) == 0)
 			return up;
 	}
 	return NULL;
@@ -140,26 +146,6 @@ prepare_user_sql(const char *sql, int nvalues)
 }
 
 /*
- * Switch to the run's principal for the duration of a step; returns the
- * GUC nest level to pass to end_as_principal.  An ERROR restores the user
- * and the GUCs through subtransaction abort.
- */
-static int
-begin_as_principal(RunState *run, Oid *save_user, int *save_sec)
-{
-	GetUserIdAndSecContext(save_user, save_sec);
-	SetUserIdAndSecContext(run->principal, *save_sec | SECURITY_LOCAL_USERID_CHANGE);
-	return NewGUCNestLevel();
-}
-
-static void
-end_as_principal(int nestlevel, Oid save_user, int save_sec)
-{
-	AtEOXact_GUC(false, nestlevel);
-	SetUserIdAndSecContext(save_user, save_sec);
-}
-
-/*
  * The rows of the last SPI result as a jsonb array of objects, one per
  * row, keyed by column name.
  */
@@ -202,9 +188,7 @@ StepExecuteModelOp(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 	char	   *nulls;
 	char	  **texts;
 	UserPlan   *up;
-	Oid			save_user;
-	int			save_sec;
-	int			nestlevel;
+	SecurityFrame frame;
 	int			rc;
 
 	/* Render every parameter before touching SQL. */
@@ -221,7 +205,7 @@ StepExecuteModelOp(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 	}
 
 	StepErrorType = "sql_error";
-	nestlevel = begin_as_principal(run, &save_user, &save_sec);
+	SecurityAsPrincipal(&frame, run->principal);
 	up = prepare_user_sql(sql, nvalues);
 	values = palloc0(sizeof(Datum) * Max(up->nargs, 1));
 	nulls = palloc(Max(up->nargs, 1));
@@ -243,7 +227,7 @@ StepExecuteModelOp(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
 	result->output = rows_to_jsonb();
-	end_as_principal(nestlevel, save_user, save_sec);
+	SecurityRestore(&frame);
 	result->has_output = true;
 }
 
@@ -258,17 +242,18 @@ StepExecuteFunctional(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 	char	   *fname = JsonGetString(step->spec, "function");
 	char	   *sql;
 	UserPlan   *up;
-	Oid			save_user;
-	int			save_sec;
-	int			nestlevel;
+	SecurityFrame frame;
 	Datum		values[1];
 	bool		isnull;
 	Datum		d;
 	int			rc;
 
+	/* the key an effect of this step would send: stable across retries, crashes and replay */
+	values[0] = JsonbPGetDatum(JsonSetKey(ctx, "idempotency_key",
+										  JsonStringValue(EffectKey(run, 0))));
 	StepErrorType = "sql_error";
-	nestlevel = begin_as_principal(run, &save_user, &save_sec);
-	sql = psprintf("SELECT %s($1::jsonb)",
+	SecurityAsPrincipal(&frame, run->principal);
+	sql = psprintf("SELECT %s($1::pg_catalog.jsonb)",
 				   NameListToQuotedString(stringToQualifiedNameList(fname)));
 	up = find_plan(sql);
 	if (up == NULL)
@@ -280,9 +265,6 @@ StepExecuteFunctional(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 			elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
 		up = remember_plan(sql, plan, 1, types);
 	}
-	/* the key an effect of this step would send: stable across retries, crashes and replay */
-	values[0] = JsonbPGetDatum(JsonSetKey(ctx, "idempotency_key",
-										  JsonStringValue(EffectKey(run, 0))));
 	rc = SPI_execute_plan(up->plan, values, NULL, false, 1);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
@@ -292,7 +274,7 @@ StepExecuteFunctional(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 				 errmsg("function %s must return jsonb", fname),
 				 errhint("Declare it as %s(ctx jsonb) RETURNS jsonb.", fname)));
 	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-	end_as_principal(nestlevel, save_user, save_sec);
+	SecurityRestore(&frame);
 
 	result->has_output = true;
 	if (isnull)

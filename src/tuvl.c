@@ -31,6 +31,7 @@
 #include "utils/timestamp.h"
 
 #include "launcher.h"
+#include "security.h"
 #include "tuvl.h"
 
 PG_MODULE_MAGIC;
@@ -50,7 +51,7 @@ char	   *tuvl_http_allowed_hosts = NULL;
 int			tuvl_http_timeout = 30000;
 int			tuvl_agent_tool_timeout = 300;
 int			tuvl_agent_pause_max = 300;
-bool		TuvlReplaying = false;
+int			TuvlReplayDepth = 0;
 int			tuvl_http_max_response_size = 10 * 1024 * 1024;
 int			tuvl_http_max_redirects = 5;
 bool		tuvl_http_verify_tls = true;
@@ -231,6 +232,21 @@ TuvlLeaseHolderAlive(int pid, int64 epoch)
 	return alive;
 }
 
+/*
+ * Raise when a replay is executing in this backend: what (a request,
+ * tuvl.run(), ...) would leave the database, which a replay never does.
+ */
+void
+TuvlRefuseWhileReplaying(const char *what)
+{
+	if (TuvlReplayDepth > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("%s is not allowed while tuvl.replay() executes", what),
+				 errdetail("A replay serves every result from outside the database from its fixture and sends nothing."),
+				 errhint("Replay the outer workflow only, or run the inner work outside the replay.")));
+}
+
 bool
 TuvlPreloaded(void)
 {
@@ -353,6 +369,7 @@ _PG_init(void)
 
 	define_gucs();
 	RegisterXactCallback(tuvl_xact_callback, NULL);
+	SecurityInit();
 
 	if (!process_shared_preload_libraries_in_progress)
 		return;

@@ -90,8 +90,15 @@ extern int	tuvl_http_max_response_size;
 extern int	tuvl_http_max_redirects;
 extern bool tuvl_http_verify_tls;
 
-/* Set while tuvl.replay() executes a fixture: nothing leaves the database. */
-extern bool TuvlReplaying;
+/*
+ * How many tuvl.replay() calls this backend is inside.  A replay serves
+ * every outside result from its fixture, so while one runs nothing may
+ * leave the database: requests, tuvl.run(), nested replays and
+ * mcp_list_tools() are refused (TuvlRefuseWhileReplaying).  It never
+ * widens anything: the allow-list and secret grants apply as always.
+ */
+extern int	TuvlReplayDepth;
+extern void TuvlRefuseWhileReplaying(const char *what);
 
 /* Wake-ups: recorded now, delivered when the transaction commits. */
 extern void TuvlWakeWorkersAtCommit(void);

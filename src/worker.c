@@ -52,6 +52,7 @@
 #include "control.h"
 #include "lease.h"
 #include "runtime.h"
+#include "security.h"
 #include "spiutil.h"
 #include "tuvl.h"
 #include "worker.h"
@@ -69,7 +70,6 @@ static int	my_slot = -1;
 static List *held = NIL;			/* RunState *, in runs_cxt */
 static MemoryContext runs_cxt = NULL;
 static MemoryContext round_cxt = NULL;
-static Oid	owner_id = InvalidOid;
 static int64 epoch = 0;
 static TimeoutId heartbeat_id;
 static bool trimmed = true;		/* memory given back since the last claim */
@@ -281,7 +281,7 @@ claim(void)
 	begin_tx("tuvl claiming runs");
 	/* a lost claim only means the run is claimed again */
 	async_commit();
-	runs = LeaseClaim(runs_cxt, room, epoch, tuvl_lease_timeout, owner_id);
+	runs = LeaseClaim(runs_cxt, room, epoch, tuvl_lease_timeout);
 	if (runs != NIL)
 		trimmed = false;
 	commit_tx();
@@ -400,11 +400,20 @@ advance_batch(void)
 	ListCell   *lc;
 	char		activity[64];
 
+	/*
+	 * One principal's runs per transaction: what a step leaves for the
+	 * rest of its transaction (a cursor, a transaction-level lock) never
+	 * reaches another role's step.  The others come in the next batch.
+	 */
 	foreach(lc, held)
 	{
-		if (!run_ready(lfirst(lc)))
+		RunState   *run = lfirst(lc);
+
+		if (!run_ready(run))
 			continue;
-		batch = lappend(batch, lfirst(lc));
+		if (batch != NIL && run->principal != ((RunState *) linitial(batch))->principal)
+			continue;
+		batch = lappend(batch, run);
 		if (list_length(batch) >= MAX_STEPS_PER_COMMIT)
 			break;
 	}
@@ -508,7 +517,7 @@ start_due_sends(TimestampTz *next_send)
 		}
 		PG_TRY();
 		{
-			run->transfer = HttpStart(&run->send->http, run);
+			run->transfer = HttpStart(&run->send->http, run->send->secrets, run);
 		}
 		PG_CATCH();
 		{
@@ -593,6 +602,8 @@ TuvlWorkerMain(Datum main_arg)
 
 	BackgroundWorkerInitializeConnectionByOid(dboid, InvalidOid, 0);
 	set_my_name(TuvlShmem->slots[my_slot].number);
+	/* one session for every principal's steps: see security.c */
+	SecurityBeginSharedSession();
 
 	/* heartbeat even while a long step executes */
 	heartbeat_timeout();
@@ -611,7 +622,6 @@ TuvlWorkerMain(Datum main_arg)
 		AbortCurrentTransaction();
 		exit_extension_dropped();
 	}
-	owner_id = TuvlOwnerId();
 	CommitTransactionCommand();
 	MemoryContextSwitchTo(round_cxt);
 	note_extension_present();

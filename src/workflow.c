@@ -27,6 +27,7 @@
 
 #include "jsonutil.h"
 #include "spiutil.h"
+#include "security.h"
 #include "workflow.h"
 
 const char *const StepKindNames[STEP_KIND_COUNT] = {
@@ -295,7 +296,8 @@ flush_if_stale(void)
 }
 
 static const char load_sql[] =
-"SELECT definition FROM tuvl.workflows WHERE name = $1 AND version = $2";
+"SELECT definition FROM tuvl.workflows "
+"WHERE name OPERATOR(pg_catalog.=) $1 AND version OPERATOR(pg_catalog.=) $2";
 
 /*
  * The compiled definition of a workflow version, from the cache or the
@@ -315,6 +317,8 @@ WorkflowLoad(const char *name, int version)
 	Jsonb	   *definition;
 	MemoryContext cxt;
 	MemoryContext old;
+	SecurityFrame frame;
+	uint64		n;
 
 	if (workflow_cache == NULL)
 	{
@@ -343,7 +347,10 @@ WorkflowLoad(const char *name, int version)
 
 	values[0] = CStringGetTextDatum(name);
 	values[1] = Int32GetDatum(version);
-	if (SpiExec(load_sql, 2, types, values, NULL, SPI_OK_SELECT) != 1)
+	SecurityAsOwner(&frame);
+	n = SpiExec(load_sql, 2, types, values, NULL, SPI_OK_SELECT);
+	SecurityRestore(&frame);
+	if (n != 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("workflow \"%s\" version %d does not exist", name, version)));
@@ -373,7 +380,7 @@ WorkflowLoad(const char *name, int version)
 }
 
 static const char latest_sql[] =
-"SELECT max(version) FROM tuvl.workflows WHERE name = $1";
+"SELECT pg_catalog.max(version) FROM tuvl.workflows WHERE name OPERATOR(pg_catalog.=) $1";
 
 /* The newest version of a workflow; 0 or an error when there is none. */
 int
@@ -383,9 +390,12 @@ WorkflowLatestVersion(const char *name, bool missing_ok)
 	Datum		values[1];
 	bool		isnull;
 	Datum		d;
+	SecurityFrame frame;
 
 	values[0] = CStringGetTextDatum(name);
+	SecurityAsOwner(&frame);
 	SpiExec(latest_sql, 1, types, values, NULL, SPI_OK_SELECT);
+	SecurityRestore(&frame);
 	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 	if (isnull)
 	{

@@ -113,7 +113,7 @@ def ctldb(db):
     try:
         for role in (ALICE, BOB, CAROL):
             q(admin, f"DROP ROLE IF EXISTS {role}")
-            q(admin, f"CREATE ROLE {role} LOGIN")
+            q(admin, f"CREATE ROLE {role} LOGIN IN ROLE tuvl_user")
         q(admin, f"GRANT tuvl_operator TO {CAROL}")
     finally:
         admin.close()
@@ -416,14 +416,17 @@ def test_only_the_principal_operators_and_superusers_may_control_a_run(conn, as_
               ("steer_run", slow, "SELECT tuvl.steer_run(%s, %s)", ("do as I say",)),
               ("submit", human, "SELECT tuvl.submit(%s, %s)", ('{"approved": true}',)),
               ("decide", human, "SELECT tuvl.decide(%s, %s)", (True,))]
-    actions = {"pause_run": "pause", "resume_run": "resume", "abort_run": "abort",
-               "steer_run": "steer", "submit": "submit to", "decide": "decide on"}
+    # to bob, another role's run does not exist: nothing names its principal
     for fn, run_id, sql, args in denied:
-        with pytest.raises(psycopg2.errors.InsufficientPrivilege) as e:
+        with pytest.raises(psycopg2.errors.UndefinedObject) as e:
             q(bob, sql, (run_id, *args))
-        assert sqlstate_of(e) == "42501", fn
-        assert e.value.diag.message_primary == f"permission denied to {actions[fn]} run {run_id}"
-        assert e.value.diag.message_detail == f'The run was started by role "{ALICE}".'
+        assert sqlstate_of(e) == "42704", fn
+        assert e.value.diag.message_primary == f"run {run_id} does not exist"
+        assert ALICE not in str(e.value)
+    # exactly what a run id nobody has gets
+    with pytest.raises(psycopg2.errors.UndefinedObject) as e:
+        q(bob, "SELECT tuvl.abort_run(%s)", (10 ** 12,))
+    assert e.value.diag.message_primary == f"run {10 ** 12} does not exist"
     # bob cannot even see the runs, and changed nothing
     assert q(bob, "SELECT id FROM tuvl.runs WHERE id IN (%s, %s)", (human, slow)) == []
     assert before == {r: q1(conn, "SELECT (status, last_seq, control)::text FROM tuvl.runs "

@@ -147,7 +147,7 @@ def outsider(wf):
     """A plain role (no superuser, no grants) that can connect to the module's database."""
     admin = connect("postgres")
     q(admin, f"DROP ROLE IF EXISTS {OUTSIDER}")
-    q(admin, f"CREATE ROLE {OUTSIDER} LOGIN")
+    q(admin, f"CREATE ROLE {OUTSIDER} LOGIN IN ROLE tuvl_user")
     yield OUTSIDER
     # its runs and workflows reference it by name only; the database goes at module end
     try:
@@ -522,6 +522,7 @@ def test_a_refused_url_does_not_reveal_a_secret(wf, outsider, conns, mode):
     admin = conns(wf)
     secret = "sk-live-" + unique("")
     q(admin, "SELECT tuvl.set_secret('payment_api', %s)", (secret,))
+    q(admin, "SELECT tuvl.grant_secret('payment_api', %s)", (outsider,))
     c = conns(wf, user=outsider)
     name = "peek_" + mode
     q(c, "SELECT tuvl.register_workflow(%s)", (api_workflow(

@@ -321,7 +321,7 @@ def test_a_missing_key_secret_takes_the_error_route_and_sends_nothing(conn, prov
     name = make_agent(conn, provider, [{"text": "never"}], key_secret="llm_never_set")
     res = execute(conn, name)
     error, kind = error_of(res)
-    assert error == f'secret "llm_never_set" named by LLM config "{name}" does not exist', error
+    assert error == f'secret "llm_never_set" named by LLM config "{name}" is not available to role "postgres"', error
     assert kind == "llm_error"
     assert sent(name) == [] and turns_of(conn, res["run_id"]) == []
 
@@ -694,7 +694,7 @@ def outsider(db):
     """A plain role that can connect to the module's database."""
     admin = connect("postgres")
     q(admin, f"DROP ROLE IF EXISTS {OUTSIDER}")
-    q(admin, f"CREATE ROLE {OUTSIDER} LOGIN")
+    q(admin, f"CREATE ROLE {OUTSIDER} LOGIN IN ROLE tuvl_user")
     yield OUTSIDER
     try:
         q(admin, f"DROP OWNED BY {OUTSIDER}")
@@ -795,12 +795,20 @@ def test_secrets_are_not_readable_by_other_roles(db, conn, outsider, conns):
 
 def test_a_plain_role_runs_an_agent_with_a_shared_config(db, conn, outsider, conns, provider):
     key = "sk-" + uuid.uuid4().hex
-    q(conn, "SELECT tuvl.set_secret('llm_shared_key', %s)", (key,))
+    secret = "llm_shared_" + provider
+    q(conn, "SELECT tuvl.set_secret(%s, %s)", (secret, key))
     name = new_name()
     script(name, [{"text": "hello from a shared model"}])
-    register_llm(conn, name, provider, key_secret="llm_shared_key")
+    register_llm(conn, name, provider, key_secret=secret)
     other = conns(db, user=outsider)
     q(other, "SELECT tuvl.register_workflow(%s)", (agent_workflow(name, name),))
+    # without a grant for the key the outsider's run sends nothing
+    res = execute(other, name)
+    assert res["end"] != "done" and sent(name) == [], res
+    assert res["context"]["_last_error"] == \
+        f'secret "{secret}" named by LLM config "{name}" is not available to role "{outsider}"'
+
+    q(conn, "SELECT tuvl.grant_secret(%s, %s)", (secret, outsider))
     res = execute(other, name)
     assert res["end"] == "done" and res["response"] == "hello from a shared model", res
     ((_, tokens, _, turn),) = events(other, res["run_id"], "llm_turn")
@@ -814,17 +822,20 @@ def test_who_may_register_and_replace_a_model_config(db, conn, outsider, conns):
     mine = new_name("mine")
     theirs = new_name("theirs")
     register_llm(other, mine, "openai")
-    assert q1(conn, "SELECT owner FROM tuvl.llms WHERE name = %s", (mine,)) == outsider
+    assert q1(conn, "SELECT owner::text FROM tuvl.llms WHERE name = %s", (mine,)) == outsider
     register_llm(conn, theirs, "openai")
     with pytest.raises(psycopg2.errors.InsufficientPrivilege) as e:
         register_llm(other, theirs, "anthropic")
-    assert f'permission denied to replace LLM config "{theirs}"' in str(e.value)
+    assert f'LLM config "{theirs}" belongs to another role' in str(e.value)
     assert q1(conn, "SELECT provider FROM tuvl.llms WHERE name = %s", (theirs,)) == "openai"
-    # the owner replaces its own config; a superuser may replace any
+    # the owner replaces its own config; a superuser may not, until it is handed over
     register_llm(other, mine, "anthropic")
+    with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+        register_llm(conn, mine, "openai", model="gpt-x")
+    q(conn, "SELECT tuvl.transfer('llm', %s, 'postgres')", (mine,))
     register_llm(conn, mine, "openai", model="gpt-x")
-    assert q(conn, "SELECT provider, definition ->> 'model', owner FROM tuvl.llms WHERE name = %s",
-             (mine,)) == [("openai", "gpt-x", outsider)]
+    assert q(conn, "SELECT provider, definition ->> 'model', owner::text FROM tuvl.llms WHERE name = %s",
+             (mine,)) == [("openai", "gpt-x", "postgres")]
 
 
 # ---------------------------------------------------------------------------

@@ -116,7 +116,7 @@ def setup(db):
             q(admin, f"DROP ROLE IF EXISTS {role}")
         except psycopg2.Error:
             pass
-        q(admin, f"CREATE ROLE {role} LOGIN")
+        q(admin, f"CREATE ROLE {role} LOGIN IN ROLE tuvl_user")
     q(admin, "GRANT tuvl_operator TO carol")
     conn = connect(db)
     q(conn, """
@@ -442,15 +442,34 @@ def test_a_step_can_neither_escalate_nor_leave_settings_behind(setup, conns):
     assert all(r[1].startswith("tuvl worker") for r in worker_rows(setup))
 
 
-def test_a_run_whose_principal_was_dropped_fails_instead_of_hanging(setup, conns):
+def test_drop_role_is_refused_while_the_role_has_runs_in_flight(setup, conns):
     admin = conns(setup)
-    starter = conns(setup, autocommit=False)
-    q(starter, "SET LOCAL ROLE dave")
-    run_id = q1(starter, "SELECT tuvl.start_run('napper', '{\"sleep\": 0}')")
-    q(starter, "RESET ROLE")
-    q(starter, "DROP ROLE dave")
-    starter.commit()
+    dave = conns(setup, user="dave", autocommit=False)
+    run_id = q1(dave, "SELECT tuvl.start_run('napper', '{\"sleep\": 0}')")
+    q(dave, "SELECT tuvl.pause_run(%s)", (run_id,))
+    dave.commit()
+    with pytest.raises(psycopg2.errors.DependentObjectsStillExist) as e:
+        q(admin, "DROP ROLE dave")
+    assert e.value.diag.message_primary == 'role "dave" cannot be dropped because it owns tuvl objects'
+    assert e.value.diag.message_detail == "In this database it has 1 run in flight."
+    assert "tuvl.abort_run()" in e.value.diag.message_hint
+    q(dave, "SELECT tuvl.abort_run(%s)", (run_id,))
+    dave.commit()
+    assert q1(admin, "SELECT status FROM tuvl.runs WHERE id = %s", (run_id,)) == "aborted"
+
+
+def test_a_run_whose_principal_was_dropped_fails_and_a_new_role_of_that_name_inherits_nothing(
+        setup, conns):
+    admin = conns(setup)
+    dave = conns(setup, user="dave", autocommit=False)
+    run_id = q1(dave, "SELECT tuvl.start_run('napper', '{\"sleep\": 0}')")
+    q(dave, "SELECT tuvl.pause_run(%s)", (run_id,))
+    dave.commit()
+    dave.close()
+    # dropped where tuvl is not installed (no check there), the role leaves its run behind
+    q(conns("postgres"), "DROP ROLE dave")
     try:
+        q(admin, "SELECT tuvl.resume_run(%s)", (run_id,))
         status = q1(admin, "SELECT tuvl.wait(%s, '5 s')", (run_id,))
         row = q(admin, "SELECT status, error, lease_owner FROM tuvl.runs WHERE id = %s",
                 (run_id,))[0]
@@ -459,4 +478,9 @@ def test_a_run_whose_principal_was_dropped_fails_instead_of_hanging(setup, conns
         assert q1(admin, "SELECT type FROM tuvl.events WHERE run_id = %s ORDER BY seq DESC LIMIT 1",
                   (run_id,)) == "run_failed"
     finally:
-        q(admin, "CREATE ROLE dave LOGIN")  # the module teardown drops it again
+        q(admin, "CREATE ROLE dave LOGIN IN ROLE tuvl_user")  # the module teardown drops it again
+    # identity is the role, not its name: the new dave sees and controls none of it
+    dave = conns(setup, user="dave")
+    assert q(dave, "SELECT id FROM tuvl.runs WHERE id = %s", (run_id,)) == []
+    with pytest.raises(psycopg2.errors.UndefinedObject):
+        q(dave, "SELECT tuvl.pin_run(%s)", (run_id,))

@@ -36,7 +36,7 @@ def cron():
     q(conn, "CREATE EXTENSION IF NOT EXISTS pg_cron")
     q(conn, "CREATE EXTENSION IF NOT EXISTS tuvl")
     q(conn, f"DROP ROLE IF EXISTS {OUTSIDER}")
-    q(conn, f"CREATE ROLE {OUTSIDER} LOGIN")
+    q(conn, f"CREATE ROLE {OUTSIDER} LOGIN IN ROLE tuvl_user")
     q(conn, f"GRANT CREATE ON SCHEMA public TO {OUTSIDER}")
     try:
         yield conn

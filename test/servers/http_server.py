@@ -115,7 +115,7 @@ class Handler(BaseHTTPRequestHandler):
         if p == "/malformed":
             return self._send(200, '{"truncated": [1, 2', "application/json")
         if p == "/redirect":
-            return self._send(302, "", headers={"Location": q["to"]})
+            return self._send(int(q.get("code", 302)), "", headers={"Location": q["to"]})
         if p == "/loop":
             return self._send(302, "", headers={"Location": "/loop"})
         if p == "/hang":

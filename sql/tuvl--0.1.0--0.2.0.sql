@@ -1,0 +1,296 @@
+/* tuvl--0.1.0--0.2.0.sql: the changes of release 0.2.0 */
+
+\echo Use "ALTER EXTENSION tuvl UPDATE TO '0.2.0'" to load this file. \quit
+
+/* ------------------------------------------------------------------ roles
+ *
+ * tuvl_user registers workflows, artifacts and model configs and starts,
+ * waits for and controls its own runs; tuvl_operator also sees and
+ * controls every run; tuvl_admin also manages secrets, their grants and
+ * other roles' names.  Each includes the one before.  Roles are
+ * cluster-wide: another database may have made them already.
+ */
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) 'tuvl_user') THEN
+        CREATE ROLE tuvl_user NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) 'tuvl_admin') THEN
+        CREATE ROLE tuvl_admin NOLOGIN;
+    END IF;
+    IF NOT pg_catalog.pg_has_role('tuvl_operator', 'tuvl_user', 'MEMBER') THEN
+        GRANT tuvl_user TO tuvl_operator;
+    END IF;
+    IF NOT pg_catalog.pg_has_role('tuvl_admin', 'tuvl_operator', 'MEMBER') THEN
+        GRANT tuvl_operator TO tuvl_admin;
+    END IF;
+END
+$$;
+
+/* ------------------------------------------------------------------ identity by OID
+ *
+ * Names and runs belong to roles by OID: a role dropped and created again
+ * under the same name inherits nothing.  regrole shows the role's name
+ * and survives pg_dump and restore (it is dumped as the name).  Owners
+ * that no longer exist pass to the extension's owner.
+ */
+DROP POLICY schedule_slots_start ON tuvl.schedule_slots;
+DROP POLICY schedule_slots_record ON tuvl.schedule_slots;
+
+UPDATE tuvl.workflows SET owner = (SELECT r.rolname FROM pg_catalog.pg_roles r, pg_catalog.pg_extension e
+                                   WHERE e.extname OPERATOR(pg_catalog.=) 'tuvl'
+                                     AND r.oid OPERATOR(pg_catalog.=) e.extowner)
+WHERE pg_catalog.to_regrole(pg_catalog.quote_ident(owner::pg_catalog.text)) IS NULL;
+ALTER TABLE tuvl.workflows ALTER COLUMN owner TYPE pg_catalog.regrole
+    USING pg_catalog.to_regrole(pg_catalog.quote_ident(owner::pg_catalog.text));
+
+UPDATE tuvl.artifacts SET owner = (SELECT r.rolname FROM pg_catalog.pg_roles r, pg_catalog.pg_extension e
+                                   WHERE e.extname OPERATOR(pg_catalog.=) 'tuvl'
+                                     AND r.oid OPERATOR(pg_catalog.=) e.extowner)
+WHERE pg_catalog.to_regrole(pg_catalog.quote_ident(owner::pg_catalog.text)) IS NULL;
+ALTER TABLE tuvl.artifacts ALTER COLUMN owner TYPE pg_catalog.regrole
+    USING pg_catalog.to_regrole(pg_catalog.quote_ident(owner::pg_catalog.text));
+
+UPDATE tuvl.llms SET owner = (SELECT r.rolname FROM pg_catalog.pg_roles r, pg_catalog.pg_extension e
+                              WHERE e.extname OPERATOR(pg_catalog.=) 'tuvl'
+                                AND r.oid OPERATOR(pg_catalog.=) e.extowner)
+WHERE pg_catalog.to_regrole(pg_catalog.quote_ident(owner::pg_catalog.text)) IS NULL;
+ALTER TABLE tuvl.llms ALTER COLUMN owner TYPE pg_catalog.regrole
+    USING pg_catalog.to_regrole(pg_catalog.quote_ident(owner::pg_catalog.text));
+
+COMMENT ON COLUMN tuvl.workflows.owner IS 'the role that registered version 1; only it adds versions (tuvl.transfer hands the name over)';
+COMMENT ON COLUMN tuvl.artifacts.owner IS 'the role that registered version 1; only it adds versions (tuvl.transfer hands the name over)';
+COMMENT ON COLUMN tuvl.llms.owner IS 'the role that registered the config; only it replaces it (tuvl.transfer hands the name over)';
+
+/* A run's principal: principal is its name when the run started, principal_id the role. */
+ALTER TABLE tuvl.runs ADD COLUMN principal_id pg_catalog.regrole;
+UPDATE tuvl.runs SET principal_id = COALESCE(
+    pg_catalog.to_regrole(pg_catalog.quote_ident(principal::pg_catalog.text)), 0::pg_catalog.oid::pg_catalog.regrole);
+ALTER TABLE tuvl.runs ALTER COLUMN principal_id SET NOT NULL;
+COMMENT ON COLUMN tuvl.runs.principal IS 'name of the role that started the run, as it was then';
+COMMENT ON COLUMN tuvl.runs.principal_id IS 'the role that started the run: its steps execute as this role';
+
+DROP POLICY runs_visible ON tuvl.runs;
+CREATE POLICY runs_visible ON tuvl.runs FOR SELECT
+    USING (principal_id::pg_catalog.oid OPERATOR(pg_catalog.=)
+               (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER)
+           OR pg_catalog.pg_has_role('tuvl_operator', 'USAGE'));
+
+CREATE POLICY schedule_slots_start ON tuvl.schedule_slots FOR INSERT
+    WITH CHECK (pg_catalog.pg_has_role((SELECT w.owner FROM tuvl.workflows w
+                                        WHERE w.name OPERATOR(pg_catalog.=) workflow
+                                          AND w.version OPERATOR(pg_catalog.=) 1), 'MEMBER')
+                OR pg_catalog.pg_has_role('tuvl_operator', 'MEMBER'));
+CREATE POLICY schedule_slots_record ON tuvl.schedule_slots FOR UPDATE
+    USING (pg_catalog.pg_has_role((SELECT w.owner FROM tuvl.workflows w
+                                   WHERE w.name OPERATOR(pg_catalog.=) workflow
+                                     AND w.version OPERATOR(pg_catalog.=) 1), 'MEMBER')
+           OR pg_catalog.pg_has_role('tuvl_operator', 'MEMBER'));
+
+/* ------------------------------------------------------------------ secrets
+ *
+ * A run may use a secret only when its principal holds a grant for it
+ * (a grant to a role is usable by its members).  Secrets and grants are
+ * managed by tuvl_admin; values are never readable back.
+ */
+CREATE TABLE tuvl.secret_grants (
+    secret text NOT NULL,
+    grantee pg_catalog.regrole NOT NULL,
+    granted_by name NOT NULL,
+    granted_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    PRIMARY KEY (secret, grantee)
+);
+COMMENT ON TABLE tuvl.secret_grants IS 'which roles'' runs may use which secrets (tuvl.grant_secret, tuvl.revoke_secret); kept by pg_dump, unlike the secrets themselves';
+ALTER TABLE tuvl.secret_grants ENABLE ROW LEVEL SECURITY;
+CREATE POLICY secret_grants_visible ON tuvl.secret_grants FOR SELECT
+    USING (pg_catalog.pg_has_role(grantee, 'USAGE') OR pg_catalog.pg_has_role('tuvl_admin', 'USAGE'));
+
+CREATE OR REPLACE FUNCTION tuvl.set_secret(name text, value text)
+RETURNS void
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    INSERT INTO tuvl.secrets AS s (name, value, updated_by) VALUES ($1, $2, SESSION_USER)
+    ON CONFLICT ON CONSTRAINT secrets_pkey
+    DO UPDATE SET value = excluded.value, updated_at = pg_catalog.now(), updated_by = excluded.updated_by;
+END;
+COMMENT ON FUNCTION tuvl.set_secret(text, text) IS 'store or replace a secret (tuvl_admin); its value is never readable back; runs use it only where tuvl.grant_secret allows';
+
+CREATE FUNCTION tuvl.grant_secret(name text, role pg_catalog.regrole)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF role IS NULL OR name IS NULL THEN
+        RAISE EXCEPTION 'secret name and role must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM tuvl.secrets s WHERE s.name OPERATOR(pg_catalog.=) grant_secret.name) THEN
+        RAISE EXCEPTION 'secret "%" does not exist', grant_secret.name
+            USING ERRCODE = 'undefined_object', HINT = 'Store it first with tuvl.set_secret().';
+    END IF;
+    INSERT INTO tuvl.secret_grants AS g (secret, grantee, granted_by)
+    VALUES (grant_secret.name, grant_secret.role, SESSION_USER)
+    ON CONFLICT (secret, grantee) DO NOTHING;
+END
+$$;
+COMMENT ON FUNCTION tuvl.grant_secret(text, pg_catalog.regrole) IS 'let the runs of a role (and of its members) use a secret (tuvl_admin)';
+
+CREATE FUNCTION tuvl.revoke_secret(name text, role pg_catalog.regrole)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DELETE FROM tuvl.secret_grants g
+    WHERE g.secret OPERATOR(pg_catalog.=) revoke_secret.name
+      AND g.grantee OPERATOR(pg_catalog.=) revoke_secret.role;
+    IF NOT FOUND THEN
+        RAISE NOTICE 'role "%" held no grant for secret "%"', revoke_secret.role, revoke_secret.name;
+    END IF;
+END
+$$;
+COMMENT ON FUNCTION tuvl.revoke_secret(text, pg_catalog.regrole) IS 'take a secret grant back (tuvl_admin); runs check grants at every use';
+
+/* ------------------------------------------------------------------ names */
+CREATE FUNCTION tuvl.transfer(kind text, name text, new_owner pg_catalog.regrole)
+RETURNS void
+AS 'MODULE_PATHNAME', 'tuvl_transfer'
+LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION tuvl.transfer(text, text, pg_catalog.regrole) IS 'hand a workflow, artifact or llm name (every version) to another role: its owner, tuvl_admin or a superuser';
+
+/* ------------------------------------------------------------------ SQL bodies
+ *
+ * SQL-standard bodies are parsed when they are created: nothing a caller
+ * puts on its search_path changes what they mean.  PL/pgSQL functions
+ * pin their search_path and qualify what they call.
+ */
+CREATE OR REPLACE FUNCTION tuvl._control_apply(control jsonb, consumed text[], added jsonb, steers_done text[])
+RETURNS jsonb LANGUAGE sql IMMUTABLE
+RETURN (
+    SELECT NULLIF(
+        CASE WHEN steers_done IS NULL
+                  OR pg_catalog.jsonb_typeof(x OPERATOR(pg_catalog.->) 'steer') IS DISTINCT FROM 'object' THEN x
+             WHEN (x OPERATOR(pg_catalog.->) 'steer') OPERATOR(pg_catalog.-) steers_done
+                  OPERATOR(pg_catalog.=) '{}'::pg_catalog.jsonb THEN x OPERATOR(pg_catalog.-) 'steer'::pg_catalog.text
+             ELSE pg_catalog.jsonb_set(x, '{steer}',
+                                       (x OPERATOR(pg_catalog.->) 'steer') OPERATOR(pg_catalog.-) steers_done) END,
+        '{}'::pg_catalog.jsonb)
+    FROM (SELECT (COALESCE(control, '{}'::pg_catalog.jsonb)
+                  OPERATOR(pg_catalog.-) COALESCE(consumed, '{}'::pg_catalog.text[]))
+                 OPERATOR(pg_catalog.||) COALESCE(added, '{}'::pg_catalog.jsonb) AS x) s);
+
+CREATE OR REPLACE FUNCTION tuvl._llm_request_shape(request jsonb) RETURNS jsonb
+LANGUAGE sql IMMUTABLE
+RETURN (
+    SELECT CASE WHEN pg_catalog.jsonb_typeof(request OPERATOR(pg_catalog.->) 'messages') OPERATOR(pg_catalog.=) 'array' THEN
+        pg_catalog.jsonb_set(request, '{messages}', COALESCE((
+            SELECT pg_catalog.jsonb_agg(CASE
+                WHEN m OPERATOR(pg_catalog.->>) 'role' OPERATOR(pg_catalog.=) 'tool'
+                    THEN m OPERATOR(pg_catalog.-) 'content'::pg_catalog.text
+                WHEN pg_catalog.jsonb_typeof(m OPERATOR(pg_catalog.->) 'content') OPERATOR(pg_catalog.=) 'array'
+                    THEN pg_catalog.jsonb_set(m, '{content}', COALESCE((
+                        SELECT pg_catalog.jsonb_agg(CASE WHEN b OPERATOR(pg_catalog.->>) 'type' OPERATOR(pg_catalog.=) 'tool_result'
+                                                         THEN b OPERATOR(pg_catalog.-) 'content'::pg_catalog.text ELSE b END
+                                                    ORDER BY o)
+                        FROM pg_catalog.jsonb_array_elements(m OPERATOR(pg_catalog.->) 'content')
+                             WITH ORDINALITY AS x(b, o)), '[]'::pg_catalog.jsonb))
+                ELSE m END ORDER BY i)
+            FROM pg_catalog.jsonb_array_elements(request OPERATOR(pg_catalog.->) 'messages')
+                 WITH ORDINALITY AS y(m, i)), '[]'::pg_catalog.jsonb))
+    ELSE request END);
+
+CREATE OR REPLACE FUNCTION tuvl.replay_divergence(fixture jsonb) RETURNS text
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM tuvl.replay(fixture);
+    RETURN NULL;
+EXCEPTION WHEN data_exception THEN
+    IF SQLSTATE OPERATOR(pg_catalog.=) '22000' THEN    -- a divergence; other errors propagate
+        RETURN SQLERRM;
+    END IF;
+    RAISE;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION tuvl.start_scheduled(workflow text, slot timestamptz DEFAULT pg_catalog.date_trunc('minute', pg_catalog.now()))
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    id bigint;
+BEGIN
+    INSERT INTO tuvl.schedule_slots AS s (workflow, slot) VALUES (start_scheduled.workflow, start_scheduled.slot)
+    ON CONFLICT DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN NULL;            -- this slot's run was started already
+    END IF;
+    id := tuvl.start_run(start_scheduled.workflow,
+                         pg_catalog.jsonb_build_object('_scheduled_at', start_scheduled.slot));
+    UPDATE tuvl.schedule_slots s SET run_id = id
+    WHERE s.workflow OPERATOR(pg_catalog.=) start_scheduled.workflow
+      AND s.slot OPERATOR(pg_catalog.=) start_scheduled.slot;
+    RETURN id;
+END
+$$;
+
+/* ------------------------------------------------------------------ privileges
+ *
+ * PUBLIC keeps only what needs no grant: the schema, the version and the
+ * pure functions of the documentation's examples (validate, render).
+ * Everything else goes to the roles above.
+ */
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA tuvl FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA tuvl FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tuvl.version(), tuvl.validate(text, boolean), tuvl.render(jsonb, jsonb) TO PUBLIC;
+
+GRANT EXECUTE ON FUNCTION
+    tuvl.register_workflow(text), tuvl.register_llm(text), tuvl.register_artifact(text),
+    tuvl.start_run(text, jsonb), tuvl.run(text, jsonb, interval), tuvl.wait(bigint, interval),
+    tuvl.pause_run(bigint), tuvl.resume_run(bigint), tuvl.abort_run(bigint, text),
+    tuvl.steer_run(bigint, text), tuvl.submit(bigint, jsonb), tuvl.decide(bigint, boolean, text),
+    tuvl.pin_run(bigint), tuvl.replay(jsonb), tuvl.replay_divergence(jsonb),
+    tuvl.mcp_list_tools(text), tuvl.start_scheduled(text, timestamptz),
+    tuvl.transfer(text, text, pg_catalog.regrole)
+TO tuvl_user;
+GRANT EXECUTE ON FUNCTION tuvl.worker_status() TO tuvl_operator;
+GRANT EXECUTE ON FUNCTION tuvl.set_secret(text, text), tuvl.grant_secret(text, pg_catalog.regrole),
+    tuvl.revoke_secret(text, pg_catalog.regrole)
+TO tuvl_admin;
+
+GRANT SELECT ON tuvl.workflows, tuvl.runs, tuvl.events, tuvl.llms, tuvl.artifacts,
+    tuvl.mcp_tools, tuvl.schedule_slots, tuvl.secret_grants TO tuvl_user;
+GRANT INSERT, UPDATE ON tuvl.schedule_slots TO tuvl_user;
+GRANT SELECT (name, updated_at, updated_by) ON tuvl.secrets TO tuvl_admin;
+
+/*
+ * Roles that used tuvl 0.1.0 (they own names or started runs) keep
+ * working after the update: they become members of tuvl_user.  Secrets
+ * are not granted to anyone: grant them with tuvl.grant_secret.
+ */
+DO $$
+DECLARE
+    r pg_catalog.regrole;
+BEGIN
+    FOR r IN SELECT DISTINCT x.role FROM (
+                 SELECT w.owner AS role FROM tuvl.workflows w
+                 UNION SELECT a.owner FROM tuvl.artifacts a
+                 UNION SELECT l.owner FROM tuvl.llms l
+                 UNION SELECT u.principal_id FROM tuvl.runs u) x
+             WHERE x.role::pg_catalog.oid OPERATOR(pg_catalog.<>) 0
+               AND NOT pg_catalog.pg_has_role(x.role::pg_catalog.oid, 'tuvl_user', 'MEMBER')
+               AND NOT (SELECT a.rolsuper FROM pg_catalog.pg_roles a WHERE a.oid OPERATOR(pg_catalog.=) x.role)
+    LOOP
+        EXECUTE pg_catalog.format('GRANT tuvl_user TO %s', r);
+    END LOOP;
+END
+$$;
+
+/* pg_dump keeps the registry too; secrets stay out of dumps (set them again after a restore). */
+SELECT pg_catalog.pg_extension_config_dump('tuvl.artifacts', '');
+SELECT pg_catalog.pg_extension_config_dump('tuvl.schedule_slots', '');
+SELECT pg_catalog.pg_extension_config_dump('tuvl.mcp_tools', '');
+SELECT pg_catalog.pg_extension_config_dump('tuvl.secret_grants', '');
