@@ -250,7 +250,7 @@ SecurityCheckNameOwner(const char *kind, const char *name, Oid owner)
 	ereport(ERROR,
 			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 			 errmsg("%s \"%s\" belongs to another role", kind, name),
-			 errdetail("A %s name belongs to the role that registered it first; no other role, superusers included, may register a version of it.",
+			 errdetail("The name of a %s belongs to the role that registered it first; no other role, superusers included, may register a version of it.",
 					   kind),
 			 errhint("Choose another name, or have its owner (or a member of tuvl_admin) hand it over with tuvl.transfer('%s', '%s', ...).",
 					 strcmp(kind, "LLM config") == 0 ? "llm" : kind, name)));
