@@ -9,6 +9,7 @@ OBJS = \
 	src/api.o \
 	src/artifact.o \
 	src/control.o \
+	src/deadline.o \
 	src/effect.o \
 	src/executor.o \
 	src/http.o \

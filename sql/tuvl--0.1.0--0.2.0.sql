@@ -87,6 +87,18 @@ CREATE POLICY schedule_slots_record ON tuvl.schedule_slots FOR UPDATE
                                      AND w.version OPERATOR(pg_catalog.=) 1), 'MEMBER')
            OR pg_catalog.pg_has_role('tuvl_operator', 'MEMBER'));
 
+/* ------------------------------------------------------------------ claims
+ *
+ * Workers share the queue among principals (lease.c): they skip through
+ * the principals with queued runs and take each one's runs by priority,
+ * then age.
+ */
+ALTER TABLE tuvl.runs ADD COLUMN priority integer NOT NULL DEFAULT 0;
+COMMENT ON COLUMN tuvl.runs.priority IS 'higher first among the queued runs of the same principal';
+DROP INDEX tuvl.runs_queued_idx;
+CREATE INDEX runs_queued_fair_idx ON tuvl.runs ((principal_id::pg_catalog.oid), priority DESC, id)
+    WHERE status = 'queued';
+
 /* ------------------------------------------------------------------ secrets
  *
  * A run may use a secret only when its principal holds a grant for it

@@ -59,6 +59,7 @@
 #include "agent.h"
 #include "artifact.h"
 #include "effect.h"
+#include "deadline.h"
 #include "executor.h"
 #include "journal.h"
 #include "jsonutil.h"
@@ -139,16 +140,6 @@ AgentIsReservedExit(const char *signal)
 }
 
 /* ---------------------------------------------------------------- helpers */
-
-static int64
-json_int(Jsonb *obj, const char *key, int64 dflt)
-{
-	JsonbValue *v = obj ? JsonGetField(obj, key) : NULL;
-
-	if (v == NULL || v->type != jbvNumeric)
-		return dflt;
-	return DatumGetInt64(DirectFunctionCall1(numeric_int8, NumericGetDatum(v->val.numeric)));
-}
 
 static bool
 op_is(Jsonb *rec, const char *op)
@@ -762,41 +753,6 @@ model_turn(AgentLoop *l, LlmReply *reply)
 
 /* ---------------------------------------------------------------- tool calls */
 
-static volatile sig_atomic_t tool_timed_out = false;
-static bool tool_timeout_registered = false;
-static TimeoutId tool_timeout_id;
-
-static void
-tool_timeout_handler(void)
-{
-	tool_timed_out = true;
-	InterruptPending = true;
-	QueryCancelPending = true;
-	SetLatch(MyLatch);
-}
-
-static void
-arm_tool_timeout(int ms)
-{
-	if (!tool_timeout_registered)
-	{
-		tool_timeout_id = RegisterTimeout(USER_TIMEOUT, tool_timeout_handler);
-		tool_timeout_registered = true;
-	}
-	tool_timed_out = false;
-	enable_timeout_after(tool_timeout_id, Max(ms, 1));
-}
-
-static void
-disarm_tool_timeout(void)
-{
-	if (tool_timeout_registered)
-		disable_timeout(tool_timeout_id, false);
-	/* a cancel requested after the tool finished must not hit what follows */
-	if (tool_timed_out)
-		QueryCancelPending = false;
-}
-
 /* The records [from, to) of the step, as an array, or NULL. */
 static Jsonb *
 records_slice(RunState *run, int from, int to)
@@ -906,6 +862,7 @@ run_tool(AgentLoop *l, AgentTool *tool, int call, const char *id, Jsonb *args,
 	StepResult	res;
 	ErrorData  *volatile edata = NULL;
 	volatile bool timed_out = false;
+	volatile int level = -1;
 	long		remaining_ms = (long) ((deadline - GetCurrentTimestamp()) / 1000);
 	const char *signal;
 	Jsonb	   *observation;
@@ -923,26 +880,37 @@ run_tool(AgentLoop *l, AgentTool *tool, int call, const char *id, Jsonb *args,
 		run->effect_call = call;
 		run->tool_args = JsonPublicContext(args);
 		if (sql)
-			arm_tool_timeout((int) Min(remaining_ms, INT_MAX));
+			level = DeadlinePush(DEADLINE_TOOL, deadline);
 		StepErrorType = "error";
 		ExecutorFor(ts->kind)->execute(run, ts, ctx, &res);
-		if (sql)
-			disarm_tool_timeout();
+		if (level >= 0)
+			(void) DeadlinePop(level);
+		level = -1;
 		ReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(oldcxt);
 		CurrentResourceOwner = oldowner;
 	}
 	PG_CATCH();
 	{
-		if (sql)
-			disarm_tool_timeout();
+		DeadlineKind fired = level >= 0 ? DeadlinePop(level) : DEADLINE_NONE;
+
 		MemoryContextSwitchTo(oldcxt);
 		edata = CopyErrorData();
 		FlushErrorState();
 		RollbackAndReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(oldcxt);
 		CurrentResourceOwner = oldowner;
-		timed_out = sql && tool_timed_out && edata->sqlerrcode == ERRCODE_QUERY_CANCELED;
+		timed_out = fired == DEADLINE_TOOL && edata->sqlerrcode == ERRCODE_QUERY_CANCELED;
+		/* the step's timeout, the batch's budget or an abort: not the tool's business */
+		if (!timed_out && edata->sqlerrcode == ERRCODE_QUERY_CANCELED &&
+			(DeadlineFiredOuter() != DEADLINE_NONE || TuvlAbortRequested(run->id)))
+		{
+			run->working_effects = saved;
+			run->effect_call = 0;
+			run->tool_args = NULL;
+			StepErrorType = saved_type;
+			ReThrowError(edata);
+		}
 	}
 	PG_END_TRY();
 	run->working_effects = saved;
@@ -1062,25 +1030,25 @@ tool_call(AgentLoop *l, Jsonb *tc, int index, char **content)
 	{
 		Jsonb	   *rec = EffectAt(run, l->cursor);
 
-		if (!op_is(rec, "tool_start") || json_int(rec, "call", -1) != call)
+		if (!op_is(rec, "tool_start") || JsonGetInt(rec, "call", -1) != call)
 			corrupt_state(l, psprintf("the start of tool call %d", call));
-		started = (TimestampTz) json_int(rec, "started_at", 0);
+		started = (TimestampTz) JsonGetInt(rec, "started_at", 0);
 		l->cursor++;
 		/* a person's decision on this call, recorded by tuvl.decide() */
 		if (l->cursor < EffectCount(run) && op_is(EffectAt(run, l->cursor), "approval"))
 		{
 			approval = EffectAt(run, l->cursor);
-			if (json_int(approval, "call", -1) != call)
+			if (JsonGetInt(approval, "call", -1) != call)
 				corrupt_state(l, psprintf("the approval of tool call %d", call));
 			/* the time limit counts from the decision */
-			started = (TimestampTz) json_int(approval, "decided_at", started);
+			started = (TimestampTz) JsonGetInt(approval, "decided_at", started);
 			l->cursor++;
 		}
 		first_inner = l->cursor;
 		while (l->cursor < EffectCount(run))
 		{
 			rec = EffectAt(run, l->cursor);
-			if (json_int(rec, "call", -1) != call)
+			if (JsonGetInt(rec, "call", -1) != call)
 				corrupt_state(l, psprintf("a record of tool call %d", call));
 			if (op_is(rec, "tool"))
 			{
@@ -1192,9 +1160,9 @@ StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 	l.result = result;
 	l.ctx = ctx;
 	l.values = AgentOutcomeEnum(l.agent);
-	l.max_iterations = (int) json_int(l.agent, "max_iterations", AGENT_DEFAULT_MAX_ITERATIONS);
+	l.max_iterations = (int) JsonGetInt(l.agent, "max_iterations", AGENT_DEFAULT_MAX_ITERATIONS);
 	budget = JsonGetJsonb(l.agent, "token_budget");
-	l.token_budget = budget ? json_int(l.agent, "token_budget", 0) : 0;
+	l.token_budget = budget ? JsonGetInt(l.agent, "token_budget", 0) : 0;
 	initStringInfo(&l.msgs);
 
 	StepErrorType = "llm_error";

@@ -354,6 +354,7 @@ ApiCreateRun(const char *workflow, Jsonb *input, bool running, int *version_out)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("run input must be a JSON object"),
 				 errhint("Pass input as '{\"key\": ...}'::jsonb.")));
+	TuvlCheckSize("the run input", VARSIZE(input), tuvl_max_input_size, "tuvl.max_input_size");
 	if (wf->input_schema)
 		JsonSchemaValidateOrError(wf->input_schema, input, "run input");
 

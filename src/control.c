@@ -70,6 +70,7 @@ typedef struct LockedRun
 	char	   *workflow;
 	int			version;
 	char	   *by;				/* the role acting */
+	int			lease_owner;	/* pid of the holder, or 0 */
 } LockedRun;
 
 /*
@@ -111,7 +112,7 @@ lock_run(int64 id, LockedRun *r, const char *action)
 	r->by = GetUserNameFromId(me, false);
 	values[0] = Int64GetDatum(id);
 	exec_as_owner("SELECT status, principal, last_seq, current_step, step_state, control, "
-				  "  workflow, workflow_version, compensation, principal_id "
+				  "  workflow, workflow_version, compensation, principal_id, lease_owner "
 				  "FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1 FOR UPDATE",
 				  1, types, values, NULL, SPI_OK_SELECT);
 	principal = SPI_processed == 1
@@ -136,6 +137,8 @@ lock_run(int64 id, LockedRun *r, const char *action)
 	r->version = DatumGetInt32(SPI_getbinval(tup, td, 8, &isnull));
 	d = SPI_getbinval(tup, td, 9, &isnull);
 	r->compensation = isnull ? NULL : DatumGetJsonbPCopy(d);
+	d = SPI_getbinval(tup, td, 11, &isnull);
+	r->lease_owner = isnull ? 0 : DatumGetInt32(d);
 }
 
 static void
@@ -355,7 +358,12 @@ tuvl_abort_run(PG_FUNCTION_ARGS)
 	directive = JsonObjEnd(&b);
 
 	if (strcmp(r.status, "running") == 0)
+	{
 		add_directive(&r, JsonSetKey(JsonEmptyObject(), "abort", directive));
+		/* a step executing now is cancelled once this commits */
+		if (r.lease_owner != 0)
+			TuvlInterruptRunAtCommit(r.lease_owner, r.id);
+	}
 	else if (agent_in_loop(&r) || has_compensations(&r))
 	{
 		/*

@@ -62,6 +62,7 @@ struct HttpTransfer
 	char		errbuf[CURL_ERROR_SIZE];
 	CURLcode	code;
 	long		status;
+	bool		paused;			/* waiting for memory */
 	const char *fail_kind;		/* set when we failed it ourselves */
 	char	   *fail_msg;		/* malloc'd */
 	char	  **secrets;		/* values of the secrets in the request */
@@ -79,6 +80,16 @@ static HttpTransfer *done_list = NULL;
 static int	n_in_flight = 0;
 static MemoryContext redirect_cxt = NULL;
 
+/*
+ * Memory.  Response bodies are counted as they are buffered; past the
+ * budget the worker gives (HttpSetMemoryBudget), every transfer but one
+ * is paused until memory is freed, so the bodies in flight stay within
+ * the budget plus one response.
+ */
+static size_t buffered = 0;		/* bytes of body buffers, allocated */
+static size_t budget = SIZE_MAX;
+static HttpTransfer *exempt = NULL; /* the one transfer that goes on */
+static int	n_paused = 0;
 /* ---- allow-list ---- */
 
 static bool
@@ -242,13 +253,29 @@ write_cb(char *data, size_t size, size_t nmemb, void *userp)
 {
 	HttpTransfer *t = userp;
 	size_t		n = size * nmemb;
+	size_t		cap = t->cap;
+	bool		ok;
 
 	if (t->len + n > (size_t) tuvl_http_max_response_size)
 	{
 		t->too_large = true;
 		return 0;
 	}
-	return buf_append(&t->buf, &t->len, &t->cap, data, n) ? n : 0;
+	/* over the budget: wait, unless this is the transfer that goes on */
+	if (t->len + n + 1 > t->cap && buffered + n > budget)
+	{
+		if (exempt == NULL)
+			exempt = t;
+		else if (exempt != t)
+		{
+			t->paused = true;
+			n_paused++;
+			return CURL_WRITEFUNC_PAUSE;
+		}
+	}
+	ok = buf_append(&t->buf, &t->len, &t->cap, data, n);
+	buffered += t->cap - cap;
+	return ok ? n : 0;
 }
 
 static size_t
@@ -260,6 +287,29 @@ header_cb(char *data, size_t size, size_t nmemb, void *userp)
 	/* a new status line starts a new header block (100 Continue) */
 	if (n >= 5 && strncmp(data, "HTTP/", 5) == 0)
 		t->hlen = 0;
+	/* a body of announced size: refused at once when too large, else one buffer */
+	if (n > 15 && pg_strncasecmp(data, "content-length:", 15) == 0)
+	{
+		char	   *end;
+		long long	len = strtoll(data + 15, &end, 10);
+
+		if (len > (long long) tuvl_http_max_response_size)
+		{
+			t->too_large = true;
+			return 0;
+		}
+		if (len > 0 && (size_t) len + 1 > t->cap && t->len == 0)
+		{
+			char	   *nb = realloc(t->buf, (size_t) len + 1);
+
+			if (nb)
+			{
+				buffered += (size_t) len + 1 - t->cap;
+				t->buf = nb;
+				t->cap = (size_t) len + 1;
+			}
+		}
+	}
 	if (t->hlen + n + 1 > 65536)
 		return n;				/* ignore pathological headers */
 	return buf_append(&t->hbuf, &t->hlen, &t->hcap, data, n) ? n : 0;
@@ -343,6 +393,11 @@ engine_init(void)
 static void
 transfer_free(HttpTransfer *t)
 {
+	buffered -= Min(t->cap, buffered);
+	if (t == exempt)
+		exempt = NULL;
+	if (t->paused)
+		n_paused--;
 	if (t->easy)
 		curl_easy_cleanup(t->easy);
 	curl_slist_free_all(t->hdrs);
@@ -682,6 +737,35 @@ drain_messages(void)
 	}
 }
 
+/* Memory was freed: let paused transfers go on (they pause again if need be). */
+static void
+resume_paused(void)
+{
+	if (n_paused == 0 || buffered >= budget)
+		return;
+	for (HttpTransfer *t = in_flight; t; t = t->next)
+		if (t->paused)
+		{
+			t->paused = false;
+			n_paused--;
+			curl_easy_pause(t->easy, CURLPAUSE_CONT);
+		}
+}
+
+/* How much the response bodies in flight may hold, in bytes. */
+void
+HttpSetMemoryBudget(size_t bytes)
+{
+	budget = bytes;
+}
+
+/* Bytes held by the response bodies in flight (and not taken yet). */
+size_t
+HttpBufferedBytes(void)
+{
+	return buffered;
+}
+
 /*
  * Wait up to timeout_ms (-1: forever) for the latch or transfer progress,
  * and drive libcurl.  Returns true when the latch was set (and resets it).
@@ -739,6 +823,7 @@ HttpWait(long timeout_ms)
 		curl_multi_socket_action(multi, CURL_SOCKET_TIMEOUT, 0, &running);
 	}
 	drain_messages();
+	resume_paused();
 	return latch;
 }
 

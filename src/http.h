@@ -56,6 +56,8 @@ extern HttpResult *HttpTakeResult(HttpTransfer *t);
 extern void HttpAbortAll(void);
 extern HttpResult *HttpPerform(const HttpRequest *req, List *secrets);
 extern const char *HttpResultHeader(HttpResult *res, const char *name);
+extern void HttpSetMemoryBudget(size_t bytes);
+extern size_t HttpBufferedBytes(void);
 extern char *HttpRedactUrl(const char *url);
 
 #endif							/* TUVL_HTTP_H */

@@ -59,6 +59,21 @@ JsonGetBool(Jsonb *obj, const char *key, bool dflt)
 	return v->val.boolean;
 }
 
+/*
+ * An integer field of an object (of tuvl's own making: a number that is
+ * not an integer, or out of range, raises), or dflt when absent or not a
+ * number.
+ */
+int64
+JsonGetInt(Jsonb *obj, const char *key, int64 dflt)
+{
+	JsonbValue *v = obj ? JsonGetField(obj, key) : NULL;
+
+	if (v == NULL || v->type != jbvNumeric)
+		return dflt;
+	return DatumGetInt64(DirectFunctionCall1(numeric_int8, NumericGetDatum(v->val.numeric)));
+}
+
 /* Wrap any JsonbValue (scalar, binary container) as a Jsonb datum. */
 Jsonb *
 JsonValueToJsonb(JsonbValue *v)

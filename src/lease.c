@@ -31,41 +31,132 @@
 #include "security.h"
 #include "spiutil.h"
 
+/*
+ * Fairness.  Claims share the queue among the principals that have runs
+ * in it: each claim finds them (a skip scan of runs_queued_fair_idx, at
+ * most MAX_CLAIM_PRINCIPALS, starting after the one served first last
+ * time) and takes an equal share of the room from each, highest
+ * priority first and then oldest.  A role with a long backlog delays
+ * another role's run by about one claim, not by its backlog.
+ */
+#define MAX_CLAIM_PRINCIPALS 64
+
+static const char principals_sql[] =
+"WITH RECURSIVE p(pid) AS ( "
+"  SELECT (SELECT r.principal_id::pg_catalog.oid FROM tuvl.runs r "
+"          WHERE r.status OPERATOR(pg_catalog.=) 'queued' "
+"            AND r.principal_id::pg_catalog.oid OPERATOR(pg_catalog.>) $1 "
+"          ORDER BY r.principal_id::pg_catalog.oid LIMIT 1) "
+"  UNION ALL "
+"  SELECT (SELECT r.principal_id::pg_catalog.oid FROM tuvl.runs r "
+"          WHERE r.status OPERATOR(pg_catalog.=) 'queued' "
+"            AND r.principal_id::pg_catalog.oid OPERATOR(pg_catalog.>) p.pid "
+"          ORDER BY r.principal_id::pg_catalog.oid LIMIT 1) "
+"  FROM p WHERE p.pid IS NOT NULL) "
+"SELECT pid FROM p WHERE pid IS NOT NULL LIMIT $2";
+
 static const char claim_sql[] =
 "UPDATE tuvl.runs r SET status = 'running', attempt = r.attempt OPERATOR(pg_catalog.+) 1, "
 "  lease_owner = $2, lease_epoch = $3, lease_expires_at = pg_catalog.now() OPERATOR(pg_catalog.+) $4, "
 "  started_at = COALESCE(r.started_at, pg_catalog.now()) "
-"FROM (SELECT id FROM tuvl.runs WHERE status OPERATOR(pg_catalog.=) 'queued' ORDER BY id "
-"      LIMIT $1 FOR UPDATE SKIP LOCKED) c "
-"WHERE r.id OPERATOR(pg_catalog.=) c.id "
+"WHERE r.id OPERATOR(pg_catalog.=) ANY (ARRAY( "
+"    SELECT c.id FROM ROWS FROM (pg_catalog.unnest($5::pg_catalog.oid[]), "
+"                                pg_catalog.unnest($6::pg_catalog.int4[])) AS q(pid, k) "
+"    CROSS JOIN LATERAL (SELECT x.id FROM tuvl.runs x "
+"                        WHERE x.status OPERATOR(pg_catalog.=) 'queued' "
+"                          AND x.principal_id::pg_catalog.oid OPERATOR(pg_catalog.=) q.pid "
+"                        ORDER BY x.principal_id::pg_catalog.oid, x.priority DESC, x.id "
+"                        LIMIT q.k FOR UPDATE SKIP LOCKED) c)) "
+"  AND r.status OPERATOR(pg_catalog.=) 'queued' "
 "RETURNING r.id, r.attempt, r.workflow, r.workflow_version, r.principal, "
 "  r.context, r.current_step, r.last_seq, r.step_state, r.control, r.compensation, "
 "  r.principal_id";
 
+/* Where the next claim starts looking for principals. */
+static Oid	claim_cursor = InvalidOid;
+
+/* Up to max principals with queued runs whose OID is above after. */
+static int
+principals_after(Oid after, int max, Oid *out)
+{
+	static const Oid types[2] = {OIDOID, INT4OID};
+	Datum		values[2];
+	uint64		n;
+
+	values[0] = ObjectIdGetDatum(after);
+	values[1] = Int32GetDatum(max);
+	n = SpiExec(principals_sql, 2, types, values, NULL, SPI_OK_SELECT);
+	for (uint64 i = 0; i < n; i++)
+	{
+		bool		isnull;
+
+		out[i] = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1,
+												&isnull));
+	}
+	return (int) n;
+}
+
 /*
- * Claim up to max_runs queued runs, oldest first; returns a List (in
- * runs_cxt) of RunState, each in its own context under runs_cxt.  A run that cannot
- * be loaded (its workflow vanished) is failed in place.
+ * Claim up to max_runs queued runs, shared fairly among their principals
+ * (see above); returns a List (in runs_cxt) of RunState, each in its own
+ * context under runs_cxt.  *more tells whether a principal had more
+ * queued runs than its share.
  */
 List *
-LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms)
+LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, bool *more)
 {
-	static const Oid types[4] = {INT4OID, INT4OID, INT8OID, INTERVALOID};
-	Datum		values[4];
+	static const Oid types[6] = {INT4OID, INT4OID, INT8OID, INTERVALOID, OIDARRAYOID, INT4ARRAYOID};
+	Datum		values[6];
 	Interval   *lease = palloc0(sizeof(Interval));
 	List	   *runs = NIL;
 	uint64		n;
 	SPITupleTable *tt;
 	MemoryContext old;
 	SecurityFrame frame;
+	Oid			pids[MAX_CLAIM_PRINCIPALS];
+	Datum		pidd[MAX_CLAIM_PRINCIPALS];
+	Datum		quota[MAX_CLAIM_PRINCIPALS];
+	int			got[MAX_CLAIM_PRINCIPALS];
+	int			np;
+
+	*more = false;
+	SecurityAsOwner(&frame);
+	np = principals_after(claim_cursor, MAX_CLAIM_PRINCIPALS, pids);
+	if (np < MAX_CLAIM_PRINCIPALS && OidIsValid(claim_cursor))
+	{
+		/* wrap around: the principals up to the cursor */
+		Oid			rest[MAX_CLAIM_PRINCIPALS];
+		int			nr = principals_after(InvalidOid, MAX_CLAIM_PRINCIPALS - np, rest);
+
+		for (int i = 0; i < nr; i++)
+			if (rest[i] <= claim_cursor)
+				pids[np++] = rest[i];
+	}
+	if (np == 0)
+	{
+		SecurityRestore(&frame);
+		claim_cursor = InvalidOid;
+		return NIL;
+	}
+	for (int i = 0; i < np; i++)
+	{
+		int			k = max_runs / np + (i < max_runs % np ? 1 : 0);
+
+		pidd[i] = ObjectIdGetDatum(pids[i]);
+		quota[i] = Int32GetDatum(k);
+		got[i] = 0;
+	}
+	/* the next claim starts after the last principal that got a share */
+	claim_cursor = pids[Min(np, max_runs) - 1];
 
 	lease->time = (int64) lease_ms * 1000;
 	values[0] = Int32GetDatum(max_runs);
 	values[1] = Int32GetDatum(MyProcPid);
 	values[2] = Int64GetDatum(epoch);
 	values[3] = IntervalPGetDatum(lease);
-	SecurityAsOwner(&frame);
-	n = SpiExec(claim_sql, 4, types, values, NULL, SPI_OK_UPDATE_RETURNING);
+	values[4] = PointerGetDatum(construct_array(pidd, np, OIDOID, sizeof(Oid), true, TYPALIGN_INT));
+	values[5] = PointerGetDatum(construct_array(quota, np, INT4OID, 4, true, TYPALIGN_INT));
+	n = SpiExec(claim_sql, 6, types, values, NULL, SPI_OK_UPDATE_RETURNING);
 	SecurityRestore(&frame);
 	tt = SPI_tuptable;
 	for (uint64 i = 0; i < n; i++)
@@ -76,6 +167,13 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms)
 		char	   *step = SPI_getvalue(tup, td, 7);
 		RunState   *run;
 
+		{
+			Oid			pid = DatumGetObjectId(SPI_getbinval(tup, td, 12, &isnull));
+
+			for (int j = 0; j < np; j++)
+				if (pids[j] == pid && ++got[j] >= DatumGetInt32(quota[j]))
+					*more = true;
+		}
 		run = RunStateCreate(runs_cxt,
 							 DatumGetInt64(SPI_getbinval(tup, td, 1, &isnull)),
 							 DatumGetInt32(SPI_getbinval(tup, td, 2, &isnull)),

@@ -35,6 +35,7 @@
 #include "utils/timestamp.h"
 
 #include "effect.h"
+#include "deadline.h"
 #include "executor.h"
 #include "journal.h"
 #include "llm.h"
@@ -45,10 +46,13 @@
 #include "template.h"
 #include "tuvl.h"
 
+typedef struct Transition Transition;
+
 typedef struct RunErrorContext
 {
 	RunState   *run;
 	const char *step;
+	Transition *t;				/* the transition, whose step may be known */
 } RunErrorContext;
 
 bool
@@ -104,11 +108,15 @@ RunStateFree(RunState *run)
 	MemoryContextDelete(run->cxt);
 }
 
+static const char *transition_step_id(Transition *t);
+
 static void
 run_error_callback(void *arg)
 {
 	RunErrorContext *ec = arg;
 
+	if (ec->t && transition_step_id(ec->t))
+		ec->step = transition_step_id(ec->t);
 	if (ec->step)
 		errcontext("tuvl run " INT64_FORMAT " of workflow \"%s\", step \"%s\"",
 				   ec->run->id, ec->run->workflow, ec->step);
@@ -448,7 +456,7 @@ active_status(RunState *run)
 }
 
 /* What a transition knows before and after its step executed. */
-typedef struct Transition
+struct Transition
 {
 	RunState   *run;
 	WorkflowDef *wf;
@@ -457,7 +465,17 @@ typedef struct Transition
 	instr_time	start;
 	bool		first_entry;	/* agent_started is among events */
 	Jsonb	   *ctx;			/* the context the step executes against */
-} Transition;
+	TimestampTz deadline;		/* when the step's time is up; 0: never */
+	Jsonb	   *effects;		/* working_effects once the fresh effect is in */
+	bool		stopped;		/* boundary control ended the transition */
+};
+
+/* The id of the transition's step, once it is known. */
+static const char *
+transition_step_id(Transition *t)
+{
+	return t->step ? t->step->id : NULL;
+}
 
 /* The step_state written while a step waits for an effect. */
 static Jsonb *
@@ -475,6 +493,8 @@ pending_step_state(Transition *t, EffectRequest *effect)
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "step", t->step->id);
 	JsonObjAddInt(&b, "entry_seq", t->run->entry_seq);
+	if (t->deadline != 0)
+		JsonObjAddInt(&b, "deadline", t->deadline);
 	JsonObjAddJsonb(&b, "effects", t->run->working_effects ? t->run->working_effects
 					: JsonFromCString("[]"));
 	JsonObjAddJsonb(&b, "pending", JsonObjEnd(&p));
@@ -494,6 +514,16 @@ finish_pending(Transition *t, StepResult *result)
 	Jsonb	   *state = pending_step_state(t, effect);
 	JsonObjBuilder b;
 	SecurityFrame frame;
+
+	/* the effect ends when the step's time is up, at the latest */
+	if (t->deadline != 0)
+	{
+		long		left = (long) ((t->deadline - GetCurrentTimestamp()) / 1000) - effect->delay_ms;
+		int			ms = (int) Max(Min(left, INT_MAX), 1);
+
+		if (effect->http.timeout_ms <= 0 || effect->http.timeout_ms > ms)
+			effect->http.timeout_ms = ms;
+	}
 
 	/* an LLM call is journaled once, as llm_turn, when it answered */
 	if (!(effect->tag && JsonGetString(effect->tag, "op") &&
@@ -544,6 +574,10 @@ finish_park(Transition *t, StepResult *result)
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "step", t->step->id);
 	JsonObjAddInt(&b, "entry_seq", run->entry_seq);
+	/* waiting does not count against the step's time */
+	if (t->deadline != 0)
+		JsonObjAddInt(&b, "time_left_ms",
+					  Max((t->deadline - GetCurrentTimestamp()) / 1000, 0));
 	JsonObjAddJsonb(&b, "effects", run->working_effects ? run->working_effects
 					: JsonFromCString("[]"));
 	if (result->park_info)
@@ -950,37 +984,175 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 	run->next_error = run_error ? MemoryContextStrdup(run->cxt, run_error) : NULL;
 }
 
+static bool boundary_control(Transition *t);
+static void take_fresh_effect(Transition *t);
+
+/* "30 s", "1.5 s" or "250 ms", for messages. */
+static char *
+duration_text(int ms)
+{
+	if (ms % 1000 == 0)
+		return psprintf("%d s", ms / 1000);
+	if (ms > 1000)
+		return psprintf("%.1f s", ms / 1000.0);
+	return psprintf("%d ms", ms);
+}
+
+/* The step's timeout in milliseconds; 0: none. */
+static int
+step_timeout_ms(const StepDef *step)
+{
+	return step->timeout_ms >= 0 ? step->timeout_ms : tuvl_step_timeout;
+}
+
+/* Raise the timeout failure of the step (ERRCODE_QUERY_CANCELED). */
+static void
+step_timed_out(Transition *t)
+{
+	StepErrorType = "timeout";
+	ereport(ERROR,
+			(errcode(ERRCODE_QUERY_CANCELED),
+			 errmsg("the step's timeout of %s passed", duration_text(step_timeout_ms(t->step)))));
+}
+
 /*
- * Run the step (when execute) and finish the transition in a
- * subtransaction.  Returns NULL on success; on error the subtransaction
- * is rolled back and the error returned (flushed); *step_failed tells
- * whether the step itself raised (rather than the journaling).
+ * Everything a transition needs before its step executes: the workflow,
+ * the step, the journal events of entering it, the effect just
+ * performed, its deadline.  Returns false when operator control ended
+ * the transition here (boundary_control).  Runs in the transition's
+ * subtransaction: whatever it raises leaves nothing behind.
+ */
+static bool
+prepare_transition(Transition *t)
+{
+	RunState   *run = t->run;
+	JsonObjBuilder b;
+	int			cur;
+	char	   *state_step;
+	int			timeout_ms;
+
+	t->wf = WorkflowLoad(run->workflow, run->version);
+	run->wf = t->wf;
+	cur = run->step;
+	if (cur < 0)
+	{
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "workflow", run->workflow);
+		JsonObjAddInt(&b, "version", run->version);
+		JsonObjAddString(&b, "principal", run->principal_name);
+		JsonObjAddInt(&b, "attempt", run->attempt);
+		JournalAdd(&t->events, "run_started", NULL, NULL, JsonObjEnd(&b));
+		cur = t->wf->start;
+	}
+	t->step = &t->wf->steps[cur];
+
+	if (!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(run->principal)))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("role \"%s\" that started the run does not exist", run->principal_name),
+				 errdetail("Runs belong to the role, not to its name: a role created again under the name does not take them over.")));
+
+	if (run->control && run->fresh_effect == NULL && !run_compensating(run) &&
+		boundary_control(t))
+		return false;
+
+	/* entering the step, or continuing it after an effect? */
+	timeout_ms = step_timeout_ms(t->step);
+	state_step = run->step_state ? JsonGetString(run->step_state, "step") : NULL;
+	if (state_step && strcmp(state_step, t->step->id) == 0)
+	{
+		run->entry_seq = (int) JsonGetInt(run->step_state, "entry_seq", 0);
+		run->working_effects = JsonGetJsonb(run->step_state, "effects");
+		/* the deadline set at entry, or what was left when it parked */
+		if (JsonGetField(run->step_state, "time_left_ms"))
+			t->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													  JsonGetInt(run->step_state, "time_left_ms", 0));
+		else
+			t->deadline = (TimestampTz) JsonGetInt(run->step_state, "deadline", 0);
+	}
+	else
+	{
+		JournalAdd(&t->events, "agent_started", t->step->id, t->step->kind_name, payload_step(t->step));
+		run->entry_seq = run->last_seq + list_length(t->events);
+		run->working_effects = NULL;
+		t->first_entry = true;
+		if (timeout_ms > 0)
+			t->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
+		if (run_compensating(run))
+		{
+			Jsonb	   *top = comp_top(run->compensation);
+
+			JsonObjStart(&b);
+			JsonObjAddString(&b, "step", top ? JsonGetString(top, "step") : NULL);
+			JsonObjAddString(&b, "compensator", t->step->id);
+			JournalAdd(&t->events, "compensation_started", top ? JsonGetString(top, "step") : NULL,
+					   t->step->kind_name, JsonObjEnd(&b));
+		}
+	}
+	t->ctx = run_compensating(run) ? compensation_context(run, run->context) : run->context;
+	take_fresh_effect(t);
+	t->effects = run->working_effects;
+	INSTR_TIME_SET_CURRENT(t->start);
+	return true;
+}
+
+/*
+ * One attempt at the transition, in a subtransaction: prepare it and
+ * execute the step (step_error NULL), or journal the failure the step
+ * raised in the first attempt.  Returns NULL on success; on error the
+ * subtransaction is rolled back and the error returned (flushed), with
+ * *step_failed telling whether the step itself failed (its timeout
+ * included) rather than the transition.  A cancel that came from outside
+ * the step (the batch's time budget, an operator's abort) is not a step
+ * failure: run->cancelled says which, and the caller decides.
  */
 static ErrorData *
-in_subtransaction(Transition *t, bool execute, ErrorData *step_error,
-				  bool *step_failed)
+in_subtransaction(Transition *t, ErrorData *step_error, bool *step_failed)
 {
+	RunState   *run = t->run;
 	MemoryContext oldcxt = CurrentMemoryContext;
 	ResourceOwner oldowner = CurrentResourceOwner;
-	volatile bool in_step = execute;
+	volatile bool in_step = false;
+	volatile int level = -1;
 	ErrorData  *volatile edata = NULL;
-	Jsonb	   *saved_effects = t->run->working_effects;
 
-	t->run->step_events = NIL;
-	t->run->effect_call = 0;
+	run->step_events = NIL;
+	run->effect_call = 0;
 	BeginInternalSubTransaction(NULL);
 	MemoryContextSwitchTo(oldcxt);
 	PG_TRY();
 	{
-		if (execute)
+		if (step_error == NULL)
 		{
-			StepResult	result;
+			if (!prepare_transition(t))
+				t->stopped = true;
+			else
+			{
+				StepResult	result;
 
-			memset(&result, 0, sizeof(result));
-			StepErrorType = "error";
-			ExecutorFor(t->step->kind)->execute(t->run, t->step, t->ctx, &result);
-			in_step = false;
-			finish_transition(t, &result, NULL);
+				memset(&result, 0, sizeof(result));
+				StepErrorType = "error";
+				in_step = true;
+				if (t->deadline != 0)
+				{
+					if (GetCurrentTimestamp() >= t->deadline)
+						step_timed_out(t);
+					level = DeadlinePush(DEADLINE_STEP, t->deadline);
+				}
+				ExecutorFor(t->step->kind)->execute(run, t->step, t->ctx, &result);
+				if (result.has_output && result.output &&
+					(int64) VARSIZE(result.output) > tuvl_max_output_size)
+				{
+					StepErrorType = "too_large";
+					TuvlCheckSize("the step's output", VARSIZE(result.output),
+								  tuvl_max_output_size, "tuvl.max_output_size");
+				}
+				in_step = false;
+				finish_transition(t, &result, NULL);
+				if (level >= 0 && DeadlinePop(level) == DEADLINE_STEP)
+					step_timed_out(t);
+				level = -1;
+			}
 		}
 		else
 			finish_transition(t, NULL, step_error);
@@ -990,6 +1162,8 @@ in_subtransaction(Transition *t, bool execute, ErrorData *step_error,
 	}
 	PG_CATCH();
 	{
+		DeadlineKind fired = level >= 0 ? DeadlinePop(level) : DEADLINE_NONE;
+
 		MemoryContextSwitchTo(oldcxt);
 		edata = CopyErrorData();
 		FlushErrorState();
@@ -997,10 +1171,32 @@ in_subtransaction(Transition *t, bool execute, ErrorData *step_error,
 		MemoryContextSwitchTo(oldcxt);
 		CurrentResourceOwner = oldowner;
 		/* what the step recorded is gone with its subtransaction */
-		t->run->working_effects = saved_effects;
-		t->run->step_events = NIL;
-		t->run->effect_call = 0;
-		t->run->tool_args = NULL;
+		run->working_effects = t->effects;
+		run->step_events = NIL;
+		run->effect_call = 0;
+		run->tool_args = NULL;
+		if (edata->sqlerrcode == ERRCODE_QUERY_CANCELED)
+		{
+			if (fired == DEADLINE_STEP)
+			{
+				/* past its timeout: the step fails with type timeout */
+				StepErrorType = "timeout";
+				edata->message = psprintf("the step's timeout of %s passed",
+										  duration_text(step_timeout_ms(t->step)));
+				edata->detail = NULL;
+				in_step = true;
+			}
+			else if (DeadlineFiredOuter() == DEADLINE_BATCH)
+			{
+				run->cancelled = RUN_CANCEL_BATCH;
+				in_step = false;
+			}
+			else if (TuvlAbortRequested(run->id))
+			{
+				run->cancelled = RUN_CANCEL_ABORT;
+				in_step = false;
+			}
+		}
 	}
 	PG_END_TRY();
 	*step_failed = edata != NULL && in_step;
@@ -1074,6 +1270,7 @@ boundary_control(Transition *t)
 	const char *status;
 	const char *next_step = NULL;
 	char	   *error = NULL;
+	Jsonb	   *kept_state;
 	JsonObjBuilder b;
 	SecurityFrame frame;
 
@@ -1117,9 +1314,21 @@ boundary_control(Transition *t)
 		JournalAdd(&events, "checkpoint", t->step->id, t->step->kind_name, JsonObjEnd(&b));
 	}
 	run->next_seq = run->last_seq + JournalCount(events);
+	/* a paused step's clock stops: keep the time it had left */
+	if (next_step == NULL && run->step_state && JsonGetField(run->step_state, "deadline"))
+	{
+		TimestampTz deadline = (TimestampTz) JsonGetInt(run->step_state, "deadline", 0);
+		Jsonb	   *state = JsonRemoveKey(run->step_state, "deadline");
+
+		state = JsonSetKey(state, "time_left_ms",
+						   JsonFromCString(psprintf(INT64_FORMAT,
+													Max((deadline - GetCurrentTimestamp()) / 1000, 0))));
+		kept_state = state;
+	}
+	else
+		kept_state = next_step ? NULL : run->step_state;
 	write_checkpoint_control(run, status, run->context, next_step ? next_step : t->step->id,
-							 run->next_seq, NULL, NULL, error,
-							 next_step ? NULL : run->step_state, consume, NULL, NIL);
+							 run->next_seq, NULL, NULL, error, kept_state, consume, NULL, NIL);
 	(void) JournalWrite(run->id, run->last_seq, events);
 	SecurityRestore(&frame);
 	TuvlRunChangedAtCommit();
@@ -1128,8 +1337,7 @@ boundary_control(Transition *t)
 		MemoryContext old = MemoryContextSwitchTo(run->cxt);
 
 		run->next_context = DatumGetJsonbPCopy(JsonbPGetDatum(run->context));
-		run->next_step_state = run->step_state && next_step == NULL
-			? DatumGetJsonbPCopy(JsonbPGetDatum(run->step_state)) : NULL;
+		run->next_step_state = kept_state ? DatumGetJsonbPCopy(JsonbPGetDatum(kept_state)) : NULL;
 		MemoryContextSwitchTo(old);
 	}
 	run->next_step = WorkflowFindStep(t->wf, next_step ? next_step : t->step->id);
@@ -1151,17 +1359,15 @@ RunAdvance(RunState *run)
 	Transition	t;
 	RunErrorContext ectx;
 	ErrorContextCallback errcallback;
-	JsonObjBuilder b;
 	ErrorData  *edata;
 	bool		step_failed;
-	int			cur;
-	char	   *state_step;
 
 	memset(&t, 0, sizeof(t));
 	t.run = run;
-	t.wf = WorkflowLoad(run->workflow, run->version);
-	run->wf = t.wf;
+	/* what the last transition left there may be gone with its memory */
+	run->working_effects = NULL;
 	run->send = NULL;
+	run->cancelled = RUN_CANCEL_NONE;
 	run->compensation_changed = false;
 	if (run->next_compensation)
 		pfree(run->next_compensation);
@@ -1169,73 +1375,15 @@ RunAdvance(RunState *run)
 
 	ectx.run = run;
 	ectx.step = NULL;
+	ectx.t = &t;
 	errcallback.callback = run_error_callback;
 	errcallback.arg = &ectx;
 	errcallback.previous = error_context_stack;
 	error_context_stack = &errcallback;
 
-	cur = run->step;
-	if (cur < 0)
-	{
-		JsonObjStart(&b);
-		JsonObjAddString(&b, "workflow", run->workflow);
-		JsonObjAddInt(&b, "version", run->version);
-		JsonObjAddString(&b, "principal", run->principal_name);
-		JsonObjAddInt(&b, "attempt", run->attempt);
-		JournalAdd(&t.events, "run_started", NULL, NULL, JsonObjEnd(&b));
-		cur = t.wf->start;
-	}
-	t.step = &t.wf->steps[cur];
-	ectx.step = t.step->id;
-
-	if (!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(run->principal)))
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_OBJECT),
-				 errmsg("role \"%s\" that started the run does not exist", run->principal_name),
-				 errdetail("Runs belong to the role, not to its name: a role created again under the name does not take them over.")));
-
-	if (run->control && run->fresh_effect == NULL && !run_compensating(run) &&
-		boundary_control(&t))
-	{
-		error_context_stack = errcallback.previous;
-		return;
-	}
-
-	/* entering the step, or continuing it after an effect? */
-	state_step = run->step_state ? JsonGetString(run->step_state, "step") : NULL;
-	if (state_step && strcmp(state_step, t.step->id) == 0)
-	{
-		JsonbValue *es = JsonGetField(run->step_state, "entry_seq");
-
-		run->entry_seq = es && es->type == jbvNumeric
-			? DatumGetInt32(DirectFunctionCall1(numeric_int4, NumericGetDatum(es->val.numeric)))
-			: 0;
-		run->working_effects = JsonGetJsonb(run->step_state, "effects");
-	}
-	else
-	{
-		JournalAdd(&t.events, "agent_started", t.step->id, t.step->kind_name, payload_step(t.step));
-		run->entry_seq = run->last_seq + list_length(t.events);
-		run->working_effects = NULL;
-		t.first_entry = true;
-		if (run_compensating(run))
-		{
-			Jsonb	   *top = comp_top(run->compensation);
-
-			JsonObjStart(&b);
-			JsonObjAddString(&b, "step", top ? JsonGetString(top, "step") : NULL);
-			JsonObjAddString(&b, "compensator", t.step->id);
-			JournalAdd(&t.events, "compensation_started", top ? JsonGetString(top, "step") : NULL,
-					   t.step->kind_name, JsonObjEnd(&b));
-		}
-	}
-	t.ctx = run_compensating(run) ? compensation_context(run, run->context) : run->context;
-	take_fresh_effect(&t);
-	INSTR_TIME_SET_CURRENT(t.start);
-
-	edata = in_subtransaction(&t, true, NULL, &step_failed);
+	edata = in_subtransaction(&t, NULL, &step_failed);
 	if (edata && step_failed)
-		edata = in_subtransaction(&t, false, edata, &step_failed);
+		edata = in_subtransaction(&t, edata, &step_failed);
 	error_context_stack = errcallback.previous;
 	if (edata)
 	{
@@ -1270,6 +1418,37 @@ RunFail(RunState *run, const char *error)
 	(void) JournalWrite(run->id, run->last_seq, events);
 	SecurityRestore(&frame);
 	TuvlRunChangedAtCommit();
+}
+
+/*
+ * Read the run's operator directives again (an abort arrived while a
+ * transition executed, which it rolled back).  SPI must be connected.
+ */
+void
+RunRefreshControl(RunState *run)
+{
+	static const Oid types[2] = {INT8OID, INT4OID};
+	Datum		values[2];
+	SecurityFrame frame;
+	MemoryContext old;
+	bool		isnull;
+	Datum		d;
+
+	values[0] = Int64GetDatum(run->id);
+	values[1] = Int32GetDatum(run->attempt);
+	SecurityAsOwner(&frame);
+	if (SpiExec("SELECT control FROM tuvl.runs "
+				"WHERE id OPERATOR(pg_catalog.=) $1 AND attempt OPERATOR(pg_catalog.=) $2",
+				2, types, values, NULL, SPI_OK_SELECT) == 1)
+	{
+		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+		old = MemoryContextSwitchTo(run->cxt);
+		if (run->control)
+			pfree(run->control);
+		run->control = isnull ? NULL : DatumGetJsonbPCopy(d);
+		MemoryContextSwitchTo(old);
+	}
+	SecurityRestore(&frame);
 }
 
 /*

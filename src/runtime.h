@@ -15,6 +15,14 @@
 
 #include "workflow.h"
 
+/* Why a transition was cancelled from outside its step. */
+typedef enum RunCancel
+{
+	RUN_CANCEL_NONE = 0,
+	RUN_CANCEL_BATCH,			/* it outlived its batch's time budget */
+	RUN_CANCEL_ABORT			/* an operator aborted the run meanwhile */
+} RunCancel;
+
 /*
  * A run held by a worker or by the synchronous path.  The committed
  * checkpoint lives in the top fields; a transition stages its results in
@@ -68,6 +76,11 @@ typedef struct RunState
 	int			next_seq;
 	const char *next_status;	/* "running" or a terminal status */
 	char	   *next_error;
+
+	/* set when RunAdvance raised because of a cancel from outside */
+	RunCancel	cancelled;
+	bool		solo;			/* its next transition runs alone (a worker
+								 * found its step slow) */
 } RunState;
 
 extern RunState *RunStateCreate(MemoryContext parent, int64 id, int attempt,
@@ -80,5 +93,6 @@ extern void RunAdvance(RunState *run);
 extern void RunApplyTransition(RunState *run);
 extern void RunFail(RunState *run, const char *error);
 extern bool RunIsTerminalStatus(const char *status);
+extern void RunRefreshControl(RunState *run);
 
 #endif							/* TUVL_RUNTIME_H */

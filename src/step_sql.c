@@ -227,6 +227,7 @@ StepExecuteModelOp(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
 	result->output = rows_to_jsonb();
+	SPI_freetuptable(SPI_tuptable);
 	SecurityRestore(&frame);
 	result->has_output = true;
 }
@@ -274,6 +275,9 @@ StepExecuteFunctional(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 				 errmsg("function %s must return jsonb", fname),
 				 errhint("Declare it as %s(ctx jsonb) RETURNS jsonb.", fname)));
 	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (!isnull)
+		d = PointerGetDatum(DatumGetJsonbPCopy(d));
+	SPI_freetuptable(SPI_tuptable);
 	SecurityRestore(&frame);
 
 	result->has_output = true;
@@ -282,7 +286,7 @@ StepExecuteFunctional(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 		result->output = JsonFromCString("null");
 		return;
 	}
-	result->output = DatumGetJsonbPCopy(d);
+	result->output = DatumGetJsonbP(d);
 	if (JsonIsObject(result->output))
 	{
 		JsonbValue *sig = JsonGetField(result->output, "signal");

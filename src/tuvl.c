@@ -19,6 +19,8 @@
  */
 #include "postgres.h"
 
+#include <signal.h>
+
 #include "access/xact.h"
 #include "fmgr.h"
 #include "miscadmin.h"
@@ -28,6 +30,7 @@
 #include "storage/shmem.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/memutils.h"
 #include "utils/timestamp.h"
 
 #include "launcher.h"
@@ -52,6 +55,13 @@ int			tuvl_http_timeout = 30000;
 int			tuvl_agent_tool_timeout = 300;
 int			tuvl_agent_pause_max = 300;
 int			TuvlReplayDepth = 0;
+int			tuvl_step_timeout = 10 * 60 * 1000;
+int			tuvl_max_batch_time = 50;
+int			tuvl_max_input_size = 8 * 1024 * 1024;
+int			tuvl_max_output_size = 16 * 1024 * 1024;
+int			tuvl_max_source_size = 1024 * 1024;
+int			tuvl_max_worker_memory = 256 * 1024;	/* kB */
+TuvlWorkerSlot *MyTuvlSlot = NULL;
 int			tuvl_http_max_response_size = 10 * 1024 * 1024;
 int			tuvl_http_max_redirects = 5;
 bool		tuvl_http_verify_tls = true;
@@ -61,6 +71,17 @@ static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 /* Backend-local wake-ups to deliver at commit. */
 static bool wake_workers_pending = false;
+
+/* Running runs aborted by this transaction: interrupt their holders. */
+#define MAX_PENDING_INTERRUPTS 16
+typedef struct PendingInterrupt
+{
+	int			pid;
+	int64		run_id;
+} PendingInterrupt;
+static PendingInterrupt pending_interrupts[MAX_PENDING_INTERRUPTS];
+static int	n_pending_interrupts = 0;
+static void deliver_interrupts(void);
 static bool extension_created_pending = false;
 static bool run_changed_pending = false;
 
@@ -122,12 +143,14 @@ tuvl_xact_callback(XactEvent event, void *arg)
 			}
 			if (run_changed_pending)
 				TuvlRunChangedNow();
+			deliver_interrupts();
 			/* FALLTHROUGH */
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
 			wake_workers_pending = false;
 			extension_created_pending = false;
 			run_changed_pending = false;
+			n_pending_interrupts = 0;
 			break;
 		default:
 			break;
@@ -150,6 +173,56 @@ void
 TuvlRunChangedAtCommit(void)
 {
 	run_changed_pending = true;
+}
+
+/*
+ * The worker with pid holds run_id, which this transaction aborted: at
+ * commit, ask it to cancel the transition it may be executing for the
+ * run, so a long step stops now instead of at its end.
+ */
+void
+TuvlInterruptRunAtCommit(int pid, int64 run_id)
+{
+	if (n_pending_interrupts < MAX_PENDING_INTERRUPTS)
+	{
+		pending_interrupts[n_pending_interrupts].pid = pid;
+		pending_interrupts[n_pending_interrupts].run_id = run_id;
+		n_pending_interrupts++;
+	}
+}
+
+/*
+ * Mark each aborted run in its holder's slot and cancel the holder's
+ * statement when it is executing that run's transition (SIGINT, as
+ * pg_cancel_backend does).  A holder that starts the run's transition
+ * just after sees the mark first.
+ */
+static void
+deliver_interrupts(void)
+{
+	if (TuvlShmem == NULL || n_pending_interrupts == 0)
+		return;
+	LWLockAcquire(TuvlShmem->lock, LW_SHARED);
+	for (int i = 0; i < n_pending_interrupts; i++)
+		for (int j = 0; j < TuvlShmem->nslots; j++)
+		{
+			TuvlWorkerSlot *slot = &TuvlShmem->slots[j];
+
+			if (!slot->in_use || slot->pid != pending_interrupts[i].pid)
+				continue;
+			slot->cancel_run = pending_interrupts[i].run_id;
+			if (slot->executing_run == pending_interrupts[i].run_id)
+				kill(slot->pid, SIGINT);
+		}
+	LWLockRelease(TuvlShmem->lock);
+	n_pending_interrupts = 0;
+}
+
+/* Did an operator abort run_id while this worker executes it? */
+bool
+TuvlAbortRequested(int64 run_id)
+{
+	return MyTuvlSlot != NULL && run_id != 0 && MyTuvlSlot->cancel_run == run_id;
 }
 
 /* Set the latch of every worker serving the given database. */
@@ -253,6 +326,32 @@ TuvlPreloaded(void)
 	return TuvlShmem != NULL;
 }
 
+/* "50 MB", "512 kB" or "300 bytes", for messages about sizes. */
+char *
+TuvlSizeText(int64 bytes)
+{
+	if (bytes >= 10 * 1024 * 1024)
+		return psprintf(INT64_FORMAT " MB", bytes / (1024 * 1024));
+	if (bytes >= 10 * 1024)
+		return psprintf(INT64_FORMAT " kB", bytes / 1024);
+	return psprintf(INT64_FORMAT " bytes", bytes);
+}
+
+/*
+ * Raise when what (e.g. "the run input") of size bytes passes the limit
+ * set by the GUC named guc.
+ */
+void
+TuvlCheckSize(const char *what, int64 bytes, int64 limit, const char *guc)
+{
+	if (bytes > limit)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("%s is %s, more than %s (%s)", what, TuvlSizeText(bytes), guc,
+						TuvlSizeText(limit)),
+				 errhint("A superuser can raise %s.", guc)));
+}
+
 /*
  * Raise an error explaining that a feature needs the library preloaded.
  */
@@ -322,6 +421,36 @@ define_gucs(void)
 							"A tool that runs longer ends the agent on its error exit.",
 							&tuvl_agent_tool_timeout, 300, 1, INT_MAX / 1000,
 							PGC_SUSET, GUC_UNIT_S, NULL, NULL, NULL);
+	DefineCustomIntVariable("tuvl.step_timeout",
+							"Wall-clock limit of a step that sets no timeout of its own.",
+							"SQL is cancelled at the deadline; the step takes its error route with _last_error_type timeout. Time spent paused or waiting for a person does not count. 0 means no limit.",
+							&tuvl_step_timeout, 10 * 60 * 1000, 0, INT_MAX,
+							PGC_USERSET, GUC_UNIT_MS, NULL, NULL, NULL);
+	DefineCustomIntVariable("tuvl.max_batch_time",
+							"How long a worker's batch of transitions may run before it commits.",
+							"A transition still running at the limit is cancelled and executed again on its own, so a slow step never holds up other runs' commits.",
+							&tuvl_max_batch_time, 50, 1, 60000,
+							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
+	DefineCustomIntVariable("tuvl.max_input_size",
+							"Largest run input tuvl.start_run() and tuvl.run() accept.",
+							NULL,
+							&tuvl_max_input_size, 8 * 1024 * 1024, 1024, MaxAllocSize,
+							PGC_SUSET, GUC_UNIT_BYTE, NULL, NULL, NULL);
+	DefineCustomIntVariable("tuvl.max_output_size",
+							"Largest output a step may write to the run's context.",
+							"A step whose output is larger fails with _last_error_type too_large.",
+							&tuvl_max_output_size, 16 * 1024 * 1024, 1024, MaxAllocSize,
+							PGC_SUSET, GUC_UNIT_BYTE, NULL, NULL, NULL);
+	DefineCustomIntVariable("tuvl.max_source_size",
+							"Largest YAML document register_workflow(), register_artifact() and register_llm() accept.",
+							NULL,
+							&tuvl_max_source_size, 1024 * 1024, 1024, MaxAllocSize,
+							PGC_SUSET, GUC_UNIT_BYTE, NULL, NULL, NULL);
+	DefineCustomIntVariable("tuvl.max_worker_memory",
+							"Memory a worker may hold for its runs and the responses in flight.",
+							"Past it the worker claims no runs and starts no requests until memory is freed, except one request at a time.",
+							&tuvl_max_worker_memory, 256 * 1024, 1024, MAX_KILOBYTES,
+							PGC_SIGHUP, GUC_UNIT_KB, NULL, NULL, NULL);
 	DefineCustomIntVariable("tuvl.agent_pause_max",
 							"How long an autonomous agent may stay paused.",
 							"An agent paused longer is aborted: it takes its aborted exit.",

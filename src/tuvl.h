@@ -38,6 +38,7 @@ typedef struct TuvlDbEntry
 	TuvlDbState state;
 	TimestampTz probed_at;		/* when state became ABSENT */
 	uint32		created_gen;	/* bumped when CREATE EXTENSION commits here */
+	int			solo_workers;	/* workers executing a slow step alone */
 } TuvlDbEntry;
 
 /* One background worker slot. */
@@ -52,6 +53,10 @@ typedef struct TuvlWorkerSlot
 	volatile TimestampTz alive_at;	/* heartbeat, written by a timer even
 									 * while the worker executes a step */
 	volatile int nheld;			/* runs the worker holds (a hint) */
+	volatile int64 executing_run;	/* the run whose transition is executing,
+									 * or 0 */
+	volatile int64 cancel_run;	/* an operator aborted this run: cancel its
+								 * transition */
 	volatile int in_flight;		/* HTTP transfers in flight */
 	volatile int peak_in_flight;	/* the most at once since start */
 } TuvlWorkerSlot;
@@ -86,6 +91,15 @@ extern char *tuvl_http_allowed_hosts;
 extern int	tuvl_http_timeout;
 extern int	tuvl_agent_tool_timeout;
 extern int	tuvl_agent_pause_max;
+extern int	tuvl_step_timeout;
+extern int	tuvl_max_batch_time;
+extern int	tuvl_max_input_size;
+extern int	tuvl_max_output_size;
+extern int	tuvl_max_source_size;
+extern int	tuvl_max_worker_memory;
+
+extern char *TuvlSizeText(int64 bytes);
+extern void TuvlCheckSize(const char *what, int64 bytes, int64 limit, const char *guc);
 extern int	tuvl_http_max_response_size;
 extern int	tuvl_http_max_redirects;
 extern bool tuvl_http_verify_tls;
@@ -107,6 +121,11 @@ extern void TuvlRunChangedAtCommit(void);
 extern void TuvlWakeWorkers(Oid dboid);
 extern void TuvlWakeOneWorker(Oid dboid);
 extern void TuvlRunChangedNow(void);
+extern void TuvlInterruptRunAtCommit(int pid, int64 run_id);
+extern bool TuvlAbortRequested(int64 run_id);
+
+/* The shared memory slot of this process, when it is a tuvl worker. */
+extern TuvlWorkerSlot *MyTuvlSlot;
 
 /* Raise a clear error when a feature needs shared_preload_libraries. */
 extern void TuvlRequirePreload(const char *feature);

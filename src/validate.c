@@ -973,6 +973,9 @@ check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
 			break;
 		case STEP_HUMAN:
 			extra = human_keys;
+			if (JsonGetField(step, "timeout"))
+				add_finding(vs, "error", psprintf("%s.timeout", path),
+							"timeout on a Human step is not supported yet: a Human step waits until tuvl.submit() answers it");
 			v = JsonGetField(step, "form");
 			if (!is_mapping(v))
 				add_finding(vs, "error", path,
@@ -992,6 +995,7 @@ check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
 		default:
 			break;
 	}
+	check_duration(vs, step, "timeout", path);
 	check_unknown_keys(vs, step, path, step_common_keys, extra);
 }
 

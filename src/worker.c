@@ -34,6 +34,7 @@
 #include "executor/spi.h"
 #include "miscadmin.h"
 #include "pgstat.h"
+#include "portability/instr_time.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
 #include "storage/ipc.h"
@@ -42,11 +43,13 @@
 #include "tcop/tcopprot.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/hsearch.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
 #include "utils/timeout.h"
 #include "utils/timestamp.h"
 
+#include "deadline.h"
 #include "effect.h"
 #include "http.h"
 #include "control.h"
@@ -70,6 +73,7 @@ static int	my_slot = -1;
 static List *held = NIL;			/* RunState *, in runs_cxt */
 static MemoryContext runs_cxt = NULL;
 static MemoryContext round_cxt = NULL;
+static MemoryContext step_cxt = NULL;	/* one transition's work, reset after it */
 static int64 epoch = 0;
 static TimeoutId heartbeat_id;
 static bool trimmed = true;		/* memory given back since the last claim */
@@ -266,6 +270,40 @@ maintenance(bool renew)
 #endif
 }
 
+/* ---------------------------------------------------------------- memory
+ *
+ * What a worker holds is bounded by tuvl.max_worker_memory: the runs it
+ * holds (their context, step state and results waiting to be journaled)
+ * plus the response bodies in flight.  Past it, it claims no runs and
+ * starts no request (but one, so that something always progresses), and
+ * the transfers in flight pause (http.c).  A batch commits early once
+ * its transaction holds a quarter of it.
+ */
+static int64
+worker_memory_limit(void)
+{
+	return (int64) tuvl_max_worker_memory * 1024;
+}
+
+/* Bytes the held runs take, and give the rest to the transfers. */
+static int64
+held_bytes(void)
+{
+	int64		total = 0;
+	ListCell   *lc;
+
+	foreach(lc, held)
+		total += MemoryContextMemAllocated(((RunState *) lfirst(lc))->cxt, true);
+	HttpSetMemoryBudget((size_t) Max(worker_memory_limit() - total, 0));
+	return total;
+}
+
+static bool
+memory_full(void)
+{
+	return held_bytes() + (int64) HttpBufferedBytes() >= worker_memory_limit();
+}
+
 /*
  * Claim queued runs, at most a batch at a time so that the workers share
  * the queue; returns how many were claimed.
@@ -275,59 +313,162 @@ claim(void)
 {
 	int			room = Min(tuvl_runs_per_worker - list_length(held), MAX_CLAIM);
 	List	   *runs;
+	bool		more;
 
-	if (room <= 0)
+	if (room <= 0 || memory_full())
 		return 0;
 	begin_tx("tuvl claiming runs");
 	/* a lost claim only means the run is claimed again */
 	async_commit();
-	runs = LeaseClaim(runs_cxt, room, epoch, tuvl_lease_timeout);
+	runs = LeaseClaim(runs_cxt, room, epoch, tuvl_lease_timeout, &more);
 	if (runs != NIL)
 		trimmed = false;
 	commit_tx();
 	hold_runs(runs);
-	/* a full claim means more are queued: share them with the others */
-	if (list_length(runs) >= room)
+	/* a full share means more are queued: share them with the others */
+	if (more)
 		TuvlWakeWorkers(MyDatabaseId);
-	return list_length(runs);
+	return more ? room : list_length(runs);
+}
+
+/* What became of one attempted transition. */
+typedef enum Advanced
+{
+	ADV_DONE,					/* made; apply it after commit */
+	ADV_LOST,					/* the lease was lost: drop the run */
+	ADV_BROKEN,					/* the run cannot go on: fail it */
+	ADV_SOLO					/* outlived the batch's budget: run it alone */
+} Advanced;
+
+/* ---------------------------------------------------------------- slow steps
+ *
+ * A step whose transition outlived a batch's budget (tuvl.max_batch_time)
+ * is remembered as slow: its next transitions run alone, in transactions
+ * of their own, so that they never hold up the commit of other runs.  A
+ * slow step that turns out fast when run alone is forgotten again.
+ */
+typedef struct SlowStepKey
+{
+	char		workflow[NAMEDATALEN];
+	int			version;
+	int			step;
+} SlowStepKey;
+
+static HTAB *slow_steps = NULL;
+
+static void
+slow_step_key(RunState *run, SlowStepKey *key)
+{
+	memset(key, 0, sizeof(*key));
+	strlcpy(key->workflow, run->workflow, NAMEDATALEN);
+	key->version = run->version;
+	key->step = run->step;
+}
+
+static bool
+step_is_slow(RunState *run)
+{
+	SlowStepKey key;
+
+	if (slow_steps == NULL)
+		return false;
+	slow_step_key(run, &key);
+	return hash_search(slow_steps, &key, HASH_FIND, NULL) != NULL;
+}
+
+static void
+mark_step_slow(RunState *run, bool slow)
+{
+	SlowStepKey key;
+
+	if (slow_steps == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(SlowStepKey);
+		ctl.entrysize = sizeof(SlowStepKey);
+		slow_steps = hash_create("tuvl slow steps", 64, &ctl, HASH_ELEM | HASH_BLOBS);
+	}
+	slow_step_key(run, &key);
+	(void) hash_search(slow_steps, &key, slow ? HASH_ENTER : HASH_REMOVE, NULL);
 }
 
 /*
- * One transition; false when it could not be made, with *fatal set (and
- * the message) when the run itself is broken rather than its lease lost.
- * RunAdvance leaves nothing behind in the transaction when it raises.
+ * One transition, within budget_end (0: no budget).  RunAdvance leaves
+ * nothing behind in the transaction when it raises.  An operator's abort
+ * that cancelled the transition is applied at once: the directive is
+ * read again and the transition made anew.  *fatal gets the message of
+ * a broken run.
  */
-static bool
-try_advance(RunState *run, char **fatal)
+static Advanced
+try_advance(RunState *run, TimestampTz budget, char **fatal)
 {
 	MemoryContext oldcxt = CurrentMemoryContext;
-	volatile bool ok = true;
+	volatile Advanced result = ADV_DONE;
+	volatile TimestampTz budget_end = budget;
 
 	*fatal = NULL;
-	PG_TRY();
+	MyTuvlSlot->executing_run = run->id;
+	for (int tries = 0;; tries++)
 	{
-		RunAdvance(run);
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
+		volatile int level = -1;
+		volatile bool aborted = false;
 
-		MemoryContextSwitchTo(oldcxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		if (edata->sqlerrcode == ERRCODE_T_R_SERIALIZATION_FAILURE)
-			ereport(LOG,
-					(errmsg("tuvl worker dropped run " INT64_FORMAT ": %s", run->id, edata->message)));
-		else
+		/* an abort that arrived before (or while) the transition ran */
+		if (MyTuvlSlot->cancel_run == run->id)
 		{
-			ereport(LOG,
-					(errmsg("tuvl worker failing run " INT64_FORMAT ": %s", run->id, edata->message)));
-			*fatal = MemoryContextStrdup(round_cxt, edata->message);
+			MyTuvlSlot->cancel_run = 0;
+			RunRefreshControl(run);
 		}
-		ok = false;
+		PG_TRY();
+		{
+			if (budget_end != 0)
+				level = DeadlinePush(DEADLINE_BATCH, budget_end);
+			RunAdvance(run);
+			if (level >= 0)
+				(void) DeadlinePop(level);
+			result = ADV_DONE;
+		}
+		PG_CATCH();
+		{
+			ErrorData  *edata;
+
+			if (level >= 0)
+				(void) DeadlinePop(level);
+			MemoryContextSwitchTo(oldcxt);
+			edata = CopyErrorData();
+			FlushErrorState();
+			if (run->cancelled == RUN_CANCEL_ABORT)
+				aborted = true;
+			else if (run->cancelled == RUN_CANCEL_BATCH)
+				result = ADV_SOLO;
+			else if (edata->sqlerrcode == ERRCODE_T_R_SERIALIZATION_FAILURE)
+			{
+				ereport(LOG,
+						(errmsg("tuvl worker dropped run " INT64_FORMAT ": %s", run->id, edata->message)));
+				result = ADV_LOST;
+			}
+			else
+			{
+				ereport(LOG,
+						(errmsg("tuvl worker failing run " INT64_FORMAT ": %s", run->id, edata->message)));
+				*fatal = MemoryContextStrdup(round_cxt, edata->message);
+				result = ADV_BROKEN;
+			}
+		}
+		PG_END_TRY();
+		if (!aborted)
+			break;
+		/* aborted while it ran: make the abort the transition, now */
+		if (tries >= 1)
+		{
+			result = ADV_SOLO;	/* the directive is read; next time */
+			break;
+		}
+		budget_end = 0;
 	}
-	PG_END_TRY();
-	return ok;
+	MyTuvlSlot->executing_run = 0;
+	return result;
 }
 
 static void
@@ -382,64 +523,11 @@ run_ready(RunState *run)
 	return run->send == NULL && run->transfer == NULL;
 }
 
-/*
- * Advance up to MAX_STEPS_PER_COMMIT ready runs by one transition each,
- * in one transaction.  Runs whose transition failed (lost lease, broken
- * workflow) are dropped; runs that ended are released; runs that asked
- * for an effect get it started once the transaction committed.
- * Returns the number of runs advanced.
- */
-static int
-advance_batch(void)
+/* Make the committed transitions of advanced current; keep or drop each run. */
+static void
+apply_advanced(List *advanced)
 {
-	List	   *batch = NIL;
-	List	   *advanced = NIL;
-	List	   *failed = NIL;
-	List	   *broken = NIL;
-	List	   *broken_errors = NIL;
 	ListCell   *lc;
-	char		activity[64];
-
-	/*
-	 * One principal's runs per transaction: what a step leaves for the
-	 * rest of its transaction (a cursor, a transaction-level lock) never
-	 * reaches another role's step.  The others come in the next batch.
-	 */
-	foreach(lc, held)
-	{
-		RunState   *run = lfirst(lc);
-
-		if (!run_ready(run))
-			continue;
-		if (batch != NIL && run->principal != ((RunState *) linitial(batch))->principal)
-			continue;
-		batch = lappend(batch, run);
-		if (list_length(batch) >= MAX_STEPS_PER_COMMIT)
-			break;
-	}
-	if (batch == NIL)
-		return 0;
-	snprintf(activity, sizeof(activity), "tuvl advancing %d runs", list_length(batch));
-	begin_tx(activity);
-	foreach(lc, batch)
-	{
-		RunState   *run = lfirst(lc);
-		char	   *fatal;
-		bool		ok = try_advance(run, &fatal);
-
-		/* SPI calls leave CurrentMemoryContext at SPI's, gone at commit */
-		MemoryContextSwitchTo(round_cxt);
-		if (ok)
-			advanced = lappend(advanced, run);
-		else if (fatal)
-		{
-			broken = lappend(broken, run);
-			broken_errors = lappend(broken_errors, fatal);
-		}
-		else
-			failed = lappend(failed, run);
-	}
-	commit_tx();
 
 	foreach(lc, advanced)
 	{
@@ -459,6 +547,97 @@ advance_batch(void)
 			hold_runs(list_make1(run));
 		}
 	}
+}
+
+/*
+ * Advance up to MAX_STEPS_PER_COMMIT ready runs of one principal by one
+ * transition each, in one transaction of at most tuvl.max_batch_time:
+ * the transition running when the budget is spent is cancelled (its
+ * step is slow: it runs alone next, see run_solo), and no transition
+ * starts after it.  Runs whose transition failed (lost lease, broken
+ * workflow) are dropped; runs that ended are released; runs that asked
+ * for an effect get it started once the transaction committed.
+ * Returns the number of transitions made or attempted.
+ */
+static int
+advance_batch(void)
+{
+	List	   *batch = NIL;
+	List	   *advanced = NIL;
+	List	   *failed = NIL;
+	List	   *broken = NIL;
+	List	   *broken_errors = NIL;
+	ListCell   *lc;
+	char		activity[64];
+	TimestampTz budget_end;
+	int			attempted = 0;
+
+	/*
+	 * One principal's runs per transaction: what a step leaves for the
+	 * rest of its transaction (a cursor, a transaction-level lock) never
+	 * reaches another role's step.  The others come in the next batch.
+	 */
+	foreach(lc, held)
+	{
+		RunState   *run = lfirst(lc);
+
+		if (!run_ready(run) || run->solo)
+			continue;
+		if (step_is_slow(run))
+		{
+			run->solo = true;
+			continue;
+		}
+		if (batch != NIL && run->principal != ((RunState *) linitial(batch))->principal)
+			continue;
+		batch = lappend(batch, run);
+		if (list_length(batch) >= MAX_STEPS_PER_COMMIT)
+			break;
+	}
+	if (batch == NIL)
+		return 0;
+	snprintf(activity, sizeof(activity), "tuvl advancing %d runs", list_length(batch));
+	begin_tx(activity);
+	budget_end = TimestampTzPlusMilliseconds(GetCurrentStatementStartTimestamp(),
+											 tuvl_max_batch_time);
+	foreach(lc, batch)
+	{
+		RunState   *run = lfirst(lc);
+		char	   *fatal;
+		Advanced	adv;
+
+		/* the budget is spent, or the memory: the rest wait for the next batch */
+		if (attempted > 0 &&
+			(GetCurrentTimestamp() >= budget_end ||
+			 (int64) MemoryContextMemAllocated(TopTransactionContext, true) > worker_memory_limit() / 4))
+			break;
+		attempted++;
+		MemoryContextSwitchTo(step_cxt);
+		adv = try_advance(run, budget_end, &fatal);
+		/* SPI calls leave CurrentMemoryContext at SPI's, gone at commit */
+		MemoryContextSwitchTo(round_cxt);
+		MemoryContextReset(step_cxt);
+		switch (adv)
+		{
+			case ADV_DONE:
+				advanced = lappend(advanced, run);
+				break;
+			case ADV_SOLO:
+				run->solo = true;
+				mark_step_slow(run, true);
+				break;
+			case ADV_BROKEN:
+				broken = lappend(broken, run);
+				broken_errors = lappend(broken_errors, fatal);
+				break;
+			case ADV_LOST:
+				failed = lappend(failed, run);
+				break;
+		}
+	}
+	commit_tx();
+
+	apply_advanced(advanced);
 	foreach(lc, failed)
 		forget_run(lfirst(lc));
 	if (broken != NIL)
@@ -467,7 +646,177 @@ advance_batch(void)
 		foreach(lc, broken)
 			forget_run(lfirst(lc));
 	}
-	return list_length(batch);
+	return attempted;
+}
+
+/* ---------------------------------------------------------------- solo runs
+ *
+ * A slow step runs alone: in a transaction of its own, with no budget but
+ * its own timeout, in a worker that holds nothing else.  Before it starts,
+ * the worker hands its other runs back to the queue (where the other
+ * workers take them at once), finishing first those that have an effect
+ * in flight or a result to journal.  At most all but one of a database's
+ * workers run slow steps at a time, so one is always free for the rest.
+ */
+static bool solo_slot_held = false;
+
+static bool
+have_solo_run(void)
+{
+	ListCell   *lc;
+
+	foreach(lc, held)
+		if (((RunState *) lfirst(lc))->solo)
+			return true;
+	return false;
+}
+
+static TuvlDbEntry *
+my_db_entry(void)
+{
+	for (int i = 0; i < TUVL_MAX_DATABASES; i++)
+		if (TuvlShmem->dbs[i].dboid == MyDatabaseId)
+			return &TuvlShmem->dbs[i];
+	return NULL;
+}
+
+static bool
+acquire_solo_slot(void)
+{
+	TuvlDbEntry *db;
+	bool		ok = false;
+
+	if (solo_slot_held)
+		return true;
+	LWLockAcquire(TuvlShmem->lock, LW_EXCLUSIVE);
+	db = my_db_entry();
+	if (db && db->solo_workers < Max(1, tuvl_workers_per_database - 1))
+	{
+		db->solo_workers++;
+		ok = true;
+	}
+	LWLockRelease(TuvlShmem->lock);
+	solo_slot_held = ok;
+	return ok;
+}
+
+static void
+release_solo_slot(void)
+{
+	TuvlDbEntry *db;
+
+	if (!solo_slot_held || TuvlShmem == NULL)
+		return;
+	LWLockAcquire(TuvlShmem->lock, LW_EXCLUSIVE);
+	db = my_db_entry();
+	if (db && db->solo_workers > 0)
+		db->solo_workers--;
+	LWLockRelease(TuvlShmem->lock);
+	solo_slot_held = false;
+}
+
+static void
+release_solo_slot_at_exit(int code, Datum arg)
+{
+	release_solo_slot();
+}
+
+/* Give every held run that is not solo and has nothing pending back. */
+static void
+hand_back_idle_runs(void)
+{
+	List	   *give = NIL;
+	int64	   *ids;
+	int32	   *attempts;
+	int			n = 0;
+	ListCell   *lc;
+
+	foreach(lc, held)
+	{
+		RunState   *run = lfirst(lc);
+
+		/* a request not sent yet is sent by the next holder */
+		if (!run->solo && run->transfer == NULL && run->fresh_effect == NULL)
+			give = lappend(give, run);
+	}
+	if (give == NIL)
+		return;
+	ids = palloc(sizeof(int64) * list_length(give));
+	attempts = palloc(sizeof(int32) * list_length(give));
+	foreach(lc, give)
+	{
+		ids[n] = ((RunState *) lfirst(lc))->id;
+		attempts[n++] = ((RunState *) lfirst(lc))->attempt;
+	}
+	begin_tx("tuvl handing runs back");
+	(void) LeaseRelease(n, ids, attempts);
+	commit_tx();
+	foreach(lc, give)
+		forget_run(lfirst(lc));
+	TuvlWakeWorkers(MyDatabaseId);
+}
+
+/*
+ * Run one solo transition when this worker holds nothing else; returns
+ * true when it did (or made progress towards it).
+ */
+static bool
+run_solo(void)
+{
+	RunState   *run = NULL;
+	char	   *fatal;
+	Advanced	adv;
+	instr_time	start;
+	instr_time	took;
+	ListCell   *lc;
+
+	if (!have_solo_run() || !acquire_solo_slot())
+		return false;
+	hand_back_idle_runs();
+	foreach(lc, held)
+	{
+		RunState   *r = lfirst(lc);
+
+		if (!r->solo)
+			return false;		/* others still finish their effects */
+		if (run == NULL && run_ready(r))
+			run = r;
+	}
+	if (run == NULL)
+		return false;
+
+	begin_tx("tuvl running a slow step alone");
+	INSTR_TIME_SET_CURRENT(start);
+	MemoryContextSwitchTo(step_cxt);
+	adv = try_advance(run, 0, &fatal);
+	MemoryContextSwitchTo(round_cxt);
+	commit_tx();
+	MemoryContextReset(step_cxt);
+	INSTR_TIME_SET_CURRENT(took);
+	INSTR_TIME_SUBTRACT(took, start);
+	run->solo = false;
+	/* fast this time: it may go back into batches */
+	if (adv == ADV_DONE && INSTR_TIME_GET_MILLISEC(took) < tuvl_max_batch_time / 2.0)
+		mark_step_slow(run, false);
+	switch (adv)
+	{
+		case ADV_DONE:
+			apply_advanced(list_make1(run));
+			break;
+		case ADV_SOLO:
+			run->solo = true;
+			break;
+		case ADV_BROKEN:
+			fail_runs(list_make1(run), list_make1(fatal));
+			forget_run(run);
+			break;
+		case ADV_LOST:
+			forget_run(run);
+			break;
+	}
+	if (!have_solo_run())
+		release_solo_slot();
+	return true;
 }
 
 /* The result of an effect, or of a failure to even start it. */
@@ -499,6 +848,7 @@ static void
 start_due_sends(TimestampTz *next_send)
 {
 	TimestampTz now = GetCurrentTimestamp();
+	bool		full = memory_full();
 	ListCell   *lc;
 
 	*next_send = 0;
@@ -508,6 +858,9 @@ start_due_sends(TimestampTz *next_send)
 		MemoryContext oldcxt = CurrentMemoryContext;
 
 		if (run->send == NULL || run->transfer != NULL)
+			continue;
+		/* no memory for another response: wait, unless nothing is in flight */
+		if (full && HttpInFlight() > 0)
 			continue;
 		if (run->send_at > now)
 		{
@@ -587,11 +940,15 @@ TuvlWorkerMain(Datum main_arg)
 	if (TuvlShmem == NULL)
 		proc_exit(1);
 	before_shmem_exit(release_slot, (Datum) 0);
+	before_shmem_exit(release_solo_slot_at_exit, (Datum) 0);
 
 	LWLockAcquire(TuvlShmem->lock, LW_EXCLUSIVE);
+	MyTuvlSlot = &TuvlShmem->slots[my_slot];
 	TuvlShmem->slots[my_slot].pid = MyProcPid;
 	TuvlShmem->slots[my_slot].latch = MyLatch;
 	TuvlShmem->slots[my_slot].nheld = 0;
+	TuvlShmem->slots[my_slot].executing_run = 0;
+	TuvlShmem->slots[my_slot].cancel_run = 0;
 	TuvlShmem->slots[my_slot].in_flight = 0;
 	TuvlShmem->slots[my_slot].peak_in_flight = 0;
 	epoch = TuvlShmem->epoch;
@@ -614,6 +971,7 @@ TuvlWorkerMain(Datum main_arg)
 
 	runs_cxt = AllocSetContextCreate(TopMemoryContext, "tuvl runs", ALLOCSET_DEFAULT_SIZES);
 	round_cxt = AllocSetContextCreate(TopMemoryContext, "tuvl round", ALLOCSET_DEFAULT_SIZES);
+	step_cxt = AllocSetContextCreate(TopMemoryContext, "tuvl step", ALLOCSET_DEFAULT_SIZES);
 	MemoryContextSwitchTo(round_cxt);
 
 	StartTransactionCommand();
@@ -640,6 +998,8 @@ TuvlWorkerMain(Datum main_arg)
 
 		error_context_stack = NULL;
 		HOLD_INTERRUPTS();
+		DeadlineReset();
+		MyTuvlSlot->executing_run = 0;
 		EmitErrorReport();
 		AbortOutOfAnyTransaction();
 		SPI_finish();
@@ -656,6 +1016,7 @@ TuvlWorkerMain(Datum main_arg)
 			attempts[i++] = ((RunState *) lfirst(lc))->attempt;
 		}
 		forget_all_runs();
+		release_solo_slot();
 		HttpAbortAll();
 		MemoryContextReset(round_cxt);
 		RESUME_INTERRUPTS();
@@ -716,10 +1077,15 @@ TuvlWorkerMain(Datum main_arg)
 
 		/* keep claiming while the queue may hold more than we took */
 		room = Min(tuvl_runs_per_worker - list_length(held), MAX_CLAIM);
-		if (want_claim && room > 0)
+		if (want_claim && room > 0 && !have_solo_run())
 			want_claim = claim() >= room;
 
 		start_due_sends(&next_send);
+		if (run_solo())
+		{
+			want_claim = true;
+			continue;
+		}
 		if (advance_batch() > 0)
 		{
 			/* a start_run() committed while we were busy? */

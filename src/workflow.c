@@ -196,6 +196,9 @@ WorkflowCompile(const char *name, int version, Jsonb *definition)
 			elog(ERROR, "workflow \"%s\" version %d has an invalid step kind", name, version);
 		s->kind_name = StepKindNames[s->kind];
 		s->output_key = JsonGetString(s->spec, "output");
+		/* the step's own time limit; -1: tuvl.step_timeout */
+		if (!DurationFromJson(JsonGetField(s->spec, "timeout"), &s->timeout_ms))
+			s->timeout_ms = -1;
 		if (s->kind == STEP_AGENT)
 		{
 			/* an agent writes its answer to outcome.write */

@@ -32,6 +32,7 @@ typedef struct StepDef
 	Jsonb	   *routes;			/* signal -> target, or NULL */
 	int			next;			/* implicit default: index of the next
 								 * main-line step, or -1 (implicit end) */
+	int			timeout_ms;		/* timeout:, or -1 for tuvl.step_timeout */
 } StepDef;
 
 typedef struct EndDef

@@ -37,6 +37,7 @@
 #include "utils/memutils.h"
 #include "utils/numeric.h"
 
+#include "tuvl.h"
 #include "yamlparse.h"
 
 /* Limits that stop "billion laughs" documents, counted after alias expansion */
@@ -941,6 +942,9 @@ YamlToJsonb(const char *source, const char *what, Jsonb **positions)
 												  ALLOCSET_DEFAULT_SIZES);
 	Jsonb	   *volatile result = NULL;
 
+	/* a document is small: a huge one would take the backend's memory */
+	TuvlCheckSize(psprintf("the %s source", what), strlen(source), tuvl_max_source_size,
+				  "tuvl.max_source_size");
 	PG_TRY();
 	{
 		result = yaml_to_jsonb(source, what, positions, workcxt);
