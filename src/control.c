@@ -437,11 +437,8 @@ tuvl_steer_run(PG_FUNCTION_ARGS)
 static Jsonb *
 append_record(Jsonb *state, Jsonb *record)
 {
-	Jsonb	   *effects = JsonGetJsonb(state, "effects");
-	Jsonb	   *one = JsonFromCString(psprintf("[%s]", JsonbToCString(NULL, &record->root, VARSIZE(record))));
+	Jsonb	   *effects = JsonArrayAppend(JsonGetJsonb(state, "effects"), record);
 
-	effects = effects && JB_ROOT_IS_ARRAY(effects) && !JB_ROOT_IS_SCALAR(effects)
-		? JsonMerge(effects, one) : one;
 	return JsonRemoveKey(JsonSetKey(state, "effects", effects), "awaiting");
 }
 

@@ -40,18 +40,25 @@ typedef struct Deadline
 
 static Deadline stack[MAX_DEADLINES];
 static volatile int depth = 0;
+static volatile bool in_user_code = false;
 static bool registered = false;
 static TimeoutId timer_id;
 
-/* The timer: mark the earliest deadline that passed and cancel. */
+/*
+ * Mark the earliest deadline that passed and cancel.  A batch's budget
+ * cancels only user code (a step's SQL): tuvl's own work on a large
+ * result is not moved out of its batch, it only ends the batch after it.
+ * A budget that passes outside user code fires when user code starts.
+ */
 static void
-deadline_handler(void)
+fire_passed(void)
 {
 	TimestampTz now = GetCurrentTimestamp();
 	int			best = -1;
 
 	for (int i = 0; i < depth; i++)
 		if (!stack[i].fired && stack[i].at <= now &&
+			(stack[i].kind != DEADLINE_BATCH || in_user_code) &&
 			(best < 0 || stack[i].at < stack[best].at))
 			best = i;
 	if (best < 0)
@@ -60,6 +67,12 @@ deadline_handler(void)
 	InterruptPending = true;
 	QueryCancelPending = true;
 	SetLatch(MyLatch);
+}
+
+static void
+deadline_handler(void)
+{
+	fire_passed();
 }
 
 /* Arm the timer at the earliest deadline not fired yet (or disarm it). */
@@ -140,10 +153,23 @@ DeadlineFiredOuter(void)
 	return DEADLINE_NONE;
 }
 
+/*
+ * User code starts (true) or ends (false): from security.c.  A budget
+ * that passed meanwhile fires now.
+ */
+void
+DeadlineUserCode(bool running)
+{
+	in_user_code = running;
+	if (running && depth > 0)
+		fire_passed();
+}
+
 /* Forget every deadline (a worker recovering from an error). */
 void
 DeadlineReset(void)
 {
 	stop_timer();
 	depth = 0;
+	in_user_code = false;
 }

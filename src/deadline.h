@@ -24,6 +24,7 @@ typedef enum DeadlineKind
 extern int	DeadlinePush(DeadlineKind kind, TimestampTz at);
 extern DeadlineKind DeadlinePop(int level);
 extern DeadlineKind DeadlineFiredOuter(void);
+extern void DeadlineUserCode(bool running);
 extern void DeadlineReset(void);
 
 #endif							/* TUVL_DEADLINE_H */

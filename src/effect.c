@@ -289,10 +289,7 @@ EffectKeyBase(RunState *run)
 void
 EffectRecord(RunState *run, Jsonb *record)
 {
-	Jsonb	   *one = JsonFromCString(psprintf("[%s]",
-											   JsonbToCString(NULL, &record->root, VARSIZE(record))));
-
-	run->working_effects = run->working_effects ? JsonMerge(run->working_effects, one) : one;
+	run->working_effects = JsonArrayAppend(run->working_effects, record);
 }
 
 EffectRequest *

@@ -63,6 +63,8 @@ struct HttpTransfer
 	CURLcode	code;
 	long		status;
 	bool		paused;			/* waiting for memory */
+	size_t		expected;		/* Content-Length, or 0 when not announced */
+	bool		admitted;		/* its announced body has room reserved */
 	const char *fail_kind;		/* set when we failed it ourselves */
 	char	   *fail_msg;		/* malloc'd */
 	char	  **secrets;		/* values of the secrets in the request */
@@ -248,6 +250,15 @@ buf_append(char **buf, size_t *len, size_t *cap, const char *data, size_t n)
 	return true;
 }
 
+/* Pause t for memory (it resumes in resume_paused). */
+static size_t
+pause_for_memory(HttpTransfer *t)
+{
+	t->paused = true;
+	n_paused++;
+	return CURL_WRITEFUNC_PAUSE;
+}
+
 static size_t
 write_cb(char *data, size_t size, size_t nmemb, void *userp)
 {
@@ -261,17 +272,35 @@ write_cb(char *data, size_t size, size_t nmemb, void *userp)
 		t->too_large = true;
 		return 0;
 	}
-	/* over the budget: wait, unless this is the transfer that goes on */
-	if (t->len + n + 1 > t->cap && buffered + n > budget)
+	/*
+	 * A body of announced size is admitted whole: room for all of it, or
+	 * it waits before its first byte.  Over the budget, one transfer
+	 * (exempt) still goes on, so that something always finishes.
+	 */
+	if (t->expected > 0 && !t->admitted)
+	{
+		if (buffered + t->expected > budget && exempt != NULL && exempt != t)
+			return pause_for_memory(t);
+		if (buffered + t->expected > budget)
+			exempt = t;
+		if (t->expected + 1 > t->cap)
+		{
+			char	   *nb = realloc(t->buf, t->expected + 1);
+
+			if (nb == NULL)
+				return 0;
+			t->buf = nb;
+			t->cap = t->expected + 1;
+		}
+		t->admitted = true;
+	}
+	/* a body of unknown size waits when it must grow past the budget */
+	else if (t->len + n + 1 > t->cap && buffered + n > budget)
 	{
 		if (exempt == NULL)
 			exempt = t;
 		else if (exempt != t)
-		{
-			t->paused = true;
-			n_paused++;
-			return CURL_WRITEFUNC_PAUSE;
-		}
+			return pause_for_memory(t);
 	}
 	ok = buf_append(&t->buf, &t->len, &t->cap, data, n);
 	buffered += t->cap - cap;
@@ -287,7 +316,7 @@ header_cb(char *data, size_t size, size_t nmemb, void *userp)
 	/* a new status line starts a new header block (100 Continue) */
 	if (n >= 5 && strncmp(data, "HTTP/", 5) == 0)
 		t->hlen = 0;
-	/* a body of announced size: refused at once when too large, else one buffer */
+	/* a body of announced size: refused at once when too large */
 	if (n > 15 && pg_strncasecmp(data, "content-length:", 15) == 0)
 	{
 		char	   *end;
@@ -298,17 +327,7 @@ header_cb(char *data, size_t size, size_t nmemb, void *userp)
 			t->too_large = true;
 			return 0;
 		}
-		if (len > 0 && (size_t) len + 1 > t->cap && t->len == 0)
-		{
-			char	   *nb = realloc(t->buf, (size_t) len + 1);
-
-			if (nb)
-			{
-				buffered += (size_t) len + 1 - t->cap;
-				t->buf = nb;
-				t->cap = (size_t) len + 1;
-			}
-		}
+		t->expected = len > 0 ? (size_t) len : 0;
 	}
 	if (t->hlen + n + 1 > 65536)
 		return n;				/* ignore pathological headers */
@@ -462,6 +481,8 @@ transfer_submit(HttpTransfer *t)
 	}
 	t->len = 0;
 	t->hlen = 0;
+	t->expected = 0;
+	t->admitted = false;
 	t->too_large = false;
 	t->errbuf[0] = '\0';
 	curl_multi_add_handle(multi, e);
@@ -848,6 +869,27 @@ void *
 HttpTransferOwner(HttpTransfer *t)
 {
 	return t->owner;
+}
+
+/* Stop a transfer and forget it (its run was aborted). */
+void
+HttpCancel(HttpTransfer *t)
+{
+	if (t->done)
+	{
+		HttpTransfer **pp = &done_list;
+
+		while (*pp && *pp != t)
+			pp = &(*pp)->next;
+		if (*pp)
+			*pp = t->next;
+	}
+	else
+	{
+		unlink_in_flight(t);
+		curl_multi_remove_handle(multi, t->easy);
+	}
+	transfer_free(t);
 }
 
 /* The owner no longer wants the result: it is discarded when done. */

@@ -52,6 +52,7 @@ extern bool HttpWait(long timeout_ms);
 extern List *HttpCollectDone(void);
 extern void *HttpTransferOwner(HttpTransfer *t);
 extern void HttpDisown(HttpTransfer *t);
+extern void HttpCancel(HttpTransfer *t);
 extern HttpResult *HttpTakeResult(HttpTransfer *t);
 extern void HttpAbortAll(void);
 extern HttpResult *HttpPerform(const HttpRequest *req, List *secrets);

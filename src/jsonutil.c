@@ -187,15 +187,99 @@ JsonMerge(Jsonb *a, Jsonb *b)
 											  JsonbPGetDatum(b)));
 }
 
-/* obj with key set to value (any JSON value). */
+/* Push a Jsonb as one value (a container stays packed; no copy of its data). */
+static void
+push_jsonb(JsonbParseState **state, JsonbIteratorToken tok, Jsonb *val)
+{
+	JsonbValue	v;
+
+	if (JB_ROOT_IS_SCALAR(val))
+	{
+		/* a scalar is stored as a one-element raw array: unwrap it */
+		v = *getIthJsonbValueFromContainer(&val->root, 0);
+		pushJsonbValue(state, tok, &v);
+		return;
+	}
+	v.type = jbvBinary;
+	v.val.binary.data = &val->root;
+	v.val.binary.len = VARSIZE(val) - VARHDRSZ;
+	pushJsonbValue(state, tok, &v);
+}
+
+/*
+ * obj with key set to value (any JSON value), in one pass: the other
+ * fields are carried over without being unpacked, and the result is
+ * serialized once (a large value is copied once, not three times).
+ */
 Jsonb *
 JsonSetKey(Jsonb *obj, const char *key, Jsonb *value)
 {
-	JsonObjBuilder b;
+	JsonbParseState *state = NULL;
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbValue	k;
+	JsonbIteratorToken tok;
+	size_t		klen = strlen(key);
+	JsonbValue *res;
 
-	JsonObjStart(&b);
-	JsonObjAddJsonb(&b, key, value);
-	return JsonMerge(obj, JsonObjEnd(&b));
+	pushJsonbValue(&state, WJB_BEGIN_OBJECT, NULL);
+	if (obj && JsonIsObject(obj))
+	{
+		it = JsonbIteratorInit(&obj->root);
+		while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+		{
+			bool		same;
+
+			if (tok != WJB_KEY)
+				continue;
+			same = (size_t) v.val.string.len == klen && memcmp(v.val.string.val, key, klen) == 0;
+			k = v;
+			tok = JsonbIteratorNext(&it, &v, true);
+			if (same)
+				continue;
+			pushJsonbValue(&state, WJB_KEY, &k);
+			pushJsonbValue(&state, WJB_VALUE, &v);
+		}
+	}
+	k.type = jbvString;
+	k.val.string.val = (char *) key;
+	k.val.string.len = klen;
+	pushJsonbValue(&state, WJB_KEY, &k);
+	if (value == NULL)
+	{
+		v.type = jbvNull;
+		pushJsonbValue(&state, WJB_VALUE, &v);
+	}
+	else
+		push_jsonb(&state, WJB_VALUE, value);
+	res = pushJsonbValue(&state, WJB_END_OBJECT, NULL);
+	return JsonbValueToJsonb(res);
+}
+
+/*
+ * arr (a JSON array, or NULL for an empty one) with elem appended, in
+ * one pass: no text round trip, the elements are not unpacked.
+ */
+Jsonb *
+JsonArrayAppend(Jsonb *arr, Jsonb *elem)
+{
+	JsonbParseState *state = NULL;
+	JsonbIterator *it;
+	JsonbValue	v;
+	JsonbIteratorToken tok;
+	JsonbValue *res;
+
+	pushJsonbValue(&state, WJB_BEGIN_ARRAY, NULL);
+	if (arr && JB_ROOT_IS_ARRAY(arr) && !JB_ROOT_IS_SCALAR(arr))
+	{
+		it = JsonbIteratorInit(&arr->root);
+		while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+			if (tok == WJB_ELEM)
+				pushJsonbValue(&state, WJB_ELEM, &v);
+	}
+	push_jsonb(&state, WJB_ELEM, elem);
+	res = pushJsonbValue(&state, WJB_END_ARRAY, NULL);
+	return JsonbValueToJsonb(res);
 }
 
 Jsonb *
@@ -274,30 +358,29 @@ JsonObjAddNull(JsonObjBuilder *b, const char *key)
 }
 
 /* Embed an already built jsonb (scalar, object or array) as a value. */
+/* Add a value found in another Jsonb (JsonGetField): not copied until the end. */
 void
-JsonObjAddJsonb(JsonObjBuilder *b, const char *key, Jsonb *val)
+JsonObjAddValue(JsonObjBuilder *b, const char *key, JsonbValue *val)
 {
-	JsonbValue	v;
-
 	if (val == NULL)
 	{
 		JsonObjAddNull(b, key);
 		return;
 	}
 	push_key(b, key);
-	if (JB_ROOT_IS_SCALAR(val))
-	{
-		JsonbValue	scalar;
+	pushJsonbValue(&b->state, WJB_VALUE, val);
+}
 
-		/* a scalar is stored as a one-element raw array: unwrap it */
-		scalar = *getIthJsonbValueFromContainer(&val->root, 0);
-		pushJsonbValue(&b->state, WJB_VALUE, &scalar);
+void
+JsonObjAddJsonb(JsonObjBuilder *b, const char *key, Jsonb *val)
+{
+	if (val == NULL)
+	{
+		JsonObjAddNull(b, key);
 		return;
 	}
-	v.type = jbvBinary;
-	v.val.binary.data = &val->root;
-	v.val.binary.len = VARSIZE(val) - VARHDRSZ;
-	pushJsonbValue(&b->state, WJB_VALUE, &v);
+	push_key(b, key);
+	push_jsonb(&b->state, WJB_VALUE, val);
 }
 
 Jsonb *

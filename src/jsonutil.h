@@ -42,7 +42,9 @@ typedef struct JsonObjBuilder
 extern void JsonObjStart(JsonObjBuilder *b);
 extern void JsonObjAddString(JsonObjBuilder *b, const char *key, const char *val);
 extern void JsonObjAddInt(JsonObjBuilder *b, const char *key, int64 val);
+extern void JsonObjAddValue(JsonObjBuilder *b, const char *key, JsonbValue *val);
 extern int64 JsonGetInt(Jsonb *obj, const char *key, int64 dflt);
+extern Jsonb *JsonArrayAppend(Jsonb *arr, Jsonb *elem);
 extern void JsonObjAddBool(JsonObjBuilder *b, const char *key, bool val);
 extern void JsonObjAddJsonb(JsonObjBuilder *b, const char *key, Jsonb *val);
 extern void JsonObjAddNull(JsonObjBuilder *b, const char *key);

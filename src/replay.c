@@ -442,15 +442,7 @@ serve_person(Replay *rp, RunState *run, const char *status)
 
 	if (!human)
 		record = JsonSetKey(record, "decided_at", JsonFromCString(psprintf(INT64_FORMAT, (int64) GetCurrentTimestamp())));
-	if (JsonArraySize(effects) > 0)
-	{
-		char	   *prev = JsonText(effects);
-
-		prev[strlen(prev) - 1] = '\0';	/* drop the closing bracket */
-		effects = JsonFromCString(psprintf("%s, %s]", prev, JsonText(record)));
-	}
-	else
-		effects = JsonFromCString(psprintf("[%s]", JsonText(record)));
+	effects = JsonArrayAppend(effects, record);
 	state = JsonRemoveKey(JsonSetKey(state, "effects", effects), "awaiting");
 
 	JsonObjStart(&b);

@@ -369,14 +369,6 @@ comp_top(Jsonb *comp)
 	return n > 0 ? JsonValueToJsonb(getIthJsonbValueFromContainer(&stack->root, n - 1)) : NULL;
 }
 
-/* arr with one more element */
-static Jsonb *
-json_array_append(Jsonb *arr, Jsonb *elem)
-{
-	Jsonb	   *one = JsonFromCString(psprintf("[%s]", JsonbToCString(NULL, &elem->root, VARSIZE(elem))));
-
-	return JsonArraySize(arr) > 0 ? JsonMerge(arr, one) : one;
-}
 
 /* arr without its last element */
 static Jsonb *
@@ -522,7 +514,15 @@ finish_pending(Transition *t, StepResult *result)
 		int			ms = (int) Max(Min(left, INT_MAX), 1);
 
 		if (effect->http.timeout_ms <= 0 || effect->http.timeout_ms > ms)
+		{
+			JsonObjBuilder tb;
+
 			effect->http.timeout_ms = ms;
+			/* a timeout of this request is the step's */
+			JsonObjStart(&tb);
+			JsonObjAddBool(&tb, "step_deadline", true);
+			effect->tag = effect->tag ? JsonMerge(effect->tag, JsonObjEnd(&tb)) : JsonObjEnd(&tb);
+		}
 	}
 
 	/* an LLM call is journaled once, as llm_turn, when it answered */
@@ -674,7 +674,7 @@ finish_compensation(Transition *t, StepResult *result, ErrorData *edata)
 		JsonObjAddString(&b, "step", original);
 		JsonObjAddString(&b, "compensator", step->id);
 		JsonObjAddString(&b, "error", failure);
-		failed = json_array_append(failed, JsonObjEnd(&b));
+		failed = JsonArrayAppend(failed, JsonObjEnd(&b));
 	}
 	comp = JsonSetKey(comp, "stack", array_drop_last(comp_stack(comp)));
 	comp = JsonSetKey(comp, "failed", failed ? failed : JsonFromCString("[]"));
@@ -812,7 +812,7 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 		JsonObjAddJsonb(&b, "output", result->has_output ? result->output : NULL);
 		JsonObjAddJsonb(&b, "input", run->context);
 		comp = JsonSetKey(comp ? comp : JsonEmptyObject(), "stack",
-						  json_array_append(comp_stack(comp), JsonObjEnd(&b)));
+						  JsonArrayAppend(comp_stack(comp), JsonObjEnd(&b)));
 		stage_compensation(run, comp);
 	}
 
@@ -1135,7 +1135,13 @@ in_subtransaction(Transition *t, ErrorData *step_error, bool *step_failed)
 				in_step = true;
 				if (t->deadline != 0)
 				{
-					if (GetCurrentTimestamp() >= t->deadline)
+					Jsonb	   *fresh = run->fresh_effect;
+					char	   *kind = fresh ? JsonGetString(fresh, "error_kind") : NULL;
+
+					/* past the deadline, or the request it cut short came back */
+					if (GetCurrentTimestamp() >= t->deadline ||
+						(kind && strcmp(kind, "timeout") == 0 &&
+						 JsonGetBool(fresh, "step_deadline", false)))
 						step_timed_out(t);
 					level = DeadlinePush(DEADLINE_STEP, t->deadline);
 				}
@@ -1214,7 +1220,6 @@ take_fresh_effect(Transition *t)
 	JsonObjBuilder b;
 	JournalEvent *ev;
 	JsonbValue *lat;
-	Jsonb	   *one;
 
 	Jsonb	   *kept = run->fresh_effect;
 	char	   *op;
@@ -1247,8 +1252,7 @@ take_fresh_effect(Transition *t)
 		ev->latency_ms = DatumGetFloat8(DirectFunctionCall1(numeric_float8,
 															NumericGetDatum(lat->val.numeric)));
 
-	one = JsonFromCString(psprintf("[%s]", JsonbToCString(NULL, &kept->root, VARSIZE(kept))));
-	run->working_effects = run->working_effects ? JsonMerge(run->working_effects, one) : one;
+	run->working_effects = JsonArrayAppend(run->working_effects, kept);
 }
 
 /*

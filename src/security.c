@@ -59,6 +59,7 @@
 #include "utils/memutils.h"
 #include "utils/syscache.h"
 
+#include "deadline.h"
 #include "security.h"
 #include "spiutil.h"
 
@@ -151,6 +152,7 @@ SecurityAsPrincipal(SecurityFrame *frame, Oid principal)
 	if (shared_session && user_search_path)
 		set_search_path(user_search_path);
 	user_code_level[user_code_depth++] = GetCurrentTransactionNestLevel();
+	DeadlineUserCode(true);
 }
 
 /*
@@ -169,6 +171,7 @@ SecurityRestore(SecurityFrame *frame)
 		return;
 	if (user_code_depth > 0)
 		user_code_depth--;
+	DeadlineUserCode(user_code_depth > 0);
 	if (shared_session)
 	{
 		Oid			temp;
@@ -315,6 +318,7 @@ security_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 
 		while (user_code_depth > 0 && user_code_level[user_code_depth - 1] >= level)
 			user_code_depth--;
+		DeadlineUserCode(user_code_depth > 0);
 	}
 }
 
@@ -322,7 +326,10 @@ static void
 security_xact_callback(XactEvent event, void *arg)
 {
 	if (event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT)
+	{
 		user_code_depth = 0;
+		DeadlineUserCode(false);
+	}
 }
 
 /* Install the hooks; from _PG_init, preloaded or not. */

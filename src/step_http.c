@@ -361,8 +361,8 @@ StepExecuteAPICall(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 
 			JsonObjStart(&b);
 			JsonObjAddInt(&b, "status", status);
-			JsonObjAddJsonb(&b, "headers", JsonGetJsonb(last, "headers"));
-			JsonObjAddJsonb(&b, "body", JsonGetJsonb(last, "body"));
+			JsonObjAddValue(&b, "headers", JsonGetField(last, "headers"));
+			JsonObjAddValue(&b, "body", JsonGetField(last, "body"));
 			result->output = JsonObjEnd(&b);
 			result->has_output = true;
 			return;

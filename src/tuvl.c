@@ -213,6 +213,12 @@ deliver_interrupts(void)
 			slot->cancel_run = pending_interrupts[i].run_id;
 			if (slot->executing_run == pending_interrupts[i].run_id)
 				kill(slot->pid, SIGINT);
+			else if (slot->latch)
+			{
+				/* it may be waiting for the run's request */
+				slot->woken = true;
+				SetLatch(slot->latch);
+			}
 		}
 	LWLockRelease(TuvlShmem->lock);
 	n_pending_interrupts = 0;
@@ -237,7 +243,10 @@ TuvlWakeWorkers(Oid dboid)
 		TuvlWorkerSlot *slot = &TuvlShmem->slots[i];
 
 		if (slot->in_use && slot->dboid == dboid && slot->latch)
+		{
+			slot->woken = true;
 			SetLatch(slot->latch);
+		}
 	}
 	LWLockRelease(TuvlShmem->lock);
 }
@@ -258,12 +267,17 @@ TuvlWakeOneWorker(Oid dboid)
 	{
 		TuvlWorkerSlot *slot = &TuvlShmem->slots[i];
 
+		/* not one busy with a slow step: it would claim nothing for a while */
 		if (slot->in_use && slot->dboid == dboid && slot->latch &&
-			(best == NULL || slot->nheld < best->nheld))
+			(best == NULL || (best->alone && !slot->alone) ||
+			 (best->alone == slot->alone && slot->nheld < best->nheld)))
 			best = slot;
 	}
 	if (best)
+	{
+		best->woken = true;
 		SetLatch(best->latch);
+	}
 	LWLockRelease(TuvlShmem->lock);
 }
 
@@ -330,10 +344,12 @@ TuvlPreloaded(void)
 char *
 TuvlSizeText(int64 bytes)
 {
-	if (bytes >= 10 * 1024 * 1024)
-		return psprintf(INT64_FORMAT " MB", bytes / (1024 * 1024));
-	if (bytes >= 10 * 1024)
-		return psprintf(INT64_FORMAT " kB", bytes / 1024);
+	if (bytes >= 1024 * 1024)
+		return bytes % (1024 * 1024) == 0 ? psprintf(INT64_FORMAT " MB", bytes / (1024 * 1024))
+			: psprintf("%.1f MB", bytes / (1024.0 * 1024.0));
+	if (bytes >= 1024)
+		return bytes % 1024 == 0 ? psprintf(INT64_FORMAT " kB", bytes / 1024)
+			: psprintf("%.1f kB", bytes / 1024.0);
 	return psprintf(INT64_FORMAT " bytes", bytes);
 }
 

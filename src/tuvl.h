@@ -57,6 +57,10 @@ typedef struct TuvlWorkerSlot
 									 * or 0 */
 	volatile int64 cancel_run;	/* an operator aborted this run: cancel its
 								 * transition */
+	volatile bool alone;		/* running a slow step alone: claims nothing */
+	volatile bool woken;		/* a wake-up for the worker's loop: user code
+								 * waiting on the latch (pg_sleep) may have
+								 * reset the latch itself */
 	volatile int in_flight;		/* HTTP transfers in flight */
 	volatile int peak_in_flight;	/* the most at once since start */
 } TuvlWorkerSlot;

@@ -285,6 +285,13 @@ worker_memory_limit(void)
 	return (int64) tuvl_max_worker_memory * 1024;
 }
 
+/*
+ * Journaling a result takes several copies of it for a moment (the event,
+ * the step's output, the context, their tuples): a result waiting to be
+ * journaled counts this many times its size.
+ */
+#define RESULT_WORKING_COPIES 10
+
 /* Bytes the held runs take, and give the rest to the transfers. */
 static int64
 held_bytes(void)
@@ -293,7 +300,13 @@ held_bytes(void)
 	ListCell   *lc;
 
 	foreach(lc, held)
-		total += MemoryContextMemAllocated(((RunState *) lfirst(lc))->cxt, true);
+	{
+		RunState   *run = lfirst(lc);
+
+		total += MemoryContextMemAllocated(run->cxt, true);
+		if (run->fresh_effect)
+			total += (int64) (RESULT_WORKING_COPIES - 1) * VARSIZE(run->fresh_effect);
+	}
 	HttpSetMemoryBudget((size_t) Max(worker_memory_limit() - total, 0));
 	return total;
 }
@@ -693,6 +706,7 @@ acquire_solo_slot(void)
 	if (db && db->solo_workers < Max(1, tuvl_workers_per_database - 1))
 	{
 		db->solo_workers++;
+		MyTuvlSlot->alone = true;
 		ok = true;
 	}
 	LWLockRelease(TuvlShmem->lock);
@@ -711,6 +725,7 @@ release_solo_slot(void)
 	db = my_db_entry();
 	if (db && db->solo_workers > 0)
 		db->solo_workers--;
+	MyTuvlSlot->alone = false;
 	LWLockRelease(TuvlShmem->lock);
 	solo_slot_held = false;
 }
@@ -777,9 +792,13 @@ run_solo(void)
 	{
 		RunState   *r = lfirst(lc);
 
-		if (!r->solo)
-			return false;		/* others still finish their effects */
-		if (run == NULL && run_ready(r))
+		/*
+		 * Others still finish their effects, unless memory is short: then
+		 * their requests may be paused for it, and their results wait.
+		 */
+		if (!r->solo && !memory_full())
+			return false;
+		if (r->solo && run == NULL && run_ready(r))
 			run = r;
 	}
 	if (run == NULL)
@@ -829,6 +848,32 @@ effect_done(RunState *run, Jsonb *result)
 	MemoryContextSwitchTo(old);
 	run->transfer = NULL;
 	run->send = NULL;
+}
+
+/*
+ * An operator aborted a run this worker holds while it waits for a
+ * request: drop the request (its result would not be used), so the next
+ * transition applies the abort now rather than when the request ends.
+ */
+static void
+abandon_aborted_effects(void)
+{
+	int64		id = MyTuvlSlot->cancel_run;
+	ListCell   *lc;
+
+	if (id == 0)
+		return;
+	foreach(lc, held)
+	{
+		RunState   *run = lfirst(lc);
+
+		if (run->id != id || run->fresh_effect != NULL)
+			continue;
+		if (run->transfer)
+			HttpCancel(run->transfer);
+		run->transfer = NULL;
+		run->send = NULL;
+	}
 }
 
 /* Publish the transfers in flight for tuvl.worker_status(). */
@@ -897,17 +942,27 @@ collect_done(void)
 {
 	ListCell   *lc;
 
-	foreach(lc, HttpCollectDone())
+	MemoryContext old = CurrentMemoryContext;
+	List	   *done = HttpCollectDone();
+
+	foreach(lc, done)
 	{
 		HttpTransfer *t = lfirst(lc);
 		RunState   *run = HttpTransferOwner(t);
-		HttpResult *res = HttpTakeResult(t);
+		HttpResult *res;
 
+		/* one result at a time: its copies are freed before the next */
+		MemoryContextSwitchTo(step_cxt);
+		res = HttpTakeResult(t);
 		/* the run may have been dropped (lost lease) meanwhile */
-		if (run == NULL || list_member_ptr(held, run) == false || run->transfer != t)
-			continue;
-		effect_done(run, EffectFinish(run->send, res));
+		if (run != NULL && list_member_ptr(held, run) && run->transfer == t)
+			effect_done(run, EffectFinish(run->send, res));
+		MemoryContextSwitchTo(old);
+		MemoryContextReset(step_cxt);
 	}
+	/* the results now held leave less room for the bodies in flight */
+	if (done != NIL)
+		(void) held_bytes();
 	note_in_flight();
 }
 
@@ -949,6 +1004,7 @@ TuvlWorkerMain(Datum main_arg)
 	TuvlShmem->slots[my_slot].nheld = 0;
 	TuvlShmem->slots[my_slot].executing_run = 0;
 	TuvlShmem->slots[my_slot].cancel_run = 0;
+	TuvlShmem->slots[my_slot].alone = false;
 	TuvlShmem->slots[my_slot].in_flight = 0;
 	TuvlShmem->slots[my_slot].peak_in_flight = 0;
 	epoch = TuvlShmem->epoch;
@@ -969,6 +1025,15 @@ TuvlWorkerMain(Datum main_arg)
 						 TimestampTzPlusMilliseconds(GetCurrentTimestamp(), HEARTBEAT_TICK_MS),
 						 HEARTBEAT_TICK_MS);
 
+#ifdef __GLIBC__
+
+	/*
+	 * Large blocks (responses, contexts of big runs) in mappings of their
+	 * own: freed, they go back to the system at once, instead of raising
+	 * glibc's threshold and staying in the heap.
+	 */
+	mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+#endif
 	runs_cxt = AllocSetContextCreate(TopMemoryContext, "tuvl runs", ALLOCSET_DEFAULT_SIZES);
 	round_cxt = AllocSetContextCreate(TopMemoryContext, "tuvl round", ALLOCSET_DEFAULT_SIZES);
 	step_cxt = AllocSetContextCreate(TopMemoryContext, "tuvl step", ALLOCSET_DEFAULT_SIZES);
@@ -1077,9 +1142,10 @@ TuvlWorkerMain(Datum main_arg)
 
 		/* keep claiming while the queue may hold more than we took */
 		room = Min(tuvl_runs_per_worker - list_length(held), MAX_CLAIM);
-		if (want_claim && room > 0 && !have_solo_run())
+		if (want_claim && room > 0 && !solo_slot_held)
 			want_claim = claim() >= room;
 
+		abandon_aborted_effects();
 		start_due_sends(&next_send);
 		if (run_solo())
 		{
@@ -1089,9 +1155,10 @@ TuvlWorkerMain(Datum main_arg)
 		if (advance_batch() > 0)
 		{
 			/* a start_run() committed while we were busy? */
-			if (MyLatch->is_set)
+			if (MyLatch->is_set || MyTuvlSlot->woken)
 			{
 				ResetLatch(MyLatch);
+				MyTuvlSlot->woken = false;
 				want_claim = true;
 			}
 			/* collect whatever finished meanwhile, without sleeping */
@@ -1109,8 +1176,11 @@ TuvlWorkerMain(Datum main_arg)
 		if (next_send != 0 && next_send < wake)
 			wake = next_send;
 		timeout = Max(0, (long) ((wake - now) / 1000));
-		if (HttpWait(timeout))
+		if (MyTuvlSlot->woken)
+			timeout = 0;
+		if (HttpWait(timeout) || MyTuvlSlot->woken)
 			want_claim = true;
+		MyTuvlSlot->woken = false;
 		collect_done();
 	}
 }
