@@ -75,6 +75,9 @@ static const char claim_sql[] =
 /* Where the next claim starts looking for principals. */
 static Oid	claim_cursor = InvalidOid;
 
+/* How many principals had queued runs at the last claim. */
+int			LeaseQueuedPrincipals = 0;
+
 /* Up to max principals with queued runs whose OID is above after. */
 static int
 principals_after(Oid after, int max, Oid *out)
@@ -132,6 +135,7 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, bool
 			if (rest[i] <= claim_cursor)
 				pids[np++] = rest[i];
 	}
+	LeaseQueuedPrincipals = np;
 	if (np == 0)
 	{
 		SecurityRestore(&frame);

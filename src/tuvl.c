@@ -71,6 +71,7 @@ static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 /* Backend-local wake-ups to deliver at commit. */
 static bool wake_workers_pending = false;
+static Oid	wake_principal = InvalidOid;	/* whose runs the wake-up is for */
 
 /* Running runs aborted by this transaction: interrupt their holders. */
 #define MAX_PENDING_INTERRUPTS 16
@@ -82,6 +83,7 @@ typedef struct PendingInterrupt
 static PendingInterrupt pending_interrupts[MAX_PENDING_INTERRUPTS];
 static int	n_pending_interrupts = 0;
 static void deliver_interrupts(void);
+static void wake_one(Oid dboid, Oid principal);
 static bool extension_created_pending = false;
 static bool run_changed_pending = false;
 
@@ -135,7 +137,7 @@ tuvl_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_COMMIT:
 		case XACT_EVENT_PARALLEL_COMMIT:
 			if (wake_workers_pending)
-				TuvlWakeOneWorker(MyDatabaseId);
+				wake_one(MyDatabaseId, wake_principal);
 			if (extension_created_pending && TuvlShmem)
 			{
 				/* now the extension is visible: the launcher probes again */
@@ -148,6 +150,7 @@ tuvl_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
 			wake_workers_pending = false;
+			wake_principal = InvalidOid;
 			extension_created_pending = false;
 			run_changed_pending = false;
 			n_pending_interrupts = 0;
@@ -161,6 +164,8 @@ void
 TuvlWakeWorkersAtCommit(void)
 {
 	wake_workers_pending = true;
+	/* the runs queued now are the current role's */
+	wake_principal = GetUserId();
 }
 
 void
@@ -244,6 +249,7 @@ TuvlWakeWorkers(Oid dboid)
 
 		if (slot->in_use && slot->dboid == dboid && slot->latch)
 		{
+			slot->woken_by = InvalidOid;
 			slot->woken = true;
 			SetLatch(slot->latch);
 		}
@@ -253,10 +259,13 @@ TuvlWakeWorkers(Oid dboid)
 
 /*
  * Set the latch of the least busy worker of a database: new runs need one
- * claimer, and a worker whose claim comes back full wakes the others.
+ * claimer, and a worker whose claim comes back full wakes the others.  A
+ * worker running a slow step alone is woken only when all are.  principal
+ * is the role whose runs were queued (InvalidOid: unknown): a worker busy
+ * with another role's batch cuts it short to claim them.
  */
-void
-TuvlWakeOneWorker(Oid dboid)
+static void
+wake_one(Oid dboid, Oid principal)
 {
 	TuvlWorkerSlot *best = NULL;
 
@@ -267,7 +276,6 @@ TuvlWakeOneWorker(Oid dboid)
 	{
 		TuvlWorkerSlot *slot = &TuvlShmem->slots[i];
 
-		/* not one busy with a slow step: it would claim nothing for a while */
 		if (slot->in_use && slot->dboid == dboid && slot->latch &&
 			(best == NULL || (best->alone && !slot->alone) ||
 			 (best->alone == slot->alone && slot->nheld < best->nheld)))
@@ -275,10 +283,17 @@ TuvlWakeOneWorker(Oid dboid)
 	}
 	if (best)
 	{
+		best->woken_by = principal;
 		best->woken = true;
 		SetLatch(best->latch);
 	}
 	LWLockRelease(TuvlShmem->lock);
+}
+
+void
+TuvlWakeOneWorker(Oid dboid)
+{
+	wake_one(dboid, InvalidOid);
 }
 
 /* Wake every backend sleeping in tuvl.wait(). */

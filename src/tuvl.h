@@ -61,6 +61,7 @@ typedef struct TuvlWorkerSlot
 	volatile bool woken;		/* a wake-up for the worker's loop: user code
 								 * waiting on the latch (pg_sleep) may have
 								 * reset the latch itself */
+	volatile Oid woken_by;		/* the role whose runs were queued, or 0 */
 	volatile int in_flight;		/* HTTP transfers in flight */
 	volatile int peak_in_flight;	/* the most at once since start */
 } TuvlWorkerSlot;

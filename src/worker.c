@@ -137,6 +137,13 @@ async_commit(void)
 							 GUC_ACTION_LOCAL, true, 0, false);
 }
 
+/* Is the run ready for a transition (not waiting for an effect)? */
+static bool
+run_ready(RunState *run)
+{
+	return run->send == NULL && run->transfer == NULL;
+}
+
 /* The list of held runs lives in runs_cxt, like the runs themselves. */
 static void
 hold_runs(List *runs)
@@ -318,13 +325,45 @@ memory_full(void)
 }
 
 /*
+ * How many runs to claim: up to tuvl.runs_per_worker held, but no more
+ * than MAX_READY ready to advance.  Runs waiting for a request do not
+ * count: a worker holds many of those.  The rest of the queue stays in
+ * the table, where the next claim shares it fairly among principals.
+ */
+#define MAX_READY (2 * MAX_STEPS_PER_COMMIT)
+
+/* A wake-up came: the next claim takes what was queued. */
+static bool woken = false;
+
+/*
+ * Principals compete (several have ready or queued runs): batches are
+ * kept short then, so that a turn comes round soon.
+ */
+#define CONTENDED_STEPS 8
+#define CONTENDED_BATCH_MS 5
+
+static int
+claim_room(void)
+{
+	int			ready = 0;
+	ListCell   *lc;
+
+	foreach(lc, held)
+		if (run_ready(lfirst(lc)))
+			ready++;
+	/* new runs were queued: claimed whatever this worker has ready */
+	return Min(Min(tuvl_runs_per_worker - list_length(held), MAX_CLAIM),
+			   Max(MAX_READY - ready, (woken || MyTuvlSlot->woken) ? CONTENDED_STEPS : 0));
+}
+
+/*
  * Claim queued runs, at most a batch at a time so that the workers share
  * the queue; returns how many were claimed.
  */
 static int
 claim(void)
 {
-	int			room = Min(tuvl_runs_per_worker - list_length(held), MAX_CLAIM);
+	int			room = claim_room();
 	List	   *runs;
 	bool		more;
 
@@ -333,6 +372,7 @@ claim(void)
 	begin_tx("tuvl claiming runs");
 	/* a lost claim only means the run is claimed again */
 	async_commit();
+	woken = false;
 	runs = LeaseClaim(runs_cxt, room, epoch, tuvl_lease_timeout, &more);
 	if (runs != NIL)
 		trimmed = false;
@@ -529,11 +569,54 @@ fail_runs(List *runs, List *errors)
 		fail_one_run(lfirst(lc1), lfirst(lc2));
 }
 
-/* Is the run ready for a transition (not waiting for an effect)? */
-static bool
-run_ready(RunState *run)
+
+/* The principal served by the last batch. */
+static Oid	last_principal = InvalidOid;
+
+static bool contended = false;
+
+/*
+ * The principal whose ready runs the next batch advances: another one
+ * than the last batch's when there is one, so that principals take turns
+ * (one role's many ready runs do not keep another's waiting).  A step
+ * found slow before is marked to run alone here.  InvalidOid: nothing is
+ * ready.
+ */
+static Oid
+next_principal(void)
 {
-	return run->send == NULL && run->transfer == NULL;
+	Oid			first = InvalidOid;
+	ListCell   *lc;
+
+	foreach(lc, held)
+	{
+		RunState   *run = lfirst(lc);
+
+		if (!run_ready(run) || run->solo)
+			continue;
+		if (step_is_slow(run))
+		{
+			run->solo = true;
+			continue;
+		}
+		if (!OidIsValid(first))
+			first = run->principal;
+		else if (run->principal != first)
+			contended = true;
+		if (run->principal != last_principal)
+		{
+			/* is anyone else waiting? */
+			for (ListCell *lc2 = lnext(held, lc); lc2 && !contended; lc2 = lnext(held, lc2))
+			{
+				RunState   *other = lfirst(lc2);
+
+				if (run_ready(other) && !other->solo && other->principal != run->principal)
+					contended = true;
+			}
+			return run->principal;
+		}
+	}
+	return first;
 }
 
 /* Make the committed transitions of advanced current; keep or drop each run. */
@@ -575,6 +658,8 @@ apply_advanced(List *advanced)
 static int
 advance_batch(void)
 {
+	Oid			principal;
+	int			max_steps;
 	List	   *batch = NIL;
 	List	   *advanced = NIL;
 	List	   *failed = NIL;
@@ -590,23 +675,22 @@ advance_batch(void)
 	 * rest of its transaction (a cursor, a transaction-level lock) never
 	 * reaches another role's step.  The others come in the next batch.
 	 */
+	contended = LeaseQueuedPrincipals > 1;
+	principal = next_principal();
+	if (!OidIsValid(principal))
+		return 0;
+	max_steps = contended ? CONTENDED_STEPS : MAX_STEPS_PER_COMMIT;
 	foreach(lc, held)
 	{
 		RunState   *run = lfirst(lc);
 
-		if (!run_ready(run) || run->solo)
-			continue;
-		if (step_is_slow(run))
-		{
-			run->solo = true;
-			continue;
-		}
-		if (batch != NIL && run->principal != ((RunState *) linitial(batch))->principal)
+		if (!run_ready(run) || run->solo || run->principal != principal)
 			continue;
 		batch = lappend(batch, run);
-		if (list_length(batch) >= MAX_STEPS_PER_COMMIT)
+		if (list_length(batch) >= max_steps)
 			break;
 	}
+	last_principal = principal;
 	if (batch == NIL)
 		return 0;
 	snprintf(activity, sizeof(activity), "tuvl advancing %d runs", list_length(batch));
@@ -619,9 +703,16 @@ advance_batch(void)
 		char	   *fatal;
 		Advanced	adv;
 
-		/* the budget is spent, or the memory: the rest wait for the next batch */
+		/*
+		 * The budget is spent, or the memory, or another role's runs were
+		 * queued: the rest wait for the next batch.
+		 */
 		if (attempted > 0 &&
-			(GetCurrentTimestamp() >= budget_end ||
+			((MyTuvlSlot->woken && OidIsValid(MyTuvlSlot->woken_by) &&
+			  MyTuvlSlot->woken_by != principal) ||
+			 GetCurrentTimestamp() >= budget_end ||
+			 (contended && TimestampDifferenceExceeds(GetCurrentStatementStartTimestamp(),
+													  GetCurrentTimestamp(), CONTENDED_BATCH_MS)) ||
 			 (int64) MemoryContextMemAllocated(TopTransactionContext, true) > worker_memory_limit() / 4))
 			break;
 		attempted++;
@@ -1141,7 +1232,7 @@ TuvlWorkerMain(Datum main_arg)
 		}
 
 		/* keep claiming while the queue may hold more than we took */
-		room = Min(tuvl_runs_per_worker - list_length(held), MAX_CLAIM);
+		room = claim_room();
 		if (want_claim && room > 0 && !solo_slot_held)
 			want_claim = claim() >= room;
 
@@ -1158,6 +1249,7 @@ TuvlWorkerMain(Datum main_arg)
 			if (MyLatch->is_set || MyTuvlSlot->woken)
 			{
 				ResetLatch(MyLatch);
+				woken = woken || MyTuvlSlot->woken;
 				MyTuvlSlot->woken = false;
 				want_claim = true;
 			}
@@ -1180,6 +1272,7 @@ TuvlWorkerMain(Datum main_arg)
 			timeout = 0;
 		if (HttpWait(timeout) || MyTuvlSlot->woken)
 			want_claim = true;
+		woken = woken || MyTuvlSlot->woken;
 		MyTuvlSlot->woken = false;
 		collect_done();
 	}
