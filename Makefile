@@ -19,6 +19,7 @@ OBJS = \
 	src/launcher.o \
 	src/llm.o \
 	src/mcp.o \
+	src/queue.o \
 	src/replay.o \
 	src/lease.o \
 	src/runtime.o \

@@ -37,6 +37,7 @@ def main():
     iso = load(d, "isolation.json")
     http = load(d, "http.json")
     agents = load(d, "agents.json")
+    fair = load(d, "fairness.json")
     out = []
     p = out.append
 
@@ -123,6 +124,20 @@ def main():
         p("| autonomous agents: every run completed with the expected answer, the tool ran exactly twice per run, 3 requests per run answered 200 | %s (%d phases, %s runs) | all |"
           % ("**PASS**" if not bad else "**FAIL** in %d phases" % len(bad), len(every),
              num(sum(ph["runs"] for ph in every))))
+    if fair:
+        i, l = fair["idle"], fair["loaded"]
+        p("| fairness: trivial runs of one role, server latency p50 / p99 (claim wait p50 / p99), idle | %.2f / %.2f ms (%.2f / %.2f) | |"
+          % (i["p50"], i["p99"], i["claim_p50"], i["claim_p99"]))
+        p("| fairness: the same while another role has %d steps sleeping %.0f s and %s runs queued | %.2f / %.2f ms (%.2f / %.2f); %s of its runs left when done | |"
+          % (fair["slow"], fair["slow_seconds"], num(fair["backlog"]), l["p50"], l["p99"],
+             l["claim_p50"], l["claim_p99"], num(fair["noisy_unfinished_after_quiet"])))
+        p("| fairness: ratio loaded / idle at p50 / p99 | %.1f / %.1f | <= 2 at p99: **%s** |"
+          % (fair["ratio_p50"], fair["ratio_p99"], "met" if fair["ratio_p99"] <= 2 else "missed"))
+        m = fair.get("memory")
+        if m and m.get("responses"):
+            g = m["growth_mb"]
+            p("| memory: %d runs fetching 10 MB each, tuvl.max_worker_memory = %s: peak private memory growth per worker | %s MB (%.1f s) | bounded: limit + one result's working copies |"
+              % (m["responses"], m["limit"], ", ".join("%.0f" % v for v in g.values()), m["wall_s"]))
     p("")
 
     if wake or thr:

@@ -89,14 +89,16 @@ CREATE POLICY schedule_slots_record ON tuvl.schedule_slots FOR UPDATE
 
 /* ------------------------------------------------------------------ claims
  *
- * Workers share the queue among principals (lease.c): they skip through
- * the principals with queued runs and take each one's runs by priority,
- * then age.
+ * Workers share the queue among principals (lease.c) and take each one's
+ * runs by priority, then age, from where the last claim stopped (queue.c):
+ * the key is -priority so that (key, id) compares as one ascending row.
+ * bigint: -priority of the smallest integer does not fit an integer.
  */
 ALTER TABLE tuvl.runs ADD COLUMN priority integer NOT NULL DEFAULT 0;
 COMMENT ON COLUMN tuvl.runs.priority IS 'higher first among the queued runs of the same principal';
 DROP INDEX tuvl.runs_queued_idx;
-CREATE INDEX runs_queued_fair_idx ON tuvl.runs ((principal_id::pg_catalog.oid), priority DESC, id)
+CREATE INDEX runs_queued_fair_idx
+    ON tuvl.runs ((principal_id::pg_catalog.oid), (OPERATOR(pg_catalog.-) priority::pg_catalog.int8), id)
     WHERE status = 'queued';
 
 /* ------------------------------------------------------------------ secrets

@@ -35,6 +35,7 @@
 #include "jsonschema.h"
 #include "jsonutil.h"
 #include "launcher.h"
+#include "queue.h"
 #include "runtime.h"
 #include "security.h"
 #include "spiutil.h"
@@ -400,6 +401,8 @@ ApiCreateRun(const char *workflow, Jsonb *input, bool running, int *version_out)
 		(void) JournalWrite(id, 0, events);
 	}
 	SecurityRestore(&frame);
+	if (!running)
+		QueueNoteAtCommit(GetUserId(), 0, id);
 
 	remember_created_run(id);
 	if (version_out)
@@ -522,6 +525,7 @@ tuvl_run(PG_FUNCTION_ARGS)
 			SecurityAsOwner(&frame);
 			SpiExec(handover_sql, 2, types, values, NULL, SPI_OK_UPDATE);
 			SecurityRestore(&frame);
+			QueueNoteAtCommit(GetUserId(), 0, id);
 			status = "queued";
 			TuvlWakeWorkersAtCommit();
 			if (!TuvlPreloaded())

@@ -43,6 +43,7 @@
 #include "jsonschema.h"
 #include "jsonutil.h"
 #include "control.h"
+#include "queue.h"
 #include "runtime.h"
 #include "security.h"
 #include "spiutil.h"
@@ -71,6 +72,8 @@ typedef struct LockedRun
 	int			version;
 	char	   *by;				/* the role acting */
 	int			lease_owner;	/* pid of the holder, or 0 */
+	Oid			principal_id;
+	int32		priority;
 } LockedRun;
 
 /*
@@ -112,7 +115,7 @@ lock_run(int64 id, LockedRun *r, const char *action)
 	r->by = GetUserNameFromId(me, false);
 	values[0] = Int64GetDatum(id);
 	exec_as_owner("SELECT status, principal, last_seq, current_step, step_state, control, "
-				  "  workflow, workflow_version, compensation, principal_id, lease_owner "
+				  "  workflow, workflow_version, compensation, principal_id, lease_owner, priority "
 				  "FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1 FOR UPDATE",
 				  1, types, values, NULL, SPI_OK_SELECT);
 	principal = SPI_processed == 1
@@ -139,6 +142,8 @@ lock_run(int64 id, LockedRun *r, const char *action)
 	r->compensation = isnull ? NULL : DatumGetJsonbPCopy(d);
 	d = SPI_getbinval(tup, td, 11, &isnull);
 	r->lease_owner = isnull ? 0 : DatumGetInt32(d);
+	r->principal_id = principal;
+	r->priority = DatumGetInt32(SPI_getbinval(tup, td, 12, &isnull));
 }
 
 static void
@@ -194,7 +199,10 @@ update_idle_run(LockedRun *r, const char *status, Jsonb *control, Jsonb *step_st
 	SecurityRestore(&frame);
 	TuvlRunChangedAtCommit();
 	if (strcmp(status, "queued") == 0)
+	{
+		QueueNoteAtCommit(r->principal_id, r->priority, r->id);
 		TuvlWakeWorkersAtCommit();
+	}
 }
 
 /* Store a directive for the worker holding the run. */
@@ -597,7 +605,7 @@ ControlExpirePauses(void)
 				"  AND (control OPERATOR(pg_catalog.->>) 'paused_at')::pg_catalog.timestamptz "
 				"      OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) "
 				"      pg_catalog.make_interval(secs => $1::pg_catalog.float8)) "
-				"RETURNING id, last_seq OPERATOR(pg_catalog.-) 1, current_step",
+				"RETURNING id, last_seq OPERATOR(pg_catalog.-) 1, current_step, principal_id, priority",
 				1, types, values, NULL, SPI_OK_UPDATE_RETURNING);
 	if (n > 0)
 	{
@@ -612,6 +620,10 @@ ControlExpirePauses(void)
 			char	   *step = SPI_getvalue(tt->vals[i], tt->tupdesc, 3);
 			List	   *events = NIL;
 			JsonObjBuilder b;
+
+			QueueNoteAtCommit(DatumGetObjectId(SPI_getbinval(tt->vals[i], tt->tupdesc, 4, &isnull)),
+							  DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 5, &isnull)),
+							  id);
 
 			JsonObjStart(&b);
 			JsonObjAddString(&b, "by", "tuvl");

@@ -100,8 +100,10 @@ db_entry(Oid dboid, bool create)
 	}
 	if (!create || free_entry == NULL)
 		return NULL;
+	memset(free_entry, 0, sizeof(TuvlDbEntry));
 	free_entry->dboid = dboid;
 	free_entry->state = TUVL_DB_UNKNOWN;
+	QueueResetState(&free_entry->queue);
 	return free_entry;
 }
 
@@ -269,6 +271,8 @@ LauncherNoteExtensionCreated(Oid dboid)
 	{
 		/* a probe that started before this commit must not mark it ABSENT */
 		entry->created_gen++;
+		/* a new tuvl.runs: positions in the old one mean nothing */
+		QueueResetState(&entry->queue);
 		if (entry->state == TUVL_DB_ABSENT)
 			entry->state = TUVL_DB_UNKNOWN;
 	}

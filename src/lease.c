@@ -27,25 +27,26 @@
 #include "utils/timestamp.h"
 
 #include "lease.h"
+#include "queue.h"
 #include "runtime.h"
 #include "security.h"
 #include "spiutil.h"
 
 /*
- * Fairness.  Claims share the queue among the principals that have runs
- * in it: each claim finds them (a skip scan of runs_queued_fair_idx, at
- * most MAX_CLAIM_PRINCIPALS, starting after the one served first last
- * time) and takes an equal share of the room from each, highest
- * priority first and then oldest.  A role with a long backlog delays
- * another role's run by about one claim, not by its backlog.
+ * Fairness.  Claims share the queue among the roles that have runs in
+ * it: each claim takes the roles from the registry (queue.c), starting
+ * after the one served last time, and an equal share of the room from
+ * each, highest priority first and then oldest, from the role's cursor
+ * on.  A role with a long backlog delays another role's run by about one
+ * claim, not by its backlog.
  */
-#define MAX_CLAIM_PRINCIPALS 64
+#define MAX_CLAIM_PRINCIPALS TUVL_QUEUE_ROLES
 
+/* A skip scan of runs_queued_fair_idx: the roles with queued runs. */
 static const char principals_sql[] =
 "WITH RECURSIVE p(pid) AS ( "
 "  SELECT (SELECT r.principal_id::pg_catalog.oid FROM tuvl.runs r "
 "          WHERE r.status OPERATOR(pg_catalog.=) 'queued' "
-"            AND r.principal_id::pg_catalog.oid OPERATOR(pg_catalog.>) $1 "
 "          ORDER BY r.principal_id::pg_catalog.oid LIMIT 1) "
 "  UNION ALL "
 "  SELECT (SELECT r.principal_id::pg_catalog.oid FROM tuvl.runs r "
@@ -53,50 +54,98 @@ static const char principals_sql[] =
 "            AND r.principal_id::pg_catalog.oid OPERATOR(pg_catalog.>) p.pid "
 "          ORDER BY r.principal_id::pg_catalog.oid LIMIT 1) "
 "  FROM p WHERE p.pid IS NOT NULL) "
-"SELECT pid FROM p WHERE pid IS NOT NULL LIMIT $2";
+"SELECT pid FROM p WHERE pid IS NOT NULL LIMIT $1";
 
+/*
+ * Each role's share, from its cursor on: (key, id) is the run's place in
+ * the index, key being -priority.  The runs are locked while still queued
+ * (FOR UPDATE rechecks status), so the UPDATE needs no status condition:
+ * with one, the planner may scan the whole partial index for the ids.
+ */
 static const char claim_sql[] =
 "UPDATE tuvl.runs r SET status = 'running', attempt = r.attempt OPERATOR(pg_catalog.+) 1, "
 "  lease_owner = $2, lease_epoch = $3, lease_expires_at = pg_catalog.now() OPERATOR(pg_catalog.+) $4, "
 "  started_at = COALESCE(r.started_at, pg_catalog.now()) "
 "WHERE r.id OPERATOR(pg_catalog.=) ANY (ARRAY( "
 "    SELECT c.id FROM ROWS FROM (pg_catalog.unnest($5::pg_catalog.oid[]), "
-"                                pg_catalog.unnest($6::pg_catalog.int4[])) AS q(pid, k) "
+"                                pg_catalog.unnest($6::pg_catalog.int4[]), "
+"                                pg_catalog.unnest($7::pg_catalog.int8[]), "
+"                                pg_catalog.unnest($8::pg_catalog.int8[])) AS q(pid, k, after_key, after_id) "
 "    CROSS JOIN LATERAL (SELECT x.id FROM tuvl.runs x "
 "                        WHERE x.status OPERATOR(pg_catalog.=) 'queued' "
 "                          AND x.principal_id::pg_catalog.oid OPERATOR(pg_catalog.=) q.pid "
-"                        ORDER BY x.principal_id::pg_catalog.oid, x.priority DESC, x.id "
+"                          AND ROW(OPERATOR(pg_catalog.-) x.priority::pg_catalog.int8, x.id) "
+"                              OPERATOR(pg_catalog.>) ROW(q.after_key, q.after_id) "
+"                        ORDER BY x.principal_id::pg_catalog.oid, "
+"                                 OPERATOR(pg_catalog.-) x.priority::pg_catalog.int8, x.id "
 "                        LIMIT q.k FOR UPDATE SKIP LOCKED) c)) "
-"  AND r.status OPERATOR(pg_catalog.=) 'queued' "
 "RETURNING r.id, r.attempt, r.workflow, r.workflow_version, r.principal, "
 "  r.context, r.current_step, r.last_seq, r.step_state, r.control, r.compensation, "
-"  r.principal_id";
+"  r.principal_id, r.priority";
 
-/* Where the next claim starts looking for principals. */
+/* The role after which the next claim starts. */
 static Oid	claim_cursor = InvalidOid;
 
-/* How many principals had queued runs at the last claim. */
+/* How many roles had queued runs at the last claim. */
 int			LeaseQueuedPrincipals = 0;
 
-/* Up to max principals with queued runs whose OID is above after. */
-static int
-principals_after(Oid after, int max, Oid *out)
+/*
+ * Find the roles with queued runs by a skip scan and tell the registry
+ * (when it may have missed some: see queue.c).
+ */
+static void
+discover_principals(void)
 {
-	static const Oid types[2] = {OIDOID, INT4OID};
-	Datum		values[2];
+	static const Oid types[1] = {INT4OID};
+	Datum		values[1];
+	Oid			pids[MAX_CLAIM_PRINCIPALS];
+	uint32		overflow_gen;
 	uint64		n;
 
-	values[0] = ObjectIdGetDatum(after);
-	values[1] = Int32GetDatum(max);
-	n = SpiExec(principals_sql, 2, types, values, NULL, SPI_OK_SELECT);
+	if (!QueueNeedsDiscovery(&overflow_gen))
+		return;
+	values[0] = Int32GetDatum(MAX_CLAIM_PRINCIPALS);
+	n = SpiExec(principals_sql, 1, types, values, NULL, SPI_OK_SELECT);
 	for (uint64 i = 0; i < n; i++)
 	{
 		bool		isnull;
 
-		out[i] = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1,
-												&isnull));
+		pids[i] = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1,
+												 &isnull));
 	}
-	return (int) n;
+	QueueLearn(pids, (int) n, n < MAX_CLAIM_PRINCIPALS, overflow_gen);
+}
+
+static int
+claim_role_cmp(const void *a, const void *b)
+{
+	Oid			x = ((const QueueClaim *) a)->role;
+	Oid			y = ((const QueueClaim *) b)->role;
+
+	return x < y ? -1 : x > y ? 1 : 0;
+}
+
+/*
+ * The roles to claim for, in turn: the ones after the last claim's last
+ * role first.  Sets each one's quota of max_runs.
+ */
+static void
+share_room(QueueClaim *claims, int n, int max_runs)
+{
+	QueueClaim	sorted[MAX_CLAIM_PRINCIPALS];
+	int			first = 0;
+
+	qsort(claims, n, sizeof(QueueClaim), claim_role_cmp);
+	while (first < n && claims[first].role <= claim_cursor)
+		first++;
+	for (int i = 0; i < n; i++)
+	{
+		sorted[i] = claims[(first + i) % n];
+		sorted[i].quota = max_runs / n + (i < max_runs % n ? 1 : 0);
+	}
+	for (int i = 0; i < n; i++)
+		claims[i] = sorted[i];
+	claim_cursor = claims[Min(n, max_runs) - 1].role;
 }
 
 /*
@@ -108,59 +157,53 @@ principals_after(Oid after, int max, Oid *out)
 List *
 LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, bool *more)
 {
-	static const Oid types[6] = {INT4OID, INT4OID, INT8OID, INTERVALOID, OIDARRAYOID, INT4ARRAYOID};
-	Datum		values[6];
+	static const Oid types[8] = {INT4OID, INT4OID, INT8OID, INTERVALOID,
+	OIDARRAYOID, INT4ARRAYOID, INT8ARRAYOID, INT8ARRAYOID};
+	Datum		values[8];
 	Interval   *lease = palloc0(sizeof(Interval));
 	List	   *runs = NIL;
 	uint64		n;
 	SPITupleTable *tt;
 	MemoryContext old;
 	SecurityFrame frame;
-	Oid			pids[MAX_CLAIM_PRINCIPALS];
+	QueueClaim	claims[MAX_CLAIM_PRINCIPALS];
 	Datum		pidd[MAX_CLAIM_PRINCIPALS];
 	Datum		quota[MAX_CLAIM_PRINCIPALS];
-	int			got[MAX_CLAIM_PRINCIPALS];
+	Datum		after_key[MAX_CLAIM_PRINCIPALS];
+	Datum		after_id[MAX_CLAIM_PRINCIPALS];
 	int			np;
+	int			nq;
 
 	*more = false;
 	SecurityAsOwner(&frame);
-	np = principals_after(claim_cursor, MAX_CLAIM_PRINCIPALS, pids);
-	if (np < MAX_CLAIM_PRINCIPALS && OidIsValid(claim_cursor))
-	{
-		/* wrap around: the principals up to the cursor */
-		Oid			rest[MAX_CLAIM_PRINCIPALS];
-		int			nr = principals_after(InvalidOid, MAX_CLAIM_PRINCIPALS - np, rest);
-
-		for (int i = 0; i < nr; i++)
-			if (rest[i] <= claim_cursor)
-				pids[np++] = rest[i];
-	}
+	discover_principals();
+	np = QueueClaimBegin(claims, MAX_CLAIM_PRINCIPALS);
 	LeaseQueuedPrincipals = np;
 	if (np == 0)
 	{
 		SecurityRestore(&frame);
-		claim_cursor = InvalidOid;
 		return NIL;
 	}
-	for (int i = 0; i < np; i++)
+	share_room(claims, np, max_runs);
+	nq = Min(np, max_runs);
+	for (int i = 0; i < nq; i++)
 	{
-		int			k = max_runs / np + (i < max_runs % np ? 1 : 0);
-
-		pidd[i] = ObjectIdGetDatum(pids[i]);
-		quota[i] = Int32GetDatum(k);
-		got[i] = 0;
+		pidd[i] = ObjectIdGetDatum(claims[i].role);
+		quota[i] = Int32GetDatum(claims[i].quota);
+		after_key[i] = Int64GetDatum(claims[i].after.key);
+		after_id[i] = Int64GetDatum(claims[i].after.id);
 	}
-	/* the next claim starts after the last principal that got a share */
-	claim_cursor = pids[Min(np, max_runs) - 1];
 
 	lease->time = (int64) lease_ms * 1000;
 	values[0] = Int32GetDatum(max_runs);
 	values[1] = Int32GetDatum(MyProcPid);
 	values[2] = Int64GetDatum(epoch);
 	values[3] = IntervalPGetDatum(lease);
-	values[4] = PointerGetDatum(construct_array(pidd, np, OIDOID, sizeof(Oid), true, TYPALIGN_INT));
-	values[5] = PointerGetDatum(construct_array(quota, np, INT4OID, 4, true, TYPALIGN_INT));
-	n = SpiExec(claim_sql, 6, types, values, NULL, SPI_OK_UPDATE_RETURNING);
+	values[4] = PointerGetDatum(construct_array(pidd, nq, OIDOID, sizeof(Oid), true, TYPALIGN_INT));
+	values[5] = PointerGetDatum(construct_array(quota, nq, INT4OID, 4, true, TYPALIGN_INT));
+	values[6] = PointerGetDatum(construct_array(after_key, nq, INT8OID, 8, true, TYPALIGN_DOUBLE));
+	values[7] = PointerGetDatum(construct_array(after_id, nq, INT8OID, 8, true, TYPALIGN_DOUBLE));
+	n = SpiExec(claim_sql, 8, types, values, NULL, SPI_OK_UPDATE_RETURNING);
 	SecurityRestore(&frame);
 	tt = SPI_tuptable;
 	for (uint64 i = 0; i < n; i++)
@@ -173,10 +216,19 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, bool
 
 		{
 			Oid			pid = DatumGetObjectId(SPI_getbinval(tup, td, 12, &isnull));
+			QueuePos	pos;
 
-			for (int j = 0; j < np; j++)
-				if (pids[j] == pid && ++got[j] >= DatumGetInt32(quota[j]))
-					*more = true;
+			pos.key = -(int64) DatumGetInt32(SPI_getbinval(tup, td, 13, &isnull));
+			pos.id = DatumGetInt64(SPI_getbinval(tup, td, 1, &isnull));
+			for (int j = 0; j < nq; j++)
+				if (claims[j].role == pid)
+				{
+					if (claims[j].got == 0 || pos.key > claims[j].last.key ||
+						(pos.key == claims[j].last.key && pos.id > claims[j].last.id))
+						claims[j].last = pos;
+					if (++claims[j].got >= claims[j].quota)
+						*more = true;
+				}
 		}
 		run = RunStateCreate(runs_cxt,
 							 DatumGetInt64(SPI_getbinval(tup, td, 1, &isnull)),
@@ -217,6 +269,7 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, bool
 		runs = lappend(runs, run);
 		MemoryContextSwitchTo(old);
 	}
+	QueueClaimEnd(claims, np);
 	return runs;
 }
 
@@ -290,7 +343,24 @@ static const char release_sql[] =
 "  lease_expires_at = NULL "
 "FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[]), pg_catalog.unnest($2::pg_catalog.int4[])) AS h(id, attempt) "
 "WHERE r.id OPERATOR(pg_catalog.=) h.id AND r.attempt OPERATOR(pg_catalog.=) h.attempt "
-"  AND r.status OPERATOR(pg_catalog.=) ANY ('{running,compensating}'::pg_catalog.text[])";
+"  AND r.status OPERATOR(pg_catalog.=) ANY ('{running,compensating}'::pg_catalog.text[]) "
+"RETURNING r.principal_id, r.priority, r.id";
+
+/* Tell the claims about the runs the last statement queued again. */
+static void
+note_requeued(void)
+{
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	td = SPI_tuptable->tupdesc;
+		bool		isnull;
+
+		QueueNoteAtCommit(DatumGetObjectId(SPI_getbinval(tup, td, 1, &isnull)),
+						  DatumGetInt32(SPI_getbinval(tup, td, 2, &isnull)),
+						  DatumGetInt64(SPI_getbinval(tup, td, 3, &isnull)));
+	}
+}
 
 /*
  * Give runs back to the queue (the worker cannot go on with them); only
@@ -314,7 +384,8 @@ LeaseRelease(int n, const int64 *ids, const int32 *attempts)
 	values[0] = PointerGetDatum(construct_array(idd, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
 	values[1] = PointerGetDatum(construct_array(atd, n, INT4OID, 4, true, TYPALIGN_INT));
 	SecurityAsOwner(&frame);
-	done = SpiExec(release_sql, 2, types, values, NULL, SPI_OK_UPDATE);
+	done = SpiExec(release_sql, 2, types, values, NULL, SPI_OK_UPDATE_RETURNING);
+	note_requeued();
 	SecurityRestore(&frame);
 	return done;
 }
@@ -325,7 +396,8 @@ static const char reclaim_sql[] =
 "WHERE id OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT id FROM tuvl.runs "
 "    WHERE status OPERATOR(pg_catalog.=) ANY ('{running,compensating}'::pg_catalog.text[]) "
 "      AND NOT tuvl._lease_holder_alive(lease_owner, lease_epoch) "
-"    FOR UPDATE SKIP LOCKED))";
+"    FOR UPDATE SKIP LOCKED)) "
+"RETURNING principal_id, priority, id";
 
 /*
  * Return to the queue every run whose lease holder no longer heartbeats:
@@ -341,7 +413,8 @@ LeaseReclaim(void)
 	uint64		n;
 
 	SecurityAsOwner(&frame);
-	n = SpiExec(reclaim_sql, 0, NULL, NULL, NULL, SPI_OK_UPDATE);
+	n = SpiExec(reclaim_sql, 0, NULL, NULL, NULL, SPI_OK_UPDATE_RETURNING);
+	note_requeued();
 	SecurityRestore(&frame);
 	return n;
 }

@@ -33,6 +33,7 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
+#include "deadline.h"
 #include "launcher.h"
 #include "security.h"
 #include "tuvl.h"
@@ -146,9 +147,13 @@ tuvl_xact_callback(XactEvent event, void *arg)
 			if (run_changed_pending)
 				TuvlRunChangedNow();
 			deliver_interrupts();
+			if (TuvlShmem)
+				QueueAtCommit();
 			/* FALLTHROUGH */
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
+			if (event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT)
+				QueueAtAbort();
 			wake_workers_pending = false;
 			wake_principal = InvalidOid;
 			extension_created_pending = false;
@@ -200,23 +205,34 @@ TuvlInterruptRunAtCommit(int pid, int64 run_id)
  * Mark each aborted run in its holder's slot and cancel the holder's
  * statement when it is executing that run's transition (SIGINT, as
  * pg_cancel_backend does).  A holder that starts the run's transition
- * just after sees the mark first.
+ * just after sees the mark first.  The lock orders the signal against
+ * TuvlSetExecuting: a holder that finished the transition gets no signal,
+ * or gets it before it went on to another run's.
  */
 static void
 deliver_interrupts(void)
 {
 	if (TuvlShmem == NULL || n_pending_interrupts == 0)
 		return;
-	LWLockAcquire(TuvlShmem->lock, LW_SHARED);
+	LWLockAcquire(TuvlShmem->lock, LW_EXCLUSIVE);
 	for (int i = 0; i < n_pending_interrupts; i++)
 		for (int j = 0; j < TuvlShmem->nslots; j++)
 		{
 			TuvlWorkerSlot *slot = &TuvlShmem->slots[j];
+			int64		run_id = pending_interrupts[i].run_id;
+			bool		marked = false;
 
 			if (!slot->in_use || slot->pid != pending_interrupts[i].pid)
 				continue;
-			slot->cancel_run = pending_interrupts[i].run_id;
-			if (slot->executing_run == pending_interrupts[i].run_id)
+			for (int k = 0; k < TUVL_ABORT_MARKS; k++)
+				marked = marked || slot->aborted[k] == run_id;
+			if (!marked)
+			{
+				/* the oldest mark gives way: its abort waits for a boundary */
+				slot->aborted[slot->next_abort] = run_id;
+				slot->next_abort = (slot->next_abort + 1) % TUVL_ABORT_MARKS;
+			}
+			if (slot->executing_run == run_id)
 				kill(slot->pid, SIGINT);
 			else if (slot->latch)
 			{
@@ -229,11 +245,43 @@ deliver_interrupts(void)
 	n_pending_interrupts = 0;
 }
 
-/* Did an operator abort run_id while this worker executes it? */
+/* Did an operator abort run_id, which this worker holds? */
 bool
 TuvlAbortRequested(int64 run_id)
 {
-	return MyTuvlSlot != NULL && run_id != 0 && MyTuvlSlot->cancel_run == run_id;
+	if (MyTuvlSlot == NULL || run_id == 0)
+		return false;
+	for (int k = 0; k < TUVL_ABORT_MARKS; k++)
+		if (MyTuvlSlot->aborted[k] == run_id)
+			return true;
+	return false;
+}
+
+/* The worker read run_id's directive again: forget its mark. */
+void
+TuvlAbortApplied(int64 run_id)
+{
+	LWLockAcquire(TuvlShmem->lock, LW_EXCLUSIVE);
+	for (int k = 0; k < TUVL_ABORT_MARKS; k++)
+		if (MyTuvlSlot->aborted[k] == run_id)
+			MyTuvlSlot->aborted[k] = 0;
+	LWLockRelease(TuvlShmem->lock);
+}
+
+/*
+ * The worker starts executing run_id's transition (0: it ended).  A
+ * cancel an abort sent before is dropped: it was meant for a transition
+ * that ended, not for whatever runs next (deliver_interrupts signals
+ * under the lock only the holder executing the aborted run).
+ */
+void
+TuvlSetExecuting(int64 run_id)
+{
+	LWLockAcquire(TuvlShmem->lock, LW_EXCLUSIVE);
+	if (QueryCancelPending && DeadlineFiredOuter() == DEADLINE_NONE)
+		QueryCancelPending = false;
+	MyTuvlSlot->executing_run = run_id;
+	LWLockRelease(TuvlShmem->lock);
 }
 
 /* Set the latch of every worker serving the given database. */
@@ -249,7 +297,9 @@ TuvlWakeWorkers(Oid dboid)
 
 		if (slot->in_use && slot->dboid == dboid && slot->latch)
 		{
-			slot->woken_by = InvalidOid;
+			/* a wake-up for new runs not taken yet keeps its role */
+			if (!slot->woken)
+				slot->woken_by = InvalidOid;
 			slot->woken = true;
 			SetLatch(slot->latch);
 		}

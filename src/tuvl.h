@@ -17,6 +17,8 @@
 #include "storage/latch.h"
 #include "storage/lwlock.h"
 
+#include "queue.h"
+
 #ifndef TUVL_VERSION
 #define TUVL_VERSION "unknown"
 #endif
@@ -39,9 +41,13 @@ typedef struct TuvlDbEntry
 	TimestampTz probed_at;		/* when state became ABSENT */
 	uint32		created_gen;	/* bumped when CREATE EXTENSION commits here */
 	int			solo_workers;	/* workers executing a slow step alone */
+	QueueState	queue;			/* roles with queued runs: see queue.c */
 } TuvlDbEntry;
 
 /* One background worker slot. */
+/* Aborted runs a worker remembers until it applied their aborts. */
+#define TUVL_ABORT_MARKS 8
+
 typedef struct TuvlWorkerSlot
 {
 	bool		in_use;			/* reserved by the launcher */
@@ -55,8 +61,10 @@ typedef struct TuvlWorkerSlot
 	volatile int nheld;			/* runs the worker holds (a hint) */
 	volatile int64 executing_run;	/* the run whose transition is executing,
 									 * or 0 */
-	volatile int64 cancel_run;	/* an operator aborted this run: cancel its
-								 * transition */
+	volatile int64 aborted[TUVL_ABORT_MARKS];	/* runs an operator aborted
+												 * (0: free): their
+												 * transitions are cancelled */
+	int			next_abort;		/* the mark the next abort takes */
 	volatile bool alone;		/* running a slow step alone: claims nothing */
 	volatile bool woken;		/* a wake-up for the worker's loop: user code
 								 * waiting on the latch (pg_sleep) may have
@@ -128,6 +136,8 @@ extern void TuvlWakeOneWorker(Oid dboid);
 extern void TuvlRunChangedNow(void);
 extern void TuvlInterruptRunAtCommit(int pid, int64 run_id);
 extern bool TuvlAbortRequested(int64 run_id);
+extern void TuvlAbortApplied(int64 run_id);
+extern void TuvlSetExecuting(int64 run_id);
 
 /* The shared memory slot of this process, when it is a tuvl worker. */
 extern TuvlWorkerSlot *MyTuvlSlot;

@@ -332,8 +332,19 @@ memory_full(void)
  */
 #define MAX_READY (2 * MAX_STEPS_PER_COMMIT)
 
-/* A wake-up came: the next claim takes what was queued. */
+/*
+ * A wake-up for new runs came (from the commit that queued them, naming
+ * their role): the next claim takes some whatever this worker has ready.
+ * Wake-ups from other workers (a claim that came back full) do not count.
+ */
 static bool woken = false;
+
+static void
+note_wakeup(void)
+{
+	woken = woken || (MyTuvlSlot->woken && OidIsValid(MyTuvlSlot->woken_by));
+	MyTuvlSlot->woken = false;
+}
 
 /*
  * Principals compete (several have ready or queued runs): batches are
@@ -351,9 +362,17 @@ claim_room(void)
 	foreach(lc, held)
 		if (run_ready(lfirst(lc)))
 			ready++;
-	/* new runs were queued: claimed whatever this worker has ready */
+
+	/*
+	 * Claim a batch's worth at a time, when less than a batch is ready:
+	 * a claim is a transaction too, and many small ones cost throughput.
+	 * New runs were queued: claim a few whatever this worker has ready,
+	 * so that another role's new run waits for no more than this batch.
+	 */
 	return Min(Min(tuvl_runs_per_worker - list_length(held), MAX_CLAIM),
-			   Max(MAX_READY - ready, (woken || MyTuvlSlot->woken) ? CONTENDED_STEPS : 0));
+			   Max(ready < MAX_STEPS_PER_COMMIT ? MAX_READY - ready : 0,
+				   (woken || (MyTuvlSlot->woken && OidIsValid(MyTuvlSlot->woken_by)))
+				   ? CONTENDED_STEPS : 0));
 }
 
 /*
@@ -461,16 +480,16 @@ try_advance(RunState *run, TimestampTz budget, char **fatal)
 	volatile TimestampTz budget_end = budget;
 
 	*fatal = NULL;
-	MyTuvlSlot->executing_run = run->id;
+	TuvlSetExecuting(run->id);
 	for (int tries = 0;; tries++)
 	{
 		volatile int level = -1;
 		volatile bool aborted = false;
 
 		/* an abort that arrived before (or while) the transition ran */
-		if (MyTuvlSlot->cancel_run == run->id)
+		if (TuvlAbortRequested(run->id))
 		{
-			MyTuvlSlot->cancel_run = 0;
+			TuvlAbortApplied(run->id);
 			RunRefreshControl(run);
 		}
 		PG_TRY();
@@ -520,7 +539,7 @@ try_advance(RunState *run, TimestampTz budget, char **fatal)
 		}
 		budget_end = 0;
 	}
-	MyTuvlSlot->executing_run = 0;
+	TuvlSetExecuting(0);
 	return result;
 }
 
@@ -647,10 +666,10 @@ apply_advanced(List *advanced)
 
 /*
  * Advance up to MAX_STEPS_PER_COMMIT ready runs of one principal by one
- * transition each, in one transaction of at most tuvl.max_batch_time:
- * the transition running when the budget is spent is cancelled (its
- * step is slow: it runs alone next, see run_solo), and no transition
- * starts after it.  Runs whose transition failed (lost lease, broken
+ * transition each, in one transaction of about tuvl.max_batch_time: a
+ * transition still running when the budget is spent, and that ran for
+ * half of it at least, is cancelled (its step is slow: it runs alone
+ * next, see run_solo), and no transition starts after it.  Runs whose transition failed (lost lease, broken
  * workflow) are dropped; runs that ended are released; runs that asked
  * for an effect get it started once the transaction committed.
  * Returns the number of transitions made or attempted.
@@ -717,7 +736,17 @@ advance_batch(void)
 			break;
 		attempted++;
 		MemoryContextSwitchTo(step_cxt);
-		adv = try_advance(run, budget_end, &fatal);
+
+		/*
+		 * A transition started late in the budget still gets half of it:
+		 * a step is slow when one of its transitions takes that long, not
+		 * because it happened to straddle the end of a full batch.
+		 */
+		adv = try_advance(run,
+						  Max(budget_end,
+							  TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+														  tuvl_max_batch_time / 2)),
+						  &fatal);
 		/* SPI calls leave CurrentMemoryContext at SPI's, gone at commit */
 		MemoryContextSwitchTo(round_cxt);
 		MemoryContextReset(step_cxt);
@@ -949,16 +978,19 @@ effect_done(RunState *run, Jsonb *result)
 static void
 abandon_aborted_effects(void)
 {
-	int64		id = MyTuvlSlot->cancel_run;
 	ListCell   *lc;
+	bool		any = false;
 
-	if (id == 0)
+	for (int k = 0; k < TUVL_ABORT_MARKS; k++)
+		any = any || MyTuvlSlot->aborted[k] != 0;
+	if (!any)
 		return;
 	foreach(lc, held)
 	{
 		RunState   *run = lfirst(lc);
 
-		if (run->id != id || run->fresh_effect != NULL)
+		if ((run->transfer == NULL && run->send == NULL) ||
+			run->fresh_effect != NULL || !TuvlAbortRequested(run->id))
 			continue;
 		if (run->transfer)
 			HttpCancel(run->transfer);
@@ -1094,7 +1126,8 @@ TuvlWorkerMain(Datum main_arg)
 	TuvlShmem->slots[my_slot].latch = MyLatch;
 	TuvlShmem->slots[my_slot].nheld = 0;
 	TuvlShmem->slots[my_slot].executing_run = 0;
-	TuvlShmem->slots[my_slot].cancel_run = 0;
+	memset((void *) TuvlShmem->slots[my_slot].aborted, 0, sizeof(TuvlShmem->slots[my_slot].aborted));
+	TuvlShmem->slots[my_slot].next_abort = 0;
 	TuvlShmem->slots[my_slot].alone = false;
 	TuvlShmem->slots[my_slot].in_flight = 0;
 	TuvlShmem->slots[my_slot].peak_in_flight = 0;
@@ -1121,9 +1154,12 @@ TuvlWorkerMain(Datum main_arg)
 	/*
 	 * Large blocks (responses, contexts of big runs) in mappings of their
 	 * own: freed, they go back to the system at once, instead of raising
-	 * glibc's threshold and staying in the heap.
+	 * glibc's threshold and staying in the heap.  Smaller ones stay in the
+	 * heap, which is not trimmed after every batch (the next one would
+	 * fault its pages in again); an idle worker trims it (maintenance).
 	 */
-	mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+	mallopt(M_MMAP_THRESHOLD, 1024 * 1024);
+	mallopt(M_TRIM_THRESHOLD, 32 * 1024 * 1024);
 #endif
 	runs_cxt = AllocSetContextCreate(TopMemoryContext, "tuvl runs", ALLOCSET_DEFAULT_SIZES);
 	round_cxt = AllocSetContextCreate(TopMemoryContext, "tuvl round", ALLOCSET_DEFAULT_SIZES);
@@ -1249,8 +1285,7 @@ TuvlWorkerMain(Datum main_arg)
 			if (MyLatch->is_set || MyTuvlSlot->woken)
 			{
 				ResetLatch(MyLatch);
-				woken = woken || MyTuvlSlot->woken;
-				MyTuvlSlot->woken = false;
+				note_wakeup();
 				want_claim = true;
 			}
 			/* collect whatever finished meanwhile, without sleeping */
@@ -1272,8 +1307,7 @@ TuvlWorkerMain(Datum main_arg)
 			timeout = 0;
 		if (HttpWait(timeout) || MyTuvlSlot->woken)
 			want_claim = true;
-		woken = woken || MyTuvlSlot->woken;
-		MyTuvlSlot->woken = false;
+		note_wakeup();
 		collect_done();
 	}
 }

@@ -62,10 +62,31 @@ tuvl_install_mcp() {
     (cd "$dir" && npm install --no-audit --no-fund --silent "$TUVL_MCP_PACKAGE" >/dev/null)
 }
 
+# TUVL_SANITIZE=address builds tuvl with AddressSanitizer (from scratch)
+# and runs the server with its runtime preloaded; whatever it reports goes
+# to $TUVL_TMP/asan.<pid>, and tuvl_asan_reports counts them.
 tuvl_build() {
-    tuvl_log "building tuvl"
-    make -s -C "$TUVL_ROOT" >/dev/null
+    tuvl_log "building tuvl${TUVL_SANITIZE:+ with -fsanitize=$TUVL_SANITIZE}"
+    if [ "${TUVL_SANITIZE:-}" = address ]; then
+        make -s -C "$TUVL_ROOT" clean >/dev/null
+        make -s -C "$TUVL_ROOT" PG_CFLAGS="-fsanitize=address -fno-omit-frame-pointer" \
+            PG_LDFLAGS="-fsanitize=address" >/dev/null
+    else
+        make -s -C "$TUVL_ROOT" >/dev/null
+    fi
     make -s -C "$TUVL_ROOT" install >/dev/null
+}
+
+# The environment the server runs in (pg_ctl start): see TUVL_SANITIZE.
+tuvl_server_env() {
+    if [ "${TUVL_SANITIZE:-}" = address ]; then
+        echo "LD_PRELOAD=$(gcc -print-file-name=libasan.so)" \
+             "ASAN_OPTIONS=detect_leaks=0:log_path=$TUVL_TMP/asan"
+    fi
+}
+
+tuvl_asan_reports() {
+    ls "$TUVL_TMP"/asan.* 2>/dev/null | wc -l
 }
 
 tuvl_setup() {
@@ -143,8 +164,9 @@ log_line_prefix = '%m [%p] %q%a '
 tuvl.http_allowed_hosts = '127.0.0.1:*,localhost:*'
 ${TUVL_EXTRA_CONF:-}
 CONF
-    as_pg "$PGBIN/pg_ctl" -D "$TUVL_PGDATA" -l "$TUVL_TMP/server.log" -w -t 60 start >/dev/null
-    export PGHOST=$TUVL_TMP PGPORT PGUSER=postgres TUVL_TMP TUVL_PGDATA
+    TUVL_SERVER_ENV=$(tuvl_server_env)
+    as_pg env $TUVL_SERVER_ENV "$PGBIN/pg_ctl" -D "$TUVL_PGDATA" -l "$TUVL_TMP/server.log" -w -t 60 start >/dev/null
+    export PGHOST=$TUVL_TMP PGPORT PGUSER=postgres TUVL_TMP TUVL_PGDATA TUVL_SERVER_ENV
     tuvl_log "cluster on port $PGPORT in $TUVL_TMP"
 }
 

@@ -27,6 +27,7 @@ from llmutil import LLM_URL, script
 
 SLOWPOKE = "tuvl_res_slowpoke"
 QUICK = "tuvl_res_quick"
+PRIO = "tuvl_res_prio"
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +36,7 @@ def res(db):
     for role in (SLOWPOKE, QUICK):
         q(admin, f"DROP ROLE IF EXISTS {role}")
         q(admin, f"CREATE ROLE {role} LOGIN IN ROLE tuvl_user")
+    q(admin, f"DROP ROLE IF EXISTS {PRIO}")
     conn = connect(db)
     q(conn, f"""
         CREATE SCHEMA rs;
@@ -58,10 +60,10 @@ def res(db):
     yield db
     conn = connect(db)
     q(conn, "DELETE FROM tuvl.events WHERE run_id IN (SELECT id FROM tuvl.runs "
-            "WHERE principal_id::text = ANY (%s))", ([SLOWPOKE, QUICK],))
-    q(conn, "DELETE FROM tuvl.runs WHERE principal_id::text = ANY (%s)", ([SLOWPOKE, QUICK],))
+            "WHERE principal_id::text = ANY (%s))", ([SLOWPOKE, QUICK, PRIO],))
+    q(conn, "DELETE FROM tuvl.runs WHERE principal_id::text = ANY (%s)", ([SLOWPOKE, QUICK, PRIO],))
     conn.close()
-    for role in (SLOWPOKE, QUICK):
+    for role in (SLOWPOKE, QUICK, PRIO):
         q(admin, f"DROP ROLE IF EXISTS {role}")
     admin.close()
 
@@ -290,8 +292,15 @@ def test_one_roles_backlog_does_not_delay_another_roles_run(res, conns):
 
 def test_priority_orders_runs_within_a_principal(res, conns):
     conn, admin = conns(res, autocommit=False), conns(res)
-    # queued in one transaction, so that the workers see them together
+    # queued in one transaction, so that the workers see them together, by a
+    # role new to the queue: the priority is set by hand after queueing,
+    # which the claims' cursors (queue.c) would not see for a role they
+    # have claimed for before
+    q(admin, f"DROP ROLE IF EXISTS {PRIO}")
+    q(admin, f"CREATE ROLE {PRIO} IN ROLE tuvl_user")
+    q(conn, f"SET ROLE {PRIO}")
     ids = [q1(conn, "SELECT tuvl.start_run('quick')") for _ in range(400)]
+    q(conn, "RESET ROLE")
     q(conn, "UPDATE tuvl.runs SET priority = 5 WHERE id = ANY (%s)", (ids[-10:],))
     conn.commit()
     for run_id in ids:
@@ -301,6 +310,40 @@ def test_priority_orders_runs_within_a_principal(res, conns):
     # the ten of higher priority were claimed first, though queued last
     assert all(started[i] == first for i in ids[-10:]), [started[i] for i in ids[-10:]]
     assert sum(1 for i in ids[:-10] if started[i] > first) > 0
+
+
+def test_a_run_committed_after_younger_ones_were_claimed_is_claimed_at_once(res, conns):
+    # the claims go on from where the last one stopped (queue.c): a run whose
+    # id is older than runs already claimed, because its transaction
+    # committed later, must not wait behind that position
+    late, admin = conns(res, autocommit=False), conns(res)
+    old_id = q1(late, "SELECT tuvl.start_run('quick')")
+    young = [q1(admin, "SELECT tuvl.start_run('quick')") for _ in range(50)]
+    for run_id in young:
+        assert q1(admin, "SELECT tuvl.wait(%s, '30 s')", (run_id,)) == "completed"
+    assert old_id < min(young)
+    late.commit()
+    started = time.time()
+    assert q1(admin, "SELECT tuvl.wait(%s, '30 s')", (old_id,)) == "completed"
+    # well before the registry's periodic rescan (10 s) would find it
+    assert time.time() - started < 2.0
+
+
+def test_runs_handed_back_behind_the_cursor_are_claimed_again(res, conns):
+    # a worker that takes a slow step alone hands its other runs back to
+    # the queue, behind the position later claims start from
+    conn = conns(res)
+    started = time.time()
+    slow = [q1(conn, "SELECT tuvl.start_run('nap_default', %s)",
+               (json.dumps({"tag": unique("handback"), "secs": 2}),)) for _ in range(2)]
+    quick = [q1(conn, "SELECT tuvl.start_run('quick')") for _ in range(300)]
+    for run_id in quick:
+        assert q1(conn, "SELECT tuvl.wait(%s, '60 s')", (run_id,)) == "completed", run_id
+    # not left for the registry's periodic rescan (10 s)
+    took = time.time() - started
+    for run_id in slow:
+        assert q1(conn, "SELECT tuvl.wait(%s, '60 s')", (run_id,)) == "completed", run_id
+    assert took < 6.0, took
 
 
 # ---------------------------------------------------------------------------
