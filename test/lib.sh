@@ -29,7 +29,7 @@ tuvl_log() { printf '== %s\n' "$*" >&2; }
 # Install what is missing; a machine that has everything does no network work.
 tuvl_install_packages() {
     local missing=() p
-    for p in $TUVL_PACKAGES; do
+    for p in $TUVL_PACKAGES ${TUVL_VALGRIND:+valgrind}; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
     done
     [ ${#missing[@]} -eq 0 ] && return 0
@@ -62,31 +62,37 @@ tuvl_install_mcp() {
     (cd "$dir" && npm install --no-audit --no-fund --silent "$TUVL_MCP_PACKAGE" >/dev/null)
 }
 
-# TUVL_SANITIZE=address builds tuvl with AddressSanitizer (from scratch)
-# and runs the server with its runtime preloaded; whatever it reports goes
-# to $TUVL_TMP/asan.<pid>, and tuvl_asan_reports counts them.
 tuvl_build() {
-    tuvl_log "building tuvl${TUVL_SANITIZE:+ with -fsanitize=$TUVL_SANITIZE}"
-    if [ "${TUVL_SANITIZE:-}" = address ]; then
-        make -s -C "$TUVL_ROOT" clean >/dev/null
-        make -s -C "$TUVL_ROOT" PG_CFLAGS="-fsanitize=address -fno-omit-frame-pointer" \
-            PG_LDFLAGS="-fsanitize=address" >/dev/null
-    else
-        make -s -C "$TUVL_ROOT" >/dev/null
-    fi
+    tuvl_log "building tuvl"
+    make -s -C "$TUVL_ROOT" >/dev/null
     make -s -C "$TUVL_ROOT" install >/dev/null
 }
 
-# The environment the server runs in (pg_ctl start): see TUVL_SANITIZE.
-tuvl_server_env() {
-    if [ "${TUVL_SANITIZE:-}" = address ]; then
-        echo "LD_PRELOAD=$(gcc -print-file-name=libasan.so)" \
-             "ASAN_OPTIONS=detect_leaks=0:log_path=$TUVL_TMP/asan"
+# TUVL_VALGRIND=1 runs the server (and every backend and worker) under
+# valgrind's memcheck, through a wrapper pg_ctl starts instead of postgres;
+# reports go to $TUVL_TMP/valgrind.<pid>, and tuvl_valgrind_reports counts
+# the errors whose stack passes through tuvl.  Slow: for a subset of the
+# suites (test/run regress, or pytest -k ...), not for timed tests.
+tuvl_postgres() {
+    if [ -n "${TUVL_VALGRIND:-}" ]; then
+        local w=$TUVL_TMP/postgres-valgrind
+        cat >"$w" <<WRAP
+#!/bin/sh
+exec valgrind --quiet --trace-children=yes --leak-check=no --num-callers=30 \\
+    --log-file=$TUVL_TMP/valgrind.%p $PGBIN/postgres "\$@"
+WRAP
+        chmod 755 "$w"
+        echo "$w"
+    else
+        echo "$PGBIN/postgres"
     fi
 }
 
-tuvl_asan_reports() {
-    ls "$TUVL_TMP"/asan.* 2>/dev/null | wc -l
+tuvl_valgrind_reports() {
+    cat "$TUVL_TMP"/valgrind.* 2>/dev/null | "$TUVL_PYTHON" -c '
+import re, sys
+blocks = re.split(r"\n==\d+== \n", sys.stdin.read())
+print(sum(1 for b in blocks if "tuvl.so" in b and re.search(r"Invalid|uninitialised|Mismatched|overlap", b)))'
 }
 
 tuvl_setup() {
@@ -164,9 +170,10 @@ log_line_prefix = '%m [%p] %q%a '
 tuvl.http_allowed_hosts = '127.0.0.1:*,localhost:*'
 ${TUVL_EXTRA_CONF:-}
 CONF
-    TUVL_SERVER_ENV=$(tuvl_server_env)
-    as_pg env $TUVL_SERVER_ENV "$PGBIN/pg_ctl" -D "$TUVL_PGDATA" -l "$TUVL_TMP/server.log" -w -t 60 start >/dev/null
-    export PGHOST=$TUVL_TMP PGPORT PGUSER=postgres TUVL_TMP TUVL_PGDATA TUVL_SERVER_ENV
+    TUVL_POSTGRES=$(tuvl_postgres)
+    as_pg "$PGBIN/pg_ctl" -D "$TUVL_PGDATA" -p "$TUVL_POSTGRES" -l "$TUVL_TMP/server.log" -w -t 300 start >/dev/null \
+        || { tail -20 "$TUVL_TMP/server.log" >&2; return 1; }
+    export PGHOST=$TUVL_TMP PGPORT PGUSER=postgres TUVL_TMP TUVL_PGDATA TUVL_POSTGRES
     tuvl_log "cluster on port $PGPORT in $TUVL_TMP"
 }
 

@@ -109,9 +109,9 @@ def launcher_pid():
 
 def pg_ctl(*args, timeout=120):
     """Run pg_ctl on the test cluster as the postgres OS user."""
-    # the server's environment (TUVL_SANITIZE in test/lib.sh) survives restarts
-    env = ["env", *os.environ.get("TUVL_SERVER_ENV", "").split()]
-    cmd = ["runuser", "-u", "postgres", "--", *env, os.path.join(PGBIN, "pg_ctl"), "-D", PGDATA, *args]
+    # the server's executable (TUVL_VALGRIND in test/lib.sh) survives restarts
+    server = ["-p", os.environ["TUVL_POSTGRES"]] if os.environ.get("TUVL_POSTGRES") else []
+    cmd = ["runuser", "-u", "postgres", "--", os.path.join(PGBIN, "pg_ctl"), "-D", PGDATA, *server, *args]
     return subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, timeout=timeout, check=True, text=True)
 

@@ -242,6 +242,30 @@ steps:
               (run_id,)) == 0
 
 
+def test_aborting_several_runs_of_one_worker_at_once_aborts_each(res, conns, set_gucs):
+    # a long batch budget keeps three sleeping runs in one worker's batch:
+    # one executes, two wait for their turn; one statement aborts all three,
+    # and each worker remembers every abort, not just the last one it got
+    set_gucs({"tuvl.max_batch_time": ("1min", "1min")})
+    conn, admin = conns(res, autocommit=False), conns(res)
+    tags = [unique("multi") for _ in range(3)]
+    ids = [q1(conn, "SELECT tuvl.start_run('nap_default', %s)", (json.dumps({"tag": t, "secs": 60}),))
+           for t in tags]
+    conn.commit()
+    wait_until(lambda: q1(admin, "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'tuvl worker' "
+                                 "AND wait_event = 'PgSleep'") > 0, 10, interval=0.01,
+               message="a step to be sleeping")
+    holders = q(admin, "SELECT DISTINCT lease_owner FROM tuvl.runs WHERE id = ANY (%s)", (ids,))
+    started = time.monotonic()
+    q(admin, "SELECT tuvl.abort_run(id, 'all of them') FROM unnest(%s::bigint[]) AS id ORDER BY id", (ids,))
+    for run_id in ids:
+        assert q1(admin, "SELECT tuvl.wait(%s, '10 s')", (run_id,)) == "aborted", \
+            q(admin, "SELECT status, error FROM tuvl.runs WHERE id = %s", (run_id,))
+    assert time.monotonic() - started < 3
+    assert len(holders) == 1, holders    # the case this test is about
+    assert sum(writes(admin, t) for t in tags) == 0
+
+
 # ---------------------------------------------------------------------------
 # Slow steps and the commits of others
 
