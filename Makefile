@@ -8,8 +8,11 @@ OBJS = \
 	src/agent.o \
 	src/api.o \
 	src/artifact.o \
+	src/checkpoint.o \
+	src/compensation.o \
 	src/control.o \
 	src/deadline.o \
+	src/driver.o \
 	src/effect.o \
 	src/executor.o \
 	src/http.o \
@@ -22,9 +25,11 @@ OBJS = \
 	src/queue.o \
 	src/replay.o \
 	src/lease.o \
+	src/retry.o \
 	src/runtime.o \
 	src/security.o \
 	src/spiutil.o \
+	src/status.o \
 	src/step_agent.o \
 	src/step_http.o \
 	src/step_sql.o \

@@ -58,6 +58,7 @@
 
 #include "agent.h"
 #include "artifact.h"
+#include "control.h"
 #include "effect.h"
 #include "deadline.h"
 #include "executor.h"
@@ -495,26 +496,11 @@ read_control(AgentLoop *l)
 static bool
 abort_requested(AgentLoop *l, Jsonb *control)
 {
-	Jsonb	   *abort = control ? JsonGetJsonb(control, "abort") : NULL;
-	char	   *reason;
-	char	   *by;
+	AbortDirective abort;
 
-	if (abort == NULL)
+	if (!ControlAbortRequested(control, &abort))
 		return false;
-	reason = JsonIsObject(abort) ? JsonGetString(abort, "reason") : NULL;
-	by = JsonIsObject(abort) ? JsonGetString(abort, "by") : NULL;
-	/* {"abort": "reason"} written by hand works too */
-	if (JB_ROOT_IS_SCALAR(abort))
-	{
-		JsonbValue *v = getIthJsonbValueFromContainer(&abort->root, 0);
-
-		if (v->type == jbvString)
-			reason = pnstrdup(v->val.string.val, v->val.string.len);
-	}
-	if (reason && *reason == '\0')
-		reason = NULL;
-	l->abort_reason = psprintf("aborted by %s%s%s", by ? by : "an operator",
-							   reason ? ": " : "", reason ? reason : "");
+	l->abort_reason = abort.error;
 	l->result->consume = list_make2("abort", "pause");
 	return true;
 }
@@ -558,7 +544,7 @@ control_checkpoint(AgentLoop *l)
 		JsonObjAddBool(&b, "pause_max", true);
 		l->result->control_add = JsonObjEnd(&b);
 		l->result->consume = list_make1("pause");
-		l->result->park = "paused";
+		l->result->park = RUN_PAUSED;
 		return false;
 	}
 	if (steer && JsonIsObject(steer) && JsonContainerSize(&steer->root) > 0)
@@ -854,8 +840,7 @@ run_tool(AgentLoop *l, AgentTool *tool, int call, const char *id, Jsonb *args,
 	Jsonb	   *saved = run->working_effects;
 	Jsonb	   *inner = records_slice(run, first_inner, l->cursor);
 	Jsonb	   *ctx = JsonMerge(l->ctx, JsonPublicContext(args));
-	bool		sql = ts->kind == STEP_FUNCTIONAL || ts->kind == STEP_MODELOP ||
-		ts->kind == STEP_ROUTER;
+	bool		sql = ExecutorFor(ts->kind)->in_transaction;
 	MemoryContext oldcxt = CurrentMemoryContext;
 	ResourceOwner oldowner = CurrentResourceOwner;
 	const char *volatile saved_type = StepErrorType;
@@ -1084,7 +1069,7 @@ tool_call(AgentLoop *l, Jsonb *tc, int index, char **content)
 				  NULL, content);
 		return TOOL_DONE;
 	}
-	if (tool->step->kind == STEP_AGENT || tool->step->kind == STEP_HUMAN)
+	if (!ExecutorFor(tool->step->kind)->tool_callable)
 	{
 		tool_done(l, call, id, name, tool->step->kind_name, "error", NULL,
 				  psprintf("a %s step cannot be called as a tool", tool->step->kind_name),
@@ -1110,7 +1095,7 @@ tool_call(AgentLoop *l, Jsonb *tc, int index, char **content)
 		info = JsonObjEnd(&b);
 		if (fresh)
 			JournalAdd(&run->step_events, "approval_requested", l->step->id, l->step->kind_name, info);
-		l->result->park = "waiting_approval";
+		l->result->park = RUN_WAITING_APPROVAL;
 		l->result->park_info = info;
 		return TOOL_PARKED;
 	}
@@ -1145,6 +1130,98 @@ answer_skipped(AgentLoop *l, Jsonb *calls, int from, const char *why)
 	}
 }
 
+/* A copy of j (or NULL) in cxt. */
+static Jsonb *
+copy_jsonb_to(Jsonb *j, MemoryContext cxt)
+{
+	Jsonb	   *copy;
+
+	if (j == NULL)
+		return NULL;
+	copy = MemoryContextAlloc(cxt, VARSIZE(j));
+	memcpy(copy, j, VARSIZE(j));
+	return copy;
+}
+
+/*
+ * One turn of the loop: the control checkpoint, the budget, the model's
+ * answer and its tool calls.  Returns true when the loop goes on.
+ */
+static bool
+agent_turn(AgentLoop *l)
+{
+	LlmReply	reply;
+	int			ncalls;
+	bool		live = l->cursor >= EffectCount(l->run);
+
+	/* control checkpoint, then the budget, at the top of every turn */
+	replay_steers(l);
+	live = l->cursor >= EffectCount(l->run);
+	if (live && !control_checkpoint(l))
+		return false;
+	if (l->token_budget > 0 && l->tokens_used >= l->token_budget)
+	{
+		agent_exit(l, "budget_exceeded", "budget_exceeded",
+				   psprintf("the agent used " INT64_FORMAT " tokens, reaching its token_budget of " INT64_FORMAT,
+							l->tokens_used, l->token_budget));
+		return false;
+	}
+	if (!model_turn(l, &reply))
+		return false;
+	l->tokens_used += reply.total_tokens;
+	ncalls = JsonArraySize(reply.tool_calls);
+	if (l->cursor - 1 == l->run->fresh_position)
+	{
+		JsonObjBuilder b;
+
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "event", "iteration");
+		JsonObjAddInt(&b, "iteration", l->iteration);
+		JsonObjAddInt(&b, "tool_calls", ncalls);
+		JsonObjAddInt(&b, "tokens_used", l->tokens_used);
+		progress(l, JsonObjEnd(&b));
+	}
+	add_message(l, "assistant", reply.text, ncalls > 0 ? reply.tool_calls : NULL, NULL, false);
+	if (ncalls == 0)
+	{
+		finalize(l, reply.text);
+		return false;
+	}
+	for (int j = 0; j < ncalls; j++)
+	{
+		Jsonb	   *tc = JsonArrayAt(reply.tool_calls, j);
+		char	   *content = NULL;
+
+		switch (tool_call(l, tc, j, &content))
+		{
+			case TOOL_DONE:
+				add_message(l, "tool", content, NULL, JsonGetString(tc, "id"),
+							l->answer_is_error);
+				break;
+			case TOOL_PENDING:
+			case TOOL_PARKED:
+				return false;
+			case TOOL_TIMEOUT:
+				{
+					char	   *msg = psprintf("tool \"%s\" did not finish within tuvl.agent_tool_timeout (%d s)",
+											   JsonGetString(tc, "name"), tuvl_agent_tool_timeout);
+					char	   *ignored;
+
+					tool_done(l, l->call_no, JsonGetString(tc, "id"), JsonGetString(tc, "name"),
+							  NULL, "error", NULL, msg, NULL, &ignored);
+					answer_skipped(l, reply.tool_calls, j, "the agent stopped");
+					agent_exit(l, "error", "tool_timeout", msg);
+					return false;
+				}
+			case TOOL_ABORTED:
+				answer_skipped(l, reply.tool_calls, j, "the run was aborted");
+				agent_exit(l, "aborted", "aborted", l->abort_reason);
+				return false;
+		}
+	}
+	return true;
+}
+
 /* ---------------------------------------------------------------- the loop */
 
 void
@@ -1152,6 +1229,7 @@ StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 {
 	AgentLoop	l;
 	Jsonb	   *budget;
+	MemoryContext turncxt;
 
 	memset(&l, 0, sizeof(l));
 	l.run = run;
@@ -1171,76 +1249,29 @@ StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 	build_tools(&l);
 	opening_messages(&l);
 
+	/*
+	 * Turns replayed from the records keep nothing but what the
+	 * conversation and the context need: each is made in a memory context
+	 * of its own, reset after it, so a long agent's transition does not
+	 * hold every earlier turn's work at once.
+	 */
+	turncxt = AllocSetContextCreate(CurrentMemoryContext, "tuvl agent turn",
+									ALLOCSET_DEFAULT_SIZES);
 	for (l.iteration = 1; l.iteration <= l.max_iterations; l.iteration++)
 	{
-		LlmReply	reply;
-		int			ncalls;
-		bool		live = l.cursor >= EffectCount(run);
+		bool		replaying = l.cursor < EffectCount(run);
+		MemoryContext loopcxt = MemoryContextSwitchTo(replaying ? turncxt : CurrentMemoryContext);
+		bool		go_on = agent_turn(&l);
 
-		/* control checkpoint, then the budget, at the top of every turn */
-		replay_steers(&l);
-		live = l.cursor >= EffectCount(run);
-		if (live && !control_checkpoint(&l))
+		MemoryContextSwitchTo(loopcxt);
+		if (!go_on)
 			return;
-		if (l.token_budget > 0 && l.tokens_used >= l.token_budget)
+		/* nothing was recorded by a turn that stayed in the records */
+		if (replaying && l.cursor < EffectCount(run))
 		{
-			agent_exit(&l, "budget_exceeded", "budget_exceeded",
-					   psprintf("the agent used " INT64_FORMAT " tokens, reaching its token_budget of " INT64_FORMAT,
-								l.tokens_used, l.token_budget));
-			return;
-		}
-		if (!model_turn(&l, &reply))
-			return;
-		l.tokens_used += reply.total_tokens;
-		ncalls = JsonArraySize(reply.tool_calls);
-		if (l.cursor - 1 == run->fresh_position)
-		{
-			JsonObjBuilder b;
-
-			JsonObjStart(&b);
-			JsonObjAddString(&b, "event", "iteration");
-			JsonObjAddInt(&b, "iteration", l.iteration);
-			JsonObjAddInt(&b, "tool_calls", ncalls);
-			JsonObjAddInt(&b, "tokens_used", l.tokens_used);
-			progress(&l, JsonObjEnd(&b));
-		}
-		add_message(&l, "assistant", reply.text, ncalls > 0 ? reply.tool_calls : NULL, NULL, false);
-		if (ncalls == 0)
-		{
-			finalize(&l, reply.text);
-			return;
-		}
-		for (int j = 0; j < ncalls; j++)
-		{
-			Jsonb	   *tc = JsonArrayAt(reply.tool_calls, j);
-			char	   *content = NULL;
-
-			switch (tool_call(&l, tc, j, &content))
-			{
-				case TOOL_DONE:
-					add_message(&l, "tool", content, NULL, JsonGetString(tc, "id"),
-								l.answer_is_error);
-					break;
-				case TOOL_PENDING:
-				case TOOL_PARKED:
-					return;
-				case TOOL_TIMEOUT:
-					{
-						char	   *msg = psprintf("tool \"%s\" did not finish within tuvl.agent_tool_timeout (%d s)",
-												   JsonGetString(tc, "name"), tuvl_agent_tool_timeout);
-						char	   *ignored;
-
-						tool_done(&l, l.call_no, JsonGetString(tc, "id"), JsonGetString(tc, "name"),
-								  NULL, "error", NULL, msg, NULL, &ignored);
-						answer_skipped(&l, reply.tool_calls, j, "the agent stopped");
-						agent_exit(&l, "error", "tool_timeout", msg);
-						return;
-					}
-				case TOOL_ABORTED:
-					answer_skipped(&l, reply.tool_calls, j, "the run was aborted");
-					agent_exit(&l, "aborted", "aborted", l.abort_reason);
-					return;
-			}
+			l.ctx = copy_jsonb_to(l.ctx, loopcxt);
+			l.merge = copy_jsonb_to(l.merge, loopcxt);
+			MemoryContextReset(turncxt);
 		}
 	}
 	l.iteration = l.max_iterations;

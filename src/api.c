@@ -30,6 +30,7 @@
 
 #include "api.h"
 #include "artifact.h"
+#include "driver.h"
 #include "effect.h"
 #include "journal.h"
 #include "jsonschema.h"
@@ -188,21 +189,10 @@ tuvl_register_workflow(PG_FUNCTION_ARGS)
 	}
 
 	SPI_connect();
-	{
-		static const Oid types[1] = {TEXTOID};
-		Datum		values[1];
-
-		values[0] = CStringGetTextDatum(name);
-		SecurityAsOwner(&frame);
-		SpiExec("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended("
-				"'tuvl.workflow.' OPERATOR(pg_catalog.||) $1, 0))",
-				1, types, values, NULL, SPI_OK_SELECT);
-		SecurityRestore(&frame);
-		SecurityCheckNameOwner("workflow", name,
-							   SpiNameOwner("SELECT owner FROM tuvl.workflows "
-											"WHERE name OPERATOR(pg_catalog.=) $1 "
-											"  AND version OPERATOR(pg_catalog.=) 1", name));
-	}
+	RegistryLockName("workflow", "tuvl.workflow.",
+					 "SELECT owner FROM tuvl.workflows "
+					 "WHERE name OPERATOR(pg_catalog.=) $1 "
+					 "  AND version OPERATOR(pg_catalog.=) 1", name);
 	version = WorkflowLatestVersion(name, true) + 1;
 	{
 		static const Oid types[5] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, REGROLEOID};
@@ -449,6 +439,59 @@ static const char handover_sql[] =
 "  lease_expires_at = NULL "
 "WHERE id OPERATOR(pg_catalog.=) $1 AND attempt OPERATOR(pg_catalog.=) $2";
 
+/* An interval in milliseconds, months as 30 days, clamped to [0, INT_MAX]. */
+static int
+interval_ms(Interval *iv)
+{
+	int64		us = iv->time + (int64) iv->day * USECS_PER_DAY +
+		(int64) iv->month * 30 * USECS_PER_DAY;
+
+	return (int) Min(Max(us / 1000, 0), INT_MAX);
+}
+
+/* tuvl.run()'s effects are performed right here, synchronously. */
+static void
+perform_here(RunState *run, void *arg)
+{
+	Jsonb	   *result = EffectPerform(run->send);
+
+	run->fresh_effect = MemoryContextAlloc(run->cxt, VARSIZE(result));
+	memcpy(run->fresh_effect, result, VARSIZE(result));
+}
+
+typedef struct SyncRun
+{
+	TimestampTz deadline;		/* past it, the workers take over */
+	bool		handed_over;
+} SyncRun;
+
+/* Past the sync_timeout, hand the run to the workers (they see it at commit). */
+static bool
+before_sync_timeout(RunState *run, void *arg)
+{
+	SyncRun    *sync = arg;
+	static const Oid types[2] = {INT8OID, INT4OID};
+	Datum		values[2];
+	SecurityFrame frame;
+
+	if (GetCurrentTimestamp() < sync->deadline)
+		return true;
+	values[0] = Int64GetDatum(run->id);
+	values[1] = Int32GetDatum(run->attempt);
+	SecurityAsOwner(&frame);
+	SpiExec(handover_sql, 2, types, values, NULL, SPI_OK_UPDATE);
+	SecurityRestore(&frame);
+	QueueNoteAtCommit(GetUserId(), 0, run->id);
+	TuvlWakeWorkersAtCommit();
+	if (!TuvlPreloaded())
+		ereport(WARNING,
+				(errmsg("run " INT64_FORMAT " passed its sync_timeout and was queued, but tuvl background workers are not running",
+						run->id),
+				 errhint("Add tuvl to shared_preload_libraries and restart the server.")));
+	sync->handed_over = true;
+	return false;
+}
+
 /*
  * run(workflow, input, sync_timeout): execute in this backend, one
  * transition at a time, inside the caller's transaction; past the
@@ -464,11 +507,11 @@ tuvl_run(PG_FUNCTION_ARGS)
 	RunState   *run;
 	WorkflowDef *wf;
 	int			timeout_ms;
-	TimestampTz deadline;
-	const char *status = "running";
-	char	   *end_name = NULL;
-	Jsonb	   *response = NULL;
-	char	   *error = NULL;
+	RunStatus	status;
+	int			transitions = 0;
+	SyncRun		sync;
+	RunPerformer performer = {perform_here, NULL, before_sync_timeout, &sync};
+	RunEnd		end;
 	JsonObjBuilder b;
 
 	if (PG_ARGISNULL(0))
@@ -483,104 +526,39 @@ tuvl_run(PG_FUNCTION_ARGS)
 	id = ApiCreateRun(workflow, input, true, &version);
 	wf = WorkflowLoad(workflow, version);
 	if (!PG_ARGISNULL(2))
-	{
-		Interval   *iv = PG_GETARG_INTERVAL_P(2);
-		int64		us = iv->time + (int64) iv->day * USECS_PER_DAY +
-		(int64) iv->month * 30 * USECS_PER_DAY;
-
-		timeout_ms = (int) Min(Max(us / 1000, 0), INT_MAX);
-	}
+		timeout_ms = interval_ms(PG_GETARG_INTERVAL_P(2));
 	else if (wf->sync_timeout_ms >= 0)
 		timeout_ms = wf->sync_timeout_ms;
 	else
 		timeout_ms = tuvl_sync_timeout;
-	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
+	sync.deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
+	sync.handed_over = false;
 
 	run = RunStateCreate(CurrentMemoryContext, id, 1, workflow, version, GetUserId(),
 						 GetUserNameFromId(GetUserId(), false), input, NULL, 1, NULL);
-
-	for (;;)
-	{
-		CHECK_FOR_INTERRUPTS();
-		RunAdvance(run);
-		RunApplyTransition(run);
-		status = run->next_status;
-		if (strcmp(status, "running") != 0 && strcmp(status, "compensating") != 0)
-			break;
-		if (run->send)
-		{
-			/* an effect: performed right here, its result journaled next */
-			run->fresh_effect = EffectPerform(run->send);
-			run->send = NULL;
-			continue;
-		}
-		if (GetCurrentTimestamp() >= deadline)
-		{
-			static const Oid types[2] = {INT8OID, INT4OID};
-			Datum		values[2];
-			SecurityFrame frame;
-
-			values[0] = Int64GetDatum(id);
-			values[1] = Int32GetDatum(run->attempt);
-			SecurityAsOwner(&frame);
-			SpiExec(handover_sql, 2, types, values, NULL, SPI_OK_UPDATE);
-			SecurityRestore(&frame);
-			QueueNoteAtCommit(GetUserId(), 0, id);
-			status = "queued";
-			TuvlWakeWorkersAtCommit();
-			if (!TuvlPreloaded())
-				ereport(WARNING,
-						(errmsg("run " INT64_FORMAT " passed its sync_timeout and was queued, but tuvl background workers are not running", id),
-						 errhint("Add tuvl to shared_preload_libraries and restart the server.")));
-			break;
-		}
-	}
-
-	if (RunIsTerminalStatus(status))
-	{
-		static const Oid types[1] = {INT8OID};
-		Datum		values[1];
-		bool		isnull;
-		Datum		d;
-
-		values[0] = Int64GetDatum(id);
-		SpiExec("SELECT end_name, response, error FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1",
-				1, types, values, NULL, SPI_OK_SELECT);
-		if (SPI_processed == 1)
-		{
-			end_name = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
-			d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
-			if (!isnull)
-				response = DatumGetJsonbPCopy(d);
-			error = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3);
-		}
-	}
+	status = RunDrive(run, &performer, &transitions);
+	if (sync.handed_over)
+		status = RUN_QUEUED;
+	RunReadEnd(id, RunStatusIsTerminal(status), &end);
 
 	JsonObjStart(&b);
 	JsonObjAddInt(&b, "run_id", id);
-	JsonObjAddString(&b, "status", status);
-	JsonObjAddString(&b, "end", end_name);
-	JsonObjAddJsonb(&b, "response", response);
-	if (error)
-		JsonObjAddString(&b, "error", error);
-	{
-		Jsonb	   *res = JsonObjEnd(&b);
-
-		Jsonb	   *copy = SPI_palloc(VARSIZE(res));
-
-		memcpy(copy, res, VARSIZE(res));
-		SPI_finish();
-		PG_RETURN_JSONB_P(copy);
-	}
+	JsonObjAddString(&b, "status", RunStatusName(status));
+	JsonObjAddString(&b, "end", end.end_name);
+	JsonObjAddJsonb(&b, "response", end.response);
+	if (end.error)
+		JsonObjAddString(&b, "error", end.error);
+	RunStateFree(run);
+	PG_RETURN_JSONB_P(SpiReturnJsonb(JsonObjEnd(&b)));
 }
 
+/* Has the run ended, or does it wait for someone? */
 static bool
 status_is_settled(const char *status)
 {
-	return RunIsTerminalStatus(status) ||
-		strcmp(status, "waiting_human") == 0 ||
-		strcmp(status, "waiting_approval") == 0 ||
-		strcmp(status, "paused") == 0;
+	RunStatus	s = RunStatusFromName(status);
+
+	return RunStatusIsTerminal(s) || RunStatusIsParked(s);
 }
 
 /* The run's status as the caller may see it; errors when invisible. */
@@ -617,10 +595,8 @@ Datum
 tuvl_wait(PG_FUNCTION_ARGS)
 {
 	int64		id = PG_GETARG_INT64(0);
-	Interval   *iv = PG_GETARG_INTERVAL_P(1);
-	int64		timeout_us = iv->time + (int64) iv->day * USECS_PER_DAY +
-	(int64) iv->month * 30 * USECS_PER_DAY;
-	TimestampTz deadline = GetCurrentTimestamp() + Max(timeout_us, 0);
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													   interval_ms(PG_GETARG_INTERVAL_P(1)));
 	char	   *status;
 
 	if (IsolationUsesXactSnapshot())

@@ -344,7 +344,8 @@ ArtifactResolveText(RunState *run, const char *text, ArtifactSite site, const ch
 				 errhint("Write artifact://name or artifact://name@version.")));
 	if (version == 0)
 	{
-		JsonbValue *pin = JsonGetField(run_artifacts(run), name);
+		Jsonb	   *pins = run_artifacts(run);
+		JsonbValue *pin = JsonGetField(pins, name);
 
 		if (pin == NULL || pin->type != jbvNumeric)
 			ereport(ERROR,
@@ -352,7 +353,7 @@ ArtifactResolveText(RunState *run, const char *text, ArtifactSite site, const ch
 					 errmsg("run " INT64_FORMAT " has no pinned version of artifact \"%s\"", run->id, name),
 					 errdetail("%s refers to %s, which was not resolved when the run was created.",
 							   what, text)));
-		version = DatumGetInt32(DirectFunctionCall1(numeric_int4, NumericGetDatum(pin->val.numeric)));
+		version = JsonGetInt32(pins, name, 0);
 	}
 	if (!ArtifactLookup(name, version, &type, &body, NULL, NULL))
 		ereport(ERROR,
@@ -372,21 +373,45 @@ ArtifactResolveText(RunState *run, const char *text, ArtifactSite site, const ch
 }
 
 /*
- * register_artifact(source): store a new version of an artifact.
+ * Serialize the registrations of one name in a versioned registry and
+ * check that the caller may add a version: a transaction-level advisory
+ * lock on lock_prefix || name ("tuvl.artifact.", "tuvl.workflow."), then
+ * SecurityCheckNameOwner(kind, name) with the owner owner_sql finds.
+ * owner_sql must be a string literal (SpiExec caches plans by address).
+ * SPI must be connected.
  */
-Datum
-tuvl_register_artifact(PG_FUNCTION_ARGS)
+void
+RegistryLockName(const char *kind, const char *lock_prefix, const char *owner_sql,
+				 const char *name)
 {
-	char	   *source = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	Jsonb	   *def = YamlToJsonb(source, "artifact", NULL);
+	static const Oid types[2] = {TEXTOID, TEXTOID};
+	Datum		values[2];
+	SecurityFrame frame;
+
+	values[0] = CStringGetTextDatum(name);
+	values[1] = CStringGetTextDatum(lock_prefix);
+	SecurityAsOwner(&frame);
+	SpiExec("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended("
+			"$2 OPERATOR(pg_catalog.||) $1, 0))",
+			2, types, values, NULL, SPI_OK_SELECT);
+	SecurityRestore(&frame);
+	SecurityCheckNameOwner(kind, name, SecurityNameOwner(owner_sql, name));
+}
+
+/*
+ * Check an artifact's definition (raises for a bad one, notices unknown
+ * keys); sets its name, type and body.
+ */
+static void
+check_artifact(Jsonb *def, char **name_out, char **type_out, JsonbValue **body_out)
+{
 	char	   *name;
 	char	   *type;
 	JsonbValue *body;
 	bool		known = false;
-	char	   *old_type = NULL;
-	int			latest = 0;
-	int			version;
-	SecurityFrame frame;
+	JsonbIterator *it;
+	JsonbValue	v;
+	char	   *key;
 
 	if (!JsonIsObject(def))
 		ereport(ERROR,
@@ -414,42 +439,40 @@ tuvl_register_artifact(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("artifact \"%s\": a %s artifact needs body, its text", name, type)));
-	{
-		JsonbIterator *it = JsonbIteratorInit(&def->root);
-		JsonbValue	v;
-		JsonbIteratorToken tok;
+	it = JsonbIteratorInit(&def->root);
+	while (JsonObjectNext(&it, &key, &v))
+		if (strcmp(key, "name") != 0 && strcmp(key, "type") != 0 && strcmp(key, "body") != 0 &&
+			strcmp(key, "description") != 0 &&
+			strcmp(type, "guardrail") != 0 && strcmp(type, "hook") != 0)
+			ereport(NOTICE,
+					(errmsg("artifact \"%s\": unknown key \"%s\" is ignored", name, key)));
+	*name_out = name;
+	*type_out = type;
+	*body_out = body;
+}
 
-		while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
-		{
-			char	   *key;
+/*
+ * register_artifact(source): store a new version of an artifact.
+ */
+Datum
+tuvl_register_artifact(PG_FUNCTION_ARGS)
+{
+	char	   *source = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	Jsonb	   *def = YamlToJsonb(source, "artifact", NULL);
+	char	   *name;
+	char	   *type;
+	JsonbValue *body;
+	char	   *old_type = NULL;
+	int			latest = 0;
+	int			version;
+	SecurityFrame frame;
 
-			if (tok != WJB_KEY)
-				continue;
-			key = pnstrdup(v.val.string.val, v.val.string.len);
-			if (strcmp(key, "name") != 0 && strcmp(key, "type") != 0 && strcmp(key, "body") != 0 &&
-				strcmp(key, "description") != 0 &&
-				strcmp(type, "guardrail") != 0 && strcmp(type, "hook") != 0)
-				ereport(NOTICE,
-						(errmsg("artifact \"%s\": unknown key \"%s\" is ignored", name, key)));
-		}
-	}
-
+	check_artifact(def, &name, &type, &body);
 	SPI_connect();
-	{
-		static const Oid types[1] = {TEXTOID};
-		Datum		values[1];
-
-		values[0] = CStringGetTextDatum(name);
-		SecurityAsOwner(&frame);
-		SpiExec("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended("
-				"'tuvl.artifact.' OPERATOR(pg_catalog.||) $1, 0))",
-				1, types, values, NULL, SPI_OK_SELECT);
-		SecurityRestore(&frame);
-		SecurityCheckNameOwner("artifact", name,
-							   SpiNameOwner("SELECT owner FROM tuvl.artifacts "
-											"WHERE name OPERATOR(pg_catalog.=) $1 "
-											"  AND version OPERATOR(pg_catalog.=) 1", name));
-	}
+	RegistryLockName("artifact", "tuvl.artifact.",
+					 "SELECT owner FROM tuvl.artifacts "
+					 "WHERE name OPERATOR(pg_catalog.=) $1 "
+					 "  AND version OPERATOR(pg_catalog.=) 1", name);
 	SPI_finish();
 	if (ArtifactLookup(name, 0, &old_type, NULL, &latest, NULL) && strcmp(old_type, type) != 0)
 		ereport(ERROR,

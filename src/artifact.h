@@ -33,4 +33,8 @@ extern Jsonb *ArtifactPinFloating(Jsonb *definition);
 extern char *ArtifactResolveText(RunState *run, const char *text, ArtifactSite site,
 								 const char *what);
 
+/* Shared with the workflow registry (api.c). */
+extern void RegistryLockName(const char *kind, const char *lock_prefix, const char *owner_sql,
+							 const char *name);
+
 #endif							/* TUVL_ARTIFACT_H */

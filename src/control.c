@@ -74,6 +74,7 @@ typedef struct LockedRun
 	int			lease_owner;	/* pid of the holder, or 0 */
 	Oid			principal_id;
 	int32		priority;
+	bool		hold_here;		/* queued for this backend: wake nobody */
 } LockedRun;
 
 /*
@@ -198,7 +199,7 @@ update_idle_run(LockedRun *r, const char *status, Jsonb *control, Jsonb *step_st
 	(void) JournalWrite(r->id, r->last_seq, events);
 	SecurityRestore(&frame);
 	TuvlRunChangedAtCommit();
-	if (strcmp(status, "queued") == 0)
+	if (strcmp(status, "queued") == 0 && !r->hold_here)
 	{
 		QueueNoteAtCommit(r->principal_id, r->priority, r->id);
 		TuvlWakeWorkersAtCommit();
@@ -253,6 +254,46 @@ has_compensations(LockedRun *r)
 
 	return stack && JB_ROOT_IS_ARRAY(stack) && !JB_ROOT_IS_SCALAR(stack) &&
 		JsonContainerSize(&stack->root) > 0;
+}
+
+/* The error of a run aborted by role by (NULL: an operator), for reason. */
+char *
+ControlAbortError(const char *by, const char *reason)
+{
+	if (reason && *reason == '\0')
+		reason = NULL;
+	return psprintf("aborted by %s%s%s", by ? by : "an operator", reason ? ": " : "",
+					reason ? reason : "");
+}
+
+/*
+ * Does control (tuvl.runs.control, or NULL) hold an abort directive?  If
+ * so, fill *abort.  {"abort": "reason"} written by hand counts too.
+ */
+bool
+ControlAbortRequested(Jsonb *control, AbortDirective *abort)
+{
+	Jsonb	   *directive = control ? JsonGetJsonb(control, "abort") : NULL;
+
+	memset(abort, 0, sizeof(AbortDirective));
+	if (directive == NULL)
+		return false;
+	if (JsonIsObject(directive))
+	{
+		abort->reason = JsonGetString(directive, "reason");
+		abort->by = JsonGetString(directive, "by");
+	}
+	else if (JB_ROOT_IS_SCALAR(directive))
+	{
+		JsonbValue *v = getIthJsonbValueFromContainer(&directive->root, 0);
+
+		if (v->type == jbvString)
+			abort->reason = pnstrdup(v->val.string.val, v->val.string.len);
+	}
+	if (abort->reason && *abort->reason == '\0')
+		abort->reason = NULL;
+	abort->error = ControlAbortError(abort->by, abort->reason);
+	return true;
 }
 
 /*
@@ -353,7 +394,7 @@ tuvl_abort_run(PG_FUNCTION_ARGS)
 	lock_run(PG_GETARG_INT64(0), &r, "abort");
 	if (strcmp(r.status, "compensating") == 0 ||
 		(r.compensation && JsonGetField(r.compensation, "cause") &&
-		 !JsonGetBool(r.compensation, "done", false) && !RunIsTerminalStatus(r.status)))
+		 !JsonGetBool(r.compensation, "done", false) && !RunStatusIsTerminal(RunStatusFromName(r.status))))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("cannot abort run " INT64_FORMAT ": its status is compensating", r.id),
@@ -394,7 +435,7 @@ tuvl_abort_run(PG_FUNCTION_ARGS)
 		JsonObjAddString(&b, "status", "aborted");
 		JournalAdd(&events, "run_aborted", NULL, NULL, JsonObjEnd(&b));
 		update_idle_run(&r, "aborted", NULL, NULL,
-						psprintf("aborted by %s%s%s", r.by, reason ? ": " : "", reason ? reason : ""),
+						ControlAbortError(r.by, reason),
 						events);
 	}
 	SPI_finish();
@@ -450,47 +491,120 @@ append_record(Jsonb *state, Jsonb *record)
 	return JsonRemoveKey(JsonSetKey(state, "effects", effects), "awaiting");
 }
 
+/* The data for the waiting Human step of r, validated against its form. */
+static void
+answer_human(LockedRun *r, const PersonAnswer *answer, List **events)
+{
+	WorkflowDef *wf = WorkflowLoad(r->workflow, r->version);
+	int			idx = r->step ? WorkflowFindStep(wf, r->step) : -1;
+	Jsonb	   *form;
+	JsonObjBuilder b;
+
+	if (idx < 0 || wf->steps[idx].kind != STEP_HUMAN || r->step_state == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("run " INT64_FORMAT " is waiting_human but not at a Human step", r->id)));
+	form = JsonGetJsonb(wf->steps[idx].spec, "form");
+	if (form)
+		JsonSchemaValidateOrError(form, answer->data,
+								  psprintf("data submitted to step \"%s\"", r->step));
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "op", "human");
+	JsonObjAddJsonb(&b, "data", answer->data);
+	JsonObjAddString(&b, "by", r->by);
+	r->step_state = append_record(r->step_state, JsonObjEnd(&b));
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "action", "submit");
+	JsonObjAddJsonb(&b, "data", answer->data);
+	JsonObjAddString(&b, "by", r->by);
+	if (answer->replayed)
+		JsonObjAddBool(&b, "replayed", true);
+	JournalAdd(events, "decision", r->step, "Human", JsonObjEnd(&b));
+}
+
+/* The decision on the tool call r waits for. */
+static void
+answer_approval(LockedRun *r, const PersonAnswer *answer, List **events)
+{
+	Jsonb	   *awaiting = r->step_state ? JsonGetJsonb(r->step_state, "awaiting") : NULL;
+	JsonbValue *call = awaiting ? JsonGetField(awaiting, "call") : NULL;
+	JsonObjBuilder b;
+
+	if (call == NULL || call->type != jbvNumeric)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("run " INT64_FORMAT " is waiting_approval but records no tool call", r->id)));
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "op", "approval");
+	JsonObjAddJsonb(&b, "call", JsonGetJsonb(awaiting, "call"));
+	JsonObjAddBool(&b, "approved", answer->approved);
+	JsonObjAddString(&b, "note", answer->note);
+	JsonObjAddString(&b, "by", r->by);
+	JsonObjAddInt(&b, "decided_at", GetCurrentTimestamp());
+	r->step_state = append_record(r->step_state, JsonObjEnd(&b));
+
+	JsonObjStart(&b);
+	JsonObjAddJsonb(&b, "call", JsonGetJsonb(awaiting, "call"));
+	JsonObjAddJsonb(&b, "call_id", JsonGetJsonb(awaiting, "call_id"));
+	JsonObjAddJsonb(&b, "tool", JsonGetJsonb(awaiting, "tool"));
+	JsonObjAddBool(&b, "approved", answer->approved);
+	JsonObjAddString(&b, "note", answer->note);
+	JsonObjAddString(&b, "by", r->by);
+	if (answer->replayed)
+		JsonObjAddBool(&b, "replayed", true);
+	JournalAdd(events, "approval_decided", r->step, "Agent", JsonObjEnd(&b));
+}
+
+/*
+ * Answer run_id, which waits for a person: data for its Human step, or a
+ * decision on an agent's tool call.  The answer is recorded in its
+ * step_state and journaled, and the run is queued again: for the workers,
+ * or, when the answer is replayed, for the replay that goes on with it.
+ * SPI connected.
+ */
+void
+ControlAnswer(int64 run_id, const PersonAnswer *answer)
+{
+	static const char *const waiting_human[] = {"waiting_human", NULL};
+	static const char *const waiting_approval[] = {"waiting_approval", NULL};
+	LockedRun	r;
+	List	   *events = NIL;
+
+	lock_run(run_id, &r, answer->human ? "submit to" : "decide on");
+	if (answer->by)
+		r.by = pstrdup(answer->by);
+	r.hold_here = answer->replayed;
+	if (answer->human)
+	{
+		require_status(&r, "submit to", waiting_human,
+					   "tuvl.submit() answers a run whose status is waiting_human.");
+		answer_human(&r, answer, &events);
+	}
+	else
+	{
+		require_status(&r, "decide on", waiting_approval,
+					   "tuvl.decide() answers a run whose status is waiting_approval.");
+		answer_approval(&r, answer, &events);
+	}
+	update_idle_run(&r, "queued", r.control, r.step_state, NULL, events);
+}
+
 /*
  * submit(run_id, data): answer a waiting Human step.
  */
 Datum
 tuvl_submit(PG_FUNCTION_ARGS)
 {
-	static const char *const allowed[] = {"waiting_human", NULL};
-	Jsonb	   *data = PG_GETARG_JSONB_P(1);
-	LockedRun	r;
-	WorkflowDef *wf;
-	int			idx;
-	Jsonb	   *form;
-	JsonObjBuilder b;
-	List	   *events = NIL;
+	PersonAnswer answer;
 
+	memset(&answer, 0, sizeof(answer));
+	answer.human = true;
+	answer.data = PG_GETARG_JSONB_P(1);
 	SPI_connect();
-	lock_run(PG_GETARG_INT64(0), &r, "submit to");
-	require_status(&r, "submit to", allowed,
-				   "tuvl.submit() answers a run whose status is waiting_human.");
-	wf = WorkflowLoad(r.workflow, r.version);
-	idx = r.step ? WorkflowFindStep(wf, r.step) : -1;
-	if (idx < 0 || wf->steps[idx].kind != STEP_HUMAN || r.step_state == NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_DATA_CORRUPTED),
-				 errmsg("run " INT64_FORMAT " is waiting_human but not at a Human step", r.id)));
-	form = JsonGetJsonb(wf->steps[idx].spec, "form");
-	if (form)
-		JsonSchemaValidateOrError(form, data, psprintf("data submitted to step \"%s\"", r.step));
-
-	JsonObjStart(&b);
-	JsonObjAddString(&b, "op", "human");
-	JsonObjAddJsonb(&b, "data", data);
-	JsonObjAddString(&b, "by", r.by);
-	r.step_state = append_record(r.step_state, JsonObjEnd(&b));
-
-	JsonObjStart(&b);
-	JsonObjAddString(&b, "action", "submit");
-	JsonObjAddJsonb(&b, "data", data);
-	JsonObjAddString(&b, "by", r.by);
-	JournalAdd(&events, "decision", r.step, "Human", JsonObjEnd(&b));
-	update_idle_run(&r, "queued", r.control, r.step_state, NULL, events);
+	ControlAnswer(PG_GETARG_INT64(0), &answer);
 	SPI_finish();
 	PG_RETURN_VOID();
 }
@@ -501,50 +615,18 @@ tuvl_submit(PG_FUNCTION_ARGS)
 Datum
 tuvl_decide(PG_FUNCTION_ARGS)
 {
-	static const char *const allowed[] = {"waiting_approval", NULL};
-	bool		approved;
-	char	   *note = PG_ARGISNULL(2) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(2));
-	LockedRun	r;
-	Jsonb	   *awaiting;
-	JsonbValue *call;
-	JsonObjBuilder b;
-	List	   *events = NIL;
+	PersonAnswer answer;
 
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("%s must not be null", PG_ARGISNULL(0) ? "run_id" : "approved"),
 				 errhint("Call tuvl.decide(run_id, true) to approve, tuvl.decide(run_id, false, 'why') to reject.")));
-	approved = PG_GETARG_BOOL(1);
+	memset(&answer, 0, sizeof(answer));
+	answer.approved = PG_GETARG_BOOL(1);
+	answer.note = PG_ARGISNULL(2) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(2));
 	SPI_connect();
-	lock_run(PG_GETARG_INT64(0), &r, "decide on");
-	require_status(&r, "decide on", allowed,
-				   "tuvl.decide() answers a run whose status is waiting_approval.");
-	awaiting = r.step_state ? JsonGetJsonb(r.step_state, "awaiting") : NULL;
-	call = awaiting ? JsonGetField(awaiting, "call") : NULL;
-	if (call == NULL || call->type != jbvNumeric)
-		ereport(ERROR,
-				(errcode(ERRCODE_DATA_CORRUPTED),
-				 errmsg("run " INT64_FORMAT " is waiting_approval but records no tool call", r.id)));
-
-	JsonObjStart(&b);
-	JsonObjAddString(&b, "op", "approval");
-	JsonObjAddJsonb(&b, "call", JsonGetJsonb(awaiting, "call"));
-	JsonObjAddBool(&b, "approved", approved);
-	JsonObjAddString(&b, "note", note);
-	JsonObjAddString(&b, "by", r.by);
-	JsonObjAddInt(&b, "decided_at", GetCurrentTimestamp());
-	r.step_state = append_record(r.step_state, JsonObjEnd(&b));
-
-	JsonObjStart(&b);
-	JsonObjAddJsonb(&b, "call", JsonGetJsonb(awaiting, "call"));
-	JsonObjAddJsonb(&b, "call_id", JsonGetJsonb(awaiting, "call_id"));
-	JsonObjAddJsonb(&b, "tool", JsonGetJsonb(awaiting, "tool"));
-	JsonObjAddBool(&b, "approved", approved);
-	JsonObjAddString(&b, "note", note);
-	JsonObjAddString(&b, "by", r.by);
-	JournalAdd(&events, "approval_decided", r.step, "Agent", JsonObjEnd(&b));
-	update_idle_run(&r, "queued", r.control, r.step_state, NULL, events);
+	ControlAnswer(PG_GETARG_INT64(0), &answer);
 	SPI_finish();
 	PG_RETURN_VOID();
 }
@@ -573,7 +655,7 @@ StepExecuteHuman(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *res
 		JsonObjStart(&b);
 		JsonObjAddString(&b, "kind", "human");
 		JsonObjAddJsonb(&b, "form", JsonGetJsonb(step->spec, "form"));
-		result->park = "waiting_human";
+		result->park = RUN_WAITING_HUMAN;
 		result->park_info = JsonObjEnd(&b);
 	}
 }

@@ -3,9 +3,9 @@
  * executor.c
  *	  The one dispatch table of step kinds, and the Router.
  *
- * Kinds whose executors arrive in later versions have an entry that
- * raises a clear error, so a workflow using them fails on the error
- * signal instead of crashing a worker.
+ * Every kind has an entry: the workers, tuvl.run(), tuvl.replay() and an
+ * agent dispatching a tool all execute a step through it, and ask it
+ * what they need to know about the kind.
  *
  *-------------------------------------------------------------------------
  */
@@ -36,13 +36,14 @@ execute_router(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 }
 
 static const StepExecutor executors[STEP_KIND_COUNT] = {
-	{STEP_FUNCTIONAL, StepExecuteFunctional},
-	{STEP_MODELOP, StepExecuteModelOp},
-	{STEP_ROUTER, execute_router},
-	{STEP_APICALL, StepExecuteAPICall},
-	{STEP_MCP, StepExecuteMCP},
-	{STEP_AGENT, StepExecuteAgent},
-	{STEP_HUMAN, StepExecuteHuman},
+	/* kind, execute, in_transaction, tool_callable, reserved_exits, controls_itself, default_catches_all */
+	{STEP_FUNCTIONAL, StepExecuteFunctional, true, true, false, false, false},
+	{STEP_MODELOP, StepExecuteModelOp, true, true, false, false, false},
+	{STEP_ROUTER, execute_router, true, true, false, false, true},
+	{STEP_APICALL, StepExecuteAPICall, false, true, false, false, false},
+	{STEP_MCP, StepExecuteMCP, false, true, false, false, false},
+	{STEP_AGENT, StepExecuteAgent, false, false, true, true, false},
+	{STEP_HUMAN, StepExecuteHuman, false, false, false, false, false},
 };
 
 const StepExecutor *
@@ -50,4 +51,11 @@ ExecutorFor(StepKind kind)
 {
 	Assert(kind >= 0 && kind < STEP_KIND_COUNT);
 	return &executors[kind];
+}
+
+/* Did step end on one of the reserved exits of its kind? */
+bool
+ExecutorIsReservedExit(const StepDef *step, const char *signal)
+{
+	return ExecutorFor(step->kind)->reserved_exits && AgentIsReservedExit(signal);
 }

@@ -26,8 +26,9 @@ typedef struct StepResult
 	struct EffectRequest *effect;	/* ... this one */
 	Jsonb	   *context_merge;	/* merged into the context first, or NULL */
 	char	   *exit_error;		/* why a reserved exit was taken, or NULL */
-	const char *park;			/* wait for someone: "paused",
-								 * "waiting_human" or "waiting_approval" */
+	RunStatus	park;			/* wait for someone (RUN_PAUSED,
+								 * RUN_WAITING_HUMAN, RUN_WAITING_APPROVAL),
+								 * or RUN_NONE */
 	Jsonb	   *park_info;		/* what is awaited (step_state.awaiting) */
 	List	   *consume;		/* control keys applied: removed at commit */
 	Jsonb	   *control_add;	/* merged into tuvl.runs.control at commit */
@@ -46,15 +47,32 @@ typedef struct StepResult
 typedef void (*StepExecuteFn) (RunState *run, const StepDef *step, Jsonb *ctx,
 							   StepResult *result);
 
+/*
+ * A step kind: how to execute it, and what the rest of tuvl needs to know
+ * about it.  Nothing outside a kind's executor tests the kind itself; it
+ * asks its entry here.
+ */
 typedef struct StepExecutor
 {
 	StepKind	kind;
 	StepExecuteFn execute;
+	bool		in_transaction; /* does its work in the transition itself,
+								 * not through an effect (as an agent's
+								 * tool, its timeout cancels it) */
+	bool		tool_callable;	/* an agent may call it as a tool */
+	bool		reserved_exits; /* may end on the reserved exits
+								 * (max_iterations, aborted, ...) */
+	bool		controls_itself;	/* in the middle of its work (step_state
+									 * is its own), it applies operator
+									 * directives itself */
+	bool		default_catches_all;	/* its "default" route catches every
+										 * signal it does not map */
 } StepExecutor;
 
 extern const char *StepErrorType;
 
 extern const StepExecutor *ExecutorFor(StepKind kind);
+extern bool ExecutorIsReservedExit(const StepDef *step, const char *signal);
 
 /* step_http.c */
 extern void StepExecuteAPICall(RunState *run, const StepDef *step, Jsonb *ctx,

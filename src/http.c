@@ -80,7 +80,6 @@ static TimestampTz curl_deadline = 0;	/* 0: no timer */
 static HttpTransfer *in_flight = NULL;
 static HttpTransfer *done_list = NULL;
 static int	n_in_flight = 0;
-static MemoryContext redirect_cxt = NULL;
 
 /*
  * Memory.  Response bodies are counted as they are buffered; past the
@@ -657,14 +656,45 @@ drop_credentials(HttpTransfer *t)
 	t->hdrs = kept;
 }
 
+/*
+ * May t follow a redirect to location (tuvl.http_allowed_hosts)?  When not,
+ * t fails with the reason.  The check pallocs: in a context of its own,
+ * deleted before returning (and on an ERROR), so nothing of it outlives the
+ * check, whatever the context of the caller (a worker's long-lived one).
+ */
+static bool
+redirect_allowed(HttpTransfer *t, const char *location)
+{
+	MemoryContext cxt = AllocSetContextCreate(TopMemoryContext, "tuvl redirect check",
+											  ALLOCSET_SMALL_SIZES);
+	MemoryContext old = MemoryContextSwitchTo(cxt);
+	bool		allowed = false;
+
+	PG_TRY();
+	{
+		char	   *reason;
+
+		allowed = HttpUrlAllowed(location, &reason);
+		if (!allowed)
+		{
+			t->fail_kind = "not_allowed";
+			t->fail_msg = strdup(psprintf("redirect refused: %s", reason));
+		}
+	}
+	PG_FINALLY();
+	{
+		MemoryContextSwitchTo(old);
+		MemoryContextDelete(cxt);
+	}
+	PG_END_TRY();
+	return allowed;
+}
+
 /* Follow a redirect ourselves, so the allow-list applies; false if not one. */
 static bool
 maybe_redirect(HttpTransfer *t)
 {
 	char	   *location = NULL;
-	char	   *reason;
-	bool		allowed;
-	MemoryContext old;
 
 	if (t->code != CURLE_OK || t->status < 300 || t->status > 399 ||
 		t->status == 304 || t->status == 300)
@@ -678,20 +708,7 @@ maybe_redirect(HttpTransfer *t)
 		t->fail_msg = strdup("too many redirects");
 		return false;
 	}
-	/* the check allocates: in a context of its own, emptied at once */
-	if (redirect_cxt == NULL)
-		redirect_cxt = AllocSetContextCreate(TopMemoryContext, "tuvl redirects",
-											 ALLOCSET_SMALL_SIZES);
-	old = MemoryContextSwitchTo(redirect_cxt);
-	allowed = HttpUrlAllowed(location, &reason);
-	if (!allowed)
-	{
-		t->fail_kind = "not_allowed";
-		t->fail_msg = strdup(psprintf("redirect refused: %s", reason));
-	}
-	MemoryContextSwitchTo(old);
-	MemoryContextReset(redirect_cxt);
-	if (!allowed)
+	if (!redirect_allowed(t, location))
 		return false;
 	t->redirects++;
 	{

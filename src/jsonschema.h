@@ -29,8 +29,9 @@ typedef struct JsonSchemaError
 } JsonSchemaError;
 
 /*
- * Returns NULL when valid, else the FIRST violation found (depth-first,
- * properties in schema order, then required).
+ * Returns NULL when valid, else the FIRST violation found (depth-first:
+ * type, enum, then bounds, items or, for objects, properties in schema
+ * order, then required, then additionalProperties).
  */
 extern JsonSchemaError *JsonSchemaValidate(Jsonb *schema, Jsonb *instance);
 

@@ -59,19 +59,70 @@ JsonGetBool(Jsonb *obj, const char *key, bool dflt)
 	return v->val.boolean;
 }
 
+/* A numeric field of an object; NULL when absent or not a number. */
+static JsonbValue *
+numeric_field(Jsonb *obj, const char *key)
+{
+	JsonbValue *v = JsonGetField(obj, key);
+
+	return v && v->type == jbvNumeric ? v : NULL;
+}
+
 /*
- * An integer field of an object (of tuvl's own making: a number that is
- * not an integer, or out of range, raises), or dflt when absent or not a
- * number.
+ * The integer getters: an integer field of an object, or dflt when absent
+ * or not a number.  A fraction is rounded and a number out of range
+ * raises, as the casts to bigint (JsonGetInt) and integer (JsonGetInt32)
+ * do.
  */
 int64
 JsonGetInt(Jsonb *obj, const char *key, int64 dflt)
 {
-	JsonbValue *v = obj ? JsonGetField(obj, key) : NULL;
+	JsonbValue *v = numeric_field(obj, key);
 
-	if (v == NULL || v->type != jbvNumeric)
-		return dflt;
-	return DatumGetInt64(DirectFunctionCall1(numeric_int8, NumericGetDatum(v->val.numeric)));
+	return v ? DatumGetInt64(DirectFunctionCall1(numeric_int8, NumericGetDatum(v->val.numeric))) : dflt;
+}
+
+int32
+JsonGetInt32(Jsonb *obj, const char *key, int32 dflt)
+{
+	JsonbValue *v = numeric_field(obj, key);
+
+	return v ? DatumGetInt32(DirectFunctionCall1(numeric_int4, NumericGetDatum(v->val.numeric))) : dflt;
+}
+
+/*
+ * A field as text, the way a template interpolates it (strings raw,
+ * anything else as JSON); "" when absent or null.
+ */
+char *
+JsonGetText(Jsonb *obj, const char *key)
+{
+	JsonbValue *v = JsonGetField(obj, key);
+
+	if (v == NULL || v->type == jbvNull)
+		return "";
+	return JsonValueToText(v);
+}
+
+/*
+ * Walk the keys of an object: with it from JsonbIteratorInit on the
+ * object, each call sets *key (palloc'd) and *val (its value, a container
+ * left packed) and returns true; false at the end.
+ */
+bool
+JsonObjectNext(JsonbIterator **it, char **key, JsonbValue *val)
+{
+	JsonbIteratorToken tok;
+
+	while ((tok = JsonbIteratorNext(it, val, true)) != WJB_DONE)
+	{
+		if (tok != WJB_KEY)
+			continue;
+		*key = pnstrdup(val->val.string.val, val->val.string.len);
+		(void) JsonbIteratorNext(it, val, true);
+		return true;
+	}
+	return false;
 }
 
 /* Wrap any JsonbValue (scalar, binary container) as a Jsonb datum. */
@@ -318,11 +369,10 @@ JsonObjAddString(JsonObjBuilder *b, const char *key, const char *val)
 		JsonObjAddNull(b, key);
 		return;
 	}
-	push_key(b, key);
 	v.type = jbvString;
 	v.val.string.val = (char *) val;
 	v.val.string.len = strlen(val);
-	pushJsonbValue(&b->state, WJB_VALUE, &v);
+	JsonObjAddValue(b, key, &v);
 }
 
 void
@@ -330,10 +380,9 @@ JsonObjAddInt(JsonObjBuilder *b, const char *key, int64 val)
 {
 	JsonbValue	v;
 
-	push_key(b, key);
 	v.type = jbvNumeric;
 	v.val.numeric = int64_to_numeric(val);
-	pushJsonbValue(&b->state, WJB_VALUE, &v);
+	JsonObjAddValue(b, key, &v);
 }
 
 void
@@ -341,36 +390,36 @@ JsonObjAddBool(JsonObjBuilder *b, const char *key, bool val)
 {
 	JsonbValue	v;
 
-	push_key(b, key);
 	v.type = jbvBool;
 	v.val.boolean = val;
-	pushJsonbValue(&b->state, WJB_VALUE, &v);
+	JsonObjAddValue(b, key, &v);
 }
 
 void
 JsonObjAddNull(JsonObjBuilder *b, const char *key)
 {
-	JsonbValue	v;
-
-	push_key(b, key);
-	v.type = jbvNull;
-	pushJsonbValue(&b->state, WJB_VALUE, &v);
+	JsonObjAddValue(b, key, NULL);
 }
 
-/* Embed an already built jsonb (scalar, object or array) as a value. */
-/* Add a value found in another Jsonb (JsonGetField): not copied until the end. */
+/*
+ * Add a value found in another Jsonb (JsonGetField), or a scalar; NULL
+ * adds a JSON null.  Not copied until the end.
+ */
 void
 JsonObjAddValue(JsonObjBuilder *b, const char *key, JsonbValue *val)
 {
+	JsonbValue	null;
+
 	if (val == NULL)
 	{
-		JsonObjAddNull(b, key);
-		return;
+		null.type = jbvNull;
+		val = &null;
 	}
 	push_key(b, key);
 	pushJsonbValue(&b->state, WJB_VALUE, val);
 }
 
+/* Embed an already built jsonb (scalar, object or array) as a value. */
 void
 JsonObjAddJsonb(JsonObjBuilder *b, const char *key, Jsonb *val)
 {

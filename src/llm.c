@@ -32,6 +32,7 @@
 
 #include "jsonutil.h"
 #include "llm.h"
+#include "retry.h"
 #include "security.h"
 #include "spiutil.h"
 #include "tuvl.h"
@@ -42,23 +43,21 @@ PG_FUNCTION_INFO_V1(tuvl_register_llm);
 
 #define ANTHROPIC_VERSION "2023-06-01"
 #define DEFAULT_MAX_TOKENS 1024
+/* Longest Retry-After honoured, in milliseconds (RetryAfterMs). */
 #define MAX_RETRY_AFTER_MS (60 * 1000)
 
 /*
- * register_llm(source): validate and store (or replace) a model config.
+ * Check an LLM config's definition (raises for a bad one); returns its
+ * name.
  */
-Datum
-tuvl_register_llm(PG_FUNCTION_ARGS)
+static char *
+check_config(Jsonb *def)
 {
-	char	   *source = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	Jsonb	   *def = YamlToJsonb(source, "LLM config", NULL);
 	char	   *name;
 	char	   *provider;
 	char	   *base_url;
-	char	   *model;
 	JsonbValue *v;
 	int			ms;
-	SecurityFrame frame;
 
 	if (!JsonIsObject(def))
 		ereport(ERROR,
@@ -68,7 +67,6 @@ tuvl_register_llm(PG_FUNCTION_ARGS)
 	name = JsonGetString(def, "name");
 	provider = JsonGetString(def, "provider");
 	base_url = JsonGetString(def, "base_url");
-	model = JsonGetString(def, "model");
 	if (name == NULL || strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.") != strlen(name) || *name == '\0')
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -84,7 +82,7 @@ tuvl_register_llm(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("LLM config \"%s\": base_url must be an http or https URL", name),
 				 errhint("For example base_url: https://api.openai.com/v1.")));
-	if (model == NULL)
+	if (JsonGetString(def, "model") == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("LLM config \"%s\" is missing required key \"model\"", name)));
@@ -103,10 +101,24 @@ tuvl_register_llm(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("LLM config \"%s\": api_key_secret must name a secret given to tuvl.set_secret", name)));
+	return name;
+}
+
+/*
+ * register_llm(source): validate and store (or replace) a model config.
+ */
+Datum
+tuvl_register_llm(PG_FUNCTION_ARGS)
+{
+	char	   *source = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	Jsonb	   *def = YamlToJsonb(source, "LLM config", NULL);
+	char	   *name = check_config(def);
+	char	   *provider = JsonGetString(def, "provider");
+	SecurityFrame frame;
 
 	SPI_connect();
 	SecurityCheckNameOwner("LLM config", name,
-						   SpiNameOwner("SELECT owner FROM tuvl.llms WHERE name OPERATOR(pg_catalog.=) $1",
+						   SecurityNameOwner("SELECT owner FROM tuvl.llms WHERE name OPERATOR(pg_catalog.=) $1",
 										name));
 	{
 		static const Oid types[5] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID, REGROLEOID};
@@ -129,10 +141,6 @@ tuvl_register_llm(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
-/*
- * The stored config of a model; raises when there is none.  SPI must be
- * connected.
- */
 /* Is there a model config of this name?  Connects to SPI itself. */
 bool
 LlmConfigExists(const char *name)
@@ -152,6 +160,10 @@ LlmConfigExists(const char *name)
 	return found;
 }
 
+/*
+ * The stored config of a model; raises when there is none.  SPI must be
+ * connected.
+ */
 LlmConfig *
 LlmConfigLoad(const char *name)
 {
@@ -187,25 +199,28 @@ LlmConfigLoad(const char *name)
 	return cfg;
 }
 
+/* Append ', "key": ' to an object being written. */
+static void
+append_key(StringInfo buf, const char *key)
+{
+	appendStringInfoString(buf, ", ");
+	escape_json(buf, key);
+	appendStringInfoString(buf, ": ");
+}
+
 /* Append "key": <json text of a jsonb value> to an object being written. */
 static void
 append_json(StringInfo buf, const char *key, Jsonb *value)
 {
-	appendStringInfoString(buf, ", ");
-	escape_json(buf, key);
-	appendStringInfoString(buf, ": ");
-	if (value == NULL)
-		appendStringInfoString(buf, "null");
-	else
-		appendStringInfoString(buf, JsonbToCString(NULL, &value->root, VARSIZE(value)));
+	append_key(buf, key);
+	appendStringInfoString(buf, JsonText(value));
 }
 
+/* Append "key": <a string, or null> to an object being written. */
 static void
 append_str(StringInfo buf, const char *key, const char *value)
 {
-	appendStringInfoString(buf, ", ");
-	escape_json(buf, key);
-	appendStringInfoString(buf, ": ");
+	append_key(buf, key);
 	if (value == NULL)
 		appendStringInfoString(buf, "null");
 	else
@@ -218,36 +233,18 @@ append_params(StringInfo buf, Jsonb *params, const char *skip)
 {
 	JsonbIterator *it;
 	JsonbValue	v;
-	JsonbIteratorToken tok;
+	char	   *key;
 
 	if (params == NULL)
 		return;
 	it = JsonbIteratorInit(&params->root);
-	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	while (JsonObjectNext(&it, &key, &v))
 	{
-		char	   *key;
-
-		if (tok != WJB_KEY)
-			continue;
-		key = pnstrdup(v.val.string.val, v.val.string.len);
-		tok = JsonbIteratorNext(&it, &v, true);
 		if (strcmp(key, "model") == 0 || strcmp(key, "messages") == 0 ||
 			(skip && strcmp(key, skip) == 0))
 			continue;
 		append_json(buf, key, JsonValueToJsonb(&v));
 	}
-}
-
-
-
-static char *
-str_or_empty(Jsonb *obj, const char *key)
-{
-	JsonbValue *v = JsonGetField(obj, key);
-
-	if (v == NULL || v->type == jbvNull)
-		return "";
-	return JsonValueToText(v);
 }
 
 /* OpenAI: messages pass through, tool calls in their function form. */
@@ -276,7 +273,7 @@ openai_body(LlmConfig *cfg, Jsonb *messages, Jsonb *tools)
 			JsonbValue *c = JsonGetField(m, "content");
 
 			if (c && c->type == jbvString)
-				append_str(&buf, "content", str_or_empty(m, "content"));
+				append_str(&buf, "content", JsonGetText(m, "content"));
 			else
 				appendStringInfoString(&buf, ", \"content\": null");
 			appendStringInfoString(&buf, ", \"tool_calls\": [");
@@ -285,18 +282,18 @@ openai_body(LlmConfig *cfg, Jsonb *messages, Jsonb *tools)
 				Jsonb	   *tc = JsonArrayAt(calls, j);
 
 				appendStringInfoString(&buf, j > 0 ? ", {\"id\": " : "{\"id\": ");
-				escape_json(&buf, str_or_empty(tc, "id"));
+				escape_json(&buf, JsonGetText(tc, "id"));
 				appendStringInfoString(&buf, ", \"type\": \"function\", \"function\": {\"name\": ");
-				escape_json(&buf, str_or_empty(tc, "name"));
-				append_str(&buf, "arguments", str_or_empty(tc, "arguments"));
+				escape_json(&buf, JsonGetText(tc, "name"));
+				append_str(&buf, "arguments", JsonGetText(tc, "arguments"));
 				appendStringInfoString(&buf, "}}");
 			}
 			appendStringInfoChar(&buf, ']');
 		}
 		else
-			append_str(&buf, "content", str_or_empty(m, "content"));
+			append_str(&buf, "content", JsonGetText(m, "content"));
 		if (strcmp(role, "tool") == 0)
-			append_str(&buf, "tool_call_id", str_or_empty(m, "tool_call_id"));
+			append_str(&buf, "tool_call_id", JsonGetText(m, "tool_call_id"));
 		appendStringInfoChar(&buf, '}');
 	}
 	appendStringInfoChar(&buf, ']');
@@ -309,8 +306,8 @@ openai_body(LlmConfig *cfg, Jsonb *messages, Jsonb *tools)
 
 			appendStringInfoString(&buf, i > 0 ? ", {\"type\": \"function\", \"function\": {\"name\": "
 								   : "{\"type\": \"function\", \"function\": {\"name\": ");
-			escape_json(&buf, str_or_empty(t, "name"));
-			append_str(&buf, "description", str_or_empty(t, "description"));
+			escape_json(&buf, JsonGetText(t, "name"));
+			append_str(&buf, "description", JsonGetText(t, "description"));
 			append_json(&buf, "parameters", JsonGetJsonb(t, "parameters"));
 			appendStringInfoString(&buf, "}}");
 		}
@@ -319,6 +316,102 @@ openai_body(LlmConfig *cfg, Jsonb *messages, Jsonb *tools)
 	append_params(&buf, cfg->params, NULL);
 	appendStringInfoChar(&buf, '}');
 	return buf.data;
+}
+
+/* Append a tool message as an Anthropic tool_result block. */
+static void
+anthropic_tool_result(StringInfo pending, Jsonb *m)
+{
+	if (pending->len > 0)
+		appendStringInfoString(pending, ", ");
+	appendStringInfoString(pending, "{\"type\": \"tool_result\", \"tool_use_id\": ");
+	escape_json(pending, JsonGetText(m, "tool_call_id"));
+	append_str(pending, "content", JsonGetText(m, "content"));
+	if (JsonGetBool(m, "is_error", false))
+		appendStringInfoString(pending, ", \"is_error\": true");
+	appendStringInfoChar(pending, '}');
+}
+
+/* Append a user message, opened by the tool results pending (then reset). */
+static void
+anthropic_user(StringInfo buf, Jsonb *m, StringInfo pending)
+{
+	appendStringInfoString(buf, "{\"role\": \"user\", \"content\": [");
+	if (pending->len > 0)
+	{
+		appendStringInfo(buf, "%s, ", pending->data);
+		resetStringInfo(pending);
+	}
+	appendStringInfoString(buf, "{\"type\": \"text\", \"text\": ");
+	escape_json(buf, JsonGetText(m, "content"));
+	appendStringInfoString(buf, "}]}");
+}
+
+/* Append an assistant message: its text, then its tool calls as tool_use. */
+static void
+anthropic_assistant(StringInfo buf, Jsonb *m)
+{
+	Jsonb	   *calls = JsonGetJsonb(m, "tool_calls");
+	bool		any = false;
+	char	   *text = JsonGetText(m, "content");
+
+	appendStringInfoString(buf, "{\"role\": \"assistant\", \"content\": [");
+	if (*text)
+	{
+		appendStringInfoString(buf, "{\"type\": \"text\", \"text\": ");
+		escape_json(buf, text);
+		appendStringInfoChar(buf, '}');
+		any = true;
+	}
+	for (int j = 0; j < JsonArraySize(calls); j++)
+	{
+		Jsonb	   *tc = JsonArrayAt(calls, j);
+		char	   *args = JsonGetText(tc, "arguments");
+		Jsonb	   *input = JsonParseSafe(args, strlen(args));
+
+		appendStringInfoString(buf, any ? ", " : "");
+		appendStringInfoString(buf, "{\"type\": \"tool_use\", \"id\": ");
+		escape_json(buf, JsonGetText(tc, "id"));
+		append_str(buf, "name", JsonGetText(tc, "name"));
+		/* input must be an object; the parsed arguments were kept */
+		if (input && JsonIsObject(input))
+			append_json(buf, "input", input);
+		else
+			appendStringInfoString(buf, ", \"input\": {}");
+		appendStringInfoChar(buf, '}');
+		any = true;
+	}
+	/* Anthropic refuses empty text blocks */
+	if (!any)
+		appendStringInfoString(buf, "{\"type\": \"text\", \"text\": \"(no answer)\"}");
+	appendStringInfoString(buf, "]}");
+}
+
+/* Append the tools, if any, in Anthropic's form. */
+static void
+anthropic_tools(StringInfo buf, Jsonb *tools)
+{
+	if (JsonArraySize(tools) == 0)
+		return;
+	appendStringInfoString(buf, ", \"tools\": [");
+	for (int i = 0; i < JsonArraySize(tools); i++)
+	{
+		Jsonb	   *t = JsonArrayAt(tools, i);
+
+		appendStringInfoString(buf, i > 0 ? ", {\"name\": " : "{\"name\": ");
+		escape_json(buf, JsonGetText(t, "name"));
+		append_str(buf, "description", JsonGetText(t, "description"));
+		append_json(buf, "input_schema", JsonGetJsonb(t, "parameters"));
+		appendStringInfoChar(buf, '}');
+	}
+	appendStringInfoChar(buf, ']');
+}
+
+/* Is message i + 1 of messages (n of them) one of this role? */
+static bool
+next_role_is(Jsonb *messages, int i, int n, const char *role)
+{
+	return i + 1 < n && strcmp(JsonGetString(JsonArrayAt(messages, i + 1), "role"), role) == 0;
 }
 
 /*
@@ -354,23 +447,14 @@ anthropic_body(LlmConfig *cfg, Jsonb *messages, Jsonb *tools)
 		{
 			if (system.len > 0)
 				appendStringInfoString(&system, "\n\n");
-			appendStringInfoString(&system, str_or_empty(m, "content"));
+			appendStringInfoString(&system, JsonGetText(m, "content"));
 			continue;
 		}
 		if (strcmp(role, "tool") == 0)
 		{
-			if (pending.len > 0)
-				appendStringInfoString(&pending, ", ");
-			appendStringInfoString(&pending, "{\"type\": \"tool_result\", \"tool_use_id\": ");
-			escape_json(&pending, str_or_empty(m, "tool_call_id"));
-			append_str(&pending, "content", str_or_empty(m, "content"));
-			if (JsonGetBool(m, "is_error", false))
-				appendStringInfoString(&pending, ", \"is_error\": true");
-			appendStringInfoChar(&pending, '}');
+			anthropic_tool_result(&pending, m);
 			/* flush unless a user message follows to carry them */
-			if (i + 1 < n && strcmp(JsonGetString(JsonArrayAt(messages, i + 1), "role"), "tool") == 0)
-				continue;
-			if (i + 1 < n && strcmp(JsonGetString(JsonArrayAt(messages, i + 1), "role"), "user") == 0)
+			if (next_role_is(messages, i, n, "tool") || next_role_is(messages, i, n, "user"))
 				continue;
 			appendStringInfoString(&buf, first ? "" : ", ");
 			appendStringInfo(&buf, "{\"role\": \"user\", \"content\": [%s]}", pending.data);
@@ -381,73 +465,14 @@ anthropic_body(LlmConfig *cfg, Jsonb *messages, Jsonb *tools)
 		appendStringInfoString(&buf, first ? "" : ", ");
 		first = false;
 		if (strcmp(role, "user") == 0)
-		{
-			appendStringInfoString(&buf, "{\"role\": \"user\", \"content\": [");
-			if (pending.len > 0)
-			{
-				appendStringInfo(&buf, "%s, ", pending.data);
-				resetStringInfo(&pending);
-			}
-			appendStringInfoString(&buf, "{\"type\": \"text\", \"text\": ");
-			escape_json(&buf, str_or_empty(m, "content"));
-			appendStringInfoString(&buf, "}]}");
-		}
+			anthropic_user(&buf, m, &pending);
 		else
-		{
-			Jsonb	   *calls = JsonGetJsonb(m, "tool_calls");
-			bool		any = false;
-			char	   *text = str_or_empty(m, "content");
-
-			appendStringInfoString(&buf, "{\"role\": \"assistant\", \"content\": [");
-			if (*text)
-			{
-				appendStringInfoString(&buf, "{\"type\": \"text\", \"text\": ");
-				escape_json(&buf, text);
-				appendStringInfoChar(&buf, '}');
-				any = true;
-			}
-			for (int j = 0; j < JsonArraySize(calls); j++)
-			{
-				Jsonb	   *tc = JsonArrayAt(calls, j);
-				char	   *args = str_or_empty(tc, "arguments");
-				Jsonb	   *input = JsonParseSafe(args, strlen(args));
-
-				appendStringInfoString(&buf, any ? ", " : "");
-				appendStringInfoString(&buf, "{\"type\": \"tool_use\", \"id\": ");
-				escape_json(&buf, str_or_empty(tc, "id"));
-				append_str(&buf, "name", str_or_empty(tc, "name"));
-				/* input must be an object; the parsed arguments were kept */
-				if (input && JsonIsObject(input))
-					append_json(&buf, "input", input);
-				else
-					appendStringInfoString(&buf, ", \"input\": {}");
-				appendStringInfoChar(&buf, '}');
-				any = true;
-			}
-			/* Anthropic refuses empty text blocks */
-			if (!any)
-				appendStringInfoString(&buf, "{\"type\": \"text\", \"text\": \"(no answer)\"}");
-			appendStringInfoString(&buf, "]}");
-		}
+			anthropic_assistant(&buf, m);
 	}
 	appendStringInfoChar(&buf, ']');
 	if (system.len > 0)
 		append_str(&buf, "system", system.data);
-	if (JsonArraySize(tools) > 0)
-	{
-		appendStringInfoString(&buf, ", \"tools\": [");
-		for (int i = 0; i < JsonArraySize(tools); i++)
-		{
-			Jsonb	   *t = JsonArrayAt(tools, i);
-
-			appendStringInfoString(&buf, i > 0 ? ", {\"name\": " : "{\"name\": ");
-			escape_json(&buf, str_or_empty(t, "name"));
-			append_str(&buf, "description", str_or_empty(t, "description"));
-			append_json(&buf, "input_schema", JsonGetJsonb(t, "parameters"));
-			appendStringInfoChar(&buf, '}');
-		}
-		appendStringInfoChar(&buf, ']');
-	}
+	anthropic_tools(&buf, tools);
 	append_params(&buf, cfg->params, "max_tokens");
 	appendStringInfoChar(&buf, '}');
 	return buf.data;
@@ -526,16 +551,6 @@ LlmBuildRequest(RunState *run, LlmConfig *cfg, Jsonb *messages, Jsonb *tools, in
 	return req;
 }
 
-static int
-int_field(Jsonb *obj, const char *key)
-{
-	JsonbValue *v = JsonGetField(obj, key);
-
-	if (v == NULL || v->type != jbvNumeric)
-		return 0;
-	return DatumGetInt32(DirectFunctionCall1(numeric_int4, NumericGetDatum(v->val.numeric)));
-}
-
 /* The provider's error message in a response body, if any. */
 static char *
 provider_message(Jsonb *body, char **type, char **code)
@@ -549,20 +564,6 @@ provider_message(Jsonb *body, char **type, char **code)
 	*type = JsonGetString(err, "type");
 	*code = JsonGetString(err, "code");
 	return JsonGetString(err, "message");
-}
-
-static int
-retry_after(Jsonb *result)
-{
-	Jsonb	   *h = JsonGetJsonb(result, "headers");
-	char	   *ms = h ? JsonGetString(h, "retry-after-ms") : NULL;
-	char	   *s = h ? JsonGetString(h, "retry-after") : NULL;
-
-	if (ms && atof(ms) >= 0)
-		return (int) Min(atof(ms), MAX_RETRY_AFTER_MS);
-	if (s && atof(s) >= 0 && strspn(s, "0123456789.") == strlen(s))
-		return (int) Min(atof(s) * 1000, MAX_RETRY_AFTER_MS);
-	return -1;
 }
 
 static void
@@ -603,9 +604,9 @@ parse_openai(Jsonb *body, LlmReply *r)
 			if (i > 0)
 				appendStringInfoString(&buf, ", ");
 			appendStringInfoString(&buf, "{\"id\": ");
-			escape_json(&buf, str_or_empty(c, "id"));
-			append_str(&buf, "name", f ? str_or_empty(f, "name") : "");
-			append_str(&buf, "arguments", f ? str_or_empty(f, "arguments") : "");
+			escape_json(&buf, JsonGetText(c, "id"));
+			append_str(&buf, "name", f ? JsonGetText(f, "name") : "");
+			append_str(&buf, "arguments", f ? JsonGetText(f, "arguments") : "");
 			appendStringInfoChar(&buf, '}');
 		}
 		appendStringInfoChar(&buf, ']');
@@ -613,9 +614,9 @@ parse_openai(Jsonb *body, LlmReply *r)
 	}
 	if (usage && JsonIsObject(usage))
 	{
-		r->prompt_tokens = int_field(usage, "prompt_tokens");
-		r->completion_tokens = int_field(usage, "completion_tokens");
-		r->total_tokens = int_field(usage, "total_tokens");
+		r->prompt_tokens = JsonGetInt32(usage, "prompt_tokens", 0);
+		r->completion_tokens = JsonGetInt32(usage, "completion_tokens", 0);
+		r->total_tokens = JsonGetInt32(usage, "total_tokens", 0);
 		if (r->total_tokens == 0)
 			r->total_tokens = r->prompt_tokens + r->completion_tokens;
 	}
@@ -645,7 +646,7 @@ parse_anthropic(Jsonb *body, LlmReply *r)
 		char	   *type = JsonGetString(blk, "type");
 
 		if (type && strcmp(type, "text") == 0)
-			appendStringInfoString(&text, str_or_empty(blk, "text"));
+			appendStringInfoString(&text, JsonGetText(blk, "text"));
 		else if (type && strcmp(type, "tool_use") == 0)
 		{
 			Jsonb	   *input = JsonGetJsonb(blk, "input");
@@ -653,8 +654,8 @@ parse_anthropic(Jsonb *body, LlmReply *r)
 			if (ncalls++ > 0)
 				appendStringInfoString(&calls, ", ");
 			appendStringInfoString(&calls, "{\"id\": ");
-			escape_json(&calls, str_or_empty(blk, "id"));
-			append_str(&calls, "name", str_or_empty(blk, "name"));
+			escape_json(&calls, JsonGetText(blk, "id"));
+			append_str(&calls, "name", JsonGetText(blk, "name"));
 			append_str(&calls, "arguments", input ? JsonbToCString(NULL, &input->root, VARSIZE(input)) : "{}");
 			appendStringInfoChar(&calls, '}');
 		}
@@ -670,8 +671,8 @@ parse_anthropic(Jsonb *body, LlmReply *r)
 	r->finish_reason = JsonGetString(body, "stop_reason");
 	if (usage && JsonIsObject(usage))
 	{
-		r->prompt_tokens = int_field(usage, "input_tokens");
-		r->completion_tokens = int_field(usage, "output_tokens");
+		r->prompt_tokens = JsonGetInt32(usage, "input_tokens", 0);
+		r->completion_tokens = JsonGetInt32(usage, "output_tokens", 0);
 		r->total_tokens = r->prompt_tokens + r->completion_tokens;
 	}
 	r->ok = true;
@@ -683,7 +684,7 @@ parse_anthropic(Jsonb *body, LlmReply *r)
 void
 LlmParseResult(LlmConfig *cfg, Jsonb *result, LlmReply *r)
 {
-	int			status = int_field(result, "status");
+	int			status = JsonGetInt32(result, "status", 0);
 	char	   *kind = JsonGetString(result, "error_kind");
 	Jsonb	   *body = JsonGetJsonb(result, "body");
 	char	   *type;
@@ -715,7 +716,8 @@ LlmParseResult(LlmConfig *cfg, Jsonb *result, LlmReply *r)
 		r->error_class = "error";
 		r->retryable = !no_money &&
 			(status == 408 || status == 429 || status == 529 || status >= 500);
-		r->retry_after_ms = retry_after(result);
+		/* retry-after-ms, else decimal seconds (no HTTP dates), at most 60 s */
+		r->retry_after_ms = RetryAfterMs(result, MAX_RETRY_AFTER_MS, RETRY_AFTER_MS_HEADER);
 		return;
 	}
 	if (JsonGetField(result, "body_error") || body == NULL || !JsonIsObject(body))

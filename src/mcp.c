@@ -110,7 +110,7 @@ is_response_to(Jsonb *msg, int id)
 	if (v == NULL || (JsonGetField(msg, "result") == NULL && JsonGetField(msg, "error") == NULL))
 		return false;
 	if (v->type == jbvNumeric)
-		return DatumGetInt32(DirectFunctionCall1(numeric_int4, NumericGetDatum(v->val.numeric))) == id;
+		return JsonGetInt32(msg, "id", 0) == id;
 	if (v->type == jbvString)
 		return atoi(pnstrdup(v->val.string.val, v->val.string.len)) == id;
 	return false;
@@ -276,16 +276,6 @@ initialize_params(void)
 						   "\"clientInfo\": {\"name\": \"tuvl\", \"version\": \"" TUVL_VERSION "\"}}");
 }
 
-static int
-json_int(Jsonb *j, const char *key)
-{
-	JsonbValue *v = JsonGetField(j, key);
-
-	if (v == NULL || v->type != jbvNumeric)
-		return 0;
-	return DatumGetInt32(DirectFunctionCall1(numeric_int4, NumericGetDatum(v->val.numeric)));
-}
-
 static char *
 header_of(Jsonb *result, const char *name)
 {
@@ -294,22 +284,11 @@ header_of(Jsonb *result, const char *name)
 	return h ? JsonGetString(h, name) : NULL;
 }
 
-/* The text of an effect's body, whatever JSON type it was stored as. */
-static char *
-body_text(Jsonb *result)
-{
-	JsonbValue *b = JsonGetField(result, "body");
-
-	if (b == NULL || b->type == jbvNull)
-		return "";
-	return JsonValueToText(b);
-}
-
 /* Fail the step with what a transport-level failure says. */
 static void
 fail_transport(Jsonb *result, const char *what)
 {
-	int			status = json_int(result, "status");
+	int			status = JsonGetInt32(result, "status", 0);
 	char	   *err = JsonGetString(result, "error");
 
 	StepErrorType = "mcp_error";
@@ -320,7 +299,7 @@ fail_transport(Jsonb *result, const char *what)
 	ereport(ERROR,
 			(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 			 errmsg("MCP %s failed: the server answered HTTP %d", what, status),
-			 errdetail("%s", body_text(result))));
+			 errdetail("%s", JsonGetText(result, "body"))));
 }
 
 /* The JSON-RPC message answering request id in an effect result. */
@@ -328,7 +307,8 @@ static Jsonb *
 rpc_answer(Jsonb *result, int id, const char *what)
 {
 	char	   *error;
-	Jsonb	   *msg = McpParseMessage(body_text(result), header_of(result, "content-type"), id, &error);
+	Jsonb	   *msg = McpParseMessage(JsonGetText(result, "body"), header_of(result, "content-type"),
+									  id, &error);
 
 	if (msg == NULL)
 	{
@@ -346,7 +326,7 @@ rpc_answer(Jsonb *result, int id, const char *what)
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 				 errmsg("MCP %s failed: %s", what, m ? m : "JSON-RPC error"),
-				 errdetail("JSON-RPC error code %d.", JsonIsObject(e) ? json_int(e, "code") : 0)));
+				 errdetail("JSON-RPC error code %d.", JsonIsObject(e) ? JsonGetInt32(e, "code", 0) : 0)));
 	}
 	return JsonGetJsonb(msg, "result");
 }
@@ -406,25 +386,143 @@ agent_arguments(JsonbValue *declared, Jsonb *rendered, Jsonb *model)
 {
 	JsonbIterator *it;
 	JsonbValue	v;
-	JsonbIteratorToken tok;
+	char	   *key;
 
 	if (declared == NULL)
 		return model;
 	if (!JsonIsObject(rendered))
 		return rendered;
 	it = JsonbIteratorInit(&model->root);
-	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
-	{
-		char	   *key;
-
-		if (tok != WJB_KEY)
-			continue;
-		key = pnstrdup(v.val.string.val, v.val.string.len);
-		tok = JsonbIteratorNext(&it, &v, true);
+	while (JsonObjectNext(&it, &key, &v))
 		if (JsonGetField(rendered, key))
 			rendered = JsonSetKey(rendered, key, JsonValueToJsonb(&v));
-	}
 	return rendered;
+}
+
+/* Where an MCP step stands with its server, from the effects so far. */
+typedef struct McpProgress
+{
+	char	   *session;		/* NULL: none (yet) */
+	char	   *version;
+	bool		notified;		/* notifications/initialized was sent */
+	bool		from_cache;		/* the session came from this process's cache */
+} McpProgress;
+
+/*
+ * Walk the step's effects so far, updating p.  Returns true with *answer
+ * set to the result of tools/call when it arrived (the step is done);
+ * raises for a failure.
+ */
+static bool
+walk_effects(RunState *run, int n, const char *url, McpProgress *p, Jsonb **answer)
+{
+	for (int i = 0; i < n; i++)
+	{
+		Jsonb	   *r = EffectAt(run, i);
+		char	   *op = JsonGetString(r, "op");
+		int			status = JsonGetInt32(r, "status", 0);
+
+		if (op == NULL)
+			continue;
+		if (strcmp(op, "initialize") == 0)
+		{
+			Jsonb	   *init;
+
+			if (status < 200 || status >= 300)
+				fail_transport(r, "initialize");
+			init = rpc_answer(r, i + 1, "initialize");
+			p->session = header_of(r, "mcp-session-id");
+			p->version = init ? JsonGetString(init, "protocolVersion") : NULL;
+			if (p->version == NULL)
+				p->version = MCP_PROTOCOL_VERSION;
+			p->notified = false;
+			p->from_cache = false;
+		}
+		else if (strcmp(op, "initialized") == 0)
+		{
+			if (status >= 400 || status == 0)
+				fail_transport(r, "notifications/initialized");
+			p->notified = true;
+		}
+		else if (strcmp(op, "call") == 0)
+		{
+			if (i == 0)
+			{
+				/* the first call used a session cached by this process */
+				p->session = JsonGetString(r, "session");
+				p->version = JsonGetString(r, "version");
+				p->from_cache = true;
+			}
+			if ((status == 404 || status == 400) && p->from_cache)
+			{
+				/* the server lost the session: initialize again */
+				session_forget(url, p->session);
+				memset(p, 0, sizeof(McpProgress));
+				continue;
+			}
+			if (status < 200 || status >= 300)
+				fail_transport(r, "tools/call");
+			*answer = rpc_answer(r, i + 1, "tools/call");
+			return true;
+		}
+	}
+	return false;
+}
+
+/*
+ * Before the first effect, take a session this process holds for url;
+ * after a fresh initialize, remember the new session.
+ */
+static void
+sync_session_cache(const char *url, int n, McpProgress *p)
+{
+	McpSession *s;
+
+	if (n == 0)
+	{
+		s = session_lookup(url, false);
+		if (s && s->session_id[0])
+		{
+			p->session = s->session_id;
+			p->version = s->version;
+			p->notified = true;
+			p->from_cache = true;
+		}
+	}
+	else if (p->session && !p->from_cache)
+	{
+		s = session_lookup(url, true);
+		if (s)
+		{
+			strlcpy(s->session_id, p->session, sizeof(s->session_id));
+			strlcpy(s->version, p->version, sizeof(s->version));
+		}
+	}
+}
+
+/* The next effect: initialize, notifications/initialized or tools/call. */
+static EffectRequest *
+next_request(const char *url, const char *tool, Jsonb *args, int n, McpProgress *p,
+			 int timeout_ms)
+{
+	JsonObjBuilder b;
+	EffectRequest *req;
+
+	if (p->session == NULL && p->version == NULL)
+		return rpc_request(url, "initialize", initialize_params(), n + 1, NULL, NULL,
+						   "initialize", timeout_ms);
+	if (!p->notified)
+		return rpc_request(url, "notifications/initialized", NULL, 0, p->session, p->version,
+						   "initialized", timeout_ms);
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "name", tool);
+	JsonObjAddJsonb(&b, "arguments", args);
+	req = rpc_request(url, "tools/call", JsonObjEnd(&b), n + 1, p->session, p->version,
+					  "call", timeout_ms);
+	req->journal = JsonMerge(req->journal, JsonSetKey(JsonSetKey(JsonEmptyObject(), "tool",
+																 JsonStringValue(tool)),
+													  "arguments", args));
+	return req;
 }
 
 /*
@@ -439,13 +537,10 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	char	   *tool = JsonGetString(mcp, "tool");
 	JsonbValue *argv = JsonGetField(mcp, "arguments");
 	Jsonb	   *args;
+	Jsonb	   *answer;
 	int			n = EffectCount(run);
 	int			timeout_ms = tuvl_http_timeout;
-	char	   *session = NULL;
-	char	   *version = NULL;
-	bool		notified = false;
-	bool		from_cache = false;
-	JsonObjBuilder b;
+	McpProgress p;
 	SecretUse	use;
 	EffectRequest *req;
 
@@ -461,103 +556,18 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	EffectCheckAllowed(url, use.values);
 
 	/* walk what happened so far */
-	for (int i = 0; i < n; i++)
+	memset(&p, 0, sizeof(p));
+	if (walk_effects(run, n, url, &p, &answer))
 	{
-		Jsonb	   *r = EffectAt(run, i);
-		char	   *op = JsonGetString(r, "op");
-		int			status = json_int(r, "status");
-
-		if (op == NULL)
-			continue;
-		if (strcmp(op, "initialize") == 0)
-		{
-			Jsonb	   *init;
-
-			if (status < 200 || status >= 300)
-				fail_transport(r, "initialize");
-			init = rpc_answer(r, i + 1, "initialize");
-			session = header_of(r, "mcp-session-id");
-			version = init ? JsonGetString(init, "protocolVersion") : NULL;
-			if (version == NULL)
-				version = MCP_PROTOCOL_VERSION;
-			notified = false;
-			from_cache = false;
-		}
-		else if (strcmp(op, "initialized") == 0)
-		{
-			if (status >= 400 || status == 0)
-				fail_transport(r, "notifications/initialized");
-			notified = true;
-		}
-		else if (strcmp(op, "call") == 0)
-		{
-			if (i == 0)
-			{
-				/* the first call used a session cached by this process */
-				session = JsonGetString(r, "session");
-				version = JsonGetString(r, "version");
-				from_cache = true;
-			}
-			if ((status == 404 || status == 400) && from_cache)
-			{
-				/* the server lost the session: initialize again */
-				session_forget(url, session);
-				session = NULL;
-				version = NULL;
-				notified = false;
-				from_cache = false;
-				continue;
-			}
-			if (status < 200 || status >= 300)
-				fail_transport(r, "tools/call");
-			result->output = call_output(rpc_answer(r, i + 1, "tools/call"), tool);
-			result->output = SecretScrubJsonb(result->output, use.values);
-			result->has_output = true;
-			return;
-		}
+		result->output = call_output(answer, tool);
+		result->output = SecretScrubJsonb(result->output, use.values);
+		result->has_output = true;
+		return;
 	}
 
 	/* what next */
-	if (n == 0)
-	{
-		McpSession *s = session_lookup(url, false);
-
-		if (s && s->session_id[0])
-		{
-			session = s->session_id;
-			version = s->version;
-			notified = true;
-			from_cache = true;
-		}
-	}
-	else if (session && !from_cache)
-	{
-		McpSession *s = session_lookup(url, true);
-
-		if (s)
-		{
-			strlcpy(s->session_id, session, sizeof(s->session_id));
-			strlcpy(s->version, version, sizeof(s->version));
-		}
-	}
-
-	if (session == NULL && version == NULL)
-		req = rpc_request(url, "initialize", initialize_params(), n + 1, NULL, NULL,
-						  "initialize", timeout_ms);
-	else if (!notified)
-		req = rpc_request(url, "notifications/initialized", NULL, 0, session, version,
-						  "initialized", timeout_ms);
-	else
-	{
-		JsonObjStart(&b);
-		JsonObjAddString(&b, "name", tool);
-		JsonObjAddJsonb(&b, "arguments", args);
-		req = rpc_request(url, "tools/call", JsonObjEnd(&b), n + 1, session, version,
-						  "call", timeout_ms);
-		req->journal = JsonMerge(req->journal, JsonSetKey(JsonSetKey(JsonEmptyObject(), "tool",
-																	 JsonStringValue(tool)),
-														  "arguments", args));
-	}
+	sync_session_cache(url, n, &p);
+	req = next_request(url, tool, args, n, &p, timeout_ms);
 	req->secrets = use.values;
 	req->journal = SecretScrubJsonb(req->journal, use.values);
 	result->pending = true;
@@ -648,7 +658,7 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 	req = rpc_request(url, "initialize", initialize_params(), 1, NULL, NULL, "initialize",
 					  tuvl_http_timeout);
 	r = EffectPerform(req);
-	if (json_int(r, "status") < 200 || json_int(r, "status") >= 300)
+	if (JsonGetInt32(r, "status", 0) < 200 || JsonGetInt32(r, "status", 0) >= 300)
 		fail_transport(r, "initialize");
 	init = rpc_answer(r, 1, "initialize");
 	session = header_of(r, "mcp-session-id");
@@ -656,7 +666,7 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 	r = EffectPerform(rpc_request(url, "notifications/initialized", NULL, 0, session,
 								  version ? version : MCP_PROTOCOL_VERSION, "initialized",
 								  tuvl_http_timeout));
-	if (json_int(r, "status") >= 400 || json_int(r, "status") == 0)
+	if (JsonGetInt32(r, "status", 0) >= 400 || JsonGetInt32(r, "status", 0) == 0)
 		fail_transport(r, "notifications/initialized");
 	{
 		Jsonb	   *all = JsonFromCString("[]");
@@ -672,7 +682,7 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 			r = EffectPerform(rpc_request(url, "tools/list", params, 2 + page, session,
 										  version ? version : MCP_PROTOCOL_VERSION, "list",
 										  tuvl_http_timeout));
-			if (json_int(r, "status") < 200 || json_int(r, "status") >= 300)
+			if (JsonGetInt32(r, "status", 0) < 200 || JsonGetInt32(r, "status", 0) >= 300)
 				fail_transport(r, "tools/list");
 			list = rpc_answer(r, 2 + page, "tools/list");
 			tools = list ? JsonGetJsonb(list, "tools") : NULL;

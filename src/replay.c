@@ -38,6 +38,8 @@
 #include "utils/timestamp.h"
 
 #include "api.h"
+#include "control.h"
+#include "driver.h"
 #include "effect.h"
 #include "journal.h"
 #include "jsonutil.h"
@@ -70,22 +72,14 @@ redact_private(Jsonb *j)
 {
 	JsonbIterator *it;
 	JsonbValue	v;
-	JsonbIteratorToken tok;
+	char	   *key;
 
 	if (j == NULL || !JsonIsObject(j))
 		return j;
 	it = JsonbIteratorInit(&j->root);
-	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
-	{
-		char	   *key;
-
-		if (tok != WJB_KEY)
-			continue;
-		key = pnstrdup(v.val.string.val, v.val.string.len);
-		tok = JsonbIteratorNext(&it, &v, true);
+	while (JsonObjectNext(&it, &key, &v))
 		if (key[0] == '_')
 			j = JsonSetKey(j, key, JsonStringValue(REDACTED));
-	}
 	return j;
 }
 
@@ -172,7 +166,7 @@ tuvl_pin_run(PG_FUNCTION_ARGS)
 	workflow = SPI_getvalue(tup, td, 1);
 	version = DatumGetInt32(SPI_getbinval(tup, td, 2, &isnull));
 	status = SPI_getvalue(tup, td, 3);
-	if (!RunIsTerminalStatus(status))
+	if (!RunStatusIsTerminal(RunStatusFromName(status)))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("run " INT64_FORMAT " has not ended: its status is %s", id, status),
@@ -271,13 +265,7 @@ tuvl_pin_run(PG_FUNCTION_ARGS)
 		fake.id = id;
 		result = JsonSetKey(result, "key_base", JsonStringValue(EffectKeyBase(&fake)));
 	}
-	{
-		Jsonb	   *copy = SPI_palloc(VARSIZE(result));
-
-		memcpy(copy, result, VARSIZE(result));
-		SPI_finish();
-		PG_RETURN_JSONB_P(copy);
-	}
+	PG_RETURN_JSONB_P(SpiReturnJsonb(result));
 }
 
 /* ---------------------------------------------------------------- replay */
@@ -360,8 +348,9 @@ same_llm_request(Jsonb *recorded, Jsonb *replayed)
 
 /* Serve the effect the run is waiting for from the recording. */
 static void
-serve_effect(Replay *rp, RunState *run)
+serve_effect(RunState *run, void *arg)
 {
+	Replay	   *rp = arg;
 	EffectRequest *req = run->send;
 	char	   *op = req->tag ? JsonGetString(req->tag, "op") : NULL;
 	bool		llm = op && strcmp(op, "llm") == 0;
@@ -416,78 +405,142 @@ serve_effect(Replay *rp, RunState *run)
 	old = MemoryContextSwitchTo(run->cxt);
 	run->fresh_effect = DatumGetJsonbPCopy(JsonbPGetDatum(JsonGetJsonb(e, "result")));
 	MemoryContextSwitchTo(old);
-	run->send = NULL;
 }
 
 /*
- * The run waits for a person: answer from the recording as tuvl.submit()
- * or tuvl.decide() did, and take the lease again.
+ * The run waits for a person: answer from the recording, as tuvl.submit()
+ * or tuvl.decide() did, and take the run again.
  */
-static void
-serve_person(Replay *rp, RunState *run, const char *status)
+static bool
+serve_person(RunState *run, void *arg)
 {
-	bool		human = strcmp(status, "waiting_human") == 0;
-	Jsonb	   *e = take_effect(rp, run, human ? "human" : "approval",
-								human ? "data for a Human step" : "a decision on a tool call");
-	Jsonb	   *record = JsonGetJsonb(e, "result");
-	Jsonb	   *state = run->step_state ? run->step_state : JsonEmptyObject();
-	Jsonb	   *effects = JsonGetJsonb(state, "effects");
-	List	   *events = NIL;
-	JsonObjBuilder b;
-	static const Oid types[5] = {INT8OID, INT4OID, JSONBOID, INT4OID, INT8OID};
-	Datum		values[5];
-	bool		isnull;
-	SecurityFrame frame;
-	MemoryContext old;
+	Replay	   *rp = arg;
+	bool		human = run->status == RUN_WAITING_HUMAN;
+	Jsonb	   *e;
+	Jsonb	   *record;
+	PersonAnswer answer;
 
-	if (!human)
-		record = JsonSetKey(record, "decided_at", JsonFromCString(psprintf(INT64_FORMAT, (int64) GetCurrentTimestamp())));
-	effects = JsonArrayAppend(effects, record);
-	state = JsonRemoveKey(JsonSetKey(state, "effects", effects), "awaiting");
-
-	JsonObjStart(&b);
-	if (human)
-	{
-		JsonObjAddString(&b, "action", "submit");
-		JsonObjAddJsonb(&b, "data", JsonGetJsonb(record, "data"));
-	}
-	else
-	{
-		JsonObjAddJsonb(&b, "call", JsonGetJsonb(record, "call"));
-		JsonObjAddJsonb(&b, "approved", JsonGetJsonb(record, "approved"));
-		JsonObjAddJsonb(&b, "note", JsonGetJsonb(record, "note"));
-	}
-	JsonObjAddJsonb(&b, "by", JsonGetJsonb(record, "by"));
-	JsonObjAddBool(&b, "replayed", true);
-	JournalAdd(&events, human ? "decision" : "approval_decided", current_step_id(run),
-			   human ? "Human" : "Agent", JsonObjEnd(&b));
-
-	values[0] = Int64GetDatum(run->id);
-	values[1] = Int32GetDatum(MyProcPid);
-	values[2] = JsonbPGetDatum(state);
-	values[3] = Int32GetDatum(run->last_seq + 1);
-	values[4] = Int64GetDatum(TuvlShmem ? TuvlShmem->epoch : 0);
-	SecurityAsOwner(&frame);
-	(void) JournalWrite(run->id, run->last_seq, events);
-	SpiExec("UPDATE tuvl.runs SET status = 'running', attempt = attempt OPERATOR(pg_catalog.+) 1, "
-			"  lease_owner = $2, lease_epoch = $5, "
-			"  lease_expires_at = pg_catalog.now() OPERATOR(pg_catalog.+) '1 hour'::pg_catalog.interval, "
-			"  step_state = $3, last_seq = $4 WHERE id OPERATOR(pg_catalog.=) $1 RETURNING attempt",
-			5, types, values, NULL, SPI_OK_UPDATE_RETURNING);
-	SecurityRestore(&frame);
-	run->attempt = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
-	run->last_seq++;
-	old = MemoryContextSwitchTo(run->cxt);
-	if (run->step_state)
-		pfree(run->step_state);
-	run->step_state = DatumGetJsonbPCopy(JsonbPGetDatum(state));
-	MemoryContextSwitchTo(old);
+	if (run->status == RUN_PAUSED)
+		return false;
+	e = take_effect(rp, run, human ? "human" : "approval",
+					human ? "data for a Human step" : "a decision on a tool call");
+	record = JsonGetJsonb(e, "result");
+	memset(&answer, 0, sizeof(answer));
+	answer.human = human;
+	answer.data = JsonGetJsonb(record, "data");
+	answer.approved = JsonGetBool(record, "approved", false);
+	answer.note = JsonGetString(record, "note");
+	answer.by = JsonGetString(record, "by");
+	answer.replayed = true;
+	ControlAnswer(run->id, &answer);
+	RunHoldHere(run);
+	return true;
 }
 
 static void
 replay_reset(int code, Datum arg)
 {
 	TuvlReplayDepth--;
+}
+
+/* The fixture's parts, or a clear error when it is not a fixture. */
+static void
+parse_fixture(Jsonb *fixture, Replay *rp, char **workflow, Jsonb **input)
+{
+	memset(rp, 0, sizeof(Replay));
+	rp->fixture = fixture;
+	*workflow = JsonIsObject(fixture) ? JsonGetString(fixture, "workflow") : NULL;
+	*input = JsonIsObject(fixture) ? JsonGetJsonb(fixture, "input") : NULL;
+	rp->effects = JsonIsObject(fixture) ? JsonGetJsonb(fixture, "effects") : NULL;
+	if (*workflow == NULL || *input == NULL || !JsonIsObject(*input) || rp->effects == NULL ||
+		!JB_ROOT_IS_ARRAY(rp->effects) || JB_ROOT_IS_SCALAR(rp->effects) ||
+		JsonGetField(fixture, "tuvl_fixture") == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("not a tuvl replay fixture"),
+				 errdetail("A fixture is the object tuvl.pin_run() returns, with tuvl_fixture, workflow, input and effects."),
+				 errhint("Pin a run with SELECT tuvl.pin_run(run_id).")));
+	rp->recorded_run = JsonGetInt(fixture, "run_id", 0);
+}
+
+/* The replay's run, held by this backend, with the recording's artifacts and keys. */
+static RunState *
+replay_run(Jsonb *fixture, const char *workflow, Jsonb *input, int *version)
+{
+	int64		id = ApiCreateRun(workflow, input, true, version);
+	Jsonb	   *artifacts = JsonGetField(fixture, "artifacts") ? JsonGetJsonb(fixture, "artifacts") : NULL;
+	RunState   *run;
+
+	if (artifacts && JsonIsObject(artifacts))
+	{
+		static const Oid types[2] = {INT8OID, JSONBOID};
+		Datum		values[2];
+		SecurityFrame frame;
+
+		values[0] = Int64GetDatum(id);
+		values[1] = JsonbPGetDatum(artifacts);
+		SecurityAsOwner(&frame);
+		SpiExec("UPDATE tuvl.runs SET artifacts = $2 WHERE id OPERATOR(pg_catalog.=) $1",
+				2, types, values, NULL, SPI_OK_UPDATE);
+		SecurityRestore(&frame);
+	}
+	run = RunStateCreate(CurrentMemoryContext, id, 1, workflow, *version, GetUserId(),
+						 GetUserNameFromId(GetUserId(), false), input, NULL, 1, NULL);
+	run->replay = true;
+	if (JsonGetString(fixture, "key_base"))
+		run->key_base = MemoryContextStrdup(run->cxt, JsonGetString(fixture, "key_base"));
+	return run;
+}
+
+/* Did the replay end as the recording did, using every recorded effect? */
+static void
+check_ending(Replay *rp, RunStatus status, RunEnd *end)
+{
+	char	   *rstatus = JsonGetString(rp->fixture, "status");
+	char	   *rend = JsonGetString(rp->fixture, "end");
+	Jsonb	   *rresponse = JsonGetJsonb(rp->fixture, "response");
+
+	if (rresponse && JB_ROOT_IS_SCALAR(rresponse) &&
+		getIthJsonbValueFromContainer(&rresponse->root, 0)->type == jbvNull)
+		rresponse = NULL;
+	if (rstatus && strcmp(rstatus, RunStatusName(status)) != 0)
+		diverged(rp, psprintf("the recorded run ended %s, the replay %s", rstatus, RunStatusName(status)),
+				 end->error ? psprintf("The replay's error: %s", end->error) : NULL);
+	if ((rend == NULL) != (end->end_name == NULL) || (rend && strcmp(rend, end->end_name) != 0))
+		diverged(rp, psprintf("the recorded run ended at %s, the replay at %s",
+							  rend ? psprintf("end \"%s\"", rend) : "no end",
+							  end->end_name ? psprintf("end \"%s\"", end->end_name) : "no end"),
+				 NULL);
+	if (!jequal(rresponse, end->response))
+		diverged(rp, "the replay's response differs from the recording's",
+				 psprintf("Recorded: %s\nReplayed: %s", JsonClipText(JsonText(rresponse), 2000),
+						  JsonClipText(JsonText(end->response), 2000)));
+	if (rp->next < JsonArraySize(rp->effects))
+	{
+		Jsonb	   *e = JsonArrayAt(rp->effects, rp->next);
+
+		diverged(rp, psprintf("the replay used %d of the %d recorded effects; the next one is a %s of step \"%s\"",
+							  rp->next, JsonArraySize(rp->effects), JsonGetString(e, "type"),
+							  JsonGetString(e, "step")),
+				 NULL);
+	}
+}
+
+/* The replay's own run is scaffolding: leave no trace of it. */
+static void
+remove_run(int64 id)
+{
+	static const Oid types[1] = {INT8OID};
+	Datum		values[1];
+	SecurityFrame frame;
+
+	values[0] = Int64GetDatum(id);
+	SecurityAsOwner(&frame);
+	SpiExec("DELETE FROM tuvl.events WHERE run_id OPERATOR(pg_catalog.=) $1", 1, types, values,
+			NULL, SPI_OK_DELETE);
+	SpiExec("DELETE FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1", 1, types, values,
+			NULL, SPI_OK_DELETE);
+	SecurityRestore(&frame);
 }
 
 /*
@@ -500,165 +553,40 @@ tuvl_replay(PG_FUNCTION_ARGS)
 	Replay		rp;
 	char	   *workflow;
 	Jsonb	   *input;
-	int64		id;
 	int			version;
 	RunState   *run;
-	const char *status = "running";
+	RunStatus	status;
+	RunEnd		end;
 	JsonObjBuilder b;
-	Jsonb	   *result;
-	char	   *end_name = NULL;
-	Jsonb	   *response = NULL;
-	char	   *error = NULL;
 	int			transitions = 0;
+	RunPerformer performer = {serve_effect, serve_person, NULL, &rp};
 
-	memset(&rp, 0, sizeof(rp));
-	rp.fixture = fixture;
-	workflow = JsonIsObject(fixture) ? JsonGetString(fixture, "workflow") : NULL;
-	input = JsonIsObject(fixture) ? JsonGetJsonb(fixture, "input") : NULL;
-	rp.effects = JsonIsObject(fixture) ? JsonGetJsonb(fixture, "effects") : NULL;
-	if (workflow == NULL || input == NULL || !JsonIsObject(input) || rp.effects == NULL ||
-		!JB_ROOT_IS_ARRAY(rp.effects) || JB_ROOT_IS_SCALAR(rp.effects) ||
-		JsonGetField(fixture, "tuvl_fixture") == NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("not a tuvl replay fixture"),
-				 errdetail("A fixture is the object tuvl.pin_run() returns, with tuvl_fixture, workflow, input and effects."),
-				 errhint("Pin a run with SELECT tuvl.pin_run(run_id).")));
-	{
-		JsonbValue *rid = JsonGetField(fixture, "run_id");
-
-		rp.recorded_run = rid && rid->type == jbvNumeric
-			? DatumGetInt64(DirectFunctionCall1(numeric_int8, NumericGetDatum(rid->val.numeric))) : 0;
-	}
-
+	parse_fixture(fixture, &rp, &workflow, &input);
 	TuvlRefuseWhileReplaying("tuvl.replay()");
 	SPI_connect();
 	TuvlReplayDepth++;
 	PG_ENSURE_ERROR_CLEANUP(replay_reset, (Datum) 0);
 	{
-		id = ApiCreateRun(workflow, input, true, &version);
-		/* the artifact versions of the recording */
-		if (JsonGetField(fixture, "artifacts") && JsonIsObject(JsonGetJsonb(fixture, "artifacts")))
-		{
-			static const Oid types[2] = {INT8OID, JSONBOID};
-			Datum		values[2];
-			SecurityFrame frame;
-
-			values[0] = Int64GetDatum(id);
-			values[1] = JsonbPGetDatum(JsonGetJsonb(fixture, "artifacts"));
-			SecurityAsOwner(&frame);
-			SpiExec("UPDATE tuvl.runs SET artifacts = $2 WHERE id OPERATOR(pg_catalog.=) $1",
-					2, types, values, NULL, SPI_OK_UPDATE);
-			SecurityRestore(&frame);
-		}
-		run = RunStateCreate(CurrentMemoryContext, id, 1, workflow, version, GetUserId(),
-							 GetUserNameFromId(GetUserId(), false), input, NULL, 1, NULL);
-		run->replay = true;
-		if (JsonGetString(fixture, "key_base"))
-			run->key_base = MemoryContextStrdup(run->cxt, JsonGetString(fixture, "key_base"));
-
-		for (;;)
-		{
-			CHECK_FOR_INTERRUPTS();
-			RunAdvance(run);
-			RunApplyTransition(run);
-			transitions++;
-			status = run->next_status;
-			if (run->send)
-			{
-				serve_effect(&rp, run);
-				continue;
-			}
-			if (strcmp(status, "running") == 0 || strcmp(status, "compensating") == 0)
-				continue;
-			if (strcmp(status, "waiting_human") == 0 || strcmp(status, "waiting_approval") == 0)
-			{
-				serve_person(&rp, run, status);
-				continue;
-			}
-			break;
-		}
+		run = replay_run(fixture, workflow, input, &version);
+		status = RunDrive(run, &performer, &transitions);
 	}
 	PG_END_ENSURE_ERROR_CLEANUP(replay_reset, (Datum) 0);
 	TuvlReplayDepth--;
 
-	/* how the replay ended */
-	{
-		static const Oid types[1] = {INT8OID};
-		Datum		values[1];
-		bool		isnull;
-		Datum		d;
-
-		values[0] = Int64GetDatum(id);
-		SpiExec("SELECT end_name, response, error FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1",
-				1, types, values, NULL, SPI_OK_SELECT);
-		end_name = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
-		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
-		response = isnull ? NULL : redact_private(DatumGetJsonbPCopy(d));
-		error = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3);
-	}
-	{
-		char	   *rstatus = JsonGetString(fixture, "status");
-		char	   *rend = JsonGetString(fixture, "end");
-		Jsonb	   *rresponse = JsonGetJsonb(fixture, "response");
-
-		if (rresponse && JB_ROOT_IS_SCALAR(rresponse) &&
-			getIthJsonbValueFromContainer(&rresponse->root, 0)->type == jbvNull)
-			rresponse = NULL;
-		if (rstatus && strcmp(rstatus, status) != 0)
-			diverged(&rp, psprintf("the recorded run ended %s, the replay %s", rstatus, status),
-					 error ? psprintf("The replay's error: %s", error) : NULL);
-		if ((rend == NULL) != (end_name == NULL) || (rend && strcmp(rend, end_name) != 0))
-			diverged(&rp, psprintf("the recorded run ended at %s, the replay at %s",
-								   rend ? psprintf("end \"%s\"", rend) : "no end",
-								   end_name ? psprintf("end \"%s\"", end_name) : "no end"),
-					 NULL);
-		if (!jequal(rresponse, response))
-			diverged(&rp, "the replay's response differs from the recording's",
-					 psprintf("Recorded: %s\nReplayed: %s", JsonClipText(JsonText(rresponse), 2000),
-							  JsonClipText(JsonText(response), 2000)));
-		if (rp.next < JsonArraySize(rp.effects))
-		{
-			Jsonb	   *e = JsonArrayAt(rp.effects, rp.next);
-
-			diverged(&rp, psprintf("the replay used %d of the %d recorded effects; the next one is a %s of step \"%s\"",
-								   rp.next, JsonArraySize(rp.effects), JsonGetString(e, "type"),
-								   JsonGetString(e, "step")),
-					 NULL);
-		}
-	}
-
-	/* the replay's own run is scaffolding: leave no trace of it */
-	{
-		static const Oid types[1] = {INT8OID};
-		Datum		values[1];
-		SecurityFrame frame;
-
-		values[0] = Int64GetDatum(id);
-		SecurityAsOwner(&frame);
-		SpiExec("DELETE FROM tuvl.events WHERE run_id OPERATOR(pg_catalog.=) $1", 1, types, values,
-				NULL, SPI_OK_DELETE);
-		SpiExec("DELETE FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1", 1, types, values,
-				NULL, SPI_OK_DELETE);
-		SecurityRestore(&frame);
-	}
+	RunReadEnd(run->id, true, &end);
+	end.response = end.response ? redact_private(end.response) : NULL;
+	check_ending(&rp, status, &end);
+	remove_run(run->id);
 
 	JsonObjStart(&b);
-	JsonObjAddString(&b, "status", status);
-	JsonObjAddString(&b, "end", end_name);
-	JsonObjAddJsonb(&b, "response", response);
+	JsonObjAddString(&b, "status", RunStatusName(status));
+	JsonObjAddString(&b, "end", end.end_name);
+	JsonObjAddJsonb(&b, "response", end.response);
 	JsonObjAddInt(&b, "effects_served", rp.next);
 	JsonObjAddInt(&b, "transitions", transitions);
 	JsonObjAddInt(&b, "tokens_spent", 0);
 	JsonObjAddJsonb(&b, "tokens_recorded", JsonGetJsonb(fixture, "tokens"));
 	JsonObjAddInt(&b, "workflow_version", version);
-	result = JsonObjEnd(&b);
-	{
-		Jsonb	   *copy = SPI_palloc(VARSIZE(result));
-
-		memcpy(copy, result, VARSIZE(result));
-		RunStateFree(run);
-		SPI_finish();
-		PG_RETURN_JSONB_P(copy);
-	}
+	RunStateFree(run);
+	PG_RETURN_JSONB_P(SpiReturnJsonb(JsonObjEnd(&b)));
 }

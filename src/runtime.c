@@ -3,20 +3,51 @@
  * runtime.c
  *	  A run as a state machine: one transition per step.
  *
- * RunAdvance executes the run's current step and everything that follows
- * from its signal, inside the caller's transaction: the step's own
- * database work, its journal events (agent_started, agent_completed,
- * signal, checkpoint, and run_started / run_completed / run_failed where
- * they apply) and the run's new checkpoint.  The checkpoint write is
- * fenced by the lease (id and attempt): a holder that lost its lease
- * touches no row and raises, so its whole transition rolls back.  The
- * caller owns the surrounding (sub)transaction and commits; only then
- * does RunApplyTransition make the staged state current.
+ * How a run flows
+ * ---------------
+ * 1. tuvl.start_run() (api.c, ApiCreateRun) inserts the run as queued,
+ *    journals run_queued and notes it in the shared queue (queue.c) at
+ *    commit, waking a worker.
+ * 2. A worker (worker.c) claims queued runs with FOR UPDATE SKIP LOCKED
+ *    (lease.c): the claim raises the run's attempt, which fences every
+ *    write of an older holder.  tuvl.run() creates the run already held
+ *    by its own backend instead, and tuvl.replay() too.
+ * 3. The holder makes transitions (RunAdvance, below), each inside a
+ *    transaction it owns and in a subtransaction of its own:
+ *    prepare_transition loads the workflow, journals run_started and
+ *    agent_started on entering a step, applies operator directives that
+ *    stand between steps (boundary_control), and journals the result of
+ *    the effect the step was waiting for (take_fresh_effect).  Then the
+ *    step executes through the executor table (executor.c): its own SQL
+ *    runs in the transition, as the run's principal (security.c).
+ * 4. A step that needs the outside world (an HTTP call, an MCP tool, a
+ *    model) does not wait for it in the transaction: it returns an
+ *    effect (effect.c), and the transition ends pending (finish_pending:
+ *    tool_call is journaled, the request kept).  Once the transaction
+ *    committed, the driver (driver.c) has the effect performed (the
+ *    worker's curl multi handle, synchronously in tuvl.run(), from the
+ *    fixture in tuvl.replay()), and the next transition executes the
+ *    step again with the journaled result in front of it.
+ * 5. A step that waits for a person or an operator parks the run
+ *    (finish_park): paused, waiting_human or waiting_approval.  The
+ *    holder lets go of it; tuvl.submit(), tuvl.decide() or
+ *    tuvl.resume_run() (control.c) queue it again.
+ * 6. Otherwise the step's signal is routed (finish_transition): to the
+ *    next step, or to an end (run_completed, run_failed).  A rollback
+ *    end, an unhandled failure or an abort runs the compensators of the
+ *    completed steps first (compensation.c).
+ * 7. Every transition ends with one write (checkpoint.c): the run's row,
+ *    fenced by the lease, and the journal events that explain it, so a
+ *    crash resumes from the last checkpoint and nothing is journaled
+ *    that did not happen.  After commit RunApplyTransition makes the
+ *    staged state current, and the driver decides what comes next
+ *    (RunNextAfter): another transition, an effect, or letting go.
  *
  * The step itself runs in a nested subtransaction so that its failure
  * becomes the "error" signal while the journal of that failure commits.
  * Must be called with SPI connected; allocates in CurrentMemoryContext
- * except for RunApplyTransition, which copies into the run's context.
+ * except for what the checkpoint stages, which lives in the run's
+ * context.
  *
  *-------------------------------------------------------------------------
  */
@@ -26,7 +57,6 @@
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "miscadmin.h"
-#include "portability/instr_time.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
@@ -34,19 +64,17 @@
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
 
-#include "effect.h"
+#include "control.h"
 #include "deadline.h"
-#include "executor.h"
+#include "effect.h"
 #include "journal.h"
-#include "llm.h"
 #include "jsonutil.h"
-#include "runtime.h"
+#include "llm.h"
 #include "security.h"
 #include "spiutil.h"
 #include "template.h"
+#include "transition.h"
 #include "tuvl.h"
-
-typedef struct Transition Transition;
 
 typedef struct RunErrorContext
 {
@@ -54,13 +82,6 @@ typedef struct RunErrorContext
 	const char *step;
 	Transition *t;				/* the transition, whose step may be known */
 } RunErrorContext;
-
-bool
-RunIsTerminalStatus(const char *status)
-{
-	return strcmp(status, "completed") == 0 || strcmp(status, "failed") == 0 ||
-		strcmp(status, "aborted") == 0 || strcmp(status, "compensated") == 0;
-}
 
 /*
  * A run held in memory, in its own context under parent.
@@ -84,6 +105,7 @@ RunStateCreate(MemoryContext parent, int64 id, int attempt,
 	run->version = version;
 	run->principal_name = pstrdup(principal_name);
 	run->principal = principal;
+	run->status = RUN_RUNNING;
 	run->context = DatumGetJsonbPCopy(JsonbPGetDatum(context));
 	run->last_seq = last_seq;
 	run->step_state = step_state ? DatumGetJsonbPCopy(JsonbPGetDatum(step_state)) : NULL;
@@ -108,7 +130,12 @@ RunStateFree(RunState *run)
 	MemoryContextDelete(run->cxt);
 }
 
-static const char *transition_step_id(Transition *t);
+/* The id of the transition's step, once it is known. */
+static const char *
+transition_step_id(Transition *t)
+{
+	return t->step ? t->step->id : NULL;
+}
 
 static void
 run_error_callback(void *arg)
@@ -123,144 +150,6 @@ run_error_callback(void *arg)
 	else
 		errcontext("tuvl run " INT64_FORMAT " of workflow \"%s\"",
 				   ec->run->id, ec->run->workflow);
-}
-
-static const char fence_sql[] =
-"UPDATE tuvl.runs SET status = $3, context = $4, current_step = $5, last_seq = $6, "
-"  end_name = $7, response = $8, error = $9, step_state = $10, "
-"  finished_at = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY ('{completed,failed,aborted,compensated}'::pg_catalog.text[]) "
-"                     THEN pg_catalog.clock_timestamp() END, "
-"  lease_expires_at = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY ('{running,compensating}'::pg_catalog.text[]) "
-"                          THEN lease_expires_at END, "
-"  lease_owner = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY ('{running,compensating}'::pg_catalog.text[]) "
-"                     THEN lease_owner END, "
-"  lease_epoch = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY ('{running,compensating}'::pg_catalog.text[]) "
-"                     THEN lease_epoch END, "
-"  compensation = CASE WHEN $14 THEN $15 ELSE compensation END, "
-"  control = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY ('{completed,failed,aborted,compensated}'::pg_catalog.text[]) "
-"                 THEN NULL "
-"                 WHEN $11::pg_catalog.text[] IS NULL AND $12::pg_catalog.jsonb IS NULL "
-"                      AND $13::pg_catalog.text[] IS NULL "
-"                 THEN control ELSE tuvl._control_apply(control, $11, $12, $13) END "
-"WHERE id OPERATOR(pg_catalog.=) $1 AND attempt OPERATOR(pg_catalog.=) $2 "
-"  AND status OPERATOR(pg_catalog.=) ANY ($16::pg_catalog.text[]) "
-"RETURNING control";
-
-/*
- * Write the run's new checkpoint, fenced by the lease.  Raises when the
- * lease was lost, which rolls back the caller's (sub)transaction.
- */
-static Datum
-text_array(List *strings)
-{
-	Datum	   *items = palloc(sizeof(Datum) * list_length(strings));
-	int			i = 0;
-	ListCell   *lc;
-
-	foreach(lc, strings)
-		items[i++] = CStringGetTextDatum(lfirst(lc));
-	return PointerGetDatum(construct_array(items, i, TEXTOID, -1, false, TYPALIGN_INT));
-}
-
-static void
-write_checkpoint_control(RunState *run, const char *status, Jsonb *context,
-						 const char *step, int last_seq, const char *end_name,
-						 Jsonb *response, const char *error, Jsonb *step_state,
-						 List *consume, Jsonb *control_add, List *steer_done)
-{
-	static const Oid types[16] = {INT8OID, INT4OID, TEXTOID, JSONBOID, TEXTOID,
-		INT4OID, TEXTOID, JSONBOID, TEXTOID, JSONBOID, TEXTARRAYOID, JSONBOID, TEXTARRAYOID,
-	BOOLOID, JSONBOID, TEXTARRAYOID};
-	Datum		values[16];
-	char		nulls[16] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
-	static List *held_statuses = NIL;
-	values[0] = Int64GetDatum(run->id);
-	values[1] = Int32GetDatum(run->attempt);
-	values[2] = CStringGetTextDatum(status);
-	values[3] = JsonbPGetDatum(context);
-	if (step)
-		values[4] = CStringGetTextDatum(step);
-	else
-		nulls[4] = 'n';
-	values[5] = Int32GetDatum(last_seq);
-	if (end_name)
-		values[6] = CStringGetTextDatum(end_name);
-	else
-		nulls[6] = 'n';
-	if (response)
-		values[7] = JsonbPGetDatum(response);
-	else
-		nulls[7] = 'n';
-	if (error)
-		values[8] = CStringGetTextDatum(error);
-	else
-		nulls[8] = 'n';
-	if (step_state)
-		values[9] = JsonbPGetDatum(step_state);
-	else
-		nulls[9] = 'n';
-	if (consume)
-		values[10] = text_array(consume);
-	else
-		nulls[10] = 'n';
-	if (control_add)
-		values[11] = JsonbPGetDatum(control_add);
-	else
-		nulls[11] = 'n';
-	if (steer_done)
-		values[12] = text_array(steer_done);
-	else
-		nulls[12] = 'n';
-
-	/* a transition that changed the compensation record stages it first */
-	values[13] = BoolGetDatum(run->compensation_changed);
-	if (run->compensation_changed && run->next_compensation)
-		values[14] = JsonbPGetDatum(run->next_compensation);
-	else
-		nulls[14] = 'n';
-
-	/*
-	 * The statuses a holder writes from, as a parameter: a constant would
-	 * let a generic plan pick the partial index on them (runs_leased_idx)
-	 * and filter every held run for this id.
-	 */
-	if (held_statuses == NIL)
-	{
-		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
-
-		held_statuses = list_make2(pstrdup("running"), pstrdup("compensating"));
-		MemoryContextSwitchTo(old);
-	}
-	values[15] = text_array(held_statuses);
-
-	if (SpiExec(fence_sql, 16, types, values, nulls, SPI_OK_UPDATE_RETURNING) != 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-				 errmsg("lease on run " INT64_FORMAT " was lost", run->id),
-				 errdetail("Attempt %d no longer holds the run; another claimer took it over.",
-						   run->attempt)));
-	{
-		bool		isnull;
-		Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-
-		run->next_control = NULL;
-		if (!isnull)
-		{
-			Jsonb	   *j = DatumGetJsonbP(d);
-
-			run->next_control = MemoryContextAlloc(run->cxt, VARSIZE(j));
-			memcpy(run->next_control, j, VARSIZE(j));
-		}
-	}
-}
-
-static void
-write_checkpoint(RunState *run, const char *status, Jsonb *context,
-				 const char *step, int last_seq, const char *end_name,
-				 Jsonb *response, const char *error, Jsonb *step_state)
-{
-	write_checkpoint_control(run, status, context, step, last_seq, end_name, response,
-							 error, step_state, NIL, NULL, NIL);
 }
 
 /* Payload helpers */
@@ -288,7 +177,8 @@ route_signal(WorkflowDef *wf, const StepDef *step, const char *signal, bool *imp
 	if (step->routes && (target = JsonGetString(step->routes, signal)) != NULL)
 		return target;
 	/* a Router's default route catches every value it does not map */
-	if (step->kind == STEP_ROUTER && strcmp(signal, "error") != 0 && step->routes &&
+	if (ExecutorFor(step->kind)->default_catches_all && strcmp(signal, "error") != 0 &&
+		step->routes &&
 		(target = JsonGetString(step->routes, "default")) != NULL)
 		return target;
 	if (strcmp(signal, "default") == 0)
@@ -327,146 +217,11 @@ render_response(EndDef *end, Jsonb *context, char **error)
 	return response;
 }
 
-/* ---------------------------------------------------------------- compensation
- *
- * tuvl.runs.compensation records every completed step that declares a
- * compensate step: {"stack": [{step, compensate, output_key, output,
- * input}], ...}, most recent last.  When the run would end with a
- * rollback end, an unhandled failure or an abort, and the stack is not
- * empty, it is compensating instead: "cause" records the end it would
- * have had, and each transition runs the compensator of the top entry
- * and pops it, so a crash never runs a finished compensator again.
- */
-
-
-/* The compensation record as of this transition. */
-static Jsonb *
-comp_current(RunState *run)
-{
-	return run->compensation_changed ? run->next_compensation : run->compensation;
-}
-
-static bool
-run_compensating(RunState *run)
-{
-	Jsonb	   *c = run->compensation;
-
-	return c && JsonGetField(c, "cause") != NULL && !JsonGetBool(c, "done", false);
-}
-
-static Jsonb *
-comp_stack(Jsonb *comp)
-{
-	return comp ? JsonGetJsonb(comp, "stack") : NULL;
-}
-
-static Jsonb *
-comp_top(Jsonb *comp)
-{
-	Jsonb	   *stack = comp_stack(comp);
-	int			n = JsonArraySize(stack);
-
-	return n > 0 ? JsonValueToJsonb(getIthJsonbValueFromContainer(&stack->root, n - 1)) : NULL;
-}
-
-
-/* arr without its last element */
-static Jsonb *
-array_drop_last(Jsonb *arr)
-{
-	StringInfoData buf;
-	int			n = JsonArraySize(arr);
-
-	initStringInfo(&buf);
-	appendStringInfoChar(&buf, '[');
-	for (int i = 0; i < n - 1; i++)
-	{
-		Jsonb	   *e = JsonValueToJsonb(getIthJsonbValueFromContainer(&arr->root, i));
-
-		if (i > 0)
-			appendStringInfoString(&buf, ", ");
-		appendStringInfoString(&buf, JsonbToCString(NULL, &e->root, VARSIZE(e)));
-	}
-	appendStringInfoChar(&buf, ']');
-	return JsonFromCString(buf.data);
-}
-
-/* Stage comp for the checkpoint; it outlives the transaction, in run->cxt. */
-static void
-stage_compensation(RunState *run, Jsonb *comp)
-{
-	MemoryContext old = MemoryContextSwitchTo(run->cxt);
-
-	if (run->next_compensation)
-		pfree(run->next_compensation);
-	run->next_compensation = comp ? DatumGetJsonbPCopy(JsonbPGetDatum(comp)) : NULL;
-	run->compensation_changed = true;
-	MemoryContextSwitchTo(old);
-}
-
-/*
- * Would ending now start compensation?  If so, record why (cause) and
- * return the first compensator's step id; else NULL.
- */
-static const char *
-begin_compensation(RunState *run, const char *status, const char *end_name,
-				   Jsonb *response, const char *error)
-{
-	Jsonb	   *comp = comp_current(run);
-	Jsonb	   *top = comp_top(comp);
-	JsonObjBuilder b;
-
-	if (top == NULL || run_compensating(run))
-		return NULL;
-	JsonObjStart(&b);
-	JsonObjAddString(&b, "status", status);
-	JsonObjAddString(&b, "end", end_name);
-	JsonObjAddJsonb(&b, "response", response);
-	JsonObjAddString(&b, "error", error);
-	comp = JsonSetKey(comp, "cause", JsonObjEnd(&b));
-	comp = JsonSetKey(comp, "failed", JsonFromCString("[]"));
-	stage_compensation(run, comp);
-	return JsonGetString(top, "compensate");
-}
-
-/* What a compensator sees under "compensation" in its context. */
-static Jsonb *
-compensation_context(RunState *run, Jsonb *context)
-{
-	Jsonb	   *top = comp_top(run->compensation);
-
-	if (top == NULL)
-		return context;
-	return JsonSetKey(context, "compensation", JsonRemoveKey(top, "compensate"));
-}
-
 /* The status of a run that goes on: running, or compensating. */
-static const char *
+static RunStatus
 active_status(RunState *run)
 {
-	return run_compensating(run) ? "compensating" : "running";
-}
-
-/* What a transition knows before and after its step executed. */
-struct Transition
-{
-	RunState   *run;
-	WorkflowDef *wf;
-	const StepDef *step;
-	List	   *events;			/* journaled whatever the step does */
-	instr_time	start;
-	bool		first_entry;	/* agent_started is among events */
-	Jsonb	   *ctx;			/* the context the step executes against */
-	TimestampTz deadline;		/* when the step's time is up; 0: never */
-	Jsonb	   *effects;		/* working_effects once the fresh effect is in */
-	bool		stopped;		/* boundary control ended the transition */
-};
-
-/* The id of the transition's step, once it is known. */
-static const char *
-transition_step_id(Transition *t)
-{
-	return t->step ? t->step->id : NULL;
+	return CompensationActive(run) ? RUN_COMPENSATING : RUN_RUNNING;
 }
 
 /* The step_state written while a step waits for an effect. */
@@ -505,7 +260,7 @@ finish_pending(Transition *t, StepResult *result)
 	EffectRequest *effect = result->effect;
 	Jsonb	   *state = pending_step_state(t, effect);
 	JsonObjBuilder b;
-	SecurityFrame frame;
+	Checkpoint	cp;
 
 	/* the effect ends when the step's time is up, at the latest */
 	if (t->deadline != 0)
@@ -537,24 +292,17 @@ finish_pending(Transition *t, StepResult *result)
 		JournalAdd(&events, "tool_call", t->step->id, t->step->kind_name, JsonObjEnd(&b));
 	}
 
-	SecurityAsOwner(&frame);
-	run->next_seq = run->last_seq + JournalCount(events);
-	write_checkpoint_control(run, active_status(run), run->context, t->step->id, run->next_seq,
-							 NULL, NULL, NULL, state, NIL, NULL, result->steer_done);
-	(void) JournalWrite(run->id, run->last_seq, events);
-	SecurityRestore(&frame);
-
-	{
-		MemoryContext old = MemoryContextSwitchTo(run->cxt);
-
-		run->next_context = DatumGetJsonbPCopy(JsonbPGetDatum(run->context));
-		run->next_step_state = DatumGetJsonbPCopy(JsonbPGetDatum(state));
-		MemoryContextSwitchTo(old);
-	}
-	run->send = EffectRequestCopy(effect, run->cxt);
-	run->next_step = WorkflowFindStep(t->wf, t->step->id);	/* stays here */
-	run->next_status = active_status(run);
-	run->next_error = NULL;
+	memset(&cp, 0, sizeof(cp));
+	cp.status = active_status(run);
+	cp.context = run->context;
+	cp.step = t->step->id;			/* stays here */
+	cp.step_state = state;
+	cp.steer_done = result->steer_done;
+	cp.events = events;
+	CheckpointWrite(run, &cp);
+	RunForgetSend(run);
+	run->send_cxt = AllocSetContextCreate(run->cxt, "tuvl effect", ALLOCSET_DEFAULT_SIZES);
+	run->send = EffectRequestCopy(effect, run->send_cxt);
 }
 
 /*
@@ -569,7 +317,7 @@ finish_park(Transition *t, StepResult *result)
 	List	   *events = list_concat(list_copy(t->events), run->step_events);
 	JsonObjBuilder b;
 	Jsonb	   *state;
-	SecurityFrame frame;
+	Checkpoint	cp;
 
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "step", t->step->id);
@@ -586,255 +334,124 @@ finish_park(Transition *t, StepResult *result)
 
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "step", t->step->id);
-	JsonObjAddString(&b, "status", result->park);
+	JsonObjAddString(&b, "status", RunStatusName(result->park));
 	if (result->park_info)
 		JsonObjAddJsonb(&b, "awaiting", result->park_info);
 	JournalAdd(&events, "checkpoint", t->step->id, t->step->kind_name, JsonObjEnd(&b));
 
-	SecurityAsOwner(&frame);
-	run->next_seq = run->last_seq + JournalCount(events);
-	write_checkpoint_control(run, result->park, run->context, t->step->id, run->next_seq,
-							 NULL, NULL, NULL, state, result->consume, result->control_add,
-							 result->steer_done);
-	(void) JournalWrite(run->id, run->last_seq, events);
-	SecurityRestore(&frame);
-	TuvlRunChangedAtCommit();
-
-	{
-		MemoryContext old = MemoryContextSwitchTo(run->cxt);
-
-		run->next_context = DatumGetJsonbPCopy(JsonbPGetDatum(run->context));
-		run->next_step_state = DatumGetJsonbPCopy(JsonbPGetDatum(state));
-		MemoryContextSwitchTo(old);
-	}
-	run->next_step = WorkflowFindStep(t->wf, t->step->id);
-	run->next_status = result->park;
-	run->next_error = NULL;
+	memset(&cp, 0, sizeof(cp));
+	cp.status = result->park;
+	cp.context = run->context;
+	cp.step = t->step->id;
+	cp.step_state = state;
+	cp.consume = result->consume;
+	cp.control_add = result->control_add;
+	cp.steer_done = result->steer_done;
+	cp.events = events;
+	CheckpointWrite(run, &cp);
 }
 
+
 /*
- * The transition of a compensator: journal how it went, pop its entry,
- * and go on with the next compensator or end the run: compensated, or
- * failed (compensation_failed) when any compensator failed.  Routes are
- * not followed.
+ * Where the step's signal leads: the next step (cp->step, running), or an
+ * end (cp->status, end_name, response, error).  An aborted or failed run
+ * that has completed steps to undo is compensating instead.
  */
 static void
-finish_compensation(Transition *t, StepResult *result, ErrorData *edata)
+route_outcome(Transition *t, StepResult *result, ErrorData *edata, const char *signal,
+			  Checkpoint *cp)
 {
-	RunState   *run = t->run;
 	const StepDef *step = t->step;
-	List	   *events = list_copy(t->events);
-	Jsonb	   *comp = run->compensation;
-	Jsonb	   *top = comp_top(comp);
-	Jsonb	   *context = run->context;
-	Jsonb	   *cause = JsonGetJsonb(comp, "cause");
-	Jsonb	   *failed = JsonGetJsonb(comp, "failed");
-	const char *original = top ? JsonGetString(top, "step") : NULL;
-	const char *signal = edata ? "error" : (result->signal ? result->signal : "default");
-	/* a compensator fails by raising, or by ending on error (or another reserved exit) */
-	char	   *failure = edata ? edata->message :
-		(strcmp(signal, "error") == 0 || (step->kind == STEP_AGENT && AgentIsReservedExit(signal)))
-		? (result->exit_error ? result->exit_error : psprintf("it ended with signal \"%s\"", signal))
-		: NULL;
-	const char *status;
-	const char *next_step_id = NULL;
-	const char *end_name = NULL;
-	Jsonb	   *response = NULL;
-	char	   *run_error = NULL;
-	JsonObjBuilder b;
-	SecurityFrame frame;
+	const char *exit_error = result && result->exit_error ? result->exit_error : NULL;
+	bool		implicit_end;
+	const char *target = route_signal(t->wf, step, signal, &implicit_end);
+	EndDef	   *end = NULL;
+	char	   *error = NULL;
 
-	if (result)
-		events = list_concat(events, run->step_events);
-	if (result && result->has_output)
-		context = JsonSetKey(context, step->output_key, result->output);
-
-	JsonObjStart(&b);
-	JsonObjAddString(&b, "signal", signal);
-	if (failure)
-		JsonObjAddString(&b, "error", failure);
-	else if (result->has_output)
+	cp->status = RUN_RUNNING;
+	if (target && WorkflowFindStep(t->wf, target) >= 0)
 	{
-		JsonObjAddString(&b, "output_key", step->output_key);
-		JsonObjAddJsonb(&b, "output", result->output);
+		cp->step = target;
+		return;
 	}
-	JournalAdd(&events, "agent_completed", step->id, step->kind_name, JsonObjEnd(&b));
-
-	JsonObjStart(&b);
-	JsonObjAddString(&b, "step", original);
-	JsonObjAddString(&b, "compensator", step->id);
-	JsonObjAddBool(&b, "ok", failure == NULL);
-	if (failure)
-		JsonObjAddString(&b, "error", failure);
-	JournalAdd(&events, "compensation_completed", original, step->kind_name, JsonObjEnd(&b));
-
-	if (failure)
+	if (target || implicit_end)
 	{
-		JsonObjStart(&b);
-		JsonObjAddString(&b, "step", original);
-		JsonObjAddString(&b, "compensator", step->id);
-		JsonObjAddString(&b, "error", failure);
-		failed = JsonArrayAppend(failed, JsonObjEnd(&b));
+		end = target ? WorkflowFindEnd(t->wf, target) : NULL;
+		cp->end_name = end ? end->id : NULL;
+		cp->status = end ? RunStatusFromName(end->status) : RUN_COMPLETED;
+		if (end && end->response)
+			cp->response = render_response(end, cp->context, &error);
+		if (error)
+			cp->status = RUN_FAILED;
+		else if (cp->status == RUN_FAILED)
+			error = psprintf("the run reached end \"%s\", whose status is failed", cp->end_name);
 	}
-	comp = JsonSetKey(comp, "stack", array_drop_last(comp_stack(comp)));
-	comp = JsonSetKey(comp, "failed", failed ? failed : JsonFromCString("[]"));
-	top = comp_top(comp);
-	if (top)
+	else if (strcmp(signal, "aborted") == 0 && ExecutorFor(step->kind)->reserved_exits)
 	{
-		status = "compensating";
-		next_step_id = JsonGetString(top, "compensate");
+		/* an abort is an out-of-band stop, not an authoring bug */
+		cp->status = RUN_ABORTED;
+		error = psprintf("warning: step \"%s\" was aborted and has no route for \"aborted\": %s",
+						 step->id, exit_error ? exit_error : "aborted");
 	}
 	else
 	{
-		int			nfailed = JsonArraySize(failed);
-
-		end_name = cause ? JsonGetString(cause, "end") : NULL;
-		response = cause ? JsonGetJsonb(cause, "response") : NULL;
-		if (response && JB_ROOT_IS_SCALAR(response) &&
-			getIthJsonbValueFromContainer(&response->root, 0)->type == jbvNull)
-			response = NULL;
-		if (nfailed > 0)
-		{
-			StringInfoData why;
-
-			initStringInfo(&why);
-			for (int i = 0; i < nfailed; i++)
-			{
-				Jsonb	   *f = JsonValueToJsonb(getIthJsonbValueFromContainer(&failed->root, i));
-
-				appendStringInfo(&why, "%scompensator \"%s\" of step \"%s\" failed: %s",
-								 i > 0 ? "; " : "", JsonGetString(f, "compensator"),
-								 JsonGetString(f, "step"), JsonGetString(f, "error"));
-			}
-			status = "failed";
-			run_error = psprintf("compensation_failed: %s", why.data);
-		}
+		cp->status = RUN_FAILED;
+		if (edata)
+			error = psprintf("step \"%s\" failed: %s", step->id, edata->message);
+		else if (strcmp(signal, "error") == 0 && exit_error)
+			error = psprintf("warning: step \"%s\" ended on its \"error\" exit, which has no route: %s",
+							 step->id, exit_error);
+		else if (strcmp(signal, "error") != 0 && ExecutorIsReservedExit(step, signal))
+			error = psprintf("step \"%s\" ended on the reserved exit \"%s\", which has no route: %s "
+							 "(map %s in the step's routes to handle it)",
+							 step->id, signal, exit_error ? exit_error : signal, signal);
 		else
+			error = psprintf("step \"%s\" produced signal \"%s\", which has no route",
+							 step->id, signal);
+	}
+	cp->error = error;
+
+	/*
+	 * A rollback end, an unhandled failure or an abort undoes the
+	 * completed steps that declare a compensator.
+	 */
+	if ((end && end->rollback) ||
+		(end == NULL && (cp->status == RUN_FAILED || cp->status == RUN_ABORTED)))
+	{
+		const char *first = CompensationBegin(t->run, cp->status, cp->end_name, cp->response,
+											  cp->error);
+
+		if (first)
 		{
-			status = "compensated";
-			run_error = cause ? JsonGetString(cause, "error") : NULL;
+			if (cp->status == RUN_ABORTED)
+			{
+				JsonObjBuilder b;
+
+				JsonObjStart(&b);
+				JsonObjAddString(&b, "status", RunStatusName(RUN_COMPENSATING));
+				JsonObjAddString(&b, "error", cp->error);
+				JournalAdd(&cp->events, "run_aborted", NULL, NULL, JsonObjEnd(&b));
+			}
+			cp->status = RUN_COMPENSATING;
+			cp->step = first;
+			cp->end_name = NULL;
+			cp->response = NULL;
 		}
-		comp = JsonSetKey(comp, "done", JsonFromCString("true"));
 	}
-	stage_compensation(run, comp);
-
-	JsonObjStart(&b);
-	JsonObjAddString(&b, "step", next_step_id);
-	JsonObjAddString(&b, "status", status);
-	JournalAdd(&events, "checkpoint", step->id, step->kind_name, JsonObjEnd(&b));
-	if (strcmp(status, "compensating") != 0)
-	{
-		JsonObjStart(&b);
-		JsonObjAddString(&b, "end", end_name);
-		JsonObjAddString(&b, "status", status);
-		JsonObjAddJsonb(&b, "response", response);
-		if (run_error)
-			JsonObjAddString(&b, "error", run_error);
-		JournalAdd(&events, strcmp(status, "compensated") == 0 ? "run_completed" : "run_failed",
-				   NULL, NULL, JsonObjEnd(&b));
-	}
-
-	SecurityAsOwner(&frame);
-	run->next_seq = run->last_seq + JournalCount(events);
-	write_checkpoint_control(run, status, context, next_step_id, run->next_seq,
-							 end_name, response, run_error, NULL, NIL, NULL, NIL);
-	(void) JournalWrite(run->id, run->last_seq, events);
-	SecurityRestore(&frame);
-	if (strcmp(status, "compensating") != 0)
-		TuvlRunChangedAtCommit();
-
-	{
-		MemoryContext old = MemoryContextSwitchTo(run->cxt);
-
-		run->next_context = DatumGetJsonbPCopy(JsonbPGetDatum(context));
-		MemoryContextSwitchTo(old);
-	}
-	run->next_step_state = NULL;
-	run->next_step = next_step_id ? WorkflowFindStep(t->wf, next_step_id) : -1;
-	run->next_status = status;
-	run->next_error = run_error ? MemoryContextStrdup(run->cxt, run_error) : NULL;
 }
 
-/*
- * Everything after the step: context update, journal, routing and the
- * fenced checkpoint.  result is NULL when the step failed with edata.
- * Runs in the transition's subtransaction.
- */
+/* agent_completed: how the step ended, with its output or its error. */
 static void
-finish_transition(Transition *t, StepResult *result, ErrorData *edata)
+journal_step_end(Transition *t, StepResult *result, ErrorData *edata, const char *signal,
+				 List **events)
 {
-	RunState   *run = t->run;
-	WorkflowDef *wf = t->wf;
 	const StepDef *step = t->step;
-	List	   *events;
-	Jsonb	   *context = run->context;
-	const char *signal;
-	const char *target;
-	bool		implicit_end;
 	instr_time	duration;
 	JournalEvent *ev;
 	JsonObjBuilder b;
-	const char *status = "running";
-	const char *next_step_id = NULL;
-	const char *end_name = NULL;
-	Jsonb	   *response = NULL;
-	char	   *run_error = NULL;
-	SecurityFrame frame;
-
-	if (result && result->pending)
-	{
-		finish_pending(t, result);
-		return;
-	}
-	if (result && result->park)
-	{
-		finish_park(t, result);
-		return;
-	}
-	if (run_compensating(run))
-	{
-		finish_compensation(t, result, edata);
-		return;
-	}
-	events = list_copy(t->events);
-	if (result)
-		events = list_concat(events, run->step_events);
-
-	/* a completed step that declares a compensator is remembered */
-	if (result && JsonGetString(step->spec, "compensate"))
-	{
-		Jsonb	   *comp = comp_current(run);
-
-		JsonObjStart(&b);
-		JsonObjAddString(&b, "step", step->id);
-		JsonObjAddString(&b, "compensate", JsonGetString(step->spec, "compensate"));
-		JsonObjAddString(&b, "output_key", step->output_key);
-		JsonObjAddJsonb(&b, "output", result->has_output ? result->output : NULL);
-		JsonObjAddJsonb(&b, "input", run->context);
-		comp = JsonSetKey(comp ? comp : JsonEmptyObject(), "stack",
-						  JsonArrayAppend(comp_stack(comp), JsonObjEnd(&b)));
-		stage_compensation(run, comp);
-	}
 
 	INSTR_TIME_SET_CURRENT(duration);
 	INSTR_TIME_SUBTRACT(duration, t->start);
-	if (result)
-	{
-		signal = result->signal ? result->signal : "default";
-		if (result->context_merge)
-			context = JsonMerge(context, result->context_merge);
-		if (result->has_output)
-			context = JsonSetKey(context, step->output_key, result->output);
-	}
-	else
-	{
-		JsonObjStart(&b);
-		JsonObjAddString(&b, "_last_error", edata->message);
-		JsonObjAddString(&b, "_last_error_type", StepErrorType);
-		context = JsonMerge(context, JsonObjEnd(&b));
-		signal = "error";
-	}
-
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "signal", signal);
 	if (result && result->exit_error)
@@ -855,136 +472,99 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 		JsonObjAddString(&b, "output_key", step->output_key);
 		JsonObjAddJsonb(&b, "output", result->output);
 	}
-	ev = JournalAdd(&events, "agent_completed", step->id, step->kind_name, JsonObjEnd(&b));
+	ev = JournalAdd(events, "agent_completed", step->id, step->kind_name, JsonObjEnd(&b));
 	ev->latency_ms = INSTR_TIME_GET_MILLISEC(duration);
 
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "signal", signal);
-	JournalAdd(&events, "signal", step->id, step->kind_name, JsonObjEnd(&b));
+	JournalAdd(events, "signal", step->id, step->kind_name, JsonObjEnd(&b));
+}
 
-	target = route_signal(wf, step, signal, &implicit_end);
-	if (target && WorkflowFindStep(wf, target) >= 0)
-		next_step_id = target;
-	else if (target || implicit_end)
-	{
-		EndDef	   *end = target ? WorkflowFindEnd(wf, target) : NULL;
+/* checkpoint, and run_completed / run_failed / run_aborted at an end */
+static void
+journal_checkpoint(Transition *t, Checkpoint *cp)
+{
+	JsonObjBuilder b;
+	bool		ended = !RunStatusIsHeld(cp->status);
 
-		end_name = end ? end->id : NULL;
-		status = end ? end->status : "completed";
-		if (end && end->response)
-			response = render_response(end, context, &run_error);
-		if (run_error)
-			status = "failed";
-		else if (strcmp(status, "failed") == 0)
-			run_error = psprintf("the run reached end \"%s\", whose status is failed", end_name);
-	}
-	else if (strcmp(signal, "aborted") == 0 && step->kind == STEP_AGENT)
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "step", cp->step);
+	if (ended)
+		JsonObjAddString(&b, "end", cp->end_name);
+	JsonObjAddString(&b, "status", RunStatusName(cp->status));
+	JournalAdd(&cp->events, "checkpoint", t->step->id, t->step->kind_name, JsonObjEnd(&b));
+	if (!ended)
+		return;
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "end", cp->end_name);
+	JsonObjAddString(&b, "status", RunStatusName(cp->status));
+	JsonObjAddJsonb(&b, "response", cp->response);
+	if (cp->error)
+		JsonObjAddString(&b, "error", cp->error);
+	JournalAdd(&cp->events, cp->status == RUN_COMPLETED ? "run_completed" :
+			   cp->status == RUN_ABORTED ? "run_aborted" : "run_failed",
+			   NULL, NULL, JsonObjEnd(&b));
+}
+
+/*
+ * Everything after the step: context update, journal, routing and the
+ * checkpoint.  result is NULL when the step failed with edata.  Runs in
+ * the transition's subtransaction.
+ */
+static void
+finish_transition(Transition *t, StepResult *result, ErrorData *edata)
+{
+	RunState   *run = t->run;
+	const StepDef *step = t->step;
+	const char *signal;
+	Checkpoint	cp;
+
+	if (result && result->pending)
 	{
-		/* an abort is an out-of-band stop, not an authoring bug */
-		status = "aborted";
-		run_error = psprintf("warning: step \"%s\" was aborted and has no route for \"aborted\": %s",
-							 step->id, result->exit_error ? result->exit_error : "aborted");
+		finish_pending(t, result);
+		return;
 	}
-	else if (strcmp(signal, "error") == 0)
+	if (result && result->park != RUN_NONE)
 	{
-		status = "failed";
-		if (edata)
-			run_error = psprintf("step \"%s\" failed: %s", step->id, edata->message);
-		else if (result->exit_error)
-			run_error = psprintf("warning: step \"%s\" ended on its \"error\" exit, which has no route: %s",
-								 step->id, result->exit_error);
-		else
-			run_error = psprintf("step \"%s\" produced signal \"error\", which has no route", step->id);
+		finish_park(t, result);
+		return;
 	}
-	else if (step->kind == STEP_AGENT && AgentIsReservedExit(signal))
+	if (CompensationActive(run))
 	{
-		status = "failed";
-		run_error = psprintf("step \"%s\" ended on the reserved exit \"%s\", which has no route: %s "
-							 "(map %s in the step's routes to handle it)",
-							 step->id, signal, result->exit_error ? result->exit_error : signal, signal);
+		CompensationFinish(t, result, edata);
+		return;
+	}
+	memset(&cp, 0, sizeof(cp));
+	cp.events = list_copy(t->events);
+	cp.context = run->context;
+	if (result)
+	{
+		cp.events = list_concat(cp.events, run->step_events);
+		CompensationRemember(run, step, result);
+		signal = result->signal ? result->signal : "default";
+		if (result->context_merge)
+			cp.context = JsonMerge(cp.context, result->context_merge);
+		if (result->has_output)
+			cp.context = JsonSetKey(cp.context, step->output_key, result->output);
+		cp.consume = result->consume;
+		cp.steer_done = result->steer_done;
 	}
 	else
 	{
-		status = "failed";
-		run_error = psprintf("step \"%s\" produced signal \"%s\", which has no route",
-							 step->id, signal);
-	}
+		JsonObjBuilder b;
 
-	/*
-	 * A rollback end, an unhandled failure or an abort undoes the
-	 * completed steps that declare a compensator.
-	 */
-	if (strcmp(status, "running") != 0 &&
-		((end_name && WorkflowFindEnd(wf, end_name) && WorkflowFindEnd(wf, end_name)->rollback) ||
-		 (end_name == NULL && (strcmp(status, "failed") == 0 || strcmp(status, "aborted") == 0))))
-	{
-		const char *first = begin_compensation(run, status, end_name, response, run_error);
-
-		if (first)
-		{
-			if (strcmp(status, "aborted") == 0)
-			{
-				JsonObjStart(&b);
-				JsonObjAddString(&b, "status", "compensating");
-				JsonObjAddString(&b, "error", run_error);
-				JournalAdd(&events, "run_aborted", NULL, NULL, JsonObjEnd(&b));
-			}
-			status = "compensating";
-			next_step_id = first;
-			end_name = NULL;
-			response = NULL;
-		}
-	}
-
-	JsonObjStart(&b);
-	JsonObjAddString(&b, "step", next_step_id);
-	if (strcmp(status, "running") != 0 && strcmp(status, "compensating") != 0)
-		JsonObjAddString(&b, "end", end_name);
-	JsonObjAddString(&b, "status", status);
-	JournalAdd(&events, "checkpoint", step->id, step->kind_name, JsonObjEnd(&b));
-
-	if (strcmp(status, "running") != 0 && strcmp(status, "compensating") != 0)
-	{
 		JsonObjStart(&b);
-		JsonObjAddString(&b, "end", end_name);
-		JsonObjAddString(&b, "status", status);
-		JsonObjAddJsonb(&b, "response", response);
-		if (run_error)
-			JsonObjAddString(&b, "error", run_error);
-		JournalAdd(&events, strcmp(status, "completed") == 0 ? "run_completed" :
-				   strcmp(status, "aborted") == 0 ? "run_aborted" : "run_failed",
-				   NULL, NULL, JsonObjEnd(&b));
+		JsonObjAddString(&b, "_last_error", edata->message);
+		JsonObjAddString(&b, "_last_error_type", StepErrorType);
+		cp.context = JsonMerge(cp.context, JsonObjEnd(&b));
+		signal = "error";
 	}
-
-	/* Internal writes run as the extension's owner. */
-	SecurityAsOwner(&frame);
-
-	/* the fenced update first: a holder that lost its lease stops here */
-	run->next_seq = run->last_seq + JournalCount(events);
-	write_checkpoint_control(run, status, context, next_step_id, run->next_seq,
-							 end_name, response, run_error, NULL,
-							 result ? result->consume : NIL, NULL,
-							 result ? result->steer_done : NIL);
-	(void) JournalWrite(run->id, run->last_seq, events);
-	SecurityRestore(&frame);
-
-	if (strcmp(status, "running") != 0 && strcmp(status, "compensating") != 0)
-		TuvlRunChangedAtCommit();
-
-	/* SPI's memory is gone at commit: keep the new context with the run */
-	{
-		MemoryContext old = MemoryContextSwitchTo(run->cxt);
-
-		run->next_context = DatumGetJsonbPCopy(JsonbPGetDatum(context));
-		MemoryContextSwitchTo(old);
-	}
-	run->next_step_state = NULL;
-	run->next_step = next_step_id ? WorkflowFindStep(wf, next_step_id) : -1;
-	run->next_status = status;
-	run->next_error = run_error ? MemoryContextStrdup(run->cxt, run_error) : NULL;
+	journal_step_end(t, result, edata, signal, &cp.events);
+	route_outcome(t, result, edata, signal, &cp);
+	journal_checkpoint(t, &cp);
+	CheckpointWrite(run, &cp);
 }
 
-static bool boundary_control(Transition *t);
 static void take_fresh_effect(Transition *t);
 
 /* "30 s", "1.5 s" or "250 ms", for messages. */
@@ -1013,6 +593,83 @@ step_timed_out(Transition *t)
 	ereport(ERROR,
 			(errcode(ERRCODE_QUERY_CANCELED),
 			 errmsg("the step's timeout of %s passed", duration_text(step_timeout_ms(t->step)))));
+}
+
+/* step_state of a step paused now: its clock stops, keeping the time left */
+static Jsonb *
+paused_step_state(Jsonb *state)
+{
+	TimestampTz deadline;
+
+	if (state == NULL || JsonGetField(state, "deadline") == NULL)
+		return state;
+	deadline = (TimestampTz) JsonGetInt(state, "deadline", 0);
+	return JsonSetKey(JsonRemoveKey(state, "deadline"), "time_left_ms",
+					  JsonFromCString(psprintf(INT64_FORMAT,
+											   Max((deadline - GetCurrentTimestamp()) / 1000, 0))));
+}
+
+/*
+ * Operator directives that apply between steps (tuvl.runs.control, as
+ * seen at the last checkpoint): abort ends the run, pause parks it and
+ * releases the lease.  A step that controls itself (an agent in the
+ * middle of its loop) applies them at its next turn, where its aborted
+ * exit may be routed.  Returns true when the transition was such a stop.
+ */
+static bool
+boundary_control(Transition *t)
+{
+	RunState   *run = t->run;
+	AbortDirective abort;
+	bool		aborted = ControlAbortRequested(run->control, &abort);
+	Jsonb	   *pause = JsonGetJsonb(run->control, "pause");
+	char	   *state_step = run->step_state ? JsonGetString(run->step_state, "step") : NULL;
+	Checkpoint	cp;
+	JsonObjBuilder b;
+
+	if (!aborted && pause == NULL)
+		return false;
+	if (ExecutorFor(t->step->kind)->controls_itself && state_step &&
+		strcmp(state_step, t->step->id) == 0)
+		return false;
+	memset(&cp, 0, sizeof(cp));
+	cp.events = list_copy(t->events);
+	cp.context = run->context;
+	cp.step = t->step->id;
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "step", t->step->id);
+	if (aborted)
+	{
+		const char *first = CompensationBegin(run, RUN_ABORTED, NULL, NULL, abort.error);
+
+		cp.status = first ? RUN_COMPENSATING : RUN_ABORTED;
+		cp.error = abort.error;
+		JsonObjAddString(&b, "reason", abort.reason);
+		JsonObjAddString(&b, "by", abort.by);
+		JsonObjAddString(&b, "status", RunStatusName(cp.status));
+		JournalAdd(&cp.events, "run_aborted", NULL, NULL, JsonObjEnd(&b));
+		cp.consume = list_make2("abort", "pause");
+		if (first)
+		{
+			cp.step = first;
+			JsonObjStart(&b);
+			JsonObjAddString(&b, "step", first);
+			JsonObjAddString(&b, "status", RunStatusName(cp.status));
+			JournalAdd(&cp.events, "checkpoint", t->step->id, t->step->kind_name, JsonObjEnd(&b));
+		}
+		else
+			cp.step_state = paused_step_state(run->step_state);
+	}
+	else
+	{
+		JsonObjAddString(&b, "by", JsonIsObject(pause) ? JsonGetString(pause, "by") : NULL);
+		JournalAdd(&cp.events, "paused", t->step->id, t->step->kind_name, JsonObjEnd(&b));
+		cp.status = RUN_PAUSED;
+		cp.consume = list_make1("pause");
+		cp.step_state = paused_step_state(run->step_state);
+	}
+	CheckpointWrite(run, &cp);
+	return true;
 }
 
 /*
@@ -1052,7 +709,7 @@ prepare_transition(Transition *t)
 				 errmsg("role \"%s\" that started the run does not exist", run->principal_name),
 				 errdetail("Runs belong to the role, not to its name: a role created again under the name does not take them over.")));
 
-	if (run->control && run->fresh_effect == NULL && !run_compensating(run) &&
+	if (run->control && run->fresh_effect == NULL && !CompensationActive(run) &&
 		boundary_control(t))
 		return false;
 
@@ -1078,9 +735,9 @@ prepare_transition(Transition *t)
 		t->first_entry = true;
 		if (timeout_ms > 0)
 			t->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
-		if (run_compensating(run))
+		if (CompensationActive(run))
 		{
-			Jsonb	   *top = comp_top(run->compensation);
+			Jsonb	   *top = CompensationTop(run->compensation);
 
 			JsonObjStart(&b);
 			JsonObjAddString(&b, "step", top ? JsonGetString(top, "step") : NULL);
@@ -1089,7 +746,7 @@ prepare_transition(Transition *t)
 					   t->step->kind_name, JsonObjEnd(&b));
 		}
 	}
-	t->ctx = run_compensating(run) ? compensation_context(run, run->context) : run->context;
+	t->ctx = CompensationActive(run) ? CompensationContext(run, run->context) : run->context;
 	take_fresh_effect(t);
 	t->effects = run->working_effects;
 	INSTR_TIME_SET_CURRENT(t->start);
@@ -1256,101 +913,6 @@ take_fresh_effect(Transition *t)
 }
 
 /*
- * Operator directives that apply between steps (tuvl.runs.control, as
- * seen at the last checkpoint): abort ends the run, pause parks it and
- * releases the lease.  An agent in the middle of its loop applies them
- * itself at its next turn, where its aborted exit may be routed.
- * Returns true when the transition was such a stop.
- */
-static bool
-boundary_control(Transition *t)
-{
-	RunState   *run = t->run;
-	Jsonb	   *abort = JsonGetJsonb(run->control, "abort");
-	Jsonb	   *pause = JsonGetJsonb(run->control, "pause");
-	char	   *state_step = run->step_state ? JsonGetString(run->step_state, "step") : NULL;
-	List	   *events = list_copy(t->events);
-	List	   *consume = NIL;
-	const char *status;
-	const char *next_step = NULL;
-	char	   *error = NULL;
-	Jsonb	   *kept_state;
-	JsonObjBuilder b;
-	SecurityFrame frame;
-
-	if (abort == NULL && pause == NULL)
-		return false;
-	if (t->step->kind == STEP_AGENT && state_step && strcmp(state_step, t->step->id) == 0)
-		return false;
-	JsonObjStart(&b);
-	JsonObjAddString(&b, "step", t->step->id);
-	if (abort)
-	{
-		char	   *reason = JsonIsObject(abort) ? JsonGetString(abort, "reason") : NULL;
-		char	   *by = JsonIsObject(abort) ? JsonGetString(abort, "by") : NULL;
-
-		if (reason && *reason == '\0')
-			reason = NULL;
-		error = psprintf("aborted by %s%s%s", by ? by : "an operator", reason ? ": " : "",
-						 reason ? reason : "");
-		next_step = begin_compensation(run, "aborted", NULL, NULL, error);
-		status = next_step ? "compensating" : "aborted";
-		JsonObjAddString(&b, "reason", reason);
-		JsonObjAddString(&b, "by", by);
-		JsonObjAddString(&b, "status", status);
-		JournalAdd(&events, "run_aborted", NULL, NULL, JsonObjEnd(&b));
-		consume = list_make2("abort", "pause");
-	}
-	else
-	{
-		JsonObjAddString(&b, "by", JsonIsObject(pause) ? JsonGetString(pause, "by") : NULL);
-		JournalAdd(&events, "paused", t->step->id, t->step->kind_name, JsonObjEnd(&b));
-		status = "paused";
-		consume = list_make1("pause");
-	}
-
-	SecurityAsOwner(&frame);
-	if (next_step)
-	{
-		JsonObjStart(&b);
-		JsonObjAddString(&b, "step", next_step);
-		JsonObjAddString(&b, "status", status);
-		JournalAdd(&events, "checkpoint", t->step->id, t->step->kind_name, JsonObjEnd(&b));
-	}
-	run->next_seq = run->last_seq + JournalCount(events);
-	/* a paused step's clock stops: keep the time it had left */
-	if (next_step == NULL && run->step_state && JsonGetField(run->step_state, "deadline"))
-	{
-		TimestampTz deadline = (TimestampTz) JsonGetInt(run->step_state, "deadline", 0);
-		Jsonb	   *state = JsonRemoveKey(run->step_state, "deadline");
-
-		state = JsonSetKey(state, "time_left_ms",
-						   JsonFromCString(psprintf(INT64_FORMAT,
-													Max((deadline - GetCurrentTimestamp()) / 1000, 0))));
-		kept_state = state;
-	}
-	else
-		kept_state = next_step ? NULL : run->step_state;
-	write_checkpoint_control(run, status, run->context, next_step ? next_step : t->step->id,
-							 run->next_seq, NULL, NULL, error, kept_state, consume, NULL, NIL);
-	(void) JournalWrite(run->id, run->last_seq, events);
-	SecurityRestore(&frame);
-	TuvlRunChangedAtCommit();
-
-	{
-		MemoryContext old = MemoryContextSwitchTo(run->cxt);
-
-		run->next_context = DatumGetJsonbPCopy(JsonbPGetDatum(run->context));
-		run->next_step_state = kept_state ? DatumGetJsonbPCopy(JsonbPGetDatum(kept_state)) : NULL;
-		MemoryContextSwitchTo(old);
-	}
-	run->next_step = WorkflowFindStep(t->wf, next_step ? next_step : t->step->id);
-	run->next_status = status;
-	run->next_error = error ? MemoryContextStrdup(run->cxt, error) : NULL;
-	return true;
-}
-
-/*
  * Execute one transition of run: see the file header.  Uses one
  * subtransaction when the step succeeds, two when it fails (the step's
  * work is rolled back, then the failure is journaled).  Any error raised
@@ -1370,7 +932,7 @@ RunAdvance(RunState *run)
 	t.run = run;
 	/* what the last transition left there may be gone with its memory */
 	run->working_effects = NULL;
-	run->send = NULL;
+	RunForgetSend(run);
 	run->cancelled = RUN_CANCEL_NONE;
 	run->compensation_changed = false;
 	if (run->next_compensation)
@@ -1391,7 +953,7 @@ RunAdvance(RunState *run)
 	error_context_stack = errcallback.previous;
 	if (edata)
 	{
-		run->send = NULL;
+		RunForgetSend(run);
 		ReThrowError(edata);
 	}
 }
@@ -1405,23 +967,25 @@ RunAdvance(RunState *run)
 void
 RunFail(RunState *run, const char *error)
 {
-	List	   *events = NIL;
+	Checkpoint	cp;
 	JsonObjBuilder b;
-	SecurityFrame frame;
 
+	memset(&cp, 0, sizeof(cp));
 	JsonObjStart(&b);
 	JsonObjAddNull(&b, "end");
-	JsonObjAddString(&b, "status", "failed");
+	JsonObjAddString(&b, "status", RunStatusName(RUN_FAILED));
 	JsonObjAddString(&b, "error", error);
-	JournalAdd(&events, "run_failed", NULL, NULL, JsonObjEnd(&b));
-
-	SecurityAsOwner(&frame);
-	write_checkpoint(run, "failed", run->context,
-					 run->step >= 0 ? WorkflowLoad(run->workflow, run->version)->steps[run->step].id : NULL,
-					 run->last_seq + 1, NULL, NULL, error, run->step_state);
-	(void) JournalWrite(run->id, run->last_seq, events);
-	SecurityRestore(&frame);
-	TuvlRunChangedAtCommit();
+	JournalAdd(&cp.events, "run_failed", NULL, NULL, JsonObjEnd(&b));
+	if (run->step >= 0)
+	{
+		run->wf = WorkflowLoad(run->workflow, run->version);
+		cp.step = run->wf->steps[run->step].id;
+	}
+	cp.status = RUN_FAILED;
+	cp.context = run->context;
+	cp.error = error;
+	cp.step_state = run->step_state;
+	CheckpointWrite(run, &cp);
 }
 
 /*
@@ -1456,6 +1020,18 @@ RunRefreshControl(RunState *run)
 }
 
 /*
+ * The run's effect request was performed (or will never be): free it.
+ */
+void
+RunForgetSend(RunState *run)
+{
+	if (run->send_cxt)
+		MemoryContextDelete(run->send_cxt);
+	run->send_cxt = NULL;
+	run->send = NULL;
+}
+
+/*
  * Make the staged transition current, once its transaction committed.
  */
 void
@@ -1464,6 +1040,7 @@ RunApplyTransition(RunState *run)
 	pfree(run->context);
 	run->context = run->next_context;
 	run->next_context = NULL;
+	run->status = run->next_status;
 	run->step = run->next_step;
 	run->last_seq = run->next_seq;
 	if (run->step_state)

@@ -13,6 +13,7 @@
 #include "utils/palloc.h"
 #include "utils/timestamp.h"
 
+#include "status.h"
 #include "workflow.h"
 
 /* Why a transition was cancelled from outside its step. */
@@ -40,6 +41,7 @@ typedef struct RunState
 	bool		replay;			/* a tuvl.replay(): effects are served from
 								 * its fixture, secrets are never read */
 	Jsonb	   *context;
+	RunStatus	status;			/* as of the last transition applied */
 	int			step;			/* index of the current step; -1: start */
 	int			last_seq;
 	Jsonb	   *step_state;		/* state within the current step, or NULL:
@@ -52,6 +54,7 @@ typedef struct RunState
 	/* effects (see effect.c), owned by cxt */
 	Jsonb	   *fresh_effect;	/* result of the pending effect, to journal */
 	struct EffectRequest *send; /* to perform once the transition commits */
+	MemoryContext send_cxt;		/* owns send: gone once it is performed */
 	TimestampTz send_at;		/* not before this time */
 	void	   *transfer;		/* the worker's in-flight HttpTransfer */
 
@@ -74,7 +77,7 @@ typedef struct RunState
 	char	   *key_base;		/* replay: idempotency keys of the recording */
 	int			next_step;
 	int			next_seq;
-	const char *next_status;	/* "running" or a terminal status */
+	RunStatus	next_status;
 	char	   *next_error;
 
 	/* set when RunAdvance raised because of a cancel from outside */
@@ -92,7 +95,7 @@ extern void RunStateFree(RunState *run);
 extern void RunAdvance(RunState *run);
 extern void RunApplyTransition(RunState *run);
 extern void RunFail(RunState *run, const char *error);
-extern bool RunIsTerminalStatus(const char *status);
 extern void RunRefreshControl(RunState *run);
+extern void RunForgetSend(RunState *run);
 
 #endif							/* TUVL_RUNTIME_H */

@@ -42,8 +42,13 @@
  */
 #include "postgres.h"
 
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
 #include "access/xact.h"
+#include "catalog/indexing.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_extension.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
 #include "executor/spi.h"
@@ -55,13 +60,74 @@
 #include "tcop/utility.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
+#include "utils/rel.h"
 #include "utils/syscache.h"
 
 #include "deadline.h"
 #include "security.h"
 #include "spiutil.h"
+
+/*
+ * The owner (a regrole) that owner_sql (one text parameter, at most one
+ * row) finds for name, or InvalidOid when the name is new.  Runs as the
+ * extension owner.
+ */
+Oid
+SecurityNameOwner(const char *owner_sql, const char *name)
+{
+	static const Oid types[1] = {TEXTOID};
+	Datum		values[1];
+	SecurityFrame frame;
+	Oid			owner = InvalidOid;
+
+	values[0] = CStringGetTextDatum(name);
+	SecurityAsOwner(&frame);
+	if (SpiExec(owner_sql, 1, types, values, NULL, SPI_OK_SELECT) == 1)
+	{
+		bool		isnull;
+		Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+
+		if (!isnull)
+			owner = DatumGetObjectId(d);
+	}
+	SecurityRestore(&frame);
+	return owner;
+}
+
+/*
+ * The owner of the tuvl extension in this database: internal writes to
+ * tuvl's tables run as this role (SecurityOwnerId caches it).
+ * Must be called inside a transaction.
+ */
+static Oid
+extension_owner(void)
+{
+	Relation	rel;
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tup;
+	Oid			owner = InvalidOid;
+
+	rel = table_open(ExtensionRelationId, AccessShareLock);
+	ScanKeyInit(&key, Anum_pg_extension_extname, BTEqualStrategyNumber,
+				F_NAMEEQ, CStringGetDatum("tuvl"));
+	scan = systable_beginscan(rel, ExtensionNameIndexId, true, NULL, 1, &key);
+	tup = systable_getnext(scan);
+	if (HeapTupleIsValid(tup))
+		owner = ((Form_pg_extension) GETSTRUCT(tup))->extowner;
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+
+	if (!OidIsValid(owner))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("extension \"tuvl\" is not installed in this database"),
+				 errhint("Run CREATE EXTENSION tuvl.")));
+	return owner;
+}
 
 /* How deeply user code may nest (a step calling tuvl.run() ...). */
 #define MAX_USER_CODE_DEPTH 16
@@ -94,7 +160,7 @@ SecurityOwnerId(void)
 {
 	if (!OidIsValid(owner_cache) || owner_cache_lxid != MyProc->lxid)
 	{
-		owner_cache = TuvlOwnerId();
+		owner_cache = extension_owner();
 		owner_cache_lxid = MyProc->lxid;
 	}
 	return owner_cache;
@@ -531,7 +597,7 @@ SecurityTransferName(const char *kind, const char *name, Oid new_owner)
 			1, types, values, NULL, SPI_OK_SELECT);
 	SecurityRestore(&frame);
 
-	owner = SpiNameOwner(k->owner_sql, name);
+	owner = SecurityNameOwner(k->owner_sql, name);
 	if (!OidIsValid(owner))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),

@@ -32,6 +32,7 @@ extern void SecurityBeginSharedSession(void);
 extern bool SecuritySharedSession(void);
 
 extern Oid	SecurityOwnerId(void);
+extern Oid	SecurityNameOwner(const char *owner_sql, const char *name);
 extern void SecurityAsOwner(SecurityFrame *frame);
 extern void SecurityAsPrincipal(SecurityFrame *frame, Oid principal);
 extern void SecurityRestore(SecurityFrame *frame);

@@ -95,60 +95,15 @@ SpiExec(const char *sql, int nargs, const Oid *argtypes,
 }
 
 /*
- * The owner (a regrole) that owner_sql (one text parameter, at most one
- * row) finds for name, or InvalidOid when the name is new.  Runs as the
- * extension owner.
+ * A function's jsonb result, copied out of SPI's memory; disconnects
+ * from SPI.
  */
-Oid
-SpiNameOwner(const char *owner_sql, const char *name)
+Jsonb *
+SpiReturnJsonb(Jsonb *result)
 {
-	static const Oid types[1] = {TEXTOID};
-	Datum		values[1];
-	SecurityFrame frame;
-	Oid			owner = InvalidOid;
+	Jsonb	   *copy = SPI_palloc(VARSIZE(result));
 
-	values[0] = CStringGetTextDatum(name);
-	SecurityAsOwner(&frame);
-	if (SpiExec(owner_sql, 1, types, values, NULL, SPI_OK_SELECT) == 1)
-	{
-		bool		isnull;
-		Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-
-		if (!isnull)
-			owner = DatumGetObjectId(d);
-	}
-	SecurityRestore(&frame);
-	return owner;
-}
-
-/*
- * The owner of the tuvl extension in this database: internal writes to
- * tuvl's tables run as this role (use SecurityOwnerId, which caches it).
- * Must be called inside a transaction.
- */
-Oid
-TuvlOwnerId(void)
-{
-	Relation	rel;
-	ScanKeyData key;
-	SysScanDesc scan;
-	HeapTuple	tup;
-	Oid			owner = InvalidOid;
-
-	rel = table_open(ExtensionRelationId, AccessShareLock);
-	ScanKeyInit(&key, Anum_pg_extension_extname, BTEqualStrategyNumber,
-				F_NAMEEQ, CStringGetDatum("tuvl"));
-	scan = systable_beginscan(rel, ExtensionNameIndexId, true, NULL, 1, &key);
-	tup = systable_getnext(scan);
-	if (HeapTupleIsValid(tup))
-		owner = ((Form_pg_extension) GETSTRUCT(tup))->extowner;
-	systable_endscan(scan);
-	table_close(rel, AccessShareLock);
-
-	if (!OidIsValid(owner))
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_OBJECT),
-				 errmsg("extension \"tuvl\" is not installed in this database"),
-				 errhint("Run CREATE EXTENSION tuvl.")));
-	return owner;
+	memcpy(copy, result, VARSIZE(result));
+	SPI_finish();
+	return copy;
 }

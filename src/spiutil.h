@@ -9,11 +9,11 @@
 #define TUVL_SPIUTIL_H
 
 #include "executor/spi.h"
+#include "utils/jsonb.h"
 
 extern SPIPlanPtr SpiPlan(const char *sql, int nargs, const Oid *argtypes);
 extern uint64 SpiExec(const char *sql, int nargs, const Oid *argtypes,
 					  Datum *values, const char *nulls, int expected);
-extern Oid	TuvlOwnerId(void);
-extern Oid	SpiNameOwner(const char *owner_sql, const char *name);
+extern Jsonb *SpiReturnJsonb(Jsonb *result);
 
 #endif							/* TUVL_SPIUTIL_H */

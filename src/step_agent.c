@@ -31,53 +31,12 @@
 #include "executor.h"
 #include "jsonutil.h"
 #include "llm.h"
+#include "retry.h"
 #include "template.h"
 #include "workflow.h"
 
-typedef struct AgentRetry
-{
-	int			attempts;
-	int			backoff_ms;
-	bool		on_timeout;
-	bool		on_error;
-} AgentRetry;
-
-/* agent.retry, default {on: [timeout, error], attempts: 3, backoff: 1s}. */
-static void
-parse_agent_retry(Jsonb *agent, AgentRetry *r)
-{
-	Jsonb	   *retry = JsonGetJsonb(agent, "retry");
-	JsonbValue *v;
-
-	r->attempts = 3;
-	r->backoff_ms = 1000;
-	r->on_timeout = r->on_error = true;
-	if (retry == NULL || !JsonIsObject(retry))
-		return;
-	v = JsonGetField(retry, "attempts");
-	if (v && v->type == jbvNumeric)
-		r->attempts = Max(1, DatumGetInt32(DirectFunctionCall1(numeric_int4,
-															   NumericGetDatum(v->val.numeric))));
-	(void) DurationFromJson(JsonGetField(retry, "backoff"), &r->backoff_ms);
-	v = JsonGetField(retry, "on");
-	if (v && v->type == jbvBinary)
-	{
-		int			n = JsonContainerSize(v->val.binary.data);
-
-		r->on_timeout = r->on_error = false;
-		for (int i = 0; i < n; i++)
-		{
-			JsonbValue *e = getIthJsonbValueFromContainer(v->val.binary.data, i);
-
-			if (e->type != jbvString)
-				continue;
-			if (e->val.string.len == 7 && strncmp(e->val.string.val, "timeout", 7) == 0)
-				r->on_timeout = true;
-			if (e->val.string.len == 5 && strncmp(e->val.string.val, "error", 5) == 0)
-				r->on_error = true;
-		}
-	}
-}
+/* agent.retry: on [timeout, error] unless "on" says otherwise (retry.c). */
+#define AGENT_DEFAULT_ATTEMPTS 3
 
 /* The enum values of agent.outcome, or NIL. */
 List *
@@ -197,17 +156,18 @@ AgentFinalize(const StepDef *step, const char *text, List *values, StepResult *r
 bool
 AgentShouldRetry(Jsonb *agent, LlmReply *reply, int attempts_made, int *delay_ms)
 {
-	AgentRetry	r;
+	RetryPolicy r;
 
-	parse_agent_retry(agent, &r);
-	if (reply->retryable && attempts_made < r.attempts &&
-		((strcmp(reply->error_class, "timeout") == 0 && r.on_timeout) ||
-		 (strcmp(reply->error_class, "error") == 0 && r.on_error)))
+	/* agent.retry, default {on: [timeout, error], attempts: 3, backoff: 1s} */
+	RetryParse(JsonGetJsonb(agent, "retry"), AGENT_DEFAULT_ATTEMPTS, &r);
+
+	/*
+	 * No status: llm.c has classified the failure (a model's 429 and 5xx
+	 * are "error"), so only on_timeout and on_error count.
+	 */
+	if (reply->retryable && RetryAllowed(&r, attempts_made, 0, reply->error_class))
 	{
-		double		d = r.backoff_ms * pow(2.0, Max(attempts_made - 1, 0));
-
-		d += d * 0.5 * pg_prng_double(&pg_global_prng_state);
-		*delay_ms = reply->retry_after_ms >= 0 ? reply->retry_after_ms : (int) Min(d, 600000);
+		*delay_ms = RetryDelayMs(&r, attempts_made, reply->retry_after_ms);
 		return true;
 	}
 	return false;

@@ -18,10 +18,8 @@
 
 #include "common/md5.h"
 
-#include <math.h>
 #include <curl/curl.h>
 
-#include "common/pg_prng.h"
 #include "lib/stringinfo.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
@@ -29,139 +27,19 @@
 #include "effect.h"
 #include "executor.h"
 #include "jsonutil.h"
+#include "retry.h"
 #include "template.h"
 #include "tuvl.h"
 #include "workflow.h"
 
-/* Longest Retry-After honoured, in milliseconds. */
+/* Longest Retry-After honoured, in milliseconds (RetryAfterMs). */
 #define MAX_RETRY_AFTER_MS (5 * 60 * 1000)
 
-typedef struct RetryPolicy
-{
-	int			attempts;
-	int			backoff_ms;
-	bool		on_timeout;
-	bool		on_error;
-	bool		on_429;
-	bool		on_5xx;
-} RetryPolicy;
-
-static void
-parse_retry(Jsonb *http, RetryPolicy *rp)
-{
-	JsonbValue *r = JsonGetField(http, "retry");
-	Jsonb	   *retry;
-	JsonbValue *v;
-
-	memset(rp, 0, sizeof(RetryPolicy));
-	rp->attempts = 1;
-	rp->backoff_ms = 1000;
-	if (r == NULL || r->type != jbvBinary)
-		return;
-	retry = JsonValueToJsonb(r);
-	v = JsonGetField(retry, "attempts");
-	if (v && v->type == jbvNumeric)
-		rp->attempts = Max(1, DatumGetInt32(DirectFunctionCall1(numeric_int4,
-																NumericGetDatum(v->val.numeric))));
-	(void) DurationFromJson(JsonGetField(retry, "backoff"), &rp->backoff_ms);
-	v = JsonGetField(retry, "on");
-	if (v && v->type == jbvBinary)
-	{
-		int			n = JsonContainerSize(v->val.binary.data);
-
-		for (int i = 0; i < n; i++)
-		{
-			JsonbValue *e = getIthJsonbValueFromContainer(v->val.binary.data, i);
-			char	   *s;
-
-			if (e->type == jbvNumeric)
-				s = DatumGetCString(DirectFunctionCall1(numeric_out, NumericGetDatum(e->val.numeric)));
-			else if (e->type == jbvString)
-				s = pnstrdup(e->val.string.val, e->val.string.len);
-			else
-				continue;
-			rp->on_timeout |= strcmp(s, "timeout") == 0;
-			rp->on_error |= strcmp(s, "error") == 0;
-			rp->on_429 |= strcmp(s, "429") == 0;
-			rp->on_5xx |= strcmp(s, "5xx") == 0;
-		}
-	}
-	else
-		rp->on_timeout = rp->on_error = rp->on_429 = rp->on_5xx = true;
-}
-
-static char *
-json_text_field(Jsonb *j, const char *key)
-{
-	JsonbValue *v = JsonGetField(j, key);
-
-	return v && v->type == jbvString ? pnstrdup(v->val.string.val, v->val.string.len) : NULL;
-}
-
-static int
-result_status(Jsonb *res)
-{
-	JsonbValue *v = JsonGetField(res, "status");
-
-	if (v == NULL || v->type != jbvNumeric)
-		return 0;
-	return DatumGetInt32(DirectFunctionCall1(numeric_int4, NumericGetDatum(v->val.numeric)));
-}
-
-/* Should this result be retried under the policy? */
-static bool
-retryable(Jsonb *res, RetryPolicy *rp)
-{
-	int			status = result_status(res);
-	char	   *kind = json_text_field(res, "error_kind");
-
-	if (status == 429)
-		return rp->on_429;
-	if (status >= 500)
-		return rp->on_5xx;
-	if (kind && strcmp(kind, "timeout") == 0)
-		return rp->on_timeout;
-	if (kind && strcmp(kind, "error") == 0)
-		return rp->on_error;
-	return false;
-}
-
-/* Milliseconds from a Retry-After header (seconds or HTTP date), or -1. */
-static int
-retry_after_ms(Jsonb *res)
-{
-	Jsonb	   *headers = JsonGetJsonb(res, "headers");
-	char	   *ra = headers ? json_text_field(headers, "retry-after") : NULL;
-	char	   *end;
-	double		secs;
-
-	if (ra == NULL)
-		return -1;
-	secs = strtod(ra, &end);
-	if (end != ra && *end == '\0' && secs >= 0)
-		return (int) Min(secs * 1000, MAX_RETRY_AFTER_MS);
-	{
-		time_t		when = curl_getdate(ra, NULL);
-
-		if (when > 0)
-		{
-			double		delta = difftime(when, time(NULL));
-
-			return (int) Min(Max(delta, 0) * 1000, MAX_RETRY_AFTER_MS);
-		}
-	}
-	return -1;
-}
-
-/* Exponential backoff with jitter: base * 2^(n-1), plus up to half again. */
-static int
-backoff_ms(RetryPolicy *rp, int failures)
-{
-	double		d = rp->backoff_ms * pow(2.0, Max(failures - 1, 0));
-
-	d += d * 0.5 * pg_prng_double(&pg_global_prng_state);
-	return (int) Min(d, 10 * 60 * 1000);
-}
+/*
+ * http.retry: no retry unless asked (one attempt); when asked, on 429, 5xx,
+ * timeout and error unless "on" says otherwise (retry.c).
+ */
+#define HTTP_DEFAULT_ATTEMPTS 1
 
 static char *
 url_with_query(const char *url, Jsonb *query, Jsonb *ctx, SecretUse *use)
@@ -169,7 +47,7 @@ url_with_query(const char *url, Jsonb *query, Jsonb *ctx, SecretUse *use)
 	StringInfoData buf;
 	JsonbIterator *it;
 	JsonbValue	v;
-	JsonbIteratorToken tok;
+	char	   *key;
 	bool		first = strchr(url, '?') == NULL;
 
 	if (query == NULL || !JsonIsObject(query))
@@ -177,19 +55,13 @@ url_with_query(const char *url, Jsonb *query, Jsonb *ctx, SecretUse *use)
 	initStringInfo(&buf);
 	appendStringInfoString(&buf, url);
 	it = JsonbIteratorInit(&query->root);
-	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	while (JsonObjectNext(&it, &key, &v))
 	{
-		char	   *key;
-		JsonbValue *val;
+		JsonbValue *val = TemplateRenderValue(&v, ctx, &use->opts);
 		char	   *text;
 		char	   *ek;
 		char	   *ev;
 
-		if (tok != WJB_KEY)
-			continue;
-		key = pnstrdup(v.val.string.val, v.val.string.len);
-		tok = JsonbIteratorNext(&it, &v, true);
-		val = TemplateRenderValue(&v, ctx, &use->opts);
 		if (val->type == jbvNull)
 			continue;
 		text = JsonValueToText(val);
@@ -203,103 +75,86 @@ url_with_query(const char *url, Jsonb *query, Jsonb *ctx, SecretUse *use)
 	return buf.data;
 }
 
-/*
- * Render the http block into a request.  The journal form carries the
- * method and the URL with secrets and credentials removed.
- */
-static EffectRequest *
-build_request(RunState *run, const StepDef *step, Jsonb *http, Jsonb *ctx, SecretUse *use)
+/* Add a header to a request (name and value are not copied). */
+static void
+add_header(EffectRequest *req, const char *name, const char *value)
 {
-	EffectRequest *req = palloc0(sizeof(EffectRequest));
-	char	   *method = json_text_field(http, "method");
-	char	   *url;
-	JsonbValue *headers = JsonGetField(http, "headers");
-	JsonbValue *body = JsonGetField(http, "body");
-	char	   *idem = json_text_field(http, "idempotency");
+	HttpHeader *h = palloc(sizeof(HttpHeader));
+
+	h->name = (char *) name;
+	h->value = (char *) value;
+	req->http.headers = lappend(req->http.headers, h);
+}
+
+/* Render http.headers into the request; true when one is Content-Type. */
+static bool
+render_headers(EffectRequest *req, JsonbValue *headers, Jsonb *ctx, SecretUse *use)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	char	   *name;
 	bool		has_ctype = false;
+
+	if (headers == NULL || headers->type != jbvBinary)
+		return false;
+	it = JsonbIteratorInit(headers->val.binary.data);
+	while (JsonObjectNext(&it, &name, &v))
+	{
+		char	   *value = JsonValueToText(TemplateRenderValue(&v, ctx, &use->opts));
+
+		if (strpbrk(name, "\r\n:") || strpbrk(value, "\r\n"))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("HTTP header \"%s\" contains a line break or an invalid character",
+							SecretScrub(name, use->values)),
+					 errhint("Header names and values must be single lines.")));
+		if (pg_strcasecmp(name, "content-type") == 0)
+			has_ctype = true;
+		add_header(req, name, value);
+	}
+	return has_ctype;
+}
+
+/*
+ * Render http.body into the request: a string is sent as text, anything
+ * else as JSON, with a Content-Type to match unless one was given.
+ */
+static void
+render_body(EffectRequest *req, JsonbValue *body, Jsonb *ctx, SecretUse *use, bool has_ctype)
+{
+	JsonbValue *rendered = TemplateRenderValue(body, ctx, &use->opts);
+	char	   *text;
+
+	if (rendered->type == jbvString)
+		text = pnstrdup(rendered->val.string.val, rendered->val.string.len);
+	else
+	{
+		Jsonb	   *j = JsonValueToJsonb(rendered);
+
+		text = JsonbToCString(NULL, &j->root, VARSIZE(j));
+	}
+	req->http.body = text;
+	req->http.body_len = strlen(text);
+	if (!has_ctype)
+		add_header(req, "Content-Type",
+				   rendered->type == jbvString ? "text/plain; charset=utf-8" : "application/json");
+}
+
+/*
+ * The journal form of a request: the method and the URL with secrets and
+ * credentials removed, the idempotency key, and the digest of the body
+ * sent, without its secrets (replay compares it).
+ */
+static Jsonb *
+journal_form(EffectRequest *req, SecretUse *use)
+{
 	JsonObjBuilder b;
-	int			timeout_ms = tuvl_http_timeout;
 
-	StepErrorType = "template_error";
-	url = TemplateRenderText(json_text_field(http, "url"), ctx, &use->opts);
-	url = url_with_query(url, JsonGetJsonb(http, "query"), ctx, use);
-	req->http.method = pstrdup(method ? method : (body ? "POST" : "GET"));
-	for (char *c = (char *) req->http.method; *c; c++)
-		*c = pg_toupper((unsigned char) *c);
-	req->http.url = url;
-	(void) DurationFromJson(JsonGetField(http, "timeout"), &timeout_ms);
-	req->http.timeout_ms = timeout_ms;
-
-	if (headers && headers->type == jbvBinary)
-	{
-		JsonbIterator *it = JsonbIteratorInit(headers->val.binary.data);
-		JsonbValue	v;
-		JsonbIteratorToken tok;
-
-		while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
-		{
-			HttpHeader *h;
-
-			if (tok != WJB_KEY)
-				continue;
-			h = palloc(sizeof(HttpHeader));
-			h->name = pnstrdup(v.val.string.val, v.val.string.len);
-			tok = JsonbIteratorNext(&it, &v, true);
-			h->value = JsonValueToText(TemplateRenderValue(&v, ctx, &use->opts));
-			if (strpbrk(h->name, "\r\n:") || strpbrk(h->value, "\r\n"))
-				ereport(ERROR,
-						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-						 errmsg("HTTP header \"%s\" contains a line break or an invalid character",
-								SecretScrub(h->name, use->values)),
-						 errhint("Header names and values must be single lines.")));
-			if (pg_strcasecmp(h->name, "content-type") == 0)
-				has_ctype = true;
-			req->http.headers = lappend(req->http.headers, h);
-		}
-	}
-	if (body && body->type != jbvNull)
-	{
-		JsonbValue *rendered = TemplateRenderValue(body, ctx, &use->opts);
-		char	   *text;
-
-		if (rendered->type == jbvString)
-			text = pnstrdup(rendered->val.string.val, rendered->val.string.len);
-		else
-		{
-			Jsonb	   *j = JsonValueToJsonb(rendered);
-
-			text = JsonbToCString(NULL, &j->root, VARSIZE(j));
-		}
-		req->http.body = text;
-		req->http.body_len = strlen(text);
-		if (!has_ctype)
-		{
-			HttpHeader *h = palloc(sizeof(HttpHeader));
-
-			h->name = "Content-Type";
-			h->value = rendered->type == jbvString ? "text/plain; charset=utf-8" : "application/json";
-			req->http.headers = lappend(req->http.headers, h);
-		}
-	}
-	if (idem && strcmp(idem, "auto") == 0)
-	{
-		HttpHeader *h = palloc(sizeof(HttpHeader));
-
-		req->idempotency_key = EffectKey(run, 0);
-		h->name = "Idempotency-Key";
-		h->value = req->idempotency_key;
-		req->http.headers = lappend(req->http.headers, h);
-	}
-	StepErrorType = "http_error";
-	EffectCheckAllowed(url, use->values);
-
-	req->secrets = use->values;
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "method", req->http.method);
-	JsonObjAddString(&b, "url", SecretScrub(HttpRedactUrl(url), use->values));
+	JsonObjAddString(&b, "url", SecretScrub(HttpRedactUrl(req->http.url), use->values));
 	if (req->idempotency_key)
 		JsonObjAddString(&b, "idempotency_key", req->idempotency_key);
-	/* what was sent, without its secrets: replay compares it */
 	if (req->http.body)
 	{
 		char		digest[33];
@@ -309,7 +164,47 @@ build_request(RunState *run, const StepDef *step, Jsonb *http, Jsonb *ctx, Secre
 		if (pg_md5_hash(scrubbed, strlen(scrubbed), digest, &errstr))
 			JsonObjAddString(&b, "body_md5", digest);
 	}
-	req->journal = JsonObjEnd(&b);
+	return JsonObjEnd(&b);
+}
+
+/*
+ * Render the http block into a request.  The journal form carries the
+ * method and the URL with secrets and credentials removed.
+ */
+static EffectRequest *
+build_request(RunState *run, const StepDef *step, Jsonb *http, Jsonb *ctx, SecretUse *use)
+{
+	EffectRequest *req = palloc0(sizeof(EffectRequest));
+	char	   *method = JsonGetString(http, "method");
+	char	   *url;
+	JsonbValue *body = JsonGetField(http, "body");
+	char	   *idem = JsonGetString(http, "idempotency");
+	bool		has_ctype;
+	int			timeout_ms = tuvl_http_timeout;
+
+	StepErrorType = "template_error";
+	url = TemplateRenderText(JsonGetString(http, "url"), ctx, &use->opts);
+	url = url_with_query(url, JsonGetJsonb(http, "query"), ctx, use);
+	req->http.method = pstrdup(method ? method : (body ? "POST" : "GET"));
+	for (char *c = (char *) req->http.method; *c; c++)
+		*c = pg_toupper((unsigned char) *c);
+	req->http.url = url;
+	(void) DurationFromJson(JsonGetField(http, "timeout"), &timeout_ms);
+	req->http.timeout_ms = timeout_ms;
+
+	has_ctype = render_headers(req, JsonGetField(http, "headers"), ctx, use);
+	if (body && body->type != jbvNull)
+		render_body(req, body, ctx, use, has_ctype);
+	if (idem && strcmp(idem, "auto") == 0)
+	{
+		req->idempotency_key = EffectKey(run, 0);
+		add_header(req, "Idempotency-Key", req->idempotency_key);
+	}
+	StepErrorType = "http_error";
+	EffectCheckAllowed(url, use->values);
+
+	req->secrets = use->values;
+	req->journal = journal_form(req, use);
 	return req;
 }
 
@@ -317,10 +212,10 @@ build_request(RunState *run, const StepDef *step, Jsonb *http, Jsonb *ctx, Secre
 static char *
 describe_failure(const char *method, Jsonb *journal, Jsonb *res)
 {
-	int			status = result_status(res);
-	char	   *url = json_text_field(journal, "url");
-	char	   *err = json_text_field(res, "error");
-	char	   *body_error = json_text_field(res, "body_error");
+	int			status = JsonGetInt32(res, "status", 0);
+	char	   *url = JsonGetString(journal, "url");
+	char	   *err = JsonGetString(res, "error");
+	char	   *body_error = JsonGetString(res, "body_error");
 
 	if (status > 0 && body_error)
 		return psprintf("%s %s: %s", method, url, body_error);
@@ -339,7 +234,7 @@ StepExecuteAPICall(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 	int			n = EffectCount(run);
 	Jsonb	   *last = n > 0 ? EffectAt(run, n - 1) : NULL;
 
-	parse_retry(http, &rp);
+	RetryParse(JsonGetJsonb(http, "retry"), HTTP_DEFAULT_ATTEMPTS, &rp);
 	SecretUseInit(&use, run);
 	req = build_request(run, step, http, ctx, &use);
 
@@ -351,7 +246,7 @@ StepExecuteAPICall(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 	}
 
 	{
-		int			status = result_status(last);
+		int			status = JsonGetInt32(last, "status", 0);
 		bool		ok = status >= 200 && status < 300 &&
 			JsonGetField(last, "body_error") == NULL;
 
@@ -367,11 +262,11 @@ StepExecuteAPICall(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 			result->has_output = true;
 			return;
 		}
-		if (retryable(last, &rp) && n < rp.attempts)
+		if (RetryAllowed(&rp, n, status, JsonGetString(last, "error_kind")))
 		{
-			int			ra = retry_after_ms(last);
-
-			req->delay_ms = ra >= 0 ? Max(ra, 0) : backoff_ms(&rp, n);
+			/* Retry-After in seconds or as an HTTP date, at most 5 minutes */
+			req->delay_ms = RetryDelayMs(&rp, n, RetryAfterMs(last, MAX_RETRY_AFTER_MS,
+															  RETRY_AFTER_HTTP_DATE));
 			result->pending = true;
 			result->effect = req;
 			return;
@@ -379,7 +274,7 @@ StepExecuteAPICall(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 		StepErrorType = status == 429 ? "http_429" : status >= 500 ? "http_5xx" :
 			status >= 400 ? "http_4xx" : "http_error";
 		{
-			char	   *kind = json_text_field(last, "error_kind");
+			char	   *kind = JsonGetString(last, "error_kind");
 
 			if (kind && strcmp(kind, "timeout") == 0)
 				StepErrorType = "timeout";

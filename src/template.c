@@ -14,7 +14,7 @@
  *
  * Everything here is pure computation on in-memory values: no SPI, no
  * catalog access and no transaction requirements beyond being able to
- * palloc and ereport.  All results are allocated in CurrentMemoryContext
+ * palloc and ereport (the caller's secret hook may do more).  All results are allocated in CurrentMemoryContext
  * and never point into the template or the context.  Secret values are
  * never included in error messages.
  *

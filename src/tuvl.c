@@ -2,7 +2,8 @@
  *
  * tuvl.c
  *	  Library entry point: GUCs, shared memory, the launcher's
- *	  registration and commit-time wake-ups.
+ *	  registration, commit-time wake-ups and abort interrupts, and small
+ *	  helpers every module uses (size limits, preload and replay checks).
  *
  * The library works in two modes.  Preloaded (shared_preload_libraries),
  * it owns a small shared memory segment and a static launcher that keeps
@@ -129,7 +130,10 @@ tuvl_shmem_startup(void)
 	LWLockRelease(AddinShmemInitLock);
 }
 
-/* Deliver pending wake-ups when the transaction that produced them commits. */
+/*
+ * Deliver pending wake-ups and interrupts when the transaction that
+ * produced them commits; forget them when it aborts.
+ */
 static void
 tuvl_xact_callback(XactEvent event, void *arg)
 {
@@ -446,107 +450,130 @@ TuvlRequirePreload(const char *feature)
 				 errhint("Add tuvl to shared_preload_libraries in postgresql.conf and restart the server.")));
 }
 
+/* An integer GUC of the library; see define_int_gucs. */
+typedef struct IntGuc
+{
+	const char *name;
+	const char *short_desc;
+	const char *long_desc;		/* NULL: none */
+	int		   *variable;
+	int			boot;
+	int			min;
+	int			max;
+	GucContext	context;
+	int			flags;
+	bool		preload_only;	/* postmaster-level: defined only while
+								 * preloading */
+} IntGuc;
+
+/* Workers, leases and tuvl.run(), in the order they are defined. */
+static const IntGuc worker_gucs[] = {
+	{"tuvl.workers_per_database",
+		"Background workers executing runs in each database with the extension.",
+		"Changes take effect on reload: the launcher starts or stops workers.",
+	&tuvl_workers_per_database, 2, 0, 64, PGC_SIGHUP, 0, false},
+	{"tuvl.max_workers",
+		"Maximum number of tuvl workers across all databases.",
+		"Each also needs a slot of max_worker_processes.",
+	&tuvl_max_workers, 16, 1, 1024, PGC_POSTMASTER, 0, true},
+	{"tuvl.lease_timeout",
+		"How long a worker's claim on a run lasts without renewal.",
+		"A run whose lease expired is returned to the queue.",
+	&tuvl_lease_timeout, 30000, 1000, INT_MAX, PGC_SIGHUP, GUC_UNIT_MS, false},
+	{"tuvl.heartbeat_interval",
+		"How often workers renew the leases of the runs they hold.",
+		"Keep it well below tuvl.lease_timeout.",
+	&tuvl_heartbeat_interval, 5000, 100, INT_MAX, PGC_SIGHUP, GUC_UNIT_MS, false},
+	{"tuvl.runs_per_worker",
+		"Maximum number of runs one worker holds at once.",
+		"Held runs waiting for HTTP effects count too: this bounds the transfers in flight per worker.",
+	&tuvl_runs_per_worker, 512, 1, 100000, PGC_SIGHUP, 0, false},
+	{"tuvl.launcher_naptime",
+		"How often the launcher rescans databases without being woken.",
+		NULL,
+	&tuvl_launcher_naptime, 10000, 100, INT_MAX, PGC_SIGHUP, GUC_UNIT_MS, false},
+	{"tuvl.sync_timeout",
+		"Default time tuvl.run() executes a run before handing it to the workers.",
+		"A workflow's trigger.sync_timeout and the sync_timeout argument override it.",
+	&tuvl_sync_timeout, 30000, 0, INT_MAX, PGC_USERSET, GUC_UNIT_MS, false},
+};
+
+/* Timeouts and size limits, in the order they are defined. */
+static const IntGuc limit_gucs[] = {
+	{"tuvl.http_timeout",
+		"Default timeout of one HTTP request.",
+		"A step's own timeout overrides it.",
+	&tuvl_http_timeout, 30000, 100, INT_MAX, PGC_USERSET, GUC_UNIT_MS, false},
+	{"tuvl.agent_tool_timeout",
+		"Wall-clock limit of one tool call of an autonomous agent.",
+		"A tool that runs longer ends the agent on its error exit.",
+	&tuvl_agent_tool_timeout, 300, 1, INT_MAX / 1000, PGC_SUSET, GUC_UNIT_S, false},
+	{"tuvl.step_timeout",
+		"Wall-clock limit of a step that sets no timeout of its own.",
+		"SQL is cancelled at the deadline; the step takes its error route with _last_error_type timeout. Time spent paused or waiting for a person does not count. 0 means no limit.",
+	&tuvl_step_timeout, 10 * 60 * 1000, 0, INT_MAX, PGC_USERSET, GUC_UNIT_MS, false},
+	{"tuvl.max_batch_time",
+		"How long a worker's batch of transitions may run before it commits.",
+		"A transition still running at the limit is cancelled and executed again on its own, so a slow step never holds up other runs' commits.",
+	&tuvl_max_batch_time, 50, 1, 60000, PGC_SIGHUP, GUC_UNIT_MS, false},
+	{"tuvl.max_input_size",
+		"Largest run input tuvl.start_run() and tuvl.run() accept.",
+		NULL,
+	&tuvl_max_input_size, 8 * 1024 * 1024, 1024, MaxAllocSize, PGC_SUSET, GUC_UNIT_BYTE, false},
+	{"tuvl.max_output_size",
+		"Largest output a step may write to the run's context.",
+		"A step whose output is larger fails with _last_error_type too_large.",
+	&tuvl_max_output_size, 16 * 1024 * 1024, 1024, MaxAllocSize, PGC_SUSET, GUC_UNIT_BYTE, false},
+	{"tuvl.max_source_size",
+		"Largest YAML document register_workflow(), register_artifact() and register_llm() accept.",
+		NULL,
+	&tuvl_max_source_size, 1024 * 1024, 1024, MaxAllocSize, PGC_SUSET, GUC_UNIT_BYTE, false},
+	{"tuvl.max_worker_memory",
+		"Memory a worker may hold for its runs and the responses in flight.",
+		"Past it the worker claims no runs and starts no requests until memory is freed, except one request at a time.",
+	&tuvl_max_worker_memory, 256 * 1024, 1024, MAX_KILOBYTES, PGC_SIGHUP, GUC_UNIT_KB, false},
+	{"tuvl.agent_pause_max",
+		"How long an autonomous agent may stay paused.",
+		"An agent paused longer is aborted: it takes its aborted exit.",
+	&tuvl_agent_pause_max, 300, 1, INT_MAX / 1000, PGC_SIGHUP, GUC_UNIT_S, false},
+	{"tuvl.http_max_response_size",
+		"Largest HTTP response body accepted; larger ones fail the request.",
+		NULL,
+	&tuvl_http_max_response_size, 10 * 1024 * 1024, 1024, 1024 * 1024 * 1024, PGC_SUSET, GUC_UNIT_BYTE, false},
+	{"tuvl.http_max_redirects",
+		"Redirects an HTTP request follows at most (each target must be allowed).",
+		NULL,
+	&tuvl_http_max_redirects, 5, 0, 50, PGC_SUSET, 0, false},
+};
+
+/* Define the integer GUCs of a table, in its order. */
+static void
+define_int_gucs(const IntGuc *gucs, int n)
+{
+	for (int i = 0; i < n; i++)
+	{
+		const IntGuc *g = &gucs[i];
+
+		/* a postmaster-level setting can only be defined while preloading */
+		if (g->preload_only && !process_shared_preload_libraries_in_progress)
+			continue;
+		DefineCustomIntVariable(g->name, g->short_desc, g->long_desc,
+								g->variable, g->boot, g->min, g->max,
+								g->context, g->flags, NULL, NULL, NULL);
+	}
+}
+
 static void
 define_gucs(void)
 {
-	DefineCustomIntVariable("tuvl.workers_per_database",
-							"Background workers executing runs in each database with the extension.",
-							"Changes take effect on reload: the launcher starts or stops workers.",
-							&tuvl_workers_per_database, 2, 0, 64,
-							PGC_SIGHUP, 0, NULL, NULL, NULL);
-	/* a postmaster-level setting can only be defined while preloading */
-	if (process_shared_preload_libraries_in_progress)
-		DefineCustomIntVariable("tuvl.max_workers",
-								"Maximum number of tuvl workers across all databases.",
-								"Each also needs a slot of max_worker_processes.",
-								&tuvl_max_workers, 16, 1, 1024,
-								PGC_POSTMASTER, 0, NULL, NULL, NULL);
-	DefineCustomIntVariable("tuvl.lease_timeout",
-							"How long a worker's claim on a run lasts without renewal.",
-							"A run whose lease expired is returned to the queue.",
-							&tuvl_lease_timeout, 30000, 1000, INT_MAX,
-							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
-	DefineCustomIntVariable("tuvl.heartbeat_interval",
-							"How often workers renew the leases of the runs they hold.",
-							"Keep it well below tuvl.lease_timeout.",
-							&tuvl_heartbeat_interval, 5000, 100, INT_MAX,
-							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
-	DefineCustomIntVariable("tuvl.runs_per_worker",
-							"Maximum number of runs one worker holds at once.",
-							"Held runs waiting for HTTP effects count too: this bounds the transfers in flight per worker.",
-							&tuvl_runs_per_worker, 512, 1, 100000,
-							PGC_SIGHUP, 0, NULL, NULL, NULL);
-	DefineCustomIntVariable("tuvl.launcher_naptime",
-							"How often the launcher rescans databases without being woken.",
-							NULL,
-							&tuvl_launcher_naptime, 10000, 100, INT_MAX,
-							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
-	DefineCustomIntVariable("tuvl.sync_timeout",
-							"Default time tuvl.run() executes a run before handing it to the workers.",
-							"A workflow's trigger.sync_timeout and the sync_timeout argument override it.",
-							&tuvl_sync_timeout, 30000, 0, INT_MAX,
-							PGC_USERSET, GUC_UNIT_MS, NULL, NULL, NULL);
+	define_int_gucs(worker_gucs, lengthof(worker_gucs));
 	DefineCustomStringVariable("tuvl.http_allowed_hosts",
 							   "Hosts that HTTP effects (APICall, MCP, LLM calls) may reach.",
 							   "A comma-separated list of host, host:port, *.domain or host:* patterns; "
 							   "empty (the default) allows none, * allows any.",
 							   &tuvl_http_allowed_hosts, "",
 							   PGC_SUSET, 0, NULL, NULL, NULL);
-	DefineCustomIntVariable("tuvl.http_timeout",
-							"Default timeout of one HTTP request.",
-							"A step's own timeout overrides it.",
-							&tuvl_http_timeout, 30000, 100, INT_MAX,
-							PGC_USERSET, GUC_UNIT_MS, NULL, NULL, NULL);
-	DefineCustomIntVariable("tuvl.agent_tool_timeout",
-							"Wall-clock limit of one tool call of an autonomous agent.",
-							"A tool that runs longer ends the agent on its error exit.",
-							&tuvl_agent_tool_timeout, 300, 1, INT_MAX / 1000,
-							PGC_SUSET, GUC_UNIT_S, NULL, NULL, NULL);
-	DefineCustomIntVariable("tuvl.step_timeout",
-							"Wall-clock limit of a step that sets no timeout of its own.",
-							"SQL is cancelled at the deadline; the step takes its error route with _last_error_type timeout. Time spent paused or waiting for a person does not count. 0 means no limit.",
-							&tuvl_step_timeout, 10 * 60 * 1000, 0, INT_MAX,
-							PGC_USERSET, GUC_UNIT_MS, NULL, NULL, NULL);
-	DefineCustomIntVariable("tuvl.max_batch_time",
-							"How long a worker's batch of transitions may run before it commits.",
-							"A transition still running at the limit is cancelled and executed again on its own, so a slow step never holds up other runs' commits.",
-							&tuvl_max_batch_time, 50, 1, 60000,
-							PGC_SIGHUP, GUC_UNIT_MS, NULL, NULL, NULL);
-	DefineCustomIntVariable("tuvl.max_input_size",
-							"Largest run input tuvl.start_run() and tuvl.run() accept.",
-							NULL,
-							&tuvl_max_input_size, 8 * 1024 * 1024, 1024, MaxAllocSize,
-							PGC_SUSET, GUC_UNIT_BYTE, NULL, NULL, NULL);
-	DefineCustomIntVariable("tuvl.max_output_size",
-							"Largest output a step may write to the run's context.",
-							"A step whose output is larger fails with _last_error_type too_large.",
-							&tuvl_max_output_size, 16 * 1024 * 1024, 1024, MaxAllocSize,
-							PGC_SUSET, GUC_UNIT_BYTE, NULL, NULL, NULL);
-	DefineCustomIntVariable("tuvl.max_source_size",
-							"Largest YAML document register_workflow(), register_artifact() and register_llm() accept.",
-							NULL,
-							&tuvl_max_source_size, 1024 * 1024, 1024, MaxAllocSize,
-							PGC_SUSET, GUC_UNIT_BYTE, NULL, NULL, NULL);
-	DefineCustomIntVariable("tuvl.max_worker_memory",
-							"Memory a worker may hold for its runs and the responses in flight.",
-							"Past it the worker claims no runs and starts no requests until memory is freed, except one request at a time.",
-							&tuvl_max_worker_memory, 256 * 1024, 1024, MAX_KILOBYTES,
-							PGC_SIGHUP, GUC_UNIT_KB, NULL, NULL, NULL);
-	DefineCustomIntVariable("tuvl.agent_pause_max",
-							"How long an autonomous agent may stay paused.",
-							"An agent paused longer is aborted: it takes its aborted exit.",
-							&tuvl_agent_pause_max, 300, 1, INT_MAX / 1000,
-							PGC_SIGHUP, GUC_UNIT_S, NULL, NULL, NULL);
-	DefineCustomIntVariable("tuvl.http_max_response_size",
-							"Largest HTTP response body accepted; larger ones fail the request.",
-							NULL,
-							&tuvl_http_max_response_size, 10 * 1024 * 1024, 1024, 1024 * 1024 * 1024,
-							PGC_SUSET, GUC_UNIT_BYTE, NULL, NULL, NULL);
-	DefineCustomIntVariable("tuvl.http_max_redirects",
-							"Redirects an HTTP request follows at most (each target must be allowed).",
-							NULL,
-							&tuvl_http_max_redirects, 5, 0, 50,
-							PGC_SUSET, 0, NULL, NULL, NULL);
+	define_int_gucs(limit_gucs, lengthof(limit_gucs));
 	DefineCustomBoolVariable("tuvl.http_verify_tls",
 							 "Verify TLS certificates and host names of HTTPS requests.",
 							 "Turn off only for testing.",

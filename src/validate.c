@@ -7,8 +7,10 @@
  * finding at once, each with the path of the offending node and, where
  * the YAML position is known, its line and column in the message.  It
  * never raises for a bad workflow: callers decide (register_workflow
- * refuses any error, validate() returns the rows).  Pure computation;
- * results in CurrentMemoryContext.
+ * refuses any error, validate() returns the rows).  Most checks look only
+ * at the definition, but artifact references and model names are looked
+ * up in tuvl's tables (ArtifactLookup and LlmConfigExists connect to SPI
+ * themselves).  Results are palloc'd in CurrentMemoryContext.
  *
  *-------------------------------------------------------------------------
  */
@@ -50,6 +52,7 @@ static const char *const step_common_keys[] = {
 	"context_injection", "timeout", "retry", NULL
 };
 
+/* Add a finding at path; the YAML position of path, when known, is appended. */
 static pg_attribute_printf(4, 5) void
 add_finding(ValidateState *vs, const char *severity, const char *path,
 			const char *fmt,...)
@@ -82,6 +85,7 @@ add_finding(ValidateState *vs, const char *severity, const char *path,
 	vs->findings = lappend(vs->findings, f);
 }
 
+/* Is s a letter or _ followed by letters, digits, _ (and - if allow_dash)? */
 static bool
 valid_identifier(const char *s, bool allow_dash)
 {
@@ -95,6 +99,7 @@ valid_identifier(const char *s, bool allow_dash)
 	return true;
 }
 
+/* Does s match [a-z_][a-z0-9_]*? */
 static bool
 valid_workflow_name(const char *s)
 {
@@ -106,6 +111,7 @@ valid_workflow_name(const char *s)
 	return true;
 }
 
+/* Is s in the List of C strings l? */
 static bool
 list_has_string(List *l, const char *s)
 {
@@ -117,6 +123,40 @@ list_has_string(List *l, const char *s)
 	return false;
 }
 
+/* Is name one of the NULL-terminated options (none when options is NULL)? */
+static bool
+name_in(const char *name, const char *const *options)
+{
+	for (int i = 0; options && options[i]; i++)
+		if (strcmp(options[i], name) == 0)
+			return true;
+	return false;
+}
+
+/*
+ * Step a non-recursive iterator over a mapping to its next key: sets *key
+ * (palloc'd) and *value.  Returns false at the end of the mapping.
+ */
+static bool
+next_key(JsonbIterator **it, char **key, JsonbValue *value)
+{
+	JsonbValue	k;
+
+	for (;;)
+	{
+		JsonbIteratorToken tok = JsonbIteratorNext(it, &k, true);
+
+		if (tok == WJB_DONE)
+			return false;
+		if (tok == WJB_KEY)
+			break;
+	}
+	*key = pnstrdup(k.val.string.val, k.val.string.len);
+	(void) JsonbIteratorNext(it, value, true);
+	return true;
+}
+
+/* "a string", "a mapping" and so on, for messages about v's type. */
 static const char *
 json_type_name(JsonbValue *v)
 {
@@ -156,24 +196,12 @@ check_unknown_keys(ValidateState *vs, Jsonb *obj, const char *path,
 {
 	JsonbIterator *it = JsonbIteratorInit(&obj->root);
 	JsonbValue	v;
-	JsonbIteratorToken tok;
+	char	   *key;
 
-	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
-	{
-		char	   *key;
-		bool		known = false;
-
-		if (tok != WJB_KEY)
-			continue;
-		key = pnstrdup(v.val.string.val, v.val.string.len);
-		for (int i = 0; allowed[i]; i++)
-			known |= strcmp(allowed[i], key) == 0;
-		for (int i = 0; allowed2 && allowed2[i]; i++)
-			known |= strcmp(allowed2[i], key) == 0;
-		if (!known)
+	while (next_key(&it, &key, &v))
+		if (!name_in(key, allowed) && !name_in(key, allowed2))
 			add_finding(vs, "warning", psprintf("%s%s%s", path, *path ? "." : "", key),
 						"unknown key \"%s\" is ignored; check its spelling", key);
-	}
 }
 
 /* A required string field of a mapping. */
@@ -198,6 +226,7 @@ require_string(ValidateState *vs, Jsonb *obj, const char *key, const char *path,
 	return pnstrdup(v->val.string.val, v->val.string.len);
 }
 
+/* An optional duration field of a mapping. */
 static void
 check_duration(ValidateState *vs, Jsonb *obj, const char *key, const char *path)
 {
@@ -209,19 +238,21 @@ check_duration(ValidateState *vs, Jsonb *obj, const char *key, const char *path)
 					"\"%s\" must be a duration such as 500ms, 10s or 5m", key);
 }
 
+/* Is target the id of a step or an end? */
 static bool
 is_target(ValidateState *vs, const char *target)
 {
 	return list_has_string(vs->step_ids, target) || list_has_string(vs->end_ids, target);
 }
 
+/* A step's routes: a mapping of signals to steps or ends. */
 static void
 check_routes(ValidateState *vs, Jsonb *step, const char *path)
 {
 	JsonbValue *routes = JsonGetField(step, "routes");
 	JsonbIterator *it;
 	JsonbValue	v;
-	JsonbIteratorToken tok;
+	char	   *signal;
 	char	   *rpath = psprintf("%s.routes", path);
 
 	if (routes == NULL)
@@ -233,16 +264,10 @@ check_routes(ValidateState *vs, Jsonb *step, const char *path)
 		return;
 	}
 	it = JsonbIteratorInit(routes->val.binary.data);
-	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	while (next_key(&it, &signal, &v))
 	{
-		char	   *signal;
-		char	   *spath;
+		char	   *spath = psprintf("%s.%s", rpath, signal);
 
-		if (tok != WJB_KEY)
-			continue;
-		signal = pnstrdup(v.val.string.val, v.val.string.len);
-		spath = psprintf("%s.%s", rpath, signal);
-		tok = JsonbIteratorNext(&it, &v, true);
 		if (v.type != jbvString)
 		{
 			add_finding(vs, "error", spath,
@@ -262,21 +287,15 @@ check_routes(ValidateState *vs, Jsonb *step, const char *path)
 	}
 }
 
+/* Is v a string that is one of the options? */
 static bool
 string_in(JsonbValue *v, const char *const *options)
 {
-	char	   *s;
-
 	if (v == NULL || v->type != jbvString)
 		return false;
-	s = pnstrdup(v->val.string.val, v->val.string.len);
-	for (int i = 0; options[i]; i++)
-		if (strcmp(s, options[i]) == 0)
-			return true;
-	return false;
+	return name_in(pnstrdup(v->val.string.val, v->val.string.len), options);
 }
 
-/* retry: {on: [...], attempts: n, backoff: duration} */
 /* Is v a whole number from 1 to INT_MAX? */
 static bool
 is_positive_int4(JsonbValue *v)
@@ -294,6 +313,7 @@ is_positive_int4(JsonbValue *v)
 	return !err && n >= 1;
 }
 
+/* retry: {on: [...], attempts: n, backoff: duration}. */
 static void
 check_retry(ValidateState *vs, Jsonb *parent, const char *path, const char *const *on_values,
 			const char *example)
@@ -331,10 +351,8 @@ check_retry(ValidateState *vs, Jsonb *parent, const char *path, const char *cons
 			char	   *text = e->type == jbvString ? pnstrdup(e->val.string.val, e->val.string.len)
 				: e->type == jbvNumeric ? DatumGetCString(DirectFunctionCall1(numeric_out, NumericGetDatum(e->val.numeric)))
 				: "";
-			bool		ok = false;
+			bool		ok = name_in(text, on_values);
 
-			for (int j = 0; on_values[j]; j++)
-				ok |= strcmp(on_values[j], text) == 0;
 			if (e->type != jbvString && e->type != jbvNumeric)
 				add_finding(vs, "error", psprintf("%s.on[%d]", rpath, i),
 							"retry conditions are names such as timeout; use %s", example);
@@ -345,6 +363,7 @@ check_retry(ValidateState *vs, Jsonb *parent, const char *path, const char *cons
 	}
 }
 
+/* The http mapping of an APICall step. */
 static void
 check_http_block(ValidateState *vs, Jsonb *http, const char *hpath)
 {
@@ -459,7 +478,7 @@ check_guardrails(ValidateState *vs, JsonbValue *g, const char *path, bool autono
 	Jsonb	   *gj;
 	JsonbIterator *it;
 	JsonbValue	v;
-	JsonbIteratorToken tok;
+	char	   *key;
 
 	if (g == NULL)
 		return;
@@ -471,23 +490,16 @@ check_guardrails(ValidateState *vs, JsonbValue *g, const char *path, bool autono
 	}
 	gj = JsonValueToJsonb(g);
 	it = JsonbIteratorInit(&gj->root);
-	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	while (next_key(&it, &key, &v))
 	{
-		char	   *key;
-		bool		known = false;
+		bool		known = name_in(key, gates);
 
-		if (tok != WJB_KEY)
-			continue;
-		key = pnstrdup(v.val.string.val, v.val.string.len);
-		for (int i = 0; gates[i]; i++)
-			known |= strcmp(gates[i], key) == 0;
 		if (!known)
 			add_finding(vs, "error", psprintf("%s.%s", path, key),
 						"unknown guardrail gate \"%s\"; use input, output or tools", key);
 		else if (strcmp(key, "tools") == 0 && !autonomous)
 			add_finding(vs, "error", psprintf("%s.%s", path, key),
 						"the tools gate checks tool results, which only mode: autonomous has");
-		tok = JsonbIteratorNext(&it, &v, true);
 		if (known)
 			check_artifact_list(vs, &v, psprintf("%s.%s", path, key), SITE_GUARDRAIL, "a guardrail gate");
 	}
@@ -698,20 +710,13 @@ check_context_injection(ValidateState *vs, Jsonb *step, const char *path)
 	}
 }
 
+/* Keys of the agent mapping: removed ones are errors, unknown ones warnings. */
 static void
-check_agent_block(ValidateState *vs, Jsonb *step, const char *path)
+check_agent_keys(ValidateState *vs, Jsonb *agent, const char *apath)
 {
-	static const char *const agent_on[] = {"timeout", "error", NULL};
-	static const char *const reserved[] = {"max_iterations", "budget_exceeded", "error", "aborted",
-	"guardrail_violation", "default", NULL};
-	JsonbValue *a = JsonGetField(step, "agent");
-	char	   *apath = psprintf("%s.agent", path);
-	Jsonb	   *agent;
-	JsonbValue *o;
-	char	   *mode = JsonGetString(step, "mode");
-
 	static const char *const agent_keys[] = {"model", "system", "prompt", "steering", "skills",
 		"tools", "outcome", "max_iterations", "token_budget", "guardrails", "retry", NULL};
+	static const char *const agent_keys_removed[] = {"output", "steering_files", NULL};
 	static const struct
 	{
 		const char *key;
@@ -720,168 +725,261 @@ check_agent_block(ValidateState *vs, Jsonb *step, const char *path)
 		{"output", "agent.outcome.write"},
 		{"steering_files", "agent.steering (inline text or an artifact:// reference)"},
 	};
-	bool		autonomous = mode && strcmp(mode, "autonomous") == 0;
-	Jsonb	   *routes = JsonGetJsonb(step, "routes");
+	Jsonb	   *oc = JsonGetJsonb(agent, "outcome");
 
-	if (!is_mapping(a))
-		return;
-	agent = JsonValueToJsonb(a);
 	for (int i = 0; i < (int) lengthof(removed); i++)
 		if (JsonGetField(agent, removed[i].key))
 			add_finding(vs, "error", psprintf("%s.%s", apath, removed[i].key),
 						"agent.%s was removed; use %s", removed[i].key, removed[i].instead);
-	{
-		Jsonb	   *oc = JsonGetJsonb(agent, "outcome");
+	if (oc && JsonIsObject(oc) && JsonGetField(oc, "output_key"))
+		add_finding(vs, "error", psprintf("%s.outcome.output_key", apath),
+					"outcome.output_key was removed; use outcome.write");
+	if (oc && JsonIsObject(oc) && JsonGetField(oc, "signal_from"))
+		add_finding(vs, "error", psprintf("%s.outcome.signal_from", apath),
+					"outcome.signal_from was removed; the outcome is the \"outcome\" field of the final answer, one of outcome.enum");
+	check_unknown_keys(vs, agent, apath, agent_keys, agent_keys_removed);
+}
 
-		if (oc && JsonIsObject(oc) && JsonGetField(oc, "output_key"))
-			add_finding(vs, "error", psprintf("%s.outcome.output_key", apath),
-						"outcome.output_key was removed; use outcome.write");
-		if (oc && JsonIsObject(oc) && JsonGetField(oc, "signal_from"))
-			add_finding(vs, "error", psprintf("%s.outcome.signal_from", apath),
-						"outcome.signal_from was removed; the outcome is the \"outcome\" field of the final answer, one of outcome.enum");
-	}
-	{
-		static const char *const agent_keys_removed[] = {"output", "steering_files", NULL};
+/*
+ * The fields of an autonomous agent: no completion-mode texts, steering,
+ * tools, limits, and routes for its reserved exits.
+ */
+static void
+check_autonomous_agent(ValidateState *vs, Jsonb *step, Jsonb *agent, const char *path,
+					   const char *apath, Jsonb *routes)
+{
+	static const char *const exits[] = {"max_iterations", "budget_exceeded", "aborted", NULL};
 
-		check_unknown_keys(vs, agent, apath, agent_keys, agent_keys_removed);
-	}
-	if (autonomous)
-	{
-		static const char *const exits[] = {"max_iterations", "budget_exceeded", "aborted", NULL};
-
-		if (JsonGetField(agent, "system"))
-			add_finding(vs, "error", psprintf("%s.system", apath),
-						"system is a completion-mode field; an autonomous agent takes its instructions from agent.steering");
-		if (JsonGetField(agent, "prompt"))
-			add_finding(vs, "error", psprintf("%s.prompt", apath),
-						"prompt is a completion-mode field; an autonomous agent reads the public context instead");
-		if (JsonGetField(agent, "steering") == NULL)
-			add_finding(vs, "warning", apath,
-						"agent.steering is missing; without it the model knows only the context and the tools");
-		check_agent_tools(vs, agent, apath, JsonGetString(step, "id") ? JsonGetString(step, "id") : "");
-		check_positive_int(vs, agent, "max_iterations", apath);
-		check_positive_int(vs, agent, "token_budget", apath);
-		for (int i = 0; exits[i]; i++)
-			if ((strcmp(exits[i], "budget_exceeded") != 0 || JsonGetField(agent, "token_budget")) &&
-				(routes == NULL || JsonGetField(routes, exits[i]) == NULL))
-				add_finding(vs, "warning", psprintf("%s.routes", path),
-							strcmp(exits[i], "aborted") == 0
-							? "the reserved exit \"%s\" has no route: an abort stops the run without a routed exit"
-							: "the reserved exit \"%s\" has no route: the run fails if the agent takes it",
-							exits[i]);
-		if ((JsonGetField(agent, "guardrails") || JsonGetField(step, "guardrails")) &&
-			(routes == NULL || JsonGetField(routes, "guardrail_violation") == NULL))
+	if (JsonGetField(agent, "system"))
+		add_finding(vs, "error", psprintf("%s.system", apath),
+					"system is a completion-mode field; an autonomous agent takes its instructions from agent.steering");
+	if (JsonGetField(agent, "prompt"))
+		add_finding(vs, "error", psprintf("%s.prompt", apath),
+					"prompt is a completion-mode field; an autonomous agent reads the public context instead");
+	if (JsonGetField(agent, "steering") == NULL)
+		add_finding(vs, "warning", apath,
+					"agent.steering is missing; without it the model knows only the context and the tools");
+	check_agent_tools(vs, agent, apath, JsonGetString(step, "id") ? JsonGetString(step, "id") : "");
+	check_positive_int(vs, agent, "max_iterations", apath);
+	check_positive_int(vs, agent, "token_budget", apath);
+	for (int i = 0; exits[i]; i++)
+		if ((strcmp(exits[i], "budget_exceeded") != 0 || JsonGetField(agent, "token_budget")) &&
+			(routes == NULL || JsonGetField(routes, exits[i]) == NULL))
 			add_finding(vs, "warning", psprintf("%s.routes", path),
-						"guardrails are attached but \"guardrail_violation\" has no route: the run fails if a check fails");
-	}
-	else if (JsonGetField(agent, "tools"))
-		add_finding(vs, "warning", psprintf("%s.tools", apath),
-					"tools are used only by mode: autonomous; a completion agent ignores them");
-	check_context_injection(vs, step, path);
+						strcmp(exits[i], "aborted") == 0
+						? "the reserved exit \"%s\" has no route: an abort stops the run without a routed exit"
+						: "the reserved exit \"%s\" has no route: the run fails if the agent takes it",
+						exits[i]);
+	if ((JsonGetField(agent, "guardrails") || JsonGetField(step, "guardrails")) &&
+		(routes == NULL || JsonGetField(routes, "guardrail_violation") == NULL))
+		add_finding(vs, "warning", psprintf("%s.routes", path),
+					"guardrails are attached but \"guardrail_violation\" has no route: the run fails if a check fails");
+}
 
-	/* artifact references */
-	{
-		JsonbValue *st = JsonGetField(agent, "steering");
+/* An agent text field (steering, system, prompt), when present, is a string. */
+static void
+check_agent_text(ValidateState *vs, Jsonb *agent, const char *key, const char *apath)
+{
+	JsonbValue *tv = JsonGetField(agent, key);
 
-		if (st && st->type != jbvString)
-			add_finding(vs, "error", psprintf("%s.steering", apath),
-						"steering must be text or an artifact:// reference");
-	}
+	if (tv && tv->type != jbvString)
+		add_finding(vs, "error", psprintf("%s.%s", apath, key),
+					"%s must be text or an artifact:// reference", key);
+}
+
+/* The agent's artifact references: steering, system, prompt and skills. */
+static void
+check_agent_artifacts(ValidateState *vs, Jsonb *agent, const char *apath)
+{
+	JsonbValue *sk = JsonGetField(agent, "skills");
+
+	check_agent_text(vs, agent, "steering", apath);
 	(void) check_artifact_ref(vs, JsonGetField(agent, "steering"), psprintf("%s.steering", apath),
 							  SITE_STEERING);
 	(void) check_artifact_ref(vs, JsonGetField(agent, "system"), psprintf("%s.system", apath),
 							  SITE_STEERING);
 	(void) check_artifact_ref(vs, JsonGetField(agent, "prompt"), psprintf("%s.prompt", apath),
 							  SITE_PROMPT);
-	{
-		JsonbValue *sk = JsonGetField(agent, "skills");
+	if (sk && !is_list(sk))
+		add_finding(vs, "error", psprintf("%s.skills", apath),
+					"skills must be a list of texts or artifact:// references to skill artifacts");
+	else if (sk)
+		for (int i = 0; i < (int) JsonContainerSize(sk->val.binary.data); i++)
+		{
+			JsonbValue *e = getIthJsonbValueFromContainer(sk->val.binary.data, i);
 
-		if (sk && !is_list(sk))
-			add_finding(vs, "error", psprintf("%s.skills", apath),
-						"skills must be a list of texts or artifact:// references to skill artifacts");
-		else if (sk)
-			for (int i = 0; i < (int) JsonContainerSize(sk->val.binary.data); i++)
-			{
-				JsonbValue *e = getIthJsonbValueFromContainer(sk->val.binary.data, i);
+			if (e->type != jbvString)
+				add_finding(vs, "error", psprintf("%s.skills[%d]", apath, i),
+							"a skill must be text or an artifact:// reference");
+			else
+				(void) check_artifact_ref(vs, e, psprintf("%s.skills[%d]", apath, i), SITE_SKILL);
+		}
+}
 
-				if (e->type != jbvString)
-					add_finding(vs, "error", psprintf("%s.skills[%d]", apath, i),
-								"a skill must be text or an artifact:// reference");
-				else
-					(void) check_artifact_ref(vs, e, psprintf("%s.skills[%d]", apath, i), SITE_SKILL);
-			}
-	}
-	check_guardrails(vs, JsonGetField(agent, "guardrails"), psprintf("%s.guardrails", apath), autonomous);
-	check_guardrails(vs, JsonGetField(step, "guardrails"), psprintf("%s.guardrails", path), autonomous);
-	if (JsonGetField(step, "output"))
-		add_finding(vs, "warning", psprintf("%s.output", path),
-					"an Agent step writes its answer to agent.outcome.write (default <step id>_result); output is ignored");
-	if (JsonGetField(agent, "model") == NULL)
+/* agent.model names a string; one not registered yet is a warning. */
+static void
+check_agent_model(ValidateState *vs, Jsonb *agent, const char *apath)
+{
+	JsonbValue *model = JsonGetField(agent, "model");
+
+	if (model == NULL)
 		add_finding(vs, "error", apath, "agent.model is missing; name a model given to tuvl.register_llm()");
-	else if (JsonGetField(agent, "model")->type != jbvString)
+	else if (model->type != jbvString)
 		add_finding(vs, "error", psprintf("%s.model", apath),
 					"model must name a model given to tuvl.register_llm()");
 	else if (!LlmConfigExists(JsonGetString(agent, "model")))
 		add_finding(vs, "warning", psprintf("%s.model", apath),
 					"model \"%s\" is not registered yet; register it with tuvl.register_llm() before a run reaches this step",
 					JsonGetString(agent, "model"));
+}
+
+/* outcome.enum: names that are not reserved exits, each with a route. */
+static void
+check_outcome_enum(ValidateState *vs, JsonbValue *e, const char *apath, Jsonb *routes)
+{
+	static const char *const reserved[] = {"max_iterations", "budget_exceeded", "error", "aborted",
+	"guardrail_violation", "default", NULL};
+
+	if (!is_list(e))
 	{
-		static const char *const texts[] = {"system", "prompt", NULL};
-
-		for (int i = 0; texts[i]; i++)
-		{
-			JsonbValue *tv = JsonGetField(agent, texts[i]);
-
-			if (tv && tv->type != jbvString)
-				add_finding(vs, "error", psprintf("%s.%s", apath, texts[i]),
-							"%s must be text or an artifact:// reference", texts[i]);
-		}
+		add_finding(vs, "error", psprintf("%s.outcome.enum", apath),
+					"outcome.enum must be a list of outcome names");
+		return;
 	}
+	for (int i = 0; i < (int) JsonContainerSize(e->val.binary.data); i++)
+	{
+		JsonbValue *x = getIthJsonbValueFromContainer(e->val.binary.data, i);
+		char	   *epath = psprintf("%s.outcome.enum[%d]", apath, i);
+		char	   *name;
+
+		if (x->type != jbvString)
+		{
+			add_finding(vs, "error", epath, "outcome names must be strings");
+			continue;
+		}
+		name = pnstrdup(x->val.string.val, x->val.string.len);
+		if (string_in(x, reserved))
+			add_finding(vs, "error", epath,
+						"\"%s\" is a reserved exit and cannot be an outcome; choose another name", name);
+		else if (routes == NULL || JsonGetField(routes, name) == NULL)
+			add_finding(vs, "error", epath,
+						"outcome \"%s\" has no route; add routes: { %s: <step or end> }", name, name);
+	}
+}
+
+/* agent.outcome: a mapping of enum and write. */
+static void
+check_agent_outcome(ValidateState *vs, Jsonb *agent, const char *apath, Jsonb *routes)
+{
+	static const char *const outcome_keys[] = {"enum", "write", "output_key", "signal_from", NULL};
+	JsonbValue *o = JsonGetField(agent, "outcome");
+	Jsonb	   *outcome;
+	JsonbValue *e;
+	JsonbValue *w;
+
+	if (o == NULL)
+		return;
+	if (!is_mapping(o))
+	{
+		add_finding(vs, "error", psprintf("%s.outcome", apath),
+					"outcome must be a mapping such as { enum: [approve, reject], write: decision }");
+		return;
+	}
+	outcome = JsonValueToJsonb(o);
+	e = JsonGetField(outcome, "enum");
+	w = JsonGetField(outcome, "write");
+	check_unknown_keys(vs, outcome, psprintf("%s.outcome", apath), outcome_keys, NULL);
+	if (w && (w->type != jbvString || w->val.string.len == 0))
+		add_finding(vs, "error", psprintf("%s.outcome.write", apath),
+					"outcome.write must name the context key the answer is written to");
+	if (e)
+		check_outcome_enum(vs, e, apath, routes);
+}
+
+/* The agent mapping of an Agent step, and the step fields it governs. */
+static void
+check_agent_block(ValidateState *vs, Jsonb *step, const char *path)
+{
+	static const char *const agent_on[] = {"timeout", "error", NULL};
+	JsonbValue *a = JsonGetField(step, "agent");
+	char	   *apath = psprintf("%s.agent", path);
+	Jsonb	   *agent;
+	char	   *mode = JsonGetString(step, "mode");
+	bool		autonomous = mode && strcmp(mode, "autonomous") == 0;
+	Jsonb	   *routes = JsonGetJsonb(step, "routes");
+
+	if (!is_mapping(a))
+		return;
+	agent = JsonValueToJsonb(a);
+	check_agent_keys(vs, agent, apath);
+	if (autonomous)
+		check_autonomous_agent(vs, step, agent, path, apath, routes);
+	else if (JsonGetField(agent, "tools"))
+		add_finding(vs, "warning", psprintf("%s.tools", apath),
+					"tools are used only by mode: autonomous; a completion agent ignores them");
+	check_context_injection(vs, step, path);
+	check_agent_artifacts(vs, agent, apath);
+	check_guardrails(vs, JsonGetField(agent, "guardrails"), psprintf("%s.guardrails", apath), autonomous);
+	check_guardrails(vs, JsonGetField(step, "guardrails"), psprintf("%s.guardrails", path), autonomous);
+	if (JsonGetField(step, "output"))
+		add_finding(vs, "warning", psprintf("%s.output", path),
+					"an Agent step writes its answer to agent.outcome.write (default <step id>_result); output is ignored");
+	check_agent_model(vs, agent, apath);
+	check_agent_text(vs, agent, "system", apath);
+	check_agent_text(vs, agent, "prompt", apath);
 	if (!autonomous && mode && strcmp(mode, "completion") == 0 && JsonGetField(agent, "prompt") == NULL)
 		add_finding(vs, "error", apath, "a completion agent needs agent.prompt, the user message template");
 	check_retry(vs, agent, apath, agent_on, "[timeout, error]");
-	o = JsonGetField(agent, "outcome");
-	if (o && !is_mapping(o))
-		add_finding(vs, "error", psprintf("%s.outcome", apath),
-					"outcome must be a mapping such as { enum: [approve, reject], write: decision }");
-	else if (o)
+	check_agent_outcome(vs, agent, apath, routes);
+}
+
+/* Report what JsonSchemaCheck finds wrong with a schema as errors. */
+static void
+check_schema(ValidateState *vs, Jsonb *schema, const char *path)
+{
+	ListCell   *lc;
+
+	foreach(lc, JsonSchemaCheck(schema, path))
 	{
-		static const char *const outcome_keys[] = {"enum", "write", "output_key", "signal_from", NULL};
-		Jsonb	   *outcome = JsonValueToJsonb(o);
-		JsonbValue *e = JsonGetField(outcome, "enum");
-		JsonbValue *w = JsonGetField(outcome, "write");
+		JsonSchemaError *e = lfirst(lc);
 
-		check_unknown_keys(vs, outcome, psprintf("%s.outcome", apath), outcome_keys, NULL);
-
-		if (w && (w->type != jbvString || w->val.string.len == 0))
-			add_finding(vs, "error", psprintf("%s.outcome.write", apath),
-						"outcome.write must name the context key the answer is written to");
-		if (e && !is_list(e))
-			add_finding(vs, "error", psprintf("%s.outcome.enum", apath),
-						"outcome.enum must be a list of outcome names");
-		else if (e)
-		{
-			for (int i = 0; i < (int) JsonContainerSize(e->val.binary.data); i++)
-			{
-				JsonbValue *x = getIthJsonbValueFromContainer(e->val.binary.data, i);
-				char	   *epath = psprintf("%s.outcome.enum[%d]", apath, i);
-				char	   *name;
-
-				if (x->type != jbvString)
-				{
-					add_finding(vs, "error", epath, "outcome names must be strings");
-					continue;
-				}
-				name = pnstrdup(x->val.string.val, x->val.string.len);
-				if (string_in(x, reserved))
-					add_finding(vs, "error", epath,
-								"\"%s\" is a reserved exit and cannot be an outcome; choose another name", name);
-				else if (routes == NULL || JsonGetField(routes, name) == NULL)
-					add_finding(vs, "error", epath,
-								"outcome \"%s\" has no route; add routes: { %s: <step or end> }", name, name);
-			}
-		}
+		add_finding(vs, "error", e->path, "%s", e->message);
 	}
+}
+
+/* The mcp mapping of an MCP step. */
+static void
+check_mcp_block(ValidateState *vs, Jsonb *mcp, const char *mpath)
+{
+	static const char *const mcp_keys[] = {"url", "tool", "arguments", "timeout", NULL};
+	JsonbValue *args;
+
+	check_unknown_keys(vs, mcp, mpath, mcp_keys, NULL);
+	require_string(vs, mcp, "url", mpath, "the mcp mapping");
+	require_string(vs, mcp, "tool", mpath, "the mcp mapping");
+	check_duration(vs, mcp, "timeout", mpath);
+	args = JsonGetField(mcp, "arguments");
+	if (args && !is_mapping(args) && args->type != jbvString)
+		add_finding(vs, "error", psprintf("%s.arguments", mpath),
+					"arguments must be a mapping of the tool's parameters, or one template such as \"{{ args }}\"");
+}
+
+/*
+ * The mapping a step of some kinds must have under key (http, mcp, form):
+ * missing says what to write when it is absent or not a mapping; else
+ * check checks its contents.
+ */
+static void
+check_step_mapping(ValidateState *vs, Jsonb *step, const char *path, const char *key,
+				   void (*check) (ValidateState *vs, Jsonb *obj, const char *path),
+				   const char *missing)
+{
+	JsonbValue *v = JsonGetField(step, key);
+
+	if (!is_mapping(v))
+		add_finding(vs, "error", path, "%s", missing);
+	else
+		check(vs, JsonValueToJsonb(v), psprintf("%s.%s", path, key));
 }
 
 /* Kind-specific fields of a step. */
@@ -923,36 +1021,13 @@ check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
 			break;
 		case STEP_APICALL:
 			extra = apicall_keys;
-			v = JsonGetField(step, "http");
-			if (!is_mapping(v))
-				add_finding(vs, "error", path,
-							"an APICall step needs an http mapping with at least a url");
-			else
-				check_http_block(vs, JsonValueToJsonb(v), psprintf("%s.http", path));
+			check_step_mapping(vs, step, path, "http", check_http_block,
+							   "an APICall step needs an http mapping with at least a url");
 			break;
 		case STEP_MCP:
 			extra = mcp_keys;
-			v = JsonGetField(step, "mcp");
-			if (!is_mapping(v))
-				add_finding(vs, "error", path,
-							"an MCP step needs an mcp mapping with url and tool");
-			else
-			{
-				Jsonb	   *mcp = JsonValueToJsonb(v);
-				char	   *mpath = psprintf("%s.mcp", path);
-
-				static const char *const mcp_keys2[] = {"url", "tool", "arguments", "timeout", NULL};
-				JsonbValue *args;
-
-				check_unknown_keys(vs, mcp, mpath, mcp_keys2, NULL);
-				require_string(vs, mcp, "url", mpath, "the mcp mapping");
-				require_string(vs, mcp, "tool", mpath, "the mcp mapping");
-				check_duration(vs, mcp, "timeout", mpath);
-				args = JsonGetField(mcp, "arguments");
-				if (args && !is_mapping(args) && args->type != jbvString)
-					add_finding(vs, "error", psprintf("%s.arguments", mpath),
-								"arguments must be a mapping of the tool's parameters, or one template such as \"{{ args }}\"");
-			}
+			check_step_mapping(vs, step, path, "mcp", check_mcp_block,
+							   "an MCP step needs an mcp mapping with url and tool");
 			break;
 		case STEP_AGENT:
 			extra = agent_keys;
@@ -960,9 +1035,7 @@ check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
 			if (v == NULL)
 				add_finding(vs, "error", path,
 							"an Agent step needs mode: completion or mode: autonomous");
-			else if (v->type != jbvString ||
-					 (strcmp(pnstrdup(v->val.string.val, v->val.string.len), "completion") != 0 &&
-					  strcmp(pnstrdup(v->val.string.val, v->val.string.len), "autonomous") != 0))
+			else if (!string_in(v, (const char *const[]) {"completion", "autonomous", NULL}))
 				add_finding(vs, "error", psprintf("%s.mode", path),
 							"mode must be completion or autonomous");
 			if (!is_mapping(JsonGetField(step, "agent")))
@@ -976,21 +1049,8 @@ check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
 			if (JsonGetField(step, "timeout"))
 				add_finding(vs, "error", psprintf("%s.timeout", path),
 							"timeout on a Human step is not supported yet: a Human step waits until tuvl.submit() answers it");
-			v = JsonGetField(step, "form");
-			if (!is_mapping(v))
-				add_finding(vs, "error", path,
-							"a Human step needs a form: a JSON Schema of the data people submit");
-			else
-			{
-				ListCell   *lc;
-
-				foreach(lc, JsonSchemaCheck(JsonValueToJsonb(v), psprintf("%s.form", path)))
-				{
-					JsonSchemaError *e = lfirst(lc);
-
-					add_finding(vs, "error", e->path, "%s", e->message);
-				}
-			}
+			check_step_mapping(vs, step, path, "form", check_schema,
+							   "a Human step needs a form: a JSON Schema of the data people submit");
 			break;
 		default:
 			break;
@@ -1011,9 +1071,8 @@ valid_cron(const char *text)
 	int			fields = 0;
 	const char *p = text;
 
-	for (int i = 0; macros[i]; i++)
-		if (strcmp(text, macros[i]) == 0)
-			return true;
+	if (name_in(text, macros))
+		return true;
 	while (*p)
 	{
 		while (*p == ' ' || *p == '\t')
@@ -1031,6 +1090,7 @@ valid_cron(const char *text)
 	return fields == 5;
 }
 
+/* The trigger mapping: input schema, schedule and sync_timeout. */
 static void
 check_trigger(ValidateState *vs, JsonbValue *tv)
 {
@@ -1048,16 +1108,7 @@ check_trigger(ValidateState *vs, JsonbValue *tv)
 	check_unknown_keys(vs, trigger, "trigger", trigger_keys, NULL);
 	input = JsonGetField(trigger, "input");
 	if (input)
-	{
-		ListCell   *lc;
-
-		foreach(lc, JsonSchemaCheck(JsonValueToJsonb(input), "trigger.input"))
-		{
-			JsonSchemaError *e = lfirst(lc);
-
-			add_finding(vs, "error", e->path, "%s", e->message);
-		}
-	}
+		check_schema(vs, JsonValueToJsonb(input), "trigger.input");
 	check_duration(vs, trigger, "sync_timeout", "trigger");
 	schedule = JsonGetField(trigger, "schedule");
 	if (schedule && (schedule->type != jbvString ||
@@ -1071,6 +1122,149 @@ check_trigger(ValidateState *vs, JsonbValue *tv)
 		if (is_list(req) && JsonContainerSize(req->val.binary.data) > 0)
 			add_finding(vs, "warning", "trigger.schedule",
 						"scheduled runs start with the input {\"_scheduled_at\": <slot>}, which trigger.input refuses (it requires keys); each scheduled start will fail");
+	}
+}
+
+/* The top-level name, description and trigger. */
+static void
+check_header(ValidateState *vs, Jsonb *def)
+{
+	JsonbValue *v = JsonGetField(def, "name");
+
+	if (v == NULL)
+		add_finding(vs, "error", "", "the workflow is missing required key \"name\"");
+	else if (v->type != jbvString ||
+			 !valid_workflow_name(pnstrdup(v->val.string.val, v->val.string.len)))
+		add_finding(vs, "error", "name",
+					"name must match [a-z_][a-z0-9_]*, such as refund_request");
+
+	v = JsonGetField(def, "description");
+	if (v && v->type != jbvString)
+		add_finding(vs, "error", "description", "description must be a string");
+
+	v = JsonGetField(def, "trigger");
+	if (v)
+		check_trigger(vs, v);
+}
+
+/*
+ * First pass over the steps: each is a mapping with a valid, unique id.
+ * The ids are collected so that routes can be checked in any order.
+ */
+static void
+collect_step_ids(ValidateState *vs, JsonbValue *steps, int nsteps)
+{
+	for (int i = 0; i < nsteps; i++)
+	{
+		JsonbValue *s = getIthJsonbValueFromContainer(steps->val.binary.data, i);
+		char	   *path = psprintf("steps[%d]", i);
+		char	   *id;
+
+		if (!is_mapping(s))
+		{
+			add_finding(vs, "error", path, "a step must be a mapping with id and kind, not %s",
+						json_type_name(s));
+			continue;
+		}
+		id = require_string(vs, JsonValueToJsonb(s), "id", path, "the step");
+		if (id == NULL)
+			continue;
+		if (!valid_identifier(id, true))
+			add_finding(vs, "error", psprintf("%s.id", path),
+						"step id \"%s\" must start with a letter or underscore and contain only letters, digits, _ and -",
+						id);
+		if (list_has_string(vs->step_ids, id))
+			add_finding(vs, "error", psprintf("%s.id", path),
+						"step id \"%s\" is used twice; step ids must be unique", id);
+		vs->step_ids = lappend(vs->step_ids, id);
+	}
+}
+
+/*
+ * The ends: mappings whose ids no step or other end uses, with a status
+ * and a rollback flag.  Their ids are collected for route checks.
+ */
+static void
+check_ends(ValidateState *vs, JsonbValue *ends, int nends)
+{
+	static const char *const end_keys[] = {"id", "status", "response", "rollback", "description", NULL};
+	JsonbValue *v;
+
+	for (int i = 0; i < nends; i++)
+	{
+		JsonbValue *e = getIthJsonbValueFromContainer(ends->val.binary.data, i);
+		char	   *path = psprintf("ends[%d]", i);
+		Jsonb	   *end;
+		char	   *id;
+		char	   *status;
+
+		if (!is_mapping(e))
+		{
+			add_finding(vs, "error", path, "an end must be a mapping such as { id: done, status: completed }");
+			continue;
+		}
+		end = JsonValueToJsonb(e);
+		id = require_string(vs, end, "id", path, "the end");
+		if (id && (list_has_string(vs->step_ids, id) || list_has_string(vs->end_ids, id)))
+			add_finding(vs, "error", psprintf("%s.id", path),
+						"end id \"%s\" is already used by a step or another end", id);
+		if (id)
+			vs->end_ids = lappend(vs->end_ids, id);
+		v = JsonGetField(end, "status");
+		status = (v && v->type == jbvString) ? pnstrdup(v->val.string.val, v->val.string.len) : NULL;
+		if (v && (status == NULL ||
+				  (strcmp(status, "completed") != 0 && strcmp(status, "failed") != 0)))
+			add_finding(vs, "error", psprintf("%s.status", path),
+						"an end's status must be completed or failed");
+		check_unknown_keys(vs, end, path, end_keys, NULL);
+		v = JsonGetField(end, "rollback");
+		if (v && v->type != jbvBool)
+			add_finding(vs, "error", psprintf("%s.rollback", path), "rollback must be true or false");
+	}
+}
+
+/*
+ * Second pass over one step (a mapping): its kind and kind-specific
+ * fields, output, routes and compensate.
+ */
+static void
+check_step(ValidateState *vs, Jsonb *step, const char *path)
+{
+	char	   *kind = require_string(vs, step, "kind", path, "the step");
+	StepKind	k;
+	JsonbValue *v;
+
+	if (kind && !StepKindFromName(kind, &k))
+		add_finding(vs, "error", psprintf("%s.kind", path),
+					"unknown step kind \"%s\"; use one of Functional, ModelOp, Router, APICall, MCP, Agent, Human",
+					kind);
+	else if (kind)
+		check_step_kind(vs, step, k, path);
+
+	v = JsonGetField(step, "output");
+	if (v && (v->type != jbvString || v->val.string.len == 0))
+		add_finding(vs, "error", psprintf("%s.output", path),
+					"output must name the context key the step writes");
+	check_routes(vs, step, path);
+	v = JsonGetField(step, "compensate");
+	if (v && (v->type != jbvString ||
+			  !list_has_string(vs->step_ids, pnstrdup(v->val.string.val, v->val.string.len))))
+		add_finding(vs, "error", psprintf("%s.compensate", path),
+					"compensate must name a step of this workflow");
+}
+
+/* The hooks of the workflow, then those of each step. */
+static void
+check_hooks(ValidateState *vs, Jsonb *def, JsonbValue *steps, int nsteps)
+{
+	check_artifact_list(vs, JsonGetField(def, "hooks"), "hooks", SITE_HOOK, "hooks");
+	for (int i = 0; i < nsteps; i++)
+	{
+		JsonbValue *st = getIthJsonbValueFromContainer(steps->val.binary.data, i);
+
+		if (is_mapping(st))
+			check_artifact_list(vs, JsonGetField(JsonValueToJsonb(st), "hooks"),
+								psprintf("steps[%d].hooks", i), SITE_HOOK, "hooks");
 	}
 }
 
@@ -1098,24 +1292,8 @@ ValidateWorkflow(Jsonb *def, Jsonb *positions, bool strict)
 		return vs.findings;
 	}
 	check_unknown_keys(&vs, def, "", top_level_keys, NULL);
+	check_header(&vs, def);
 
-	v = JsonGetField(def, "name");
-	if (v == NULL)
-		add_finding(&vs, "error", "", "the workflow is missing required key \"name\"");
-	else if (v->type != jbvString ||
-			 !valid_workflow_name(pnstrdup(v->val.string.val, v->val.string.len)))
-		add_finding(&vs, "error", "name",
-					"name must match [a-z_][a-z0-9_]*, such as refund_request");
-
-	v = JsonGetField(def, "description");
-	if (v && v->type != jbvString)
-		add_finding(&vs, "error", "description", "description must be a string");
-
-	v = JsonGetField(def, "trigger");
-	if (v)
-		check_trigger(&vs, v);
-
-	/* First pass: collect ids so routes can be checked in any order. */
 	steps = JsonGetField(def, "steps");
 	if (steps == NULL)
 		add_finding(&vs, "error", "", "the workflow is missing required key \"steps\"");
@@ -1130,118 +1308,22 @@ ValidateWorkflow(Jsonb *def, Jsonb *positions, bool strict)
 	else if (ends)
 		nends = JsonContainerSize(ends->val.binary.data);
 
+	/* First the ids of steps and ends, so routes can name any of them. */
+	collect_step_ids(&vs, steps, nsteps);
+	check_ends(&vs, ends, nends);
 	for (int i = 0; i < nsteps; i++)
 	{
 		JsonbValue *s = getIthJsonbValueFromContainer(steps->val.binary.data, i);
-		char	   *path = psprintf("steps[%d]", i);
-		char	   *id;
 
-		if (!is_mapping(s))
-		{
-			add_finding(&vs, "error", path, "a step must be a mapping with id and kind, not %s",
-						json_type_name(s));
-			continue;
-		}
-		id = require_string(&vs, JsonValueToJsonb(s), "id", path, "the step");
-		if (id == NULL)
-			continue;
-		if (!valid_identifier(id, true))
-			add_finding(&vs, "error", psprintf("%s.id", path),
-						"step id \"%s\" must start with a letter or underscore and contain only letters, digits, _ and -",
-						id);
-		if (list_has_string(vs.step_ids, id))
-			add_finding(&vs, "error", psprintf("%s.id", path),
-						"step id \"%s\" is used twice; step ids must be unique", id);
-		vs.step_ids = lappend(vs.step_ids, id);
-	}
-	for (int i = 0; i < nends; i++)
-	{
-		JsonbValue *e = getIthJsonbValueFromContainer(ends->val.binary.data, i);
-		char	   *path = psprintf("ends[%d]", i);
-		Jsonb	   *end;
-		char	   *id;
-		char	   *status;
-
-		if (!is_mapping(e))
-		{
-			add_finding(&vs, "error", path, "an end must be a mapping such as { id: done, status: completed }");
-			continue;
-		}
-		end = JsonValueToJsonb(e);
-		id = require_string(&vs, end, "id", path, "the end");
-		if (id && (list_has_string(vs.step_ids, id) || list_has_string(vs.end_ids, id)))
-			add_finding(&vs, "error", psprintf("%s.id", path),
-						"end id \"%s\" is already used by a step or another end", id);
-		if (id)
-			vs.end_ids = lappend(vs.end_ids, id);
-		v = JsonGetField(end, "status");
-		status = (v && v->type == jbvString) ? pnstrdup(v->val.string.val, v->val.string.len) : NULL;
-		if (v && (status == NULL ||
-				  (strcmp(status, "completed") != 0 && strcmp(status, "failed") != 0)))
-			add_finding(&vs, "error", psprintf("%s.status", path),
-						"an end's status must be completed or failed");
-		{
-			static const char *const end_keys[] = {"id", "status", "response", "rollback", "description", NULL};
-
-			check_unknown_keys(&vs, end, path, end_keys, NULL);
-		}
-		v = JsonGetField(end, "rollback");
-		if (v && v->type != jbvBool)
-			add_finding(&vs, "error", psprintf("%s.rollback", path), "rollback must be true or false");
-	}
-
-	/* Second pass: kinds, kind-specific fields, routes. */
-	for (int i = 0; i < nsteps; i++)
-	{
-		JsonbValue *s = getIthJsonbValueFromContainer(steps->val.binary.data, i);
-		char	   *path = psprintf("steps[%d]", i);
-		Jsonb	   *step;
-		char	   *kind;
-		StepKind	k;
-		JsonbValue *c;
-
-		if (!is_mapping(s))
-			continue;
-		step = JsonValueToJsonb(s);
-		kind = require_string(&vs, step, "kind", path, "the step");
-		if (kind && !StepKindFromName(kind, &k))
-			add_finding(&vs, "error", psprintf("%s.kind", path),
-						"unknown step kind \"%s\"; use one of Functional, ModelOp, Router, APICall, MCP, Agent, Human",
-						kind);
-		else if (kind)
-			check_step_kind(&vs, step, k, path);
-
-		v = JsonGetField(step, "output");
-		if (v && (v->type != jbvString || v->val.string.len == 0))
-			add_finding(&vs, "error", psprintf("%s.output", path),
-						"output must name the context key the step writes");
-		check_routes(&vs, step, path);
-		c = JsonGetField(step, "compensate");
-		if (c)
-		{
-			if (c->type != jbvString ||
-				!list_has_string(vs.step_ids, pnstrdup(c->val.string.val, c->val.string.len)))
-				add_finding(&vs, "error", psprintf("%s.compensate", path),
-							"compensate must name a step of this workflow");
-		}
+		if (is_mapping(s))
+			check_step(&vs, JsonValueToJsonb(s), psprintf("steps[%d]", i));
 	}
 
 	v = JsonGetField(def, "start");
-	if (v)
-	{
-		if (v->type != jbvString ||
-			!list_has_string(vs.step_ids, pnstrdup(v->val.string.val, v->val.string.len)))
-			add_finding(&vs, "error", "start", "start must name a step of this workflow");
-	}
-	check_artifact_list(&vs, JsonGetField(def, "hooks"), "hooks", SITE_HOOK, "hooks");
-	for (int i = 0; i < nsteps; i++)
-	{
-		JsonbValue *st = getIthJsonbValueFromContainer(steps->val.binary.data, i);
-
-		if (is_mapping(st))
-			check_artifact_list(&vs, JsonGetField(JsonValueToJsonb(st), "hooks"),
-								psprintf("steps[%d].hooks", i), SITE_HOOK, "hooks");
-	}
+	if (v && (v->type != jbvString ||
+			  !list_has_string(vs.step_ids, pnstrdup(v->val.string.val, v->val.string.len))))
+		add_finding(&vs, "error", "start", "start must name a step of this workflow");
+	check_hooks(&vs, def, steps, nsteps);
 	if (!FindingsHaveErrors(vs.findings) && nsteps > 0)
 		check_reachable(&vs, def);
 	return vs.findings;

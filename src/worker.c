@@ -50,6 +50,7 @@
 #include "utils/timestamp.h"
 
 #include "deadline.h"
+#include "driver.h"
 #include "effect.h"
 #include "http.h"
 #include "control.h"
@@ -648,19 +649,22 @@ apply_advanced(List *advanced)
 	{
 		RunState   *run = lfirst(lc);
 
-		RunApplyTransition(run);
-		if (strcmp(run->next_status, "running") != 0 &&
-			strcmp(run->next_status, "compensating") != 0)
-			forget_run(run);
-		else
+		switch (RunNextAfter(run))
 		{
-			if (run->send)
+			case RUN_NEXT_RELEASE:
+				forget_run(run);
+				continue;
+			case RUN_NEXT_EFFECT:
+				/* started by start_due_sends on the curl multi handle */
 				run->send_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
 														   run->send->delay_ms);
-			/* move to the back so every held run gets its turn */
-			held = list_delete_ptr(held, run);
-			hold_runs(list_make1(run));
+				break;
+			case RUN_NEXT_TRANSITION:
+				break;
 		}
+		/* move to the back so every held run gets its turn */
+		held = list_delete_ptr(held, run);
+		hold_runs(list_make1(run));
 	}
 }
 
@@ -967,7 +971,7 @@ effect_done(RunState *run, Jsonb *result)
 	run->fresh_effect = DatumGetJsonbPCopy(JsonbPGetDatum(result));
 	MemoryContextSwitchTo(old);
 	run->transfer = NULL;
-	run->send = NULL;
+	RunForgetSend(run);
 }
 
 /*
@@ -995,7 +999,7 @@ abandon_aborted_effects(void)
 		if (run->transfer)
 			HttpCancel(run->transfer);
 		run->transfer = NULL;
-		run->send = NULL;
+		RunForgetSend(run);
 	}
 }
 

@@ -385,7 +385,10 @@ WorkflowLoad(const char *name, int version)
 static const char latest_sql[] =
 "SELECT pg_catalog.max(version) FROM tuvl.workflows WHERE name OPERATOR(pg_catalog.=) $1";
 
-/* The newest version of a workflow; 0 or an error when there is none. */
+/*
+ * The newest version of a workflow; 0 or an error when there is none.
+ * SPI must be connected.
+ */
 int
 WorkflowLatestVersion(const char *name, bool missing_ok)
 {

@@ -11,7 +11,7 @@
  * node, size and depth limits are enforced before anything is expanded.
  *
  * Invariants: no SPI, no catalog access, no transaction state beyond a
- * current memory context.  Results are palloc'd in the caller's
+ * current memory context (and the tuvl.max_source_size limit).  Results are palloc'd in the caller's
  * CurrentMemoryContext; scratch memory lives in a private child context that
  * is deleted before returning.  libyaml allocates with malloc, so the parser
  * and the current event are released by a reset callback on that child
@@ -930,7 +930,8 @@ yaml_to_jsonb(const char *source, const char *what, Jsonb **positions,
  * *positions) are palloc'd in the caller's memory context.  Errors: syntax
  * errors, empty or multi-document input, duplicate or non-scalar keys,
  * unsupported tags, values not fitting their tag, infinities and NaNs,
- * unknown aliases, bad strings, and the node, size and depth limits.  The
+ * unknown aliases, bad strings, sources over tuvl.max_source_size, and
+ * the node, size and depth limits.  The
  * scratch context, and with it libyaml's memory, is deleted on error too,
  * so callers that catch errors in a long-lived context leak nothing.
  */

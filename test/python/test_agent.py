@@ -35,7 +35,7 @@ import uuid
 import psycopg2
 import pytest
 
-from conftest import connect, journal_violations, q, q1, wait_until
+from conftest import connect, journal_violations, q, q1, report, wait_until
 
 LLM_URL = os.environ.get("TUVL_LLM_URL")
 LLM_ROOT = LLM_URL[: -len("/v1")] if LLM_URL and LLM_URL.endswith("/v1") else LLM_URL
@@ -178,6 +178,8 @@ FUNCTIONS = """
 CREATE SCHEMA ag;
 CREATE TABLE ag.calls (id bigserial PRIMARY KEY, tool text NOT NULL, tag text,
                        private_seen text, at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE FUNCTION ag.mem(ctx jsonb) RETURNS jsonb LANGUAGE sql AS $$
+    SELECT jsonb_build_object('bytes', sum(total_bytes)::bigint) FROM pg_backend_memory_contexts $$;
 CREATE FUNCTION ag.record(ctx jsonb) RETURNS jsonb LANGUAGE sql AS $$
     INSERT INTO ag.calls (tool, tag, private_seen) VALUES ('record', ctx ->> 'tag', ctx ->> '_private')
     RETURNING jsonb_build_object('id', id, 'tag', tag) $$;
@@ -207,6 +209,8 @@ CREATE FUNCTION ag.fallback(ctx jsonb) RETURNS jsonb LANGUAGE sql AS $$
 TOOL_STEPS = {
     "record": ("  - id: record\n    kind: Functional\n    description: Record a tag\n"
                "    function: ag.record\n"),
+    "mem": ("  - id: mem\n    kind: Functional\n    description: Memory of this backend\n"
+            "    function: ag.mem\n"),
     "boom": ("  - id: boom\n    kind: Functional\n    description: Always fails\n"
              "    function: ag.boom\n"),
     "sleepy": ("  - id: sleepy\n    kind: Functional\n    description: Sleep secs seconds\n"
@@ -642,6 +646,32 @@ def test_max_iterations_routed_to_a_fallback_step(conn, provider, mode):
     assert len(tool_answers(provider, reqs[1]["body"])) == 1
     assert [p["iteration"] for t, p in agent_tool_events(conn, res["run_id"])] == [1, 1, 2, 2]
     assert completed_event(conn, res["run_id"]) == {"signal": "max_iterations", "error": message}
+    assert_clean(conn, res)
+
+
+def test_a_200_turn_agent_through_tuvl_run_keeps_its_memory_flat(conn):
+    """tuvl.run() gives every transition a memory context of its own: a
+    200-turn agent in one call holds what its step_state needs, not what
+    every turn allocated.  Its tool reports the backend's memory contexts
+    (pg_backend_memory_contexts) each turn, from inside the same backend."""
+    name = make_agent(conn, "openai", [calls(call("mem"))], ["mem"],
+                      agent="      max_iterations: 200\n",
+                      routes="{ default: done, error: oops, max_iterations: gave_up }",
+                      ends="  - { id: gave_up, status: completed }\n")
+    res = execute(conn, name, {"topic": "x"}, "sync", timeout=120)
+    assert res["status"] == "completed", res
+    assert len(sent(name)) == 200
+    used = [json.loads(p["result"]) if isinstance(p["result"], str) else p["result"]
+            for t, p in agent_tool_events(conn, res["run_id"]) if t == "tool_result"]
+    assert len(used) == 200, used[:3]
+    used = [u["mem_result"]["bytes"] for u in used]
+    early, late = max(used[20:40]), max(used[180:200])
+    report(f"200-turn agent through tuvl.run(): memory contexts {used[0] / 1e6:.1f} MB at turn 1, "
+           f"{early / 1e6:.1f} MB at turns 21-40, {late / 1e6:.1f} MB at turns 181-200")
+    # each transition rebuilds the conversation from the records, so the last
+    # turns need a little more (measured: 4 MB at turn 30, 14 MB at turn 200);
+    # keeping every transition's memory until tuvl.run() returned took 1.7 GB
+    assert late - early < 32 * 1024 * 1024, (early, late)
     assert_clean(conn, res)
 
 

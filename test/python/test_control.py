@@ -341,6 +341,40 @@ def test_abort_interrupts_the_step_in_progress(conn, as_role):
     assert journal_violations(conn, [run_id]) == []
 
 
+@pytest.mark.parametrize("directive,event", [("pause", "paused"), ("abort", "run_aborted")])
+def test_a_failure_after_the_fenced_update_at_a_boundary_keeps_checkpoint_and_journal_together(
+        conn, as_role, directive, event):
+    """The journal write of a boundary stop (pause, abort) fails after the
+    fenced UPDATE of tuvl.runs: the UPDATE rolls back with it, so the run
+    never shows a checkpoint whose events are missing.  The failure is
+    injected by a trigger on tuvl.events that refuses the boundary's event;
+    the worker then fails the run, journaling run_failed in order."""
+    alice, carol = as_role(ALICE), as_role(CAROL)
+    tag = new_tag()
+    q(conn, f"""
+        CREATE FUNCTION ctl.refuse_event() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN RAISE EXCEPTION 'injected: the journal refuses %', NEW.type; END $$;
+        CREATE TRIGGER refuse_{event} BEFORE INSERT ON tuvl.events FOR EACH ROW
+            WHEN (NEW.type = '{event}' AND NEW.run_id IS NOT NULL) EXECUTE FUNCTION ctl.refuse_event();
+    """)
+    try:
+        run_id = start(alice, "slow3", {"tag": tag, "secs": 0.5})
+        wait_until(lambda: calls_in_flight(conn, tag), 10, interval=0.01,
+                   message="the first step to be executing")
+        q(carol, f"SELECT tuvl.{directive}_run(%s)", (run_id,))
+        status, _ = wait(alice, run_id)
+        assert status == "failed", status
+        row = run_row(conn, run_id)
+        assert f"injected: the journal refuses {event}" in row["error"], row["error"]
+        types = types_of(conn, run_id)
+        assert event not in types and types[-1] == "run_failed", types
+        # no checkpoint of the stop: never paused, never aborted
+        assert "paused" not in [e[3].get("status") for e in events(conn, run_id, "checkpoint")]
+        assert journal_violations(conn, [run_id]) == []
+    finally:
+        q(conn, f"DROP TRIGGER refuse_{event} ON tuvl.events; DROP FUNCTION ctl.refuse_event()")
+
+
 def test_abort_of_a_paused_run_ends_it_at_once(conn, as_role):
     alice = as_role(ALICE)
     run_id = start(alice, "slow3", {"tag": new_tag()})

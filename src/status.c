@@ -1,0 +1,49 @@
+/*-------------------------------------------------------------------------
+ *
+ * status.c
+ *	  The one mapping between RunStatus and the text in tuvl.runs.status.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "status.h"
+
+static const char *const status_names[] = {
+	[RUN_NONE] = "none",
+	[RUN_QUEUED] = "queued",
+	[RUN_RUNNING] = "running",
+	[RUN_COMPENSATING] = "compensating",
+	[RUN_PAUSED] = "paused",
+	[RUN_WAITING_HUMAN] = "waiting_human",
+	[RUN_WAITING_APPROVAL] = "waiting_approval",
+	[RUN_COMPLETED] = "completed",
+	[RUN_FAILED] = "failed",
+	[RUN_ABORTED] = "aborted",
+	[RUN_COMPENSATED] = "compensated",
+};
+
+const char *
+RunStatusName(RunStatus status)
+{
+	Assert(status >= RUN_NONE && status <= RUN_COMPENSATED);
+	return status_names[status];
+}
+
+/*
+ * The status named name.  A name tuvl never writes means the row was
+ * changed by hand: that is reported, not guessed at.
+ */
+RunStatus
+RunStatusFromName(const char *name)
+{
+	for (int s = RUN_QUEUED; s <= RUN_COMPENSATED; s++)
+		if (strcmp(status_names[s], name) == 0)
+			return (RunStatus) s;
+	ereport(ERROR,
+			(errcode(ERRCODE_DATA_CORRUPTED),
+			 errmsg("\"%s\" is not a status of a tuvl run", name),
+			 errdetail("tuvl.runs.status holds one of queued, running, compensating, paused, "
+					   "waiting_human, waiting_approval, completed, failed, aborted and compensated.")));
+	return RUN_NONE;			/* keep compiler quiet */
+}

@@ -1,0 +1,61 @@
+/*-------------------------------------------------------------------------
+ *
+ * status.h
+ *	  The statuses of a run (tuvl.runs.status), as an enum.
+ *
+ * C code compares RunStatus values; text appears only where a status is
+ * read from or written to tuvl.runs, through RunStatusName and
+ * RunStatusFromName.  SQL that lists statuses uses the macros below, so
+ * each list is written once.
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef TUVL_STATUS_H
+#define TUVL_STATUS_H
+
+typedef enum RunStatus
+{
+	RUN_NONE = 0,				/* no status (a step that does not park) */
+	RUN_QUEUED,
+	RUN_RUNNING,
+	RUN_COMPENSATING,
+	RUN_PAUSED,
+	RUN_WAITING_HUMAN,
+	RUN_WAITING_APPROVAL,
+	/* terminal */
+	RUN_COMPLETED,
+	RUN_FAILED,
+	RUN_ABORTED,
+	RUN_COMPENSATED
+} RunStatus;
+
+/* The statuses of a run a holder executes, and of an ended run, for SQL. */
+#define RUN_HELD_STATUSES_SQL "'{running,compensating}'::pg_catalog.text[]"
+#define RUN_TERMINAL_STATUSES_SQL "'{completed,failed,aborted,compensated}'::pg_catalog.text[]"
+
+extern const char *RunStatusName(RunStatus status);
+extern RunStatus RunStatusFromName(const char *name);
+
+/* Has the run ended? */
+static inline bool
+RunStatusIsTerminal(RunStatus status)
+{
+	return status >= RUN_COMPLETED;
+}
+
+/* Is the run executed by whoever holds its lease (running, compensating)? */
+static inline bool
+RunStatusIsHeld(RunStatus status)
+{
+	return status == RUN_RUNNING || status == RUN_COMPENSATING;
+}
+
+/* Does the run wait for someone (an operator, a person, an approver)? */
+static inline bool
+RunStatusIsParked(RunStatus status)
+{
+	return status == RUN_PAUSED || status == RUN_WAITING_HUMAN ||
+		status == RUN_WAITING_APPROVAL;
+}
+
+#endif							/* TUVL_STATUS_H */
