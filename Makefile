@@ -6,6 +6,7 @@ EXTVERSION = $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" tuvl.control)
 MODULE_big = tuvl
 OBJS = \
 	src/agent.o \
+	src/agent_shared.o \
 	src/api.o \
 	src/artifact.o \
 	src/checkpoint.o \
@@ -16,6 +17,7 @@ OBJS = \
 	src/effect.o \
 	src/executor.o \
 	src/http.o \
+	src/init.o \
 	src/journal.o \
 	src/jsonschema.o \
 	src/jsonutil.o \

@@ -13,9 +13,12 @@
 
 #include "llm.h"
 
+struct StepResult;
+
 extern List *AgentOutcomeEnum(Jsonb *agent);
 extern char *AgentFinalFormat(List *values);
 extern char *AgentStripFences(const char *text);
+extern char *AgentApplyOutcome(const char *text, List *values, struct StepResult *result);
 extern bool AgentShouldRetry(Jsonb *agent, LlmReply *reply, int attempts_made,
 							 int *delay_ms);
 extern const char *AgentFailureType(LlmReply *reply);

@@ -86,8 +86,7 @@ sync_schedule(const char *name, Jsonb *def)
 	char	   *job = psprintf("tuvl_%s", name);
 	char	   *command = psprintf("SELECT tuvl.start_scheduled(%s)", quote_literal_cstr(name));
 	bool		has_cron;
-	MemoryContext oldcxt = CurrentMemoryContext;
-	ResourceOwner oldowner = CurrentResourceOwner;
+	SpiSubxact	sub;
 
 	SpiExec("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p "
 			"               WHERE p.pronamespace OPERATOR(pg_catalog.=) n.oid "
@@ -112,8 +111,7 @@ sync_schedule(const char *name, Jsonb *def)
 	}
 
 	/* a role without the right to schedule still registers its workflow */
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(oldcxt);
+	SpiSubxactBegin(&sub);
 	PG_TRY();
 	{
 		static const Oid types[3] = {TEXTOID, TEXTOID, TEXTOID};
@@ -134,20 +132,12 @@ sync_schedule(const char *name, Jsonb *def)
 					"WHERE jobname OPERATOR(pg_catalog.=) $1 "
 					"  AND username OPERATOR(pg_catalog.=) CURRENT_USER::pg_catalog.text",
 					1, types, values, NULL, SPI_OK_SELECT);
-		ReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(oldcxt);
-		CurrentResourceOwner = oldowner;
+		SpiSubxactCommit(&sub);
 	}
 	PG_CATCH();
 	{
-		ErrorData  *edata;
+		ErrorData  *edata = SpiSubxactAbort(&sub);
 
-		MemoryContextSwitchTo(oldcxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(oldcxt);
-		CurrentResourceOwner = oldowner;
 		ereport(WARNING,
 				(errmsg("could not %s the pg_cron job of workflow \"%s\": %s",
 						schedule ? "schedule" : "remove", name, edata->message),
@@ -170,7 +160,6 @@ tuvl_register_workflow(PG_FUNCTION_ARGS)
 	char	   *name = JsonGetString(def, "name");
 	ListCell   *lc;
 	int			version;
-	SecurityFrame frame;
 
 	if (FindingsHaveErrors(findings))
 		ereport(ERROR,
@@ -196,17 +185,12 @@ tuvl_register_workflow(PG_FUNCTION_ARGS)
 	version = WorkflowLatestVersion(name, true) + 1;
 	{
 		static const Oid types[5] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, REGROLEOID};
-		Datum		values[5];
 
-		values[0] = CStringGetTextDatum(name);
-		values[1] = Int32GetDatum(version);
-		values[2] = CStringGetTextDatum(source);
-		values[3] = JsonbPGetDatum(def);
-		values[4] = ObjectIdGetDatum(GetUserId());
-		SecurityAsOwner(&frame);
-		SpiExec("INSERT INTO tuvl.workflows (name, version, source, definition, owner) "
-				"VALUES ($1, $2, $3, $4, $5)", 5, types, values, NULL, SPI_OK_INSERT);
-		SecurityRestore(&frame);
+		SecurityExecArgs("INSERT INTO tuvl.workflows (name, version, source, definition, owner) "
+						 "VALUES ($1, $2, $3, $4, $5)", SPI_OK_INSERT, 5, types,
+						 CStringGetTextDatum(name), Int32GetDatum(version),
+						 CStringGetTextDatum(source), JsonbPGetDatum(def),
+						 ObjectIdGetDatum(GetUserId()));
 	}
 	sync_schedule(name, def);
 	SPI_finish();
@@ -221,30 +205,20 @@ tuvl_register_workflow(PG_FUNCTION_ARGS)
 static Jsonb *
 parse_for_validate(const char *source, Jsonb **positions, List **findings)
 {
-	MemoryContext oldcxt = CurrentMemoryContext;
-	ResourceOwner oldowner = CurrentResourceOwner;
+	SpiSubxact	sub;
 	Jsonb	   *volatile def = NULL;
 
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(oldcxt);
+	SpiSubxactBegin(&sub);
 	PG_TRY();
 	{
 		def = YamlToJsonb(source, "workflow", positions);
-		ReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(oldcxt);
-		CurrentResourceOwner = oldowner;
+		SpiSubxactCommit(&sub);
 	}
 	PG_CATCH();
 	{
-		ErrorData  *edata;
+		ErrorData  *edata = SpiSubxactAbort(&sub);
 		Finding    *f = palloc(sizeof(Finding));
 
-		MemoryContextSwitchTo(oldcxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(oldcxt);
-		CurrentResourceOwner = oldowner;
 		f->severity = "error";
 		f->path = "";
 		f->message = edata->detail ? psprintf("%s: %s", edata->message, edata->detail)
@@ -403,6 +377,18 @@ ApiCreateRun(const char *workflow, Jsonb *input, bool running, int *version_out)
 /*
  * start_run(workflow, input): queue a run; the workers wake at commit.
  */
+/* The workflow name and input of start_run() and run(); a NULL input is {}. */
+static void
+run_arguments(FunctionCallInfo fcinfo, char **workflow, Jsonb **input)
+{
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("workflow name must not be null")));
+	*workflow = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	*input = PG_ARGISNULL(1) ? JsonEmptyObject() : PG_GETARG_JSONB_P(1);
+}
+
 Datum
 tuvl_start_run(PG_FUNCTION_ARGS)
 {
@@ -410,12 +396,7 @@ tuvl_start_run(PG_FUNCTION_ARGS)
 	Jsonb	   *input;
 	int64		id;
 
-	if (PG_ARGISNULL(0))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("workflow name must not be null")));
-	workflow = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	input = PG_ARGISNULL(1) ? JsonEmptyObject() : PG_GETARG_JSONB_P(1);
+	run_arguments(fcinfo, &workflow, &input);
 
 	SPI_connect();
 	id = ApiCreateRun(workflow, input, false, NULL);
@@ -453,10 +434,7 @@ interval_ms(Interval *iv)
 static void
 perform_here(RunState *run, void *arg)
 {
-	Jsonb	   *result = EffectPerform(run->send);
-
-	run->fresh_effect = MemoryContextAlloc(run->cxt, VARSIZE(result));
-	memcpy(run->fresh_effect, result, VARSIZE(result));
+	RunKeepJsonb(run, &run->fresh_effect, EffectPerform(run->send));
 }
 
 typedef struct SyncRun
@@ -514,12 +492,7 @@ tuvl_run(PG_FUNCTION_ARGS)
 	RunEnd		end;
 	JsonObjBuilder b;
 
-	if (PG_ARGISNULL(0))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("workflow name must not be null")));
-	workflow = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	input = PG_ARGISNULL(1) ? JsonEmptyObject() : PG_GETARG_JSONB_P(1);
+	run_arguments(fcinfo, &workflow, &input);
 	TuvlRefuseWhileReplaying("tuvl.run()");
 
 	SPI_connect();
@@ -667,7 +640,7 @@ tuvl_extension_created(PG_FUNCTION_ARGS)
 				 errhint("Add tuvl to shared_preload_libraries in postgresql.conf and restart the server.")));
 		PG_RETURN_VOID();
 	}
-	TuvlExtensionCreatedAtCommit();
+	LauncherNoteExtensionCreatedAtCommit();
 	PG_RETURN_VOID();
 }
 

@@ -292,30 +292,16 @@ static Jsonb *
 run_artifacts(RunState *run)
 {
 	static const Oid types[1] = {INT8OID};
-	Datum		values[1];
-	SecurityFrame frame;
 	Jsonb	   *pins = NULL;
+	Datum		d;
 
 	if (run->artifacts)
 		return run->artifacts;
-	values[0] = Int64GetDatum(run->id);
 	SPI_connect();
-	SecurityAsOwner(&frame);
-	if (SpiExec("SELECT artifacts FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1", 1, types,
-				values, NULL, SPI_OK_SELECT) == 1)
-	{
-		bool		isnull;
-		Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-
-		if (!isnull)
-		{
-			MemoryContext old = MemoryContextSwitchTo(run->cxt);
-
-			pins = DatumGetJsonbPCopy(d);
-			MemoryContextSwitchTo(old);
-		}
-	}
-	SecurityRestore(&frame);
+	if (SecurityExecArgs("SELECT artifacts FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1",
+						 SPI_OK_SELECT, 1, types, Int64GetDatum(run->id)) == 1 &&
+		SpiValue(1, &d))
+		pins = JsonCopyTo(DatumGetJsonbP(d), run->cxt);
 	SPI_finish();
 	if (pins == NULL)
 		pins = JsonEmptyObject();
@@ -385,16 +371,10 @@ RegistryLockName(const char *kind, const char *lock_prefix, const char *owner_sq
 				 const char *name)
 {
 	static const Oid types[2] = {TEXTOID, TEXTOID};
-	Datum		values[2];
-	SecurityFrame frame;
 
-	values[0] = CStringGetTextDatum(name);
-	values[1] = CStringGetTextDatum(lock_prefix);
-	SecurityAsOwner(&frame);
-	SpiExec("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended("
-			"$2 OPERATOR(pg_catalog.||) $1, 0))",
-			2, types, values, NULL, SPI_OK_SELECT);
-	SecurityRestore(&frame);
+	SecurityExecArgs("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended("
+					 "$2 OPERATOR(pg_catalog.||) $1, 0))", SPI_OK_SELECT, 2, types,
+					 CStringGetTextDatum(name), CStringGetTextDatum(lock_prefix));
 	SecurityCheckNameOwner(kind, name, SecurityNameOwner(owner_sql, name));
 }
 

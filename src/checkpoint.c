@@ -26,6 +26,7 @@
 #include "utils/memutils.h"
 
 #include "journal.h"
+#include "jsonutil.h"
 #include "security.h"
 #include "spiutil.h"
 #include "transition.h"
@@ -139,18 +140,6 @@ fenced_update(RunState *run, const Checkpoint *cp, int last_seq)
 	return isnull ? NULL : DatumGetJsonbP(d);
 }
 
-static Jsonb *
-copy_jsonb(Jsonb *j, MemoryContext cxt)
-{
-	Jsonb	   *copy;
-
-	if (j == NULL)
-		return NULL;
-	copy = MemoryContextAlloc(cxt, VARSIZE(j));
-	memcpy(copy, j, VARSIZE(j));
-	return copy;
-}
-
 /*
  * Write checkpoint cp of run: the fenced UPDATE, then the journal, as the
  * extension's owner; stage the new state for RunApplyTransition.  Raises
@@ -176,9 +165,9 @@ CheckpointWrite(RunState *run, const Checkpoint *cp)
 	/* SPI's memory is gone at commit: what stays is copied into the run's */
 	run->next_seq = next_seq;
 	run->next_status = cp->status;
-	run->next_control = copy_jsonb(control, run->cxt);
-	run->next_context = copy_jsonb(cp->context, run->cxt);
-	run->next_step_state = copy_jsonb(cp->step_state, run->cxt);
+	run->next_control = JsonCopyTo(control, run->cxt);
+	run->next_context = JsonCopyTo(cp->context, run->cxt);
+	run->next_step_state = JsonCopyTo(cp->step_state, run->cxt);
 	run->next_step = cp->step ? WorkflowFindStep(run->wf, cp->step) : -1;
 	if (run->next_error)
 		pfree(run->next_error);

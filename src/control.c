@@ -61,7 +61,7 @@ PG_FUNCTION_INFO_V1(tuvl_decide);
 typedef struct LockedRun
 {
 	int64		id;
-	char	   *status;
+	RunStatus	status;
 	char	   *principal;
 	int			last_seq;
 	char	   *step;			/* current_step, or NULL */
@@ -76,22 +76,6 @@ typedef struct LockedRun
 	int32		priority;
 	bool		hold_here;		/* queued for this backend: wake nobody */
 } LockedRun;
-
-/*
- * Run one internal statement as the extension owner (see SpiExec).
- */
-static uint64
-exec_as_owner(const char *sql, int nargs, const Oid *types, Datum *values,
-			  const char *nulls, int expected)
-{
-	SecurityFrame frame;
-	uint64		n;
-
-	SecurityAsOwner(&frame);
-	n = SpiExec(sql, nargs, types, values, nulls, expected);
-	SecurityRestore(&frame);
-	return n;
-}
 
 /*
  * Lock run id and check that the caller may control it: its principal,
@@ -115,7 +99,7 @@ lock_run(int64 id, LockedRun *r, const char *action)
 	r->id = id;
 	r->by = GetUserNameFromId(me, false);
 	values[0] = Int64GetDatum(id);
-	exec_as_owner("SELECT status, principal, last_seq, current_step, step_state, control, "
+	SecurityExec("SELECT status, principal, last_seq, current_step, step_state, control, "
 				  "  workflow, workflow_version, compensation, principal_id, lease_owner, priority "
 				  "FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1 FOR UPDATE",
 				  1, types, values, NULL, SPI_OK_SELECT);
@@ -129,7 +113,7 @@ lock_run(int64 id, LockedRun *r, const char *action)
 				 errhint("Runs are visible to the role that started them and to members of tuvl_operator.")));
 	tup = SPI_tuptable->vals[0];
 	td = SPI_tuptable->tupdesc;
-	r->status = SPI_getvalue(tup, td, 1);
+	r->status = RunStatusFromName(SPI_getvalue(tup, td, 1));
 	r->principal = SPI_getvalue(tup, td, 2);
 	r->last_seq = DatumGetInt32(SPI_getbinval(tup, td, 3, &isnull));
 	r->step = SPI_getvalue(tup, td, 4);
@@ -148,14 +132,15 @@ lock_run(int64 id, LockedRun *r, const char *action)
 }
 
 static void
-require_status(LockedRun *r, const char *action, const char *const *allowed, const char *hint)
+require_status(LockedRun *r, const char *action, const RunStatus *allowed, const char *hint)
 {
-	for (int i = 0; allowed[i]; i++)
-		if (strcmp(r->status, allowed[i]) == 0)
+	for (int i = 0; allowed[i] != RUN_NONE; i++)
+		if (r->status == allowed[i])
 			return;
 	ereport(ERROR,
 			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-			 errmsg("cannot %s run " INT64_FORMAT ": its status is %s", action, r->id, r->status),
+			 errmsg("cannot %s run " INT64_FORMAT ": its status is %s", action, r->id,
+					RunStatusName(r->status)),
 			 errhint("%s", hint)));
 }
 
@@ -164,7 +149,7 @@ require_status(LockedRun *r, const char *action, const char *const *allowed, con
  * given), error, and journal events, under the row lock.
  */
 static void
-update_idle_run(LockedRun *r, const char *status, Jsonb *control, Jsonb *step_state,
+update_idle_run(LockedRun *r, RunStatus status, Jsonb *control, Jsonb *step_state,
 				const char *error, List *events)
 {
 	static const Oid types[6] = {INT8OID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, INT4OID};
@@ -174,7 +159,7 @@ update_idle_run(LockedRun *r, const char *status, Jsonb *control, Jsonb *step_st
 	SecurityFrame frame;
 
 	values[0] = Int64GetDatum(r->id);
-	values[1] = CStringGetTextDatum(status);
+	values[1] = CStringGetTextDatum(RunStatusName(status));
 	if (control && JsonContainerSize(&control->root) > 0)
 		values[2] = JsonbPGetDatum(control);
 	else
@@ -192,14 +177,13 @@ update_idle_run(LockedRun *r, const char *status, Jsonb *control, Jsonb *step_st
 	SpiExec("UPDATE tuvl.runs SET status = $2, control = $3, "
 			"  step_state = CASE WHEN $4::pg_catalog.jsonb IS NULL THEN step_state ELSE $4 END, "
 			"  error = COALESCE($5, error), last_seq = $6, "
-			"  finished_at = CASE WHEN $2 OPERATOR(pg_catalog.=) "
-			"                          ANY ('{completed,failed,aborted,compensated}'::pg_catalog.text[]) "
+			"  finished_at = CASE WHEN $2 OPERATOR(pg_catalog.=) ANY (" RUN_TERMINAL_STATUSES_SQL ") "
 			"                     THEN pg_catalog.clock_timestamp() END "
 			"WHERE id OPERATOR(pg_catalog.=) $1", 6, types, values, nulls, SPI_OK_UPDATE);
 	(void) JournalWrite(r->id, r->last_seq, events);
 	SecurityRestore(&frame);
 	TuvlRunChangedAtCommit();
-	if (strcmp(status, "queued") == 0 && !r->hold_here)
+	if (status == RUN_QUEUED && !r->hold_here)
 	{
 		QueueNoteAtCommit(r->principal_id, r->priority, r->id);
 		TuvlWakeWorkersAtCommit();
@@ -215,7 +199,7 @@ add_directive(LockedRun *r, Jsonb *directive)
 
 	values[0] = Int64GetDatum(r->id);
 	values[1] = JsonbPGetDatum(directive);
-	exec_as_owner("UPDATE tuvl.runs "
+	SecurityExec("UPDATE tuvl.runs "
 				  "SET control = COALESCE(control, '{}'::pg_catalog.jsonb) OPERATOR(pg_catalog.||) $2 "
 				  "WHERE id OPERATOR(pg_catalog.=) $1",
 				  2, types, values, NULL, SPI_OK_UPDATE);
@@ -302,21 +286,21 @@ ControlAbortRequested(Jsonb *control, AbortDirective *abort)
 Datum
 tuvl_pause_run(PG_FUNCTION_ARGS)
 {
-	static const char *const allowed[] = {"queued", "running", "paused", NULL};
+	static const RunStatus allowed[] = {RUN_QUEUED, RUN_RUNNING, RUN_PAUSED, RUN_NONE};
 	LockedRun	r;
 
 	SPI_connect();
 	lock_run(PG_GETARG_INT64(0), &r, "pause");
 	require_status(&r, "pause", allowed,
 				   "Only a queued or running run can be paused; a run waiting for a person already holds no worker.");
-	if (strcmp(r.status, "paused") == 0)
+	if (r.status == RUN_PAUSED)
 		ereport(NOTICE, (errmsg("run " INT64_FORMAT " is already paused", r.id)));
-	else if (strcmp(r.status, "queued") == 0)
+	else if (r.status == RUN_QUEUED)
 	{
 		List	   *events = NIL;
 
 		JournalAdd(&events, "paused", r.step, NULL, by_object(&r));
-		update_idle_run(&r, "paused", r.control, NULL, NULL, events);
+		update_idle_run(&r, RUN_PAUSED, r.control, NULL, NULL, events);
 	}
 	else
 		add_directive(&r, JsonSetKey(JsonEmptyObject(), "pause", by_object(&r)));
@@ -330,14 +314,14 @@ tuvl_pause_run(PG_FUNCTION_ARGS)
 Datum
 tuvl_resume_run(PG_FUNCTION_ARGS)
 {
-	static const char *const allowed[] = {"paused", "running", "queued", "waiting_human",
-	"waiting_approval", NULL};
+	static const RunStatus allowed[] = {RUN_PAUSED, RUN_RUNNING, RUN_QUEUED, RUN_WAITING_HUMAN,
+	RUN_WAITING_APPROVAL, RUN_NONE};
 	LockedRun	r;
 
 	SPI_connect();
 	lock_run(PG_GETARG_INT64(0), &r, "resume");
 	require_status(&r, "resume", allowed, "Only a paused run can be resumed.");
-	if (strcmp(r.status, "paused") == 0)
+	if (r.status == RUN_PAUSED)
 	{
 		List	   *events = NIL;
 		Jsonb	   *control = r.control;
@@ -346,7 +330,7 @@ tuvl_resume_run(PG_FUNCTION_ARGS)
 			control = JsonRemoveKey(JsonRemoveKey(JsonRemoveKey(control, "pause"), "paused_at"),
 									"pause_max");
 		JournalAdd(&events, "resumed", r.step, NULL, by_object(&r));
-		update_idle_run(&r, "queued", control, NULL, NULL, events);
+		update_idle_run(&r, RUN_QUEUED, control, NULL, NULL, events);
 	}
 	else if (r.control && JsonGetField(r.control, "pause"))
 	{
@@ -355,7 +339,7 @@ tuvl_resume_run(PG_FUNCTION_ARGS)
 		Datum		values[1];
 
 		values[0] = Int64GetDatum(r.id);
-		exec_as_owner("UPDATE tuvl.runs "
+		SecurityExec("UPDATE tuvl.runs "
 					  "SET control = NULLIF(control OPERATOR(pg_catalog.-) 'pause'::pg_catalog.text, "
 					  "                     '{}'::pg_catalog.jsonb) "
 					  "WHERE id OPERATOR(pg_catalog.=) $1",
@@ -377,8 +361,8 @@ tuvl_resume_run(PG_FUNCTION_ARGS)
 Datum
 tuvl_abort_run(PG_FUNCTION_ARGS)
 {
-	static const char *const allowed[] = {"queued", "running", "paused", "waiting_human",
-	"waiting_approval", NULL};
+	static const RunStatus allowed[] = {RUN_QUEUED, RUN_RUNNING, RUN_PAUSED, RUN_WAITING_HUMAN,
+	RUN_WAITING_APPROVAL, RUN_NONE};
 	char	   *reason = PG_ARGISNULL(1) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(1));
 	LockedRun	r;
 	JsonObjBuilder b;
@@ -392,9 +376,9 @@ tuvl_abort_run(PG_FUNCTION_ARGS)
 		reason = NULL;
 	SPI_connect();
 	lock_run(PG_GETARG_INT64(0), &r, "abort");
-	if (strcmp(r.status, "compensating") == 0 ||
+	if (r.status == RUN_COMPENSATING ||
 		(r.compensation && JsonGetField(r.compensation, "cause") &&
-		 !JsonGetBool(r.compensation, "done", false) && !RunStatusIsTerminal(RunStatusFromName(r.status))))
+		 !JsonGetBool(r.compensation, "done", false) && !RunStatusIsTerminal(r.status)))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("cannot abort run " INT64_FORMAT ": its status is compensating", r.id),
@@ -406,7 +390,7 @@ tuvl_abort_run(PG_FUNCTION_ARGS)
 	JsonObjAddString(&b, "by", r.by);
 	directive = JsonObjEnd(&b);
 
-	if (strcmp(r.status, "running") == 0)
+	if (r.status == RUN_RUNNING)
 	{
 		add_directive(&r, JsonSetKey(JsonEmptyObject(), "abort", directive));
 		/* a step executing now is cancelled once this commits */
@@ -422,7 +406,7 @@ tuvl_abort_run(PG_FUNCTION_ARGS)
 		Jsonb	   *control = r.control ? r.control : JsonEmptyObject();
 
 		control = JsonRemoveKey(JsonRemoveKey(control, "paused_at"), "pause_max");
-		update_idle_run(&r, "queued", JsonSetKey(control, "abort", directive), NULL, NULL, NIL);
+		update_idle_run(&r, RUN_QUEUED, JsonSetKey(control, "abort", directive), NULL, NULL, NIL);
 	}
 	else
 	{
@@ -432,9 +416,9 @@ tuvl_abort_run(PG_FUNCTION_ARGS)
 		JsonObjAddString(&b, "step", r.step);
 		JsonObjAddString(&b, "reason", reason);
 		JsonObjAddString(&b, "by", r.by);
-		JsonObjAddString(&b, "status", "aborted");
+		JsonObjAddString(&b, "status", RunStatusName(RUN_ABORTED));
 		JournalAdd(&events, "run_aborted", NULL, NULL, JsonObjEnd(&b));
-		update_idle_run(&r, "aborted", NULL, NULL,
+		update_idle_run(&r, RUN_ABORTED, NULL, NULL,
 						ControlAbortError(r.by, reason),
 						events);
 	}
@@ -449,8 +433,8 @@ tuvl_abort_run(PG_FUNCTION_ARGS)
 Datum
 tuvl_steer_run(PG_FUNCTION_ARGS)
 {
-	static const char *const allowed[] = {"queued", "running", "paused", "waiting_human",
-	"waiting_approval", NULL};
+	static const RunStatus allowed[] = {RUN_QUEUED, RUN_RUNNING, RUN_PAUSED, RUN_WAITING_HUMAN,
+	RUN_WAITING_APPROVAL, RUN_NONE};
 	char	   *message = text_to_cstring(PG_GETARG_TEXT_PP(1));
 	LockedRun	r;
 	JsonObjBuilder b;
@@ -568,8 +552,8 @@ answer_approval(LockedRun *r, const PersonAnswer *answer, List **events)
 void
 ControlAnswer(int64 run_id, const PersonAnswer *answer)
 {
-	static const char *const waiting_human[] = {"waiting_human", NULL};
-	static const char *const waiting_approval[] = {"waiting_approval", NULL};
+	static const RunStatus waiting_human[] = {RUN_WAITING_HUMAN, RUN_NONE};
+	static const RunStatus waiting_approval[] = {RUN_WAITING_APPROVAL, RUN_NONE};
 	LockedRun	r;
 	List	   *events = NIL;
 
@@ -589,7 +573,7 @@ ControlAnswer(int64 run_id, const PersonAnswer *answer)
 					   "tuvl.decide() answers a run whose status is waiting_approval.");
 		answer_approval(&r, answer, &events);
 	}
-	update_idle_run(&r, "queued", r.control, r.step_state, NULL, events);
+	update_idle_run(&r, RUN_QUEUED, r.control, r.step_state, NULL, events);
 }
 
 /*

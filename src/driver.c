@@ -109,7 +109,6 @@ RunHoldHere(RunState *run)
 	bool		isnull;
 	Datum		d;
 	SecurityFrame frame;
-	MemoryContext old;
 
 	values[0] = Int64GetDatum(run->id);
 	values[1] = Int32GetDatum(MyProcPid);
@@ -126,11 +125,7 @@ RunHoldHere(RunState *run)
 	run->attempt = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	run->last_seq = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
 	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3, &isnull);
-	old = MemoryContextSwitchTo(run->cxt);
-	if (run->step_state)
-		pfree(run->step_state);
-	run->step_state = isnull ? NULL : DatumGetJsonbPCopy(d);
-	MemoryContextSwitchTo(old);
+	RunKeepJsonb(run, &run->step_state, isnull ? NULL : DatumGetJsonbP(d));
 	run->status = RUN_RUNNING;
 }
 

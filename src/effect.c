@@ -118,27 +118,6 @@ SecretUseInit(SecretUse *use, RunState *run)
 	use->run = run;
 }
 
-static char *
-replace_all(const char *text, const char *needle, const char *with)
-{
-	StringInfoData buf;
-	const char *p = text;
-	const char *hit;
-	size_t		nl = strlen(needle);
-
-	if (nl == 0 || strstr(text, needle) == NULL)
-		return (char *) text;
-	initStringInfo(&buf);
-	while ((hit = strstr(p, needle)) != NULL)
-	{
-		appendBinaryStringInfo(&buf, p, hit - p);
-		appendStringInfoString(&buf, with);
-		p = hit + nl;
-	}
-	appendStringInfoString(&buf, p);
-	return buf.data;
-}
-
 /*
  * text with every secret value replaced: raw, JSON-escaped and
  * percent-encoded (as in a URL's query).
@@ -157,12 +136,12 @@ SecretScrub(const char *text, List *secrets)
 
 		if (s == NULL || *s == '\0')
 			continue;
-		out = replace_all(out, s, REDACTED);
+		out = TextReplaceAll(out, s, REDACTED);
 		pct = curl_easy_escape(NULL, s, 0);
 		if (pct)
 		{
 			if (strcmp(pct, s) != 0)
-				out = replace_all(out, pct, REDACTED);
+				out = TextReplaceAll(out, pct, REDACTED);
 			curl_free(pct);
 		}
 		initStringInfo(&esc);
@@ -170,7 +149,7 @@ SecretScrub(const char *text, List *secrets)
 		/* strip the quotes escape_json adds */
 		esc.data[esc.len - 1] = '\0';
 		if (strcmp(esc.data + 1, s) != 0)
-			out = replace_all(out, esc.data + 1, REDACTED);
+			out = TextReplaceAll(out, esc.data + 1, REDACTED);
 	}
 	return out;
 }

@@ -20,8 +20,8 @@
 const char *StepErrorType = "error";
 
 /* Router: the rendered value of "on" is the signal. */
-static void
-execute_router(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *result)
+void
+StepExecuteRouter(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *result)
 {
 	JsonbValue *on = JsonGetField(step->spec, "on");
 	JsonbValue *v;
@@ -35,27 +35,31 @@ execute_router(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	result->has_output = false;
 }
 
-static const StepExecutor executors[STEP_KIND_COUNT] = {
-	/* kind, execute, in_transaction, tool_callable, reserved_exits, controls_itself, default_catches_all */
-	{STEP_FUNCTIONAL, StepExecuteFunctional, true, true, false, false, false},
-	{STEP_MODELOP, StepExecuteModelOp, true, true, false, false, false},
-	{STEP_ROUTER, execute_router, true, true, false, false, true},
-	{STEP_APICALL, StepExecuteAPICall, false, true, false, false, false},
-	{STEP_MCP, StepExecuteMCP, false, true, false, false, false},
-	{STEP_AGENT, StepExecuteAgent, false, false, true, true, false},
-	{STEP_HUMAN, StepExecuteHuman, false, false, false, false, false},
-};
+/* The kinds, as init.c registers them when the library is loaded. */
+static const StepExecutor *executors[STEP_KIND_COUNT];
+
+void
+ExecutorRegister(const StepExecutor *executor)
+{
+	Assert(executor->kind >= 0 && executor->kind < STEP_KIND_COUNT);
+	executors[executor->kind] = executor;
+}
 
 const StepExecutor *
 ExecutorFor(StepKind kind)
 {
-	Assert(kind >= 0 && kind < STEP_KIND_COUNT);
-	return &executors[kind];
+	Assert(kind >= 0 && kind < STEP_KIND_COUNT && executors[kind] != NULL);
+	return executors[kind];
 }
 
 /* Did step end on one of the reserved exits of its kind? */
 bool
 ExecutorIsReservedExit(const StepDef *step, const char *signal)
 {
-	return ExecutorFor(step->kind)->reserved_exits && AgentIsReservedExit(signal);
+	const char *const *exits = ExecutorFor(step->kind)->reserved_exits;
+
+	for (int i = 0; exits && exits[i]; i++)
+		if (strcmp(exits[i], signal) == 0)
+			return true;
+	return false;
 }

@@ -44,8 +44,9 @@ typedef struct StepResult
  * result->effect and returns; it is executed again once the effect's
  * result is journaled, and finds it with EffectAt (see effect.c).
  */
-typedef void (*StepExecuteFn) (RunState *run, const StepDef *step, Jsonb *ctx,
-							   StepResult *result);
+typedef void StepExecuteFunc (RunState *run, const StepDef *step, Jsonb *ctx,
+							  StepResult *result);
+typedef StepExecuteFunc *StepExecuteFn;
 
 /*
  * A step kind: how to execute it, and what the rest of tuvl needs to know
@@ -60,8 +61,9 @@ typedef struct StepExecutor
 								 * not through an effect (as an agent's
 								 * tool, its timeout cancels it) */
 	bool		tool_callable;	/* an agent may call it as a tool */
-	bool		reserved_exits; /* may end on the reserved exits
-								 * (max_iterations, aborted, ...) */
+	const char *const *reserved_exits;	/* the exits tuvl itself takes for
+										 * it (max_iterations, aborted, ...),
+										 * NULL-terminated; NULL: none */
 	bool		controls_itself;	/* in the middle of its work (step_state
 									 * is its own), it applies operator
 									 * directives itself */
@@ -71,34 +73,20 @@ typedef struct StepExecutor
 
 extern const char *StepErrorType;
 
+extern void ExecutorRegister(const StepExecutor *executor);
 extern const StepExecutor *ExecutorFor(StepKind kind);
 extern bool ExecutorIsReservedExit(const StepDef *step, const char *signal);
 
-/* step_http.c */
-extern void StepExecuteAPICall(RunState *run, const StepDef *step, Jsonb *ctx,
-							   StepResult *result);
+/* The executors of the kinds, each in the file of its kind (init.c lists them). */
+extern StepExecuteFunc StepExecuteRouter;		/* executor.c */
+extern StepExecuteFunc StepExecuteAPICall;		/* step_http.c */
+extern StepExecuteFunc StepExecuteAgent;		/* step_agent.c */
+extern StepExecuteFunc StepExecuteAutonomous;	/* agent.c: mode autonomous */
+extern StepExecuteFunc StepExecuteHuman;		/* control.c */
+extern StepExecuteFunc StepExecuteMCP;			/* mcp.c */
+extern StepExecuteFunc StepExecuteFunctional;	/* step_sql.c */
+extern StepExecuteFunc StepExecuteModelOp;		/* step_sql.c */
 
-/* step_agent.c */
-extern void StepExecuteAgent(RunState *run, const StepDef *step, Jsonb *ctx,
-							 StepResult *result);
-
-/* agent.c */
-extern void StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx,
-								  StepResult *result);
-extern bool AgentIsReservedExit(const char *signal);
-
-/* control.c */
-extern void StepExecuteHuman(RunState *run, const StepDef *step, Jsonb *ctx,
-							 StepResult *result);
-
-/* mcp.c */
-extern void StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx,
-						   StepResult *result);
-
-/* step_sql.c */
-extern void StepExecuteFunctional(RunState *run, const StepDef *step, Jsonb *ctx,
-								  StepResult *result);
-extern void StepExecuteModelOp(RunState *run, const StepDef *step, Jsonb *ctx,
-							   StepResult *result);
+extern const char *const AgentReservedExits[];	/* agent.c */
 
 #endif							/* TUVL_EXECUTOR_H */

@@ -476,3 +476,38 @@ JsonText(Jsonb *j)
 {
 	return j ? JsonbToCString(NULL, &j->root, VARSIZE(j)) : "null";
 }
+
+/* A copy of j (or NULL) in cxt. */
+Jsonb *
+JsonCopyTo(Jsonb *j, MemoryContext cxt)
+{
+	Jsonb	   *copy;
+
+	if (j == NULL)
+		return NULL;
+	copy = MemoryContextAlloc(cxt, VARSIZE(j));
+	memcpy(copy, j, VARSIZE(j));
+	return copy;
+}
+
+/* text with every occurrence of needle replaced by with (text itself when none). */
+char *
+TextReplaceAll(const char *text, const char *needle, const char *with)
+{
+	StringInfoData buf;
+	const char *p = text;
+	const char *hit;
+	size_t		nl = strlen(needle);
+
+	if (nl == 0 || strstr(text, needle) == NULL)
+		return (char *) text;
+	initStringInfo(&buf);
+	while ((hit = strstr(p, needle)) != NULL)
+	{
+		appendBinaryStringInfo(&buf, p, hit - p);
+		appendStringInfoString(&buf, with);
+		p = hit + nl;
+	}
+	appendStringInfoString(&buf, p);
+	return buf.data;
+}

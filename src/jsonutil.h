@@ -10,6 +10,7 @@
 #define TUVL_JSONUTIL_H
 
 #include "utils/jsonb.h"
+#include "utils/palloc.h"
 
 extern JsonbValue *JsonGetField(Jsonb *obj, const char *key);
 extern char *JsonGetString(Jsonb *obj, const char *key);
@@ -24,6 +25,7 @@ extern char *JsonValueToText(JsonbValue *v);
 extern Jsonb *JsonFromCString(const char *text);
 extern Jsonb *JsonParseSafe(const char *text, size_t len);
 extern Jsonb *JsonEmptyObject(void);
+extern Jsonb *JsonCopyTo(Jsonb *j, MemoryContext cxt);
 extern bool JsonIsObject(Jsonb *j);
 extern Jsonb *JsonSetKey(Jsonb *obj, const char *key, Jsonb *value);
 extern Jsonb *JsonMerge(Jsonb *a, Jsonb *b);
@@ -31,6 +33,7 @@ extern Jsonb *JsonRemoveKey(Jsonb *obj, const char *key);
 extern Jsonb *JsonStringValue(const char *s);
 extern Jsonb *JsonPublicContext(Jsonb *ctx);
 extern char *JsonClipText(const char *text, int maxbytes);
+extern char *TextReplaceAll(const char *text, const char *needle, const char *with);
 extern int	JsonArraySize(Jsonb *j);
 extern Jsonb *JsonArrayAt(Jsonb *j, int i);
 extern char *JsonText(Jsonb *j);

@@ -253,12 +253,21 @@ balance_pools(void)
 	list_free(dbs);
 }
 
+static bool extension_created_pending = false;
+
+/* This transaction created the extension: see LauncherXactCallback. */
+void
+LauncherNoteExtensionCreatedAtCommit(void)
+{
+	extension_created_pending = true;
+}
+
 /*
  * Called when a CREATE EXTENSION commits: the database gets workers at the
  * launcher's next round, which this wakes.
  */
-void
-LauncherNoteExtensionCreated(Oid dboid)
+static void
+note_extension_created(Oid dboid)
 {
 	TuvlDbEntry *entry;
 	Latch	   *latch;
@@ -280,6 +289,21 @@ LauncherNoteExtensionCreated(Oid dboid)
 	LWLockRelease(TuvlShmem->lock);
 	if (latch)
 		SetLatch(latch);
+}
+
+/*
+ * Transaction callback (registered by init.c): once the extension is
+ * visible, the launcher probes the database again.
+ */
+void
+LauncherXactCallback(XactEvent event, void *arg)
+{
+	if ((event == XACT_EVENT_COMMIT || event == XACT_EVENT_PARALLEL_COMMIT) &&
+		extension_created_pending && TuvlShmem)
+		note_extension_created(MyDatabaseId);
+	if (event == XACT_EVENT_COMMIT || event == XACT_EVENT_PARALLEL_COMMIT ||
+		event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT)
+		extension_created_pending = false;
 }
 
 void

@@ -9,9 +9,11 @@
 #ifndef TUVL_LAUNCHER_H
 #define TUVL_LAUNCHER_H
 
+#include "access/xact.h"
 #include "fmgr.h"
 
 extern PGDLLEXPORT void TuvlLauncherMain(Datum main_arg);
-extern void LauncherNoteExtensionCreated(Oid dboid);
+extern void LauncherNoteExtensionCreatedAtCommit(void);
+extern void LauncherXactCallback(XactEvent event, void *arg);
 
 #endif							/* TUVL_LAUNCHER_H */

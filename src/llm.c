@@ -114,7 +114,6 @@ tuvl_register_llm(PG_FUNCTION_ARGS)
 	Jsonb	   *def = YamlToJsonb(source, "LLM config", NULL);
 	char	   *name = check_config(def);
 	char	   *provider = JsonGetString(def, "provider");
-	SecurityFrame frame;
 
 	SPI_connect();
 	SecurityCheckNameOwner("LLM config", name,
@@ -122,20 +121,14 @@ tuvl_register_llm(PG_FUNCTION_ARGS)
 										name));
 	{
 		static const Oid types[5] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID, REGROLEOID};
-		Datum		values[5];
 
-		values[0] = CStringGetTextDatum(name);
-		values[1] = CStringGetTextDatum(provider);
-		values[2] = CStringGetTextDatum(source);
-		values[3] = JsonbPGetDatum(def);
-		values[4] = ObjectIdGetDatum(GetUserId());
-		SecurityAsOwner(&frame);
-		SpiExec("INSERT INTO tuvl.llms (name, provider, source, definition, owner) "
-				"VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO UPDATE SET "
-				"provider = excluded.provider, source = excluded.source, "
-				"definition = excluded.definition, updated_at = pg_catalog.now()",
-				5, types, values, NULL, SPI_OK_INSERT);
-		SecurityRestore(&frame);
+		SecurityExecArgs("INSERT INTO tuvl.llms (name, provider, source, definition, owner) "
+						 "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO UPDATE SET "
+						 "provider = excluded.provider, source = excluded.source, "
+						 "definition = excluded.definition, updated_at = pg_catalog.now()",
+						 SPI_OK_INSERT, 5, types, CStringGetTextDatum(name),
+						 CStringGetTextDatum(provider), CStringGetTextDatum(source),
+						 JsonbPGetDatum(def), ObjectIdGetDatum(GetUserId()));
 	}
 	SPI_finish();
 	PG_RETURN_VOID();

@@ -612,30 +612,20 @@ Jsonb *
 McpKnownInputSchema(Jsonb *mcp)
 {
 	static const Oid types[2] = {TEXTOID, TEXTOID};
-	Datum		values[2];
 	char	   *url = mcp ? JsonGetString(mcp, "url") : NULL;
 	char	   *tool = mcp ? JsonGetString(mcp, "tool") : NULL;
-	SecurityFrame frame;
 	Jsonb	   *schema = NULL;
+	Datum		d;
 
 	if (url == NULL || tool == NULL || TemplateHasPlaceholders(url) ||
 		TemplateHasPlaceholders(tool))
 		return NULL;
-	values[0] = CStringGetTextDatum(url);
-	values[1] = CStringGetTextDatum(tool);
-	SecurityAsOwner(&frame);
-	if (SpiExec("SELECT input_schema FROM tuvl.mcp_tools "
-				"WHERE url OPERATOR(pg_catalog.=) $1 AND name OPERATOR(pg_catalog.=) $2 "
-				"  AND pg_catalog.jsonb_typeof(input_schema) OPERATOR(pg_catalog.=) 'object'",
-				2, types, values, NULL, SPI_OK_SELECT) == 1)
-	{
-		bool		isnull;
-		Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-
-		if (!isnull)
-			schema = DatumGetJsonbPCopy(d);
-	}
-	SecurityRestore(&frame);
+	if (SecurityExecArgs("SELECT input_schema FROM tuvl.mcp_tools "
+						 "WHERE url OPERATOR(pg_catalog.=) $1 AND name OPERATOR(pg_catalog.=) $2 "
+						 "  AND pg_catalog.jsonb_typeof(input_schema) OPERATOR(pg_catalog.=) 'object'",
+						 SPI_OK_SELECT, 2, types, CStringGetTextDatum(url),
+						 CStringGetTextDatum(tool)) == 1 && SpiValue(1, &d))
+		schema = DatumGetJsonbPCopy(d);
 	return schema;
 }
 

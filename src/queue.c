@@ -165,8 +165,8 @@ QueueNoteAtCommit(Oid role, int32 priority, int64 id)
 	n_pending++;
 }
 
-void
-QueueAtCommit(void)
+static void
+queue_at_commit(void)
 {
 	QueueState *q;
 
@@ -205,7 +205,7 @@ QueueAtCommit(void)
 	pending_overflow = false;
 }
 
-/* At commit (QueueAtCommit first): the claim, if any, holds. */
+/* At commit (queue_at_commit first): the claim, if any, holds. */
 void
 QueueClaimCommitted(void)
 {
@@ -213,12 +213,26 @@ QueueClaimCommitted(void)
 	claim_scanning = false;
 }
 
-void
-QueueAtAbort(void)
+static void
+queue_at_abort(void)
 {
 	n_pending = 0;
 	pending_overflow = false;
 	QueueClaimAbandon();
+}
+
+/*
+ * Transaction callback (registered by init.c): the runs queued by a
+ * transaction enter the registry when it commits, before any worker is
+ * woken for them; an abort forgets them and the claim it made.
+ */
+void
+QueueXactCallback(XactEvent event, void *arg)
+{
+	if ((event == XACT_EVENT_COMMIT || event == XACT_EVENT_PARALLEL_COMMIT) && TuvlShmem)
+		queue_at_commit();
+	else if (event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT)
+		queue_at_abort();
 }
 
 /* ---------------------------------------------------------------- workers */

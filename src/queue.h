@@ -10,6 +10,7 @@
 #ifndef TUVL_QUEUE_H
 #define TUVL_QUEUE_H
 
+#include "access/xact.h"
 #include "utils/timestamp.h"
 
 /* Roles the registry of one database holds at once. */
@@ -60,8 +61,7 @@ typedef struct QueueClaim
 
 /* Any backend: a run of role became queued; registered at commit. */
 extern void QueueNoteAtCommit(Oid role, int32 priority, int64 id);
-extern void QueueAtCommit(void);
-extern void QueueAtAbort(void);
+extern void QueueXactCallback(XactEvent event, void *arg);
 extern void QueueResetState(QueueState *q);
 
 /* Workers. */

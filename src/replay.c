@@ -55,9 +55,6 @@ PG_FUNCTION_INFO_V1(tuvl_replay);
 #define FIXTURE_FORMAT 1
 #define REDACTED "[redacted]"
 
-
-
-
 static bool
 jequal(Jsonb *a, Jsonb *b)
 {
@@ -123,62 +120,59 @@ fixture_effect(const char *step, const char *type, Jsonb *request, Jsonb *result
 	return JsonObjEnd(&b);
 }
 
-/*
- * pin_run(run_id): the run as a replay fixture.
- */
-Datum
-tuvl_pin_run(PG_FUNCTION_ARGS)
+/* Run the SELECT sql with run id as $1; returns the number of rows. */
+static uint64
+select_for_run(const char *sql, int64 id)
 {
-	int64		id = PG_GETARG_INT64(0);
 	static const Oid types[1] = {INT8OID};
 	Datum		values[1];
-	HeapTuple	tup;
-	TupleDesc	td;
-	bool		isnull;
-	Datum		d;
-	char	   *workflow;
-	int			version;
-	char	   *status;
-	JsonObjBuilder b;
-	StringInfoData effects;
-	Jsonb	   *pending_requests = JsonEmptyObject();	/* "step:position" -> request */
-	int64		tokens = 0;
-	Jsonb	   *result;
-	int			n;
 
 	values[0] = Int64GetDatum(id);
-	SPI_connect();
+	return SpiExec(sql, 1, types, values, NULL, SPI_OK_SELECT);
+}
+
+/*
+ * Read run id as the caller, who must be able to see it, and refuse it
+ * unless it has ended and no operator aborted or steered it.  The run's
+ * row stays valid until SPI_finish.
+ */
+static void
+read_pinnable_run(int64 id, HeapTuple *tup, TupleDesc *td, char **workflow, int *version,
+				  char **status)
+{
+	bool		isnull;
+
 	/* as the caller: a run it cannot see does not exist for it */
-	SpiExec("SELECT r.workflow, r.workflow_version, r.status, r.input, r.end_name, r.response, "
-			"  r.artifacts, w.source "
-			"FROM tuvl.runs r JOIN tuvl.workflows w "
-			"  ON w.name OPERATOR(pg_catalog.=) r.workflow "
-			" AND w.version OPERATOR(pg_catalog.=) r.workflow_version "
-			"WHERE r.id OPERATOR(pg_catalog.=) $1",
-			1, types, values, NULL, SPI_OK_SELECT);
+	select_for_run("SELECT r.workflow, r.workflow_version, r.status, r.input, r.end_name, r.response, "
+				   "  r.artifacts, w.source "
+				   "FROM tuvl.runs r JOIN tuvl.workflows w "
+				   "  ON w.name OPERATOR(pg_catalog.=) r.workflow "
+				   " AND w.version OPERATOR(pg_catalog.=) r.workflow_version "
+				   "WHERE r.id OPERATOR(pg_catalog.=) $1",
+				   id);
 	if (SPI_processed != 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("run " INT64_FORMAT " does not exist", id),
 				 errhint("Runs are visible to the role that started them and to members of tuvl_operator.")));
-	tup = SPI_tuptable->vals[0];
-	td = SPI_tuptable->tupdesc;
-	workflow = SPI_getvalue(tup, td, 1);
-	version = DatumGetInt32(SPI_getbinval(tup, td, 2, &isnull));
-	status = SPI_getvalue(tup, td, 3);
-	if (!RunStatusIsTerminal(RunStatusFromName(status)))
+	*tup = SPI_tuptable->vals[0];
+	*td = SPI_tuptable->tupdesc;
+	*workflow = SPI_getvalue(*tup, *td, 1);
+	*version = DatumGetInt32(SPI_getbinval(*tup, *td, 2, &isnull));
+	*status = SPI_getvalue(*tup, *td, 3);
+	if (!RunStatusIsTerminal(RunStatusFromName(*status)))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("run " INT64_FORMAT " has not ended: its status is %s", id, status),
+				 errmsg("run " INT64_FORMAT " has not ended: its status is %s", id, *status),
 				 errhint("Pin a run once it has ended.")));
 
 	/* operators' actions are not in the recording's effects: refuse */
-	if (SpiExec("SELECT type FROM tuvl.events WHERE run_id OPERATOR(pg_catalog.=) $1 "
-				"  AND (type OPERATOR(pg_catalog.=) 'run_aborted' OR "
-				"       (type OPERATOR(pg_catalog.=) 'decision' "
-				"        AND payload OPERATOR(pg_catalog.->>) 'action' OPERATOR(pg_catalog.=) 'steer')) "
-				"LIMIT 1",
-				1, types, values, NULL, SPI_OK_SELECT) == 1)
+	if (select_for_run("SELECT type FROM tuvl.events WHERE run_id OPERATOR(pg_catalog.=) $1 "
+					   "  AND (type OPERATOR(pg_catalog.=) 'run_aborted' OR "
+					   "       (type OPERATOR(pg_catalog.=) 'decision' "
+					   "        AND payload OPERATOR(pg_catalog.->>) 'action' OPERATOR(pg_catalog.=) 'steer')) "
+					   "LIMIT 1",
+					   id) == 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("run " INT64_FORMAT " cannot be pinned: an operator %s it", id,
@@ -186,28 +180,92 @@ tuvl_pin_run(PG_FUNCTION_ARGS)
 						? "aborted" : "steered"),
 				 errdetail("A replay serves results from outside the database; it cannot repeat an operator's action."),
 				 errhint("Pin a run that no operator aborted or steered.")));
+}
 
-	JsonObjStart(&b);
-	JsonObjAddInt(&b, "tuvl_fixture", FIXTURE_FORMAT);
-	JsonObjAddString(&b, "workflow", workflow);
-	JsonObjAddInt(&b, "version", version);
-	JsonObjAddInt(&b, "run_id", id);
+/* Add the run's own fields, from its row tup, to the fixture b. */
+static void
+add_run_fields(JsonObjBuilder *b, int64 id, HeapTuple tup, TupleDesc td,
+			   const char *workflow, int version, const char *status)
+{
+	bool		isnull;
+	Datum		d;
+
+	JsonObjAddInt(b, "tuvl_fixture", FIXTURE_FORMAT);
+	JsonObjAddString(b, "workflow", workflow);
+	JsonObjAddInt(b, "version", version);
+	JsonObjAddInt(b, "run_id", id);
 	d = SPI_getbinval(tup, td, 4, &isnull);
-	JsonObjAddJsonb(&b, "input", redact_private(DatumGetJsonbPCopy(d)));
-	JsonObjAddString(&b, "status", status);
-	JsonObjAddString(&b, "end", SPI_getvalue(tup, td, 5));
+	JsonObjAddJsonb(b, "input", redact_private(DatumGetJsonbPCopy(d)));
+	JsonObjAddString(b, "status", status);
+	JsonObjAddString(b, "end", SPI_getvalue(tup, td, 5));
 	d = SPI_getbinval(tup, td, 6, &isnull);
-	JsonObjAddJsonb(&b, "response", isnull ? NULL : redact_private(DatumGetJsonbPCopy(d)));
+	JsonObjAddJsonb(b, "response", isnull ? NULL : redact_private(DatumGetJsonbPCopy(d)));
 	d = SPI_getbinval(tup, td, 7, &isnull);
-	JsonObjAddJsonb(&b, "artifacts", isnull ? NULL : DatumGetJsonbPCopy(d));
-	JsonObjAddString(&b, "source", SPI_getvalue(tup, td, 8));
+	JsonObjAddJsonb(b, "artifacts", isnull ? NULL : DatumGetJsonbPCopy(d));
+	JsonObjAddString(b, "source", SPI_getvalue(tup, td, 8));
+}
 
-	/* every result from outside the database, in order */
-	n = (int) SpiExec("SELECT type, agent_id, payload, COALESCE(tokens, 0) FROM tuvl.events "
-					  "WHERE run_id OPERATOR(pg_catalog.=) $1 "
-					  "  AND type OPERATOR(pg_catalog.=) ANY ('{llm_turn,tool_call,tool_result,"
-					  "decision,approval_decided}'::pg_catalog.text[]) ORDER BY seq",
-					  1, types, values, NULL, SPI_OK_SELECT);
+/*
+ * The fixture's effect for one journal event of type with payload p, or
+ * NULL.  key names the event's step and position; the request of an HTTP
+ * tool_call waits in *pending_requests for its tool_result.
+ */
+static Jsonb *
+event_effect(const char *type, const char *step, Jsonb *p, const char *key,
+			 Jsonb **pending_requests)
+{
+	Jsonb	   *effect = NULL;
+
+	if (strcmp(type, "llm_turn") == 0)
+		effect = fixture_effect(step, "llm", JsonGetJsonb(p, "request"), llm_result(p));
+	else if (strcmp(type, "tool_call") == 0 && JsonGetField(p, "position"))
+		*pending_requests = JsonSetKey(*pending_requests, key, JsonGetJsonb(p, "request"));
+	else if (strcmp(type, "tool_result") == 0 && JsonGetField(p, "position"))
+		effect = fixture_effect(step, "http", JsonGetJsonb(*pending_requests, key),
+								JsonGetJsonb(p, "result"));
+	else if (strcmp(type, "decision") == 0 && JsonGetString(p, "action") &&
+			 strcmp(JsonGetString(p, "action"), "submit") == 0)
+	{
+		JsonObjBuilder r;
+
+		JsonObjStart(&r);
+		JsonObjAddString(&r, "op", "human");
+		JsonObjAddJsonb(&r, "data", JsonGetJsonb(p, "data"));
+		JsonObjAddJsonb(&r, "by", JsonGetJsonb(p, "by"));
+		effect = fixture_effect(step, "human", NULL, JsonObjEnd(&r));
+	}
+	else if (strcmp(type, "approval_decided") == 0)
+	{
+		JsonObjBuilder r;
+
+		JsonObjStart(&r);
+		JsonObjAddString(&r, "op", "approval");
+		JsonObjAddJsonb(&r, "call", JsonGetJsonb(p, "call"));
+		JsonObjAddJsonb(&r, "approved", JsonGetJsonb(p, "approved"));
+		JsonObjAddJsonb(&r, "note", JsonGetJsonb(p, "note"));
+		JsonObjAddJsonb(&r, "by", JsonGetJsonb(p, "by"));
+		effect = fixture_effect(step, "approval", NULL, JsonObjEnd(&r));
+	}
+	return effect;
+}
+
+/*
+ * Every result from outside the database in run id's journal, in order,
+ * as the fixture's array of effects; *tokens gets the tokens it used.
+ * pending_requests maps "step:position" to the requests of HTTP tool_calls.
+ */
+static Jsonb *
+pin_effects(int64 id, Jsonb *pending_requests, int64 *tokens)
+{
+	bool		isnull;
+	StringInfoData effects;
+	int			n;
+
+	n = (int) select_for_run("SELECT type, agent_id, payload, COALESCE(tokens, 0) FROM tuvl.events "
+							 "WHERE run_id OPERATOR(pg_catalog.=) $1 "
+							 "  AND type OPERATOR(pg_catalog.=) ANY ('{llm_turn,tool_call,tool_result,"
+							 "decision,approval_decided}'::pg_catalog.text[]) ORDER BY seq",
+							 id);
 	initStringInfo(&effects);
 	for (int i = 0; i < n; i++)
 	{
@@ -216,44 +274,42 @@ tuvl_pin_run(PG_FUNCTION_ARGS)
 		char	   *type = SPI_getvalue(et, etd, 1);
 		char	   *step = SPI_getvalue(et, etd, 2);
 		Jsonb	   *p = DatumGetJsonbPCopy(SPI_getbinval(et, etd, 3, &isnull));
-		Jsonb	   *effect = NULL;
+		Jsonb	   *effect;
 		char	   *key = psprintf("%s:%s", step ? step : "", JsonGetField(p, "position") ? JsonText(JsonGetJsonb(p, "position")) : "");
 
-		tokens += DatumGetInt32(SPI_getbinval(et, etd, 4, &isnull));
-		if (strcmp(type, "llm_turn") == 0)
-			effect = fixture_effect(step, "llm", JsonGetJsonb(p, "request"), llm_result(p));
-		else if (strcmp(type, "tool_call") == 0 && JsonGetField(p, "position"))
-			pending_requests = JsonSetKey(pending_requests, key, JsonGetJsonb(p, "request"));
-		else if (strcmp(type, "tool_result") == 0 && JsonGetField(p, "position"))
-			effect = fixture_effect(step, "http", JsonGetJsonb(pending_requests, key),
-									JsonGetJsonb(p, "result"));
-		else if (strcmp(type, "decision") == 0 && JsonGetString(p, "action") &&
-				 strcmp(JsonGetString(p, "action"), "submit") == 0)
-		{
-			JsonObjBuilder r;
-
-			JsonObjStart(&r);
-			JsonObjAddString(&r, "op", "human");
-			JsonObjAddJsonb(&r, "data", JsonGetJsonb(p, "data"));
-			JsonObjAddJsonb(&r, "by", JsonGetJsonb(p, "by"));
-			effect = fixture_effect(step, "human", NULL, JsonObjEnd(&r));
-		}
-		else if (strcmp(type, "approval_decided") == 0)
-		{
-			JsonObjBuilder r;
-
-			JsonObjStart(&r);
-			JsonObjAddString(&r, "op", "approval");
-			JsonObjAddJsonb(&r, "call", JsonGetJsonb(p, "call"));
-			JsonObjAddJsonb(&r, "approved", JsonGetJsonb(p, "approved"));
-			JsonObjAddJsonb(&r, "note", JsonGetJsonb(p, "note"));
-			JsonObjAddJsonb(&r, "by", JsonGetJsonb(p, "by"));
-			effect = fixture_effect(step, "approval", NULL, JsonObjEnd(&r));
-		}
+		*tokens += DatumGetInt32(SPI_getbinval(et, etd, 4, &isnull));
+		effect = event_effect(type, step, p, key, &pending_requests);
 		if (effect)
 			appendStringInfo(&effects, "%s%s", effects.len ? ", " : "", JsonText(effect));
 	}
-	JsonObjAddJsonb(&b, "effects", JsonFromCString(psprintf("[%s]", effects.data)));
+	return JsonFromCString(psprintf("[%s]", effects.data));
+}
+
+/*
+ * pin_run(run_id): the run as a replay fixture.
+ */
+Datum
+tuvl_pin_run(PG_FUNCTION_ARGS)
+{
+	int64		id = PG_GETARG_INT64(0);
+	HeapTuple	tup;
+	TupleDesc	td;
+	char	   *workflow;
+	int			version;
+	char	   *status;
+	JsonObjBuilder b;
+	Jsonb	   *pending_requests = JsonEmptyObject();	/* "step:position" -> request */
+	int64		tokens = 0;
+	Jsonb	   *result;
+
+	SPI_connect();
+	read_pinnable_run(id, &tup, &td, &workflow, &version, &status);
+
+	JsonObjStart(&b);
+	add_run_fields(&b, id, tup, td, workflow, version, status);
+
+	/* every result from outside the database, in order */
+	JsonObjAddJsonb(&b, "effects", pin_effects(id, pending_requests, &tokens));
 	JsonObjAddInt(&b, "tokens", tokens);
 	result = JsonObjEnd(&b);
 
@@ -356,7 +412,6 @@ serve_effect(RunState *run, void *arg)
 	bool		llm = op && strcmp(op, "llm") == 0;
 	Jsonb	   *e;
 	Jsonb	   *recorded;
-	MemoryContext old;
 
 	if (llm)
 	{
@@ -402,9 +457,7 @@ serve_effect(RunState *run, void *arg)
 			}
 		}
 	}
-	old = MemoryContextSwitchTo(run->cxt);
-	run->fresh_effect = DatumGetJsonbPCopy(JsonbPGetDatum(JsonGetJsonb(e, "result")));
-	MemoryContextSwitchTo(old);
+	RunKeepJsonb(run, &run->fresh_effect, JsonGetJsonb(e, "result"));
 }
 
 /*
@@ -474,15 +527,9 @@ replay_run(Jsonb *fixture, const char *workflow, Jsonb *input, int *version)
 	if (artifacts && JsonIsObject(artifacts))
 	{
 		static const Oid types[2] = {INT8OID, JSONBOID};
-		Datum		values[2];
-		SecurityFrame frame;
 
-		values[0] = Int64GetDatum(id);
-		values[1] = JsonbPGetDatum(artifacts);
-		SecurityAsOwner(&frame);
-		SpiExec("UPDATE tuvl.runs SET artifacts = $2 WHERE id OPERATOR(pg_catalog.=) $1",
-				2, types, values, NULL, SPI_OK_UPDATE);
-		SecurityRestore(&frame);
+		SecurityExecArgs("UPDATE tuvl.runs SET artifacts = $2 WHERE id OPERATOR(pg_catalog.=) $1",
+						 SPI_OK_UPDATE, 2, types, Int64GetDatum(id), JsonbPGetDatum(artifacts));
 	}
 	run = RunStateCreate(CurrentMemoryContext, id, 1, workflow, *version, GetUserId(),
 						 GetUserNameFromId(GetUserId(), false), input, NULL, 1, NULL);

@@ -351,7 +351,6 @@ finish_park(Transition *t, StepResult *result)
 	CheckpointWrite(run, &cp);
 }
 
-
 /*
  * Where the step's signal leads: the next step (cp->step, running), or an
  * end (cp->status, end_name, response, error).  An aborted or failed run
@@ -767,16 +766,14 @@ static ErrorData *
 in_subtransaction(Transition *t, ErrorData *step_error, bool *step_failed)
 {
 	RunState   *run = t->run;
-	MemoryContext oldcxt = CurrentMemoryContext;
-	ResourceOwner oldowner = CurrentResourceOwner;
+	SpiSubxact	sub;
 	volatile bool in_step = false;
 	volatile int level = -1;
 	ErrorData  *volatile edata = NULL;
 
 	run->step_events = NIL;
 	run->effect_call = 0;
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(oldcxt);
+	SpiSubxactBegin(&sub);
 	PG_TRY();
 	{
 		if (step_error == NULL)
@@ -819,20 +816,13 @@ in_subtransaction(Transition *t, ErrorData *step_error, bool *step_failed)
 		}
 		else
 			finish_transition(t, NULL, step_error);
-		ReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(oldcxt);
-		CurrentResourceOwner = oldowner;
+		SpiSubxactCommit(&sub);
 	}
 	PG_CATCH();
 	{
 		DeadlineKind fired = level >= 0 ? DeadlinePop(level) : DEADLINE_NONE;
 
-		MemoryContextSwitchTo(oldcxt);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(oldcxt);
-		CurrentResourceOwner = oldowner;
+		edata = SpiSubxactAbort(&sub);
 		/* what the step recorded is gone with its subtransaction */
 		run->working_effects = t->effects;
 		run->step_events = NIL;
@@ -998,7 +988,6 @@ RunRefreshControl(RunState *run)
 	static const Oid types[2] = {INT8OID, INT4OID};
 	Datum		values[2];
 	SecurityFrame frame;
-	MemoryContext old;
 	bool		isnull;
 	Datum		d;
 
@@ -1010,13 +999,23 @@ RunRefreshControl(RunState *run)
 				2, types, values, NULL, SPI_OK_SELECT) == 1)
 	{
 		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-		old = MemoryContextSwitchTo(run->cxt);
-		if (run->control)
-			pfree(run->control);
-		run->control = isnull ? NULL : DatumGetJsonbPCopy(d);
-		MemoryContextSwitchTo(old);
+		RunKeepJsonb(run, &run->control, isnull ? NULL : DatumGetJsonbP(d));
 	}
 	SecurityRestore(&frame);
+}
+
+/*
+ * Replace *field, one of the run's own, with a copy of value (or NULL) in
+ * the run's memory.
+ */
+void
+RunKeepJsonb(RunState *run, Jsonb **field, Jsonb *value)
+{
+	Jsonb	   *copy = JsonCopyTo(value, run->cxt);
+
+	if (*field)
+		pfree(*field);
+	*field = copy;
 }
 
 /*

@@ -97,5 +97,6 @@ extern void RunApplyTransition(RunState *run);
 extern void RunFail(RunState *run, const char *error);
 extern void RunRefreshControl(RunState *run);
 extern void RunForgetSend(RunState *run);
+extern void RunKeepJsonb(RunState *run, Jsonb **field, Jsonb *value);
 
 #endif							/* TUVL_RUNTIME_H */

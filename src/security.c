@@ -71,6 +71,40 @@
 #include "spiutil.h"
 
 /*
+ * Run one internal statement as the extension owner (see SpiExec).
+ */
+uint64
+SecurityExec(const char *sql, int nargs, const Oid *types, Datum *values,
+			 const char *nulls, int expected)
+{
+	SecurityFrame frame;
+	uint64		n;
+
+	SecurityAsOwner(&frame);
+	n = SpiExec(sql, nargs, types, values, nulls, expected);
+	SecurityRestore(&frame);
+	return n;
+}
+
+/*
+ * The same with its nargs parameters (Datums, none of them NULL) as
+ * arguments: SecurityExecArgs(sql, SPI_OK_UPDATE, 2, types, a, b).
+ */
+uint64
+SecurityExecArgs(const char *sql, int expected, int nargs, const Oid *types, ...)
+{
+	Datum		values[16];
+	va_list		args;
+
+	Assert(nargs <= (int) lengthof(values));
+	va_start(args, types);
+	for (int i = 0; i < nargs; i++)
+		values[i] = va_arg(args, Datum);
+	va_end(args);
+	return SecurityExec(sql, nargs, types, values, NULL, expected);
+}
+
+/*
  * The owner (a regrole) that owner_sql (one text parameter, at most one
  * row) finds for name, or InvalidOid when the name is new.  Runs as the
  * extension owner.
@@ -79,22 +113,12 @@ Oid
 SecurityNameOwner(const char *owner_sql, const char *name)
 {
 	static const Oid types[1] = {TEXTOID};
-	Datum		values[1];
-	SecurityFrame frame;
-	Oid			owner = InvalidOid;
+	Datum		d;
 
-	values[0] = CStringGetTextDatum(name);
-	SecurityAsOwner(&frame);
-	if (SpiExec(owner_sql, 1, types, values, NULL, SPI_OK_SELECT) == 1)
-	{
-		bool		isnull;
-		Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-
-		if (!isnull)
-			owner = DatumGetObjectId(d);
-	}
-	SecurityRestore(&frame);
-	return owner;
+	if (SecurityExecArgs(owner_sql, SPI_OK_SELECT, 1, types, CStringGetTextDatum(name)) == 1 &&
+		SpiValue(1, &d))
+		return DatumGetObjectId(d);
+	return InvalidOid;
 }
 
 /*

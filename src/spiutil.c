@@ -12,6 +12,7 @@
  */
 #include "postgres.h"
 
+#include "access/xact.h"
 #include "catalog/pg_extension.h"
 #include "commands/extension.h"
 #include "utils/hsearch.h"
@@ -95,6 +96,20 @@ SpiExec(const char *sql, int nargs, const Oid *argtypes,
 }
 
 /*
+ * The value of column (1-based) in the first row the last statement
+ * returned: false when there was no row or the value is NULL.
+ */
+bool
+SpiValue(int column, Datum *value)
+{
+	bool		isnull = true;
+
+	if (SPI_processed > 0)
+		*value = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, column, &isnull);
+	return !isnull;
+}
+
+/*
  * A function's jsonb result, copied out of SPI's memory; disconnects
  * from SPI.
  */
@@ -106,4 +121,39 @@ SpiReturnJsonb(Jsonb *result)
 	memcpy(copy, result, VARSIZE(result));
 	SPI_finish();
 	return copy;
+}
+
+void
+SpiSubxactBegin(SpiSubxact *sub)
+{
+	sub->cxt = CurrentMemoryContext;
+	sub->owner = CurrentResourceOwner;
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(sub->cxt);
+}
+
+void
+SpiSubxactCommit(SpiSubxact *sub)
+{
+	ReleaseCurrentSubTransaction();
+	MemoryContextSwitchTo(sub->cxt);
+	CurrentResourceOwner = sub->owner;
+}
+
+/*
+ * In PG_CATCH: the error raised, copied where the caller is, and the
+ * subtransaction rolled back.
+ */
+ErrorData *
+SpiSubxactAbort(SpiSubxact *sub)
+{
+	ErrorData  *edata;
+
+	MemoryContextSwitchTo(sub->cxt);
+	edata = CopyErrorData();
+	FlushErrorState();
+	RollbackAndReleaseCurrentSubTransaction();
+	MemoryContextSwitchTo(sub->cxt);
+	CurrentResourceOwner = sub->owner;
+	return edata;
 }

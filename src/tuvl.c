@@ -1,9 +1,10 @@
 /*-------------------------------------------------------------------------
  *
  * tuvl.c
- *	  Library entry point: GUCs, shared memory, the launcher's
- *	  registration, commit-time wake-ups and abort interrupts, and small
- *	  helpers every module uses (size limits, preload and replay checks).
+ *	  What every module shares: the GUCs, the shared memory segment,
+ *	  commit-time wake-ups and abort interrupts, and small helpers (size
+ *	  limits, preload and replay checks).  The library's entry point,
+ *	  which sets all this up, is init.c.
  *
  * The library works in two modes.  Preloaded (shared_preload_libraries),
  * it owns a small shared memory segment and a static launcher that keeps
@@ -35,13 +36,7 @@
 #include "utils/timestamp.h"
 
 #include "deadline.h"
-#include "launcher.h"
-#include "security.h"
 #include "tuvl.h"
-
-PG_MODULE_MAGIC;
-
-void		_PG_init(void);
 
 TuvlSharedState *TuvlShmem = NULL;
 
@@ -68,8 +63,6 @@ int			tuvl_http_max_response_size = 10 * 1024 * 1024;
 int			tuvl_http_max_redirects = 5;
 bool		tuvl_http_verify_tls = true;
 
-static shmem_request_hook_type prev_shmem_request_hook = NULL;
-static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 /* Backend-local wake-ups to deliver at commit. */
 static bool wake_workers_pending = false;
@@ -86,22 +79,20 @@ static PendingInterrupt pending_interrupts[MAX_PENDING_INTERRUPTS];
 static int	n_pending_interrupts = 0;
 static void deliver_interrupts(void);
 static void wake_one(Oid dboid, Oid principal);
-static bool extension_created_pending = false;
 static bool run_changed_pending = false;
 
-static Size
-tuvl_shmem_size(void)
+Size
+TuvlShmemSize(void)
 {
 	return add_size(offsetof(TuvlSharedState, slots),
 					mul_size(sizeof(TuvlWorkerSlot), tuvl_max_workers));
 }
 
-static void
-tuvl_shmem_request(void)
+/* The shared memory and the lock the library asks for while preloaded. */
+void
+TuvlShmemRequest(void)
 {
-	if (prev_shmem_request_hook)
-		prev_shmem_request_hook();
-	RequestAddinShmemSpace(tuvl_shmem_size());
+	RequestAddinShmemSpace(TuvlShmemSize());
 	RequestNamedLWLockTranche("tuvl", 1);
 }
 
@@ -109,19 +100,16 @@ tuvl_shmem_request(void)
  * Attach to (or create) the shared state.  Runs in the postmaster at every
  * start and after every crash restart, so a new epoch is drawn each time.
  */
-static void
-tuvl_shmem_startup(void)
+void
+TuvlShmemStartup(void)
 {
 	bool		found;
 
-	if (prev_shmem_startup_hook)
-		prev_shmem_startup_hook();
-
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-	TuvlShmem = ShmemInitStruct("tuvl", tuvl_shmem_size(), &found);
+	TuvlShmem = ShmemInitStruct("tuvl", TuvlShmemSize(), &found);
 	if (!found)
 	{
-		memset(TuvlShmem, 0, tuvl_shmem_size());
+		memset(TuvlShmem, 0, TuvlShmemSize());
 		TuvlShmem->lock = &(GetNamedLWLockTranche("tuvl"))->lock;
 		TuvlShmem->epoch = (int64) GetCurrentTimestamp();
 		TuvlShmem->nslots = tuvl_max_workers;
@@ -134,8 +122,8 @@ tuvl_shmem_startup(void)
  * Deliver pending wake-ups and interrupts when the transaction that
  * produced them commits; forget them when it aborts.
  */
-static void
-tuvl_xact_callback(XactEvent event, void *arg)
+void
+TuvlXactCallback(XactEvent event, void *arg)
 {
 	switch (event)
 	{
@@ -143,24 +131,14 @@ tuvl_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_PARALLEL_COMMIT:
 			if (wake_workers_pending)
 				wake_one(MyDatabaseId, wake_principal);
-			if (extension_created_pending && TuvlShmem)
-			{
-				/* now the extension is visible: the launcher probes again */
-				LauncherNoteExtensionCreated(MyDatabaseId);
-			}
 			if (run_changed_pending)
 				TuvlRunChangedNow();
 			deliver_interrupts();
-			if (TuvlShmem)
-				QueueAtCommit();
 			/* FALLTHROUGH */
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
-			if (event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT)
-				QueueAtAbort();
 			wake_workers_pending = false;
 			wake_principal = InvalidOid;
-			extension_created_pending = false;
 			run_changed_pending = false;
 			n_pending_interrupts = 0;
 			break;
@@ -175,12 +153,6 @@ TuvlWakeWorkersAtCommit(void)
 	wake_workers_pending = true;
 	/* the runs queued now are the current role's */
 	wake_principal = GetUserId();
-}
-
-void
-TuvlExtensionCreatedAtCommit(void)
-{
-	extension_created_pending = true;
 }
 
 void
@@ -563,8 +535,8 @@ define_int_gucs(const IntGuc *gucs, int n)
 	}
 }
 
-static void
-define_gucs(void)
+void
+TuvlDefineGucs(void)
 {
 	define_int_gucs(worker_gucs, lengthof(worker_gucs));
 	DefineCustomStringVariable("tuvl.http_allowed_hosts",
@@ -580,40 +552,4 @@ define_gucs(void)
 							 &tuvl_http_verify_tls, true,
 							 PGC_SUSET, 0, NULL, NULL, NULL);
 	MarkGUCPrefixReserved("tuvl");
-}
-
-static void
-register_launcher(void)
-{
-	BackgroundWorker worker;
-
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = 1;
-	strlcpy(worker.bgw_library_name, "tuvl", BGW_MAXLEN);
-	strlcpy(worker.bgw_function_name, "TuvlLauncherMain", BGW_MAXLEN);
-	strlcpy(worker.bgw_name, "tuvl launcher", BGW_MAXLEN);
-	strlcpy(worker.bgw_type, "tuvl launcher", BGW_MAXLEN);
-	RegisterBackgroundWorker(&worker);
-}
-
-void
-_PG_init(void)
-{
-	if (IsBinaryUpgrade)
-		return;
-
-	define_gucs();
-	RegisterXactCallback(tuvl_xact_callback, NULL);
-	SecurityInit();
-
-	if (!process_shared_preload_libraries_in_progress)
-		return;
-
-	prev_shmem_request_hook = shmem_request_hook;
-	shmem_request_hook = tuvl_shmem_request;
-	prev_shmem_startup_hook = shmem_startup_hook;
-	shmem_startup_hook = tuvl_shmem_startup;
-	register_launcher();
 }

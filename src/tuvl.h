@@ -13,6 +13,7 @@
 #ifndef TUVL_H
 #define TUVL_H
 
+#include "access/xact.h"
 #include "storage/condition_variable.h"
 #include "storage/latch.h"
 #include "storage/lwlock.h"
@@ -91,6 +92,10 @@ typedef struct TuvlSharedState
 } TuvlSharedState;
 
 extern TuvlSharedState *TuvlShmem;
+extern Size TuvlShmemSize(void);
+extern void TuvlShmemRequest(void);
+extern void TuvlShmemStartup(void);
+extern void TuvlDefineGucs(void);
 
 /* GUCs */
 extern int	tuvl_workers_per_database;
@@ -129,7 +134,7 @@ extern void TuvlRefuseWhileReplaying(const char *what);
 
 /* Wake-ups: recorded now, delivered when the transaction commits. */
 extern void TuvlWakeWorkersAtCommit(void);
-extern void TuvlExtensionCreatedAtCommit(void);
+extern void TuvlXactCallback(XactEvent event, void *arg);
 extern void TuvlRunChangedAtCommit(void);
 extern void TuvlWakeWorkers(Oid dboid);
 extern void TuvlWakeOneWorker(Oid dboid);

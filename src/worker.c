@@ -456,10 +456,8 @@ mark_step_slow(RunState *run, bool slow)
 
 	if (slow_steps == NULL)
 	{
-		HASHCTL		ctl;
+		HASHCTL		ctl = {.keysize = sizeof(SlowStepKey), .entrysize = sizeof(SlowStepKey)};
 
-		ctl.keysize = sizeof(SlowStepKey);
-		ctl.entrysize = sizeof(SlowStepKey);
 		slow_steps = hash_create("tuvl slow steps", 64, &ctl, HASH_ELEM | HASH_BLOBS);
 	}
 	slow_step_key(run, &key);
@@ -588,7 +586,6 @@ fail_runs(List *runs, List *errors)
 	forboth(lc1, runs, lc2, errors)
 		fail_one_run(lfirst(lc1), lfirst(lc2));
 }
-
 
 /* The principal served by the last batch. */
 static Oid	last_principal = InvalidOid;
@@ -966,10 +963,7 @@ run_solo(void)
 static void
 effect_done(RunState *run, Jsonb *result)
 {
-	MemoryContext old = MemoryContextSwitchTo(run->cxt);
-
-	run->fresh_effect = DatumGetJsonbPCopy(JsonbPGetDatum(result));
-	MemoryContextSwitchTo(old);
+	RunKeepJsonb(run, &run->fresh_effect, result);
 	run->transfer = NULL;
 	RunForgetSend(run);
 }
@@ -1103,6 +1097,226 @@ set_my_name(int number)
 	pgstat_report_appname(name);
 }
 
+/*
+ * Take our slot in shared memory, and note the epoch and our database's
+ * created_gen.
+ */
+static void
+take_slot(Oid dboid)
+{
+	LWLockAcquire(TuvlShmem->lock, LW_EXCLUSIVE);
+	MyTuvlSlot = &TuvlShmem->slots[my_slot];
+	TuvlShmem->slots[my_slot].pid = MyProcPid;
+	TuvlShmem->slots[my_slot].latch = MyLatch;
+	TuvlShmem->slots[my_slot].nheld = 0;
+	TuvlShmem->slots[my_slot].executing_run = 0;
+	memset((void *) TuvlShmem->slots[my_slot].aborted, 0, sizeof(TuvlShmem->slots[my_slot].aborted));
+	TuvlShmem->slots[my_slot].next_abort = 0;
+	TuvlShmem->slots[my_slot].alone = false;
+	TuvlShmem->slots[my_slot].in_flight = 0;
+	TuvlShmem->slots[my_slot].peak_in_flight = 0;
+	epoch = TuvlShmem->epoch;
+	for (int i = 0; i < TUVL_MAX_DATABASES; i++)
+		if (TuvlShmem->dbs[i].dboid == dboid)
+			start_gen = TuvlShmem->dbs[i].created_gen;
+	LWLockRelease(TuvlShmem->lock);
+}
+
+/* Connect to the database, in a shared session, and start the heartbeat. */
+static void
+connect_worker(Oid dboid)
+{
+	BackgroundWorkerInitializeConnectionByOid(dboid, InvalidOid, 0);
+	set_my_name(TuvlShmem->slots[my_slot].number);
+	/* one session for every principal's steps: see security.c */
+	SecurityBeginSharedSession();
+
+	/* heartbeat even while a long step executes */
+	heartbeat_timeout();
+	heartbeat_id = RegisterTimeout(USER_TIMEOUT, heartbeat_timeout);
+	enable_timeout_every(heartbeat_id,
+						 TimestampTzPlusMilliseconds(GetCurrentTimestamp(), HEARTBEAT_TICK_MS),
+						 HEARTBEAT_TICK_MS);
+}
+
+/* Tune malloc and create the worker's memory contexts. */
+static void
+create_worker_memory(void)
+{
+#ifdef __GLIBC__
+
+	/*
+	 * Large blocks (responses, contexts of big runs) in mappings of their
+	 * own: freed, they go back to the system at once, instead of raising
+	 * glibc's threshold and staying in the heap.  Smaller ones stay in the
+	 * heap, which is not trimmed after every batch (the next one would
+	 * fault its pages in again); an idle worker trims it (maintenance).
+	 */
+	mallopt(M_MMAP_THRESHOLD, 1024 * 1024);
+	mallopt(M_TRIM_THRESHOLD, 32 * 1024 * 1024);
+#endif
+	runs_cxt = AllocSetContextCreate(TopMemoryContext, "tuvl runs", ALLOCSET_DEFAULT_SIZES);
+	round_cxt = AllocSetContextCreate(TopMemoryContext, "tuvl round", ALLOCSET_DEFAULT_SIZES);
+	step_cxt = AllocSetContextCreate(TopMemoryContext, "tuvl step", ALLOCSET_DEFAULT_SIZES);
+	MemoryContextSwitchTo(round_cxt);
+}
+
+/* Leave when the extension is not installed; else tell the launcher it is. */
+static void
+check_extension_at_start(void)
+{
+	StartTransactionCommand();
+	if (!extension_present())
+	{
+		AbortCurrentTransaction();
+		exit_extension_dropped();
+	}
+	CommitTransactionCommand();
+	MemoryContextSwitchTo(round_cxt);
+	note_extension_present();
+	was_present = true;
+}
+
+/*
+ * Recover from an ERROR caught by the worker's sigsetjmp block: abort, let
+ * go of every run held (they go back to the queue) and pause a moment.
+ */
+static void
+recover_from_error(void)
+{
+	int			nheld;
+	int64	   *ids;
+	int32	   *attempts;
+	int			i = 0;
+	ListCell   *lc;
+
+	error_context_stack = NULL;
+	HOLD_INTERRUPTS();
+	DeadlineReset();
+	MyTuvlSlot->executing_run = 0;
+	EmitErrorReport();
+	AbortOutOfAnyTransaction();
+	SPI_finish();
+	MemoryContextSwitchTo(TopMemoryContext);
+	FlushErrorState();
+
+	/* let go of every run we held: they go back to the queue below */
+	nheld = list_length(held);
+	ids = palloc(sizeof(int64) * Max(nheld, 1));
+	attempts = palloc(sizeof(int32) * Max(nheld, 1));
+	foreach(lc, held)
+	{
+		ids[i] = ((RunState *) lfirst(lc))->id;
+		attempts[i++] = ((RunState *) lfirst(lc))->attempt;
+	}
+	forget_all_runs();
+	release_solo_slot();
+	HttpAbortAll();
+	MemoryContextReset(round_cxt);
+	RESUME_INTERRUPTS();
+
+	/* a dropped extension shows up as errors first */
+	begin_tx("tuvl recovering from an error");
+	if (!extension_present())
+	{
+		SPI_finish();
+		PopActiveSnapshot();
+		AbortCurrentTransaction();
+		exit_extension_dropped();
+	}
+	if (nheld > 0)
+		(void) LeaseRelease(nheld, ids, attempts);
+	commit_tx();
+	pfree(ids);
+	pfree(attempts);
+	TuvlWakeWorkers(MyDatabaseId);
+	/* do not spin on a persistent error */
+	pg_usleep(1000000L);
+}
+
+/* Handle interrupts, a configuration reload and the launcher's stop. */
+static void
+handle_interrupts(void)
+{
+	CHECK_FOR_INTERRUPTS();
+	if (ConfigReloadPending)
+	{
+		ConfigReloadPending = false;
+		ProcessConfigFile(PGC_SIGHUP);
+	}
+	if (TuvlShmem->slots[my_slot].stop_requested)
+	{
+		ereport(LOG, (errmsg("tuvl worker stopping at the launcher's request")));
+		proc_exit(0);
+	}
+}
+
+/*
+ * Run the maintenance when it is due, renewing our leases when that is
+ * due too; returns true when it ran.
+ */
+static bool
+maintain_when_due(volatile TimestampTz *next_maintenance, volatile TimestampTz *next_renewal)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	bool		renew;
+
+	if (now < *next_maintenance)
+		return false;
+	renew = now >= *next_renewal;
+	maintenance(renew);
+	*next_maintenance = TimestampTzPlusMilliseconds(now, MAINTENANCE_INTERVAL_MS);
+	if (renew)
+		*next_renewal = TimestampTzPlusMilliseconds(now, tuvl_heartbeat_interval);
+	return true;
+}
+
+/*
+ * After a batch: take a wake-up that came while it ran, and collect the
+ * transfers that finished meanwhile, without sleeping.
+ */
+static void
+after_batch(volatile bool *want_claim)
+{
+	/* a start_run() committed while we were busy? */
+	if (MyLatch->is_set || MyTuvlSlot->woken)
+	{
+		ResetLatch(MyLatch);
+		note_wakeup();
+		*want_claim = true;
+	}
+	/* collect whatever finished meanwhile, without sleeping */
+	if (HttpInFlight() > 0)
+	{
+		(void) HttpWait(0);
+		collect_done();
+	}
+}
+
+/*
+ * Nothing is ready: sleep until the latch, a transfer or a timer (the
+ * next maintenance, the next send), then collect the finished transfers.
+ */
+static void
+wait_for_work(TimestampTz next_maintenance, TimestampTz next_send, volatile bool *want_claim)
+{
+	TimestampTz now;
+	TimestampTz wake;
+	long		timeout;
+
+	now = GetCurrentTimestamp();
+	wake = next_maintenance;
+	if (next_send != 0 && next_send < wake)
+		wake = next_send;
+	timeout = Max(0, (long) ((wake - now) / 1000));
+	if (MyTuvlSlot->woken)
+		timeout = 0;
+	if (HttpWait(timeout) || MyTuvlSlot->woken)
+		*want_claim = true;
+	note_wakeup();
+	collect_done();
+}
+
 void
 TuvlWorkerMain(Datum main_arg)
 {
@@ -1124,152 +1338,29 @@ TuvlWorkerMain(Datum main_arg)
 	before_shmem_exit(release_slot, (Datum) 0);
 	before_shmem_exit(release_solo_slot_at_exit, (Datum) 0);
 
-	LWLockAcquire(TuvlShmem->lock, LW_EXCLUSIVE);
-	MyTuvlSlot = &TuvlShmem->slots[my_slot];
-	TuvlShmem->slots[my_slot].pid = MyProcPid;
-	TuvlShmem->slots[my_slot].latch = MyLatch;
-	TuvlShmem->slots[my_slot].nheld = 0;
-	TuvlShmem->slots[my_slot].executing_run = 0;
-	memset((void *) TuvlShmem->slots[my_slot].aborted, 0, sizeof(TuvlShmem->slots[my_slot].aborted));
-	TuvlShmem->slots[my_slot].next_abort = 0;
-	TuvlShmem->slots[my_slot].alone = false;
-	TuvlShmem->slots[my_slot].in_flight = 0;
-	TuvlShmem->slots[my_slot].peak_in_flight = 0;
-	epoch = TuvlShmem->epoch;
-	for (int i = 0; i < TUVL_MAX_DATABASES; i++)
-		if (TuvlShmem->dbs[i].dboid == dboid)
-			start_gen = TuvlShmem->dbs[i].created_gen;
-	LWLockRelease(TuvlShmem->lock);
-
-	BackgroundWorkerInitializeConnectionByOid(dboid, InvalidOid, 0);
-	set_my_name(TuvlShmem->slots[my_slot].number);
-	/* one session for every principal's steps: see security.c */
-	SecurityBeginSharedSession();
-
-	/* heartbeat even while a long step executes */
-	heartbeat_timeout();
-	heartbeat_id = RegisterTimeout(USER_TIMEOUT, heartbeat_timeout);
-	enable_timeout_every(heartbeat_id,
-						 TimestampTzPlusMilliseconds(GetCurrentTimestamp(), HEARTBEAT_TICK_MS),
-						 HEARTBEAT_TICK_MS);
-
-#ifdef __GLIBC__
-
-	/*
-	 * Large blocks (responses, contexts of big runs) in mappings of their
-	 * own: freed, they go back to the system at once, instead of raising
-	 * glibc's threshold and staying in the heap.  Smaller ones stay in the
-	 * heap, which is not trimmed after every batch (the next one would
-	 * fault its pages in again); an idle worker trims it (maintenance).
-	 */
-	mallopt(M_MMAP_THRESHOLD, 1024 * 1024);
-	mallopt(M_TRIM_THRESHOLD, 32 * 1024 * 1024);
-#endif
-	runs_cxt = AllocSetContextCreate(TopMemoryContext, "tuvl runs", ALLOCSET_DEFAULT_SIZES);
-	round_cxt = AllocSetContextCreate(TopMemoryContext, "tuvl round", ALLOCSET_DEFAULT_SIZES);
-	step_cxt = AllocSetContextCreate(TopMemoryContext, "tuvl step", ALLOCSET_DEFAULT_SIZES);
-	MemoryContextSwitchTo(round_cxt);
-
-	StartTransactionCommand();
-	if (!extension_present())
-	{
-		AbortCurrentTransaction();
-		exit_extension_dropped();
-	}
-	CommitTransactionCommand();
-	MemoryContextSwitchTo(round_cxt);
-	note_extension_present();
-	was_present = true;
+	take_slot(dboid);
+	connect_worker(dboid);
+	create_worker_memory();
+	check_extension_at_start();
 
 	ereport(LOG, (errmsg("tuvl worker %d started", TuvlShmem->slots[my_slot].number)));
 
 	/* A long-lived worker survives its own errors, like the bgwriter. */
 	if (sigsetjmp(local_sigjmp_buf, 1) != 0)
-	{
-		int			nheld;
-		int64	   *ids;
-		int32	   *attempts;
-		int			i = 0;
-		ListCell   *lc;
-
-		error_context_stack = NULL;
-		HOLD_INTERRUPTS();
-		DeadlineReset();
-		MyTuvlSlot->executing_run = 0;
-		EmitErrorReport();
-		AbortOutOfAnyTransaction();
-		SPI_finish();
-		MemoryContextSwitchTo(TopMemoryContext);
-		FlushErrorState();
-
-		/* let go of every run we held: they go back to the queue below */
-		nheld = list_length(held);
-		ids = palloc(sizeof(int64) * Max(nheld, 1));
-		attempts = palloc(sizeof(int32) * Max(nheld, 1));
-		foreach(lc, held)
-		{
-			ids[i] = ((RunState *) lfirst(lc))->id;
-			attempts[i++] = ((RunState *) lfirst(lc))->attempt;
-		}
-		forget_all_runs();
-		release_solo_slot();
-		HttpAbortAll();
-		MemoryContextReset(round_cxt);
-		RESUME_INTERRUPTS();
-
-		/* a dropped extension shows up as errors first */
-		begin_tx("tuvl recovering from an error");
-		if (!extension_present())
-		{
-			SPI_finish();
-			PopActiveSnapshot();
-			AbortCurrentTransaction();
-			exit_extension_dropped();
-		}
-		if (nheld > 0)
-			(void) LeaseRelease(nheld, ids, attempts);
-		commit_tx();
-		pfree(ids);
-		pfree(attempts);
-		TuvlWakeWorkers(MyDatabaseId);
-		/* do not spin on a persistent error */
-		pg_usleep(1000000L);
-	}
+		recover_from_error();
 	PG_exception_stack = &local_sigjmp_buf;
 
 	for (;;)
 	{
-		TimestampTz now;
-		TimestampTz wake;
 		TimestampTz next_send;
-		long		timeout;
 		int			room;
 
-		CHECK_FOR_INTERRUPTS();
-		if (ConfigReloadPending)
-		{
-			ConfigReloadPending = false;
-			ProcessConfigFile(PGC_SIGHUP);
-		}
-		if (TuvlShmem->slots[my_slot].stop_requested)
-		{
-			ereport(LOG, (errmsg("tuvl worker stopping at the launcher's request")));
-			proc_exit(0);
-		}
+		handle_interrupts();
 		MemoryContextReset(round_cxt);
 		heartbeat_timeout();
 
-		now = GetCurrentTimestamp();
-		if (now >= next_maintenance)
-		{
-			bool		renew = now >= next_renewal;
-
-			maintenance(renew);
-			next_maintenance = TimestampTzPlusMilliseconds(now, MAINTENANCE_INTERVAL_MS);
-			if (renew)
-				next_renewal = TimestampTzPlusMilliseconds(now, tuvl_heartbeat_interval);
+		if (maintain_when_due(&next_maintenance, &next_renewal))
 			want_claim = true;
-		}
 
 		/* keep claiming while the queue may hold more than we took */
 		room = claim_room();
@@ -1285,33 +1376,11 @@ TuvlWorkerMain(Datum main_arg)
 		}
 		if (advance_batch() > 0)
 		{
-			/* a start_run() committed while we were busy? */
-			if (MyLatch->is_set || MyTuvlSlot->woken)
-			{
-				ResetLatch(MyLatch);
-				note_wakeup();
-				want_claim = true;
-			}
-			/* collect whatever finished meanwhile, without sleeping */
-			if (HttpInFlight() > 0)
-			{
-				(void) HttpWait(0);
-				collect_done();
-			}
+			after_batch(&want_claim);
 			continue;
 		}
 
 		/* nothing ready: sleep until the latch, a transfer or a timer */
-		now = GetCurrentTimestamp();
-		wake = next_maintenance;
-		if (next_send != 0 && next_send < wake)
-			wake = next_send;
-		timeout = Max(0, (long) ((wake - now) / 1000));
-		if (MyTuvlSlot->woken)
-			timeout = 0;
-		if (HttpWait(timeout) || MyTuvlSlot->woken)
-			want_claim = true;
-		note_wakeup();
-		collect_done();
+		wait_for_work(next_maintenance, next_send, &want_claim);
 	}
 }

@@ -340,6 +340,23 @@ def enum_agent(conn, provider, text):
                       ends=ENUM_ENDS, prompt="Refund {{ amount }} EUR?")
 
 
+@pytest.mark.parametrize("text,written", [
+    ('{"result": {"greeting": "Hi"}}', {"greeting": "Hi"}),
+    ('```json\n{"greeting": "Hi"}\n```', {"greeting": "Hi"}),
+    ("[1, 2]", [1, 2]),
+    ("Hello, Ada!", "Hello, Ada!"),
+])
+def test_without_an_enum_the_answer_is_written_as_an_autonomous_agent_writes_it(
+        conn, provider, text, written):
+    """One outcome contract for both modes of the Agent step: the answer's
+    result, else its parsed JSON, else its text."""
+    name = make_agent(conn, provider, [{"text": text}])
+    res = execute(conn, name, {"name": "Ada"})
+    assert res["status"] == "completed" and res["end"] == "done", res
+    assert res["context"]["ask_result"] == written
+    assert [r[3] for r in events(conn, res["run_id"], "signal")] == [{"signal": "default"}]
+
+
 def test_enum_answer_routes_by_its_outcome_and_writes_its_result(conn, provider):
     name = enum_agent(conn, provider, '{"outcome": "reject", "result": {"reason": "over the limit"}}')
     res = execute(conn, name, {"amount": 900})
