@@ -16,6 +16,7 @@ OBJS = \
 	src/driver.o \
 	src/effect.o \
 	src/executor.o \
+	src/guardrail.o \
 	src/http.o \
 	src/init.o \
 	src/journal.o \

@@ -1027,12 +1027,14 @@ $$) AS version;
 SELECT tuvl.register_artifact($$
 name: no_pii
 type: guardrail
-body: No card numbers.
+checks:
+  - { check: regex_deny, pattern: '\y[0-9]{16}\y' }
 $$) AS version;
 SELECT tuvl.register_artifact($$
 name: audit
 type: hook
-body: Log every step.
+events: [before_step, after_step]
+action: metric
 $$) AS version;
 
 -- Every site with a pinned reference of a type it takes: no findings.
@@ -1040,12 +1042,10 @@ $$) AS version;
 -- named only as a tool or as a compensator is reachable.
 SELECT * FROM tuvl.validate($$
 name: v
-hooks: [artifact://audit@1]
 steps:
   - id: agent
     kind: Agent
     mode: autonomous
-    hooks: [artifact://audit@1]
     agent:
       model: m
       steering: artifact://tone@2
@@ -1123,7 +1123,7 @@ steps:
   - { id: a, kind: Agent, mode: completion, agent: { model: m, prompt: hi, guardrails: { input: ["artifact://refunds@1"] } } }
 $$);
 
--- ... and hooks.
+-- ... and hooks, which are reserved for now.
 SELECT * FROM tuvl.validate($$
 name: v
 hooks: [artifact://no_pii@1]
@@ -1212,19 +1212,24 @@ ends:
   - { id: done }
 $$);
 
--- hooks, of the workflow or of a step, are a list ...
+-- hooks are reserved: an error, of the workflow or of a step, until
+-- they are available; so are supervisor, trigger.http and concurrency.
 SELECT * FROM tuvl.validate($$
 name: v
-hooks: artifact://audit@1
+hooks: [artifact://audit@1]
+supervisor: { rules: [] }
+concurrency: { key: x, limit: 1 }
+trigger: { http: { path: /orders } }
 steps:
-  - { id: a, kind: Functional, function: f }
+  - { id: a, kind: Functional, function: f, hooks: [artifact://audit@1] }
 $$);
 
--- ... of references.
+-- An unknown key is an error naming its path, at the top level too.
 SELECT * FROM tuvl.validate($$
 name: v
+steps_end: done
 steps:
-  - { id: a, kind: Functional, function: f, hooks: [audit] }
+  - { id: a, kind: Functional, function: f }
 $$);
 
 -- register_workflow() is never strict: a floating reference is a NOTICE,
@@ -1316,4 +1321,75 @@ steps:
   - { id: t, kind: Functional, function: f, description: T, compensate: u }
   - { id: u, kind: Functional, function: g }
 ends: [{ id: e }]
+$$);
+
+-- Guardrail and hook artifacts are checked when they are registered (each
+-- statement on its own: every one fails).
+SELECT tuvl.register_artifact($$
+name: bad_guard
+type: guardrail
+body: No card numbers.
+$$);
+SELECT tuvl.register_artifact($$
+name: bad_guard
+type: guardrail
+checks: []
+$$);
+SELECT tuvl.register_artifact($$
+name: bad_guard
+type: guardrail
+checks: [{ check: regex_deny, pattern: '([0-9]' }]
+$$);
+SELECT tuvl.register_artifact($$
+name: bad_guard
+type: guardrail
+checks: [{ check: regex_deny }]
+$$);
+SELECT tuvl.register_artifact($$
+name: bad_guard
+type: guardrail
+checks: [{ check: max_length, max: 0 }]
+$$);
+SELECT tuvl.register_artifact($$
+name: bad_guard
+type: guardrail
+checks: [{ check: json_schema, schema: { type: objekt } }]
+$$);
+SELECT tuvl.register_artifact($$
+name: bad_guard
+type: guardrail
+checks: [{ check: regex_allow, pattern: x, flags: i }]
+$$);
+SELECT tuvl.register_artifact($$
+name: bad_guard
+type: guardrail
+checks: [{ check: spell_check }]
+$$);
+SELECT tuvl.register_artifact($$
+name: bad_guard
+type: guardrail
+checks: [{ check: pii_mask, patterns: [email] }]
+$$);
+SELECT tuvl.register_artifact($$
+name: bad_guard
+type: guardrail
+checks: [{ check: llm_judge, model: judge, prompt: safe? }]
+$$);
+SELECT tuvl.register_artifact($$
+name: bad_hook
+type: hook
+events: [before_lunch]
+action: metric
+$$);
+SELECT tuvl.register_artifact($$
+name: bad_hook
+type: hook
+events: [after_step]
+action: notify
+$$);
+SELECT tuvl.register_artifact($$
+name: bad_hook
+type: hook
+events: [after_step]
+action: email
 $$);

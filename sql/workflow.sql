@@ -74,9 +74,24 @@ steps:
     routes: { default: missing }
 $$);
 
--- Warnings (unknown keys) become NOTICEs; the workflow is stored.
+-- Warnings (an unreachable step) become NOTICEs; the workflow is stored.
 SELECT tuvl.register_workflow($$
 name: with_warning
+steps:
+  - id: a
+    kind: Functional
+    function: pg_catalog.jsonb_strip_nulls
+    routes: { default: done }
+  - id: b
+    kind: Functional
+    function: pg_catalog.jsonb_strip_nulls
+ends:
+  - { id: done }
+$$) AS version;
+
+-- An unknown key is an error: a key tuvl accepts does something.
+SELECT tuvl.register_workflow($$
+name: with_unknown_key
 steps:
   - id: a
     kind: Functional

@@ -115,6 +115,7 @@ typedef struct AgentLoop
 	Jsonb	   *ctx;			/* the context tools see */
 	Jsonb	   *merge;			/* writes_context deltas so far, or NULL */
 	char	   *abort_reason;
+	char	   *violation;		/* why the tools gate stopped a result */
 	bool		answer_is_error;	/* the last tool answer was an error */
 	StepResult *result;
 } AgentLoop;
@@ -130,6 +131,7 @@ typedef enum ToolStatus
 
 static void agent_exit(AgentLoop *l, const char *signal, const char *error_type,
 					   const char *message);
+static void apply_delta(AgentLoop *l, Jsonb *delta);
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -227,9 +229,10 @@ prose(AgentLoop *l, JsonbValue *v, ArtifactSite site, const char *what)
  * the fixed instruction, the final-answer format), the public context as
  * the first user message and the context_injection keys, delimited.
  */
-static void
+static char *
 opening_messages(AgentLoop *l)
 {
+	char	   *user;
 	StringInfoData sys;
 	char	   *steering = prose(l, JsonGetField(l->agent, "steering"), SITE_STEERING, "agent.steering");
 	JsonbValue *skills = JsonGetField(l->agent, "skills");
@@ -285,11 +288,15 @@ opening_messages(AgentLoop *l)
 							 key, value);
 		}
 	}
-	add_message(l, "user", JsonContainerSize(&public->root) > 0 ? JsonText(public) : "Begin.",
-				NULL, NULL, false);
+	user = JsonContainerSize(&public->root) > 0 ? JsonText(public) : "Begin.";
+	add_message(l, "user", user, NULL, NULL, false);
 	if (injected.len > 0)
+	{
 		add_message(l, "user", psprintf("%s%s", injection_preamble, injected.data),
 					NULL, NULL, false);
+		user = psprintf("%s\n\n%s%s", user, injection_preamble, injected.data);
+	}
+	return user;
 }
 
 /* ---------------------------------------------------------------- tools */
@@ -593,12 +600,21 @@ agent_exit(AgentLoop *l, const char *signal, const char *error_type, const char 
 	progress(l, JsonObjEnd(&b));
 }
 
-/* A final answer: apply the outcome contract (AgentApplyOutcome). */
+/*
+ * A final answer: the output gate, then the outcome contract
+ * (AgentApplyOutcome).
+ */
 static void
 finalize(AgentLoop *l, const char *text)
 {
-	char	   *why = AgentApplyOutcome(text, l->values, l->result);
+	char	   *why = AgentGateCheck(l->run, l->step, GATE_OUTPUT, text ? text : "");
 
+	if (why)
+	{
+		agent_exit(l, "guardrail_violation", "guardrail_violation", why);
+		return;
+	}
+	why = AgentApplyOutcome(text, l->values, l->result);
 	if (why)
 		agent_exit(l, "error", "invalid_outcome", why);
 	else
@@ -694,7 +710,26 @@ tool_done(AgentLoop *l, int call, const char *id, const char *name, const char *
 	else
 		shown = observation;
 	*content = truncate_result(JsonText(shown));
+
+	/*
+	 * The tools gate: a result a guardrail stops is recorded and journaled
+	 * as that error, not as itself, and ends the step (agent_turn).
+	 */
+	if (error == NULL && (l->violation = AgentGateCheck(l->run, l->step, GATE_TOOLS, *content)))
+	{
+		JsonObjBuilder eb;
+
+		error = l->violation;
+		signal = "error";
+		observation = NULL;
+		delta = NULL;			/* a stopped result writes nothing */
+		JsonObjStart(&eb);
+		JsonObjAddString(&eb, "error", error);
+		*content = JsonText(JsonObjEnd(&eb));
+	}
 	l->answer_is_error = error != NULL;
+	if (delta)
+		apply_delta(l, delta);
 
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "op", "tool");
@@ -876,7 +911,6 @@ tool_finished(AgentLoop *l, AgentTool *tool, int call, const char *id, StepResul
 		delta = observation;
 	if (strcmp(signal, "default") != 0)
 		observation = JsonSetKey(observation, "signal", JsonStringValue(signal));
-	apply_delta(l, delta);
 	tool_done(l, call, id, tool->name, ts->kind_name, signal, observation, NULL, delta, content);
 	return TOOL_DONE;
 }
@@ -1199,6 +1233,12 @@ agent_turn(AgentLoop *l)
 		switch (tool_call(l, tc, j, &content))
 		{
 			case TOOL_DONE:
+				if (l->violation)
+				{
+					answer_skipped(l, reply.tool_calls, j + 1, "a guardrail stopped the agent");
+					agent_exit(l, "guardrail_violation", "guardrail_violation", l->violation);
+					return false;
+				}
 				add_message(l, "tool", content, NULL, JsonGetString(tc, "id"),
 							l->answer_is_error);
 				break;
@@ -1251,7 +1291,15 @@ StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 	l.cfg = LlmConfigLoad(JsonGetString(l.agent, "model") ? JsonGetString(l.agent, "model") : "default");
 	StepErrorType = "error";
 	build_tools(&l);
-	opening_messages(&l);
+	{
+		char	   *why = AgentGateCheck(run, step, GATE_INPUT, opening_messages(&l));
+
+		if (why)
+		{
+			agent_exit(&l, "guardrail_violation", "guardrail_violation", why);
+			return;
+		}
+	}
 
 	/*
 	 * Turns replayed from the records keep nothing but what the
@@ -1264,6 +1312,8 @@ StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 	for (l.iteration = 1; l.iteration <= l.max_iterations; l.iteration++)
 	{
 		bool		replaying = l.cursor < EffectCount(run);
+		Jsonb	   *ctx_before = l.ctx;
+		Jsonb	   *merge_before = l.merge;
 		MemoryContext loopcxt = MemoryContextSwitchTo(replaying ? turncxt : CurrentMemoryContext);
 		bool		go_on = agent_turn(&l);
 
@@ -1273,8 +1323,10 @@ StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 		/* nothing was recorded by a turn that stayed in the records */
 		if (replaying && l.cursor < EffectCount(run))
 		{
-			l.ctx = JsonCopyTo(l.ctx, loopcxt);
-			l.merge = JsonCopyTo(l.merge, loopcxt);
+			if (l.ctx != ctx_before)
+				l.ctx = JsonCopyTo(l.ctx, loopcxt);
+			if (l.merge != merge_before)
+				l.merge = JsonCopyTo(l.merge, loopcxt);
 			MemoryContextReset(turncxt);
 		}
 	}

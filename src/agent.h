@@ -11,13 +11,19 @@
 #include "nodes/pg_list.h"
 #include "utils/jsonb.h"
 
+#include "guardrail.h"
 #include "llm.h"
+#include "runtime.h"
+#include "workflow.h"
 
 struct StepResult;
 
 extern List *AgentOutcomeEnum(Jsonb *agent);
 extern char *AgentFinalFormat(List *values);
 extern char *AgentStripFences(const char *text);
+extern char *AgentGateCheck(RunState *run, const StepDef *step, GuardrailGate gate,
+							const char *content);
+extern void AgentViolation(struct StepResult *result, const char *why);
 extern char *AgentApplyOutcome(const char *text, List *values, struct StepResult *result);
 extern bool AgentShouldRetry(Jsonb *agent, LlmReply *reply, int attempts_made,
 							 int *delay_ms);

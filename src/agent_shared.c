@@ -20,6 +20,7 @@
 #include "utils/jsonb.h"
 
 #include "agent.h"
+#include "artifact.h"
 #include "executor.h"
 #include "jsonutil.h"
 #include "retry.h"
@@ -142,6 +143,24 @@ AgentApplyOutcome(const char *text, List *values, StepResult *result)
 }
 
 /*
+ * A guardrail stopped the step: it ends on guardrail_violation with
+ * _last_error (why) and _last_error_type, and writes nothing else.
+ */
+void
+AgentViolation(StepResult *result, const char *why)
+{
+	JsonObjBuilder b;
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "_last_error", why);
+	JsonObjAddString(&b, "_last_error_type", "guardrail_violation");
+	result->signal = "guardrail_violation";
+	result->exit_error = pstrdup(why);
+	result->has_output = false;
+	result->context_merge = JsonObjEnd(&b);
+}
+
+/*
  * After a failed call: should it be retried (per agent.retry), and after
  * how long?
  */
@@ -171,4 +190,64 @@ AgentFailureType(LlmReply *reply)
 {
 	return strcmp(reply->error_class ? reply->error_class : "error", "timeout") == 0
 		? "timeout" : "llm_error";
+}
+
+/* The references attached to gate: agent.guardrails, then the step's. */
+static List *
+gate_refs(const StepDef *step, GuardrailGate gate)
+{
+	Jsonb	   *agent = JsonGetJsonb(step->spec, "agent");
+	Jsonb	   *sources[2];
+	List	   *refs = NIL;
+
+	sources[0] = agent ? JsonGetJsonb(agent, "guardrails") : NULL;
+	sources[1] = JsonGetJsonb(step->spec, "guardrails");
+	for (int s = 0; s < 2; s++)
+	{
+		JsonbValue *list = sources[s] && JsonIsObject(sources[s])
+			? JsonGetField(sources[s], GuardrailGateName(gate)) : NULL;
+
+		if (list == NULL || list->type != jbvBinary)
+			continue;
+		for (int i = 0; i < (int) JsonContainerSize(list->val.binary.data); i++)
+		{
+			JsonbValue *r = getIthJsonbValueFromContainer(list->val.binary.data, i);
+
+			if (r->type == jbvString)
+				refs = lappend(refs, pnstrdup(r->val.string.val, r->val.string.len));
+		}
+	}
+	return refs;
+}
+
+/*
+ * The guardrail gates (guardrail.c) of an Agent step, in either mode:
+ * run the guardrails attached to step's gate on content.  Returns NULL when every
+ * check passes, else why the first failing check failed: the guardrail,
+ * its version, the check and the gate.  Raises when a reference cannot be
+ * resolved (as any broken artifact reference does).
+ */
+char *
+AgentGateCheck(RunState *run, const StepDef *step, GuardrailGate gate, const char *content)
+{
+	ListCell   *lc;
+
+	foreach(lc, gate_refs(step, gate))
+	{
+		ArtifactRef ref;
+		int			check_no;
+		char	   *check_name;
+		char	   *why;
+
+		ArtifactResolve(run, lfirst(lc), SITE_GUARDRAIL,
+						psprintf("the %s gate of step \"%s\"", GuardrailGateName(gate), step->id), &ref);
+		why = GuardrailRun(ref.definition, content, &check_no, &check_name);
+		if (why)
+			return psprintf("guardrail \"%s\" (version %d) stopped the %s at the %s gate: check %d (%s): %s",
+							ref.name, ref.version,
+							gate == GATE_INPUT ? "model's input" :
+							gate == GATE_TOOLS ? "tool's result" : "final answer",
+							GuardrailGateName(gate), check_no, check_name, why);
+	}
+	return NULL;
 }

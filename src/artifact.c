@@ -29,6 +29,7 @@
 #include "utils/memutils.h"
 
 #include "artifact.h"
+#include "guardrail.h"
 #include "jsonutil.h"
 #include "security.h"
 #include "spiutil.h"
@@ -130,7 +131,7 @@ ArtifactSiteTypes(ArtifactSite site)
  */
 bool
 ArtifactLookup(const char *name, int version, char **type, char **body, int *version_out,
-			   int *latest)
+			   int *latest, Jsonb **definition)
 {
 	static const Oid types[2] = {TEXTOID, INT4OID};
 	Datum		values[2];
@@ -144,7 +145,7 @@ ArtifactLookup(const char *name, int version, char **type, char **body, int *ver
 	SecurityAsOwner(&frame);
 	if (SpiExec("SELECT a.type, a.body, a.version, "
 				"  (SELECT pg_catalog.max(x.version) FROM tuvl.artifacts x "
-				"   WHERE x.name OPERATOR(pg_catalog.=) $1) "
+				"   WHERE x.name OPERATOR(pg_catalog.=) $1), a.definition "
 				"FROM tuvl.artifacts a WHERE a.name OPERATOR(pg_catalog.=) $1 "
 				"  AND ($2 OPERATOR(pg_catalog.=) 0 OR a.version OPERATOR(pg_catalog.=) $2) "
 				"ORDER BY a.version DESC LIMIT 1",
@@ -166,6 +167,12 @@ ArtifactLookup(const char *name, int version, char **type, char **body, int *ver
 			*version_out = v;
 		if (latest)
 			*latest = l;
+		if (definition)
+		{
+			Datum		d = SPI_getbinval(tup, td, 5, &isnull);
+
+			*definition = isnull ? NULL : JsonCopyTo(DatumGetJsonbP(d), cxt);
+		}
 		found = true;
 	}
 	else if (latest)
@@ -276,7 +283,7 @@ ArtifactPinFloating(Jsonb *definition)
 
 		if (!ArtifactParseRef(lfirst(lc), &name, &version) || name == NULL || version > 0)
 			continue;
-		if (!ArtifactLookup(name, 0, NULL, NULL, &resolved, NULL))
+		if (!ArtifactLookup(name, 0, NULL, NULL, &resolved, NULL, NULL))
 			ereport(ERROR,
 					(errcode(ERRCODE_UNDEFINED_OBJECT),
 					 errmsg("artifact \"%s\" does not exist", name),
@@ -313,16 +320,16 @@ run_artifacts(RunState *run)
  * The text a field means: itself, or the body of the artifact it refers
  * to, at the version the run pinned.  what names the field in errors.
  */
-char *
-ArtifactResolveText(RunState *run, const char *text, ArtifactSite site, const char *what)
+static bool
+resolve_ref(RunState *run, const char *text, ArtifactSite site, const char *what,
+			ArtifactRef *ref)
 {
 	char	   *name;
 	int			version;
-	char	   *type;
-	char	   *body;
 
+	memset(ref, 0, sizeof(ArtifactRef));
 	if (!ArtifactParseRef(text, &name, &version))
-		return (char *) text;
+		return false;
 	if (name == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -341,21 +348,53 @@ ArtifactResolveText(RunState *run, const char *text, ArtifactSite site, const ch
 							   what, text)));
 		version = JsonGetInt32(pins, name, 0);
 	}
-	if (!ArtifactLookup(name, version, &type, &body, NULL, NULL))
+	if (!ArtifactLookup(name, version, &ref->type, &ref->body, NULL, NULL, &ref->definition))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("artifact \"%s\" has no version %d", name, version),
 				 errdetail("%s refers to %s.", what, text)));
-	if (!ArtifactSiteAccepts(site, type))
+	if (!ArtifactSiteAccepts(site, ref->type))
 		ereport(ERROR,
 				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
-				 errmsg("%s refers to %s, a %s artifact", what, text, type),
+				 errmsg("%s refers to %s, a %s artifact", what, text, ref->type),
 				 errdetail("%s takes %s.", what, ArtifactSiteTypes(site))));
-	if (body == NULL)
+	ref->name = name;
+	ref->version = version;
+	return true;
+}
+
+/*
+ * The text an artifact reference stands for (text itself when it is not
+ * a reference), as the run pinned it.
+ */
+char *
+ArtifactResolveText(RunState *run, const char *text, ArtifactSite site, const char *what)
+{
+	ArtifactRef ref;
+
+	if (!resolve_ref(run, text, site, what, &ref))
+		return (char *) text;
+	if (ref.body == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("artifact %s has no body", text)));
-	return body;
+	return ref.body;
+}
+
+/*
+ * The artifact a reference names (for guardrails and hooks, whose
+ * definitions matter), as the run pinned it.  Raises for text that is not
+ * a reference.
+ */
+void
+ArtifactResolve(RunState *run, const char *text, ArtifactSite site, const char *what,
+				ArtifactRef *ref)
+{
+	if (!resolve_ref(run, text, site, what, ref))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must be an artifact reference: %s", what, text),
+				 errhint("Write artifact://name or artifact://name@version.")));
 }
 
 /*
@@ -378,9 +417,101 @@ RegistryLockName(const char *kind, const char *lock_prefix, const char *owner_sq
 	SecurityCheckNameOwner(kind, name, SecurityNameOwner(owner_sql, name));
 }
 
+/* The keys of an artifact of type, besides name, type and description. */
+static const char *const *
+artifact_keys(const char *type)
+{
+	static const char *const text_keys[] = {"body", NULL};
+	static const char *const guardrail_keys[] = {"checks", NULL};
+	static const char *const hook_keys[] = {"events", "action", "metric", "step", NULL};
+
+	if (strcmp(type, "guardrail") == 0)
+		return guardrail_keys;
+	if (strcmp(type, "hook") == 0)
+		return hook_keys;
+	return text_keys;
+}
+
+/* Every key of the definition means something for its type. */
+static void
+check_artifact_keys(Jsonb *def, const char *name, const char *type)
+{
+	const char *const *keys = artifact_keys(type);
+	JsonbIterator *it = JsonbIteratorInit(&def->root);
+	JsonbValue	v;
+	char	   *key;
+
+	while (JsonObjectNext(&it, &key, &v))
+	{
+		bool		known = strcmp(key, "name") == 0 || strcmp(key, "type") == 0 ||
+			strcmp(key, "description") == 0;
+		StringInfoData list;
+
+		for (int i = 0; keys[i]; i++)
+			known |= strcmp(key, keys[i]) == 0;
+		if (known)
+			continue;
+		initStringInfo(&list);
+		for (int i = 0; keys[i]; i++)
+			appendStringInfo(&list, ", %s", keys[i]);
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("artifact \"%s\": unknown key \"%s\"", name, key),
+				 errhint("A %s artifact takes name, type, description%s.", type, list.data)));
+	}
+}
+
+/* A hook artifact: when it fires (events) and what it does (action). */
+static void
+check_hook(Jsonb *def, const char *name)
+{
+	static const char *const events[] = {"before_step", "after_step", "on_error", "before_tool",
+	"after_tool", NULL};
+	JsonbValue *ev = JsonGetField(def, "events");
+	char	   *action = JsonGetString(def, "action");
+
+	if (ev == NULL || ev->type != jbvBinary || !JsonContainerIsArray(ev->val.binary.data) ||
+		JsonContainerSize(ev->val.binary.data) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("hook \"%s\" needs events, a list of events", name),
+				 errhint("The events are before_step, after_step, on_error, before_tool and after_tool.")));
+	for (int i = 0; i < (int) JsonContainerSize(ev->val.binary.data); i++)
+	{
+		JsonbValue *e = getIthJsonbValueFromContainer(ev->val.binary.data, i);
+		bool		known = false;
+
+		for (int k = 0; e->type == jbvString && events[k]; k++)
+			known |= strlen(events[k]) == (size_t) e->val.string.len &&
+				strncmp(events[k], e->val.string.val, e->val.string.len) == 0;
+		if (!known)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("hook \"%s\": events[%d] is not an event", name, i),
+					 errhint("The events are before_step, after_step, on_error, before_tool and after_tool.")));
+	}
+	if (action == NULL || (strcmp(action, "metric") != 0 && strcmp(action, "notify") != 0))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("hook \"%s\": action must be metric or notify", name)));
+	if (strcmp(action, "notify") == 0 && JsonGetString(def, "step") == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("hook \"%s\": a notify hook needs step, the APICall step it runs", name)));
+	if (JsonGetField(def, "metric") &&
+		(strcmp(action, "metric") != 0 || JsonGetString(def, "metric") == NULL))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("hook \"%s\": metric names the counter of a metric hook, such as tuvl.hook.events", name)));
+	if (strcmp(action, "metric") == 0 && JsonGetField(def, "step"))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("hook \"%s\": step is for notify hooks; a metric hook counts", name)));
+}
+
 /*
- * Check an artifact's definition (raises for a bad one, notices unknown
- * keys); sets its name, type and body.
+ * Check an artifact's definition (raises for a bad one, an unknown key
+ * included); sets its name, type and body.
  */
 static void
 check_artifact(Jsonb *def, char **name_out, char **type_out, JsonbValue **body_out)
@@ -389,9 +520,6 @@ check_artifact(Jsonb *def, char **name_out, char **type_out, JsonbValue **body_o
 	char	   *type;
 	JsonbValue *body;
 	bool		known = false;
-	JsonbIterator *it;
-	JsonbValue	v;
-	char	   *key;
 
 	if (!JsonIsObject(def))
 		ereport(ERROR,
@@ -419,13 +547,11 @@ check_artifact(Jsonb *def, char **name_out, char **type_out, JsonbValue **body_o
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("artifact \"%s\": a %s artifact needs body, its text", name, type)));
-	it = JsonbIteratorInit(&def->root);
-	while (JsonObjectNext(&it, &key, &v))
-		if (strcmp(key, "name") != 0 && strcmp(key, "type") != 0 && strcmp(key, "body") != 0 &&
-			strcmp(key, "description") != 0 &&
-			strcmp(type, "guardrail") != 0 && strcmp(type, "hook") != 0)
-			ereport(NOTICE,
-					(errmsg("artifact \"%s\": unknown key \"%s\" is ignored", name, key)));
+	check_artifact_keys(def, name, type);
+	if (strcmp(type, "guardrail") == 0)
+		GuardrailCheckDefinition(name, def);
+	else if (strcmp(type, "hook") == 0)
+		check_hook(def, name);
 	*name_out = name;
 	*type_out = type;
 	*body_out = body;
@@ -454,7 +580,7 @@ tuvl_register_artifact(PG_FUNCTION_ARGS)
 					 "WHERE name OPERATOR(pg_catalog.=) $1 "
 					 "  AND version OPERATOR(pg_catalog.=) 1", name);
 	SPI_finish();
-	if (ArtifactLookup(name, 0, &old_type, NULL, &latest, NULL) && strcmp(old_type, type) != 0)
+	if (ArtifactLookup(name, 0, &old_type, NULL, &latest, NULL, NULL) && strcmp(old_type, type) != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
 				 errmsg("artifact \"%s\" is a %s artifact; a new version cannot change its type to %s",

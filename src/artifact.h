@@ -24,14 +24,26 @@ typedef enum ArtifactSite
 	SITE_HOOK
 } ArtifactSite;
 
+/* An artifact as a run resolved a reference to it. */
+typedef struct ArtifactRef
+{
+	char	   *name;
+	int			version;
+	char	   *type;
+	char	   *body;			/* NULL for guardrails and hooks */
+	Jsonb	   *definition;		/* the parsed YAML it was registered from */
+} ArtifactRef;
+
 extern bool ArtifactParseRef(const char *text, char **name, int *version);
 extern bool ArtifactSiteAccepts(ArtifactSite site, const char *type);
 extern const char *ArtifactSiteTypes(ArtifactSite site);
 extern bool ArtifactLookup(const char *name, int version, char **type, char **body,
-						   int *version_out, int *latest);
+						   int *version_out, int *latest, Jsonb **definition);
 extern Jsonb *ArtifactPinFloating(Jsonb *definition);
 extern char *ArtifactResolveText(RunState *run, const char *text, ArtifactSite site,
 								 const char *what);
+extern void ArtifactResolve(RunState *run, const char *text, ArtifactSite site,
+							const char *what, ArtifactRef *ref);
 
 /* Shared with the workflow registry (api.c). */
 extern void RegistryLockName(const char *kind, const char *lock_prefix, const char *owner_sql,

@@ -101,6 +101,28 @@ check_config(Jsonb *def)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("LLM config \"%s\": api_key_secret must name a secret given to tuvl.set_secret", name)));
+	{
+		static const char *const keys[] = {"name", "provider", "base_url", "model", "timeout",
+		"params", "api_key_secret", "description", NULL};
+		JsonbIterator *it = JsonbIteratorInit(&def->root);
+		char	   *key;
+		bool		known;
+
+		/* a key a model config takes does something; any other is refused */
+		while (JsonObjectNext(&it, &key, v = palloc(sizeof(JsonbValue))))
+		{
+			known = false;
+			for (int i = 0; keys[i]; i++)
+				known |= strcmp(keys[i], key) == 0;
+			if (!known)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("LLM config \"%s\": unknown key \"%s\"", name, key),
+						 errhint("A model config takes name, provider, base_url, model, timeout, params, "
+								 "api_key_secret and description; request parameters such as "
+								 "temperature go under params.")));
+		}
+	}
 	return name;
 }
 

@@ -61,6 +61,8 @@ execute_completion(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 	StringInfoData msgs;
 	EffectRequest *req;
 	int			n = EffectCount(run);
+	char	   *user;
+	char	   *why;
 
 	StepErrorType = "llm_error";
 	cfg = LlmConfigLoad(model ? model : "default");
@@ -90,9 +92,18 @@ execute_completion(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 		escape_json(&msgs, sys.data);
 		appendStringInfoString(&msgs, "}, ");
 	}
+	user = prompt ? TemplateRenderText(prompt, public, NULL) : "Begin.";
 	appendStringInfoString(&msgs, "{\"role\": \"user\", \"content\": ");
-	escape_json(&msgs, prompt ? TemplateRenderText(prompt, public, NULL) : "Begin.");
+	escape_json(&msgs, user);
 	appendStringInfoString(&msgs, "}]");
+
+	/* the input gate, before anything is sent */
+	StepErrorType = "error";
+	if ((why = AgentGateCheck(run, step, GATE_INPUT, user)) != NULL)
+	{
+		AgentViolation(result, why);
+		return;
+	}
 
 	StepErrorType = "llm_error";
 	req = LlmBuildRequest(run, cfg, JsonFromCString(msgs.data), NULL, -1);
@@ -103,8 +114,14 @@ execute_completion(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 		LlmParseResult(cfg, EffectAt(run, n - 1), &reply);
 		if (reply.ok)
 		{
-			char	   *why = AgentApplyOutcome(reply.text, values, result);
-
+			/* the output gate, before anything is written */
+			StepErrorType = "error";
+			if ((why = AgentGateCheck(run, step, GATE_OUTPUT, reply.text ? reply.text : "")) != NULL)
+			{
+				AgentViolation(result, why);
+				return;
+			}
+			why = AgentApplyOutcome(reply.text, values, result);
 			if (why)
 			{
 				StepErrorType = "invalid_outcome";

@@ -43,13 +43,39 @@ typedef struct ValidateState
 } ValidateState;
 
 static const char *const top_level_keys[] = {
-	"name", "description", "trigger", "start", "steps", "ends", "hooks",
-	"supervisor", NULL
+	"name", "description", "trigger", "start", "steps", "ends", NULL
 };
 
 static const char *const step_common_keys[] = {
-	"id", "kind", "description", "output", "routes", "compensate", "hooks",
-	"context_injection", "timeout", "retry", NULL
+	"id", "kind", "description", "output", "routes", "compensate",
+	"context_injection", "timeout", NULL
+};
+
+/* Keys of agent: removed in 0.1.0, each reported with what replaces it. */
+static const char *const agent_keys_removed[] = {"output", "steering_files", NULL};
+
+/*
+ * Keys the YAML format reserves for features this version does not have:
+ * an error with what to do instead, never accepted and ignored.
+ */
+typedef struct ReservedKey
+{
+	const char *key;
+	const char *where;			/* the path of its mapping; NULL: anywhere */
+	const char *message;
+} ReservedKey;
+
+static const ReservedKey reserved_keys[] = {
+	{"hooks", NULL, "hooks are not available in this version of tuvl; remove them "
+	"(the journal and LISTEN tuvl_events report every step)"},
+	{"supervisor", "", "supervisor is not available in this version of tuvl; remove it "
+	"(tuvl.steer_run(), tuvl.pause_run() and tuvl.abort_run() control a run)"},
+	{"http", "trigger", "trigger.http is not available in this version of tuvl; remove it "
+	"and start runs with tuvl.start_run()"},
+	{"concurrency", "", "concurrency is not available in this version of tuvl; remove it"},
+	{"retry", "step", "a step-level retry is not available in this version of tuvl; "
+	"an APICall retries per http.retry, an Agent's model calls per agent.retry"},
+	{NULL, NULL, NULL}
 };
 
 /* Add a finding at path; the YAML position of path, when known, is appended. */
@@ -189,7 +215,38 @@ is_list(JsonbValue *v)
 	return v && v->type == jbvBinary && JsonContainerIsArray(v->val.binary.data);
 }
 
-/* Report keys of obj not in the allowed list(s) as warnings. */
+/* Is path that of a step: steps[<n>]? */
+static bool
+is_step_path(const char *path)
+{
+	const char *p = path;
+
+	if (strncmp(p, "steps[", 6) != 0)
+		return false;
+	p += 6;
+	while (*p >= '0' && *p <= '9')
+		p++;
+	return p > path + 6 && strcmp(p, "]") == 0;
+}
+
+/* The keys of a list, for messages: "a, b, c". */
+static char *
+keys_text(const char *const *keys, const char *const *keys2)
+{
+	StringInfoData buf;
+
+	initStringInfo(&buf);
+	for (int i = 0; keys && keys[i]; i++)
+		appendStringInfo(&buf, "%s%s", buf.len ? ", " : "", keys[i]);
+	for (int i = 0; keys2 && keys2[i]; i++)
+		appendStringInfo(&buf, "%s%s", buf.len ? ", " : "", keys2[i]);
+	return buf.data;
+}
+
+/*
+ * Report keys of obj not in the allowed list(s) as errors: a key tuvl
+ * accepts does something, so a misspelt or reserved key is never ignored.
+ */
 static void
 check_unknown_keys(ValidateState *vs, Jsonb *obj, const char *path,
 				   const char *const *allowed, const char *const *allowed2)
@@ -199,9 +256,23 @@ check_unknown_keys(ValidateState *vs, Jsonb *obj, const char *path,
 	char	   *key;
 
 	while (next_key(&it, &key, &v))
-		if (!name_in(key, allowed) && !name_in(key, allowed2))
-			add_finding(vs, "warning", psprintf("%s%s%s", path, *path ? "." : "", key),
-						"unknown key \"%s\" is ignored; check its spelling", key);
+	{
+		const char *reserved = NULL;
+
+		if (name_in(key, allowed) || name_in(key, allowed2))
+			continue;
+		for (int i = 0; reserved_keys[i].key; i++)
+			if (strcmp(reserved_keys[i].key, key) == 0 &&
+				(reserved_keys[i].where == NULL || strcmp(reserved_keys[i].where, path) == 0 ||
+				 (strcmp(reserved_keys[i].where, "step") == 0 && is_step_path(path))))
+				reserved = reserved_keys[i].message;
+		if (reserved)
+			add_finding(vs, "error", psprintf("%s%s%s", path, *path ? "." : "", key), "%s", reserved);
+		else
+			add_finding(vs, "error", psprintf("%s%s%s", path, *path ? "." : "", key),
+						"unknown key \"%s\"; check its spelling (the keys here are %s)",
+						key, keys_text(allowed, allowed2 == agent_keys_removed ? NULL : allowed2));
+	}
 }
 
 /* A required string field of a mapping. */
@@ -427,7 +498,7 @@ check_artifact_ref(ValidateState *vs, JsonbValue *v, const char *path, ArtifactS
 					text);
 		return true;
 	}
-	if (!ArtifactLookup(name, version, &type, NULL, NULL, &latest))
+	if (!ArtifactLookup(name, version, &type, NULL, NULL, &latest, NULL))
 	{
 		if (version > 0 && latest > 0)
 			add_finding(vs, "error", path,
@@ -716,7 +787,6 @@ check_agent_keys(ValidateState *vs, Jsonb *agent, const char *apath)
 {
 	static const char *const agent_keys[] = {"model", "system", "prompt", "steering", "skills",
 		"tools", "outcome", "max_iterations", "token_budget", "guardrails", "retry", NULL};
-	static const char *const agent_keys_removed[] = {"output", "steering_files", NULL};
 	static const struct
 	{
 		const char *key;
@@ -770,10 +840,6 @@ check_autonomous_agent(ValidateState *vs, Jsonb *step, Jsonb *agent, const char 
 						? "the reserved exit \"%s\" has no route: an abort stops the run without a routed exit"
 						: "the reserved exit \"%s\" has no route: the run fails if the agent takes it",
 						exits[i]);
-	if ((JsonGetField(agent, "guardrails") || JsonGetField(step, "guardrails")) &&
-		(routes == NULL || JsonGetField(routes, "guardrail_violation") == NULL))
-		add_finding(vs, "warning", psprintf("%s.routes", path),
-					"guardrails are attached but \"guardrail_violation\" has no route: the run fails if a check fails");
 }
 
 /* An agent text field (steering, system, prompt), when present, is a string. */
@@ -915,15 +981,19 @@ check_agent_block(ValidateState *vs, Jsonb *step, const char *path)
 	if (autonomous)
 		check_autonomous_agent(vs, step, agent, path, apath, routes);
 	else if (JsonGetField(agent, "tools"))
-		add_finding(vs, "warning", psprintf("%s.tools", apath),
-					"tools are used only by mode: autonomous; a completion agent ignores them");
+		add_finding(vs, "error", psprintf("%s.tools", apath),
+					"tools are used only by mode: autonomous; remove them from a completion agent");
 	check_context_injection(vs, step, path);
 	check_agent_artifacts(vs, agent, apath);
 	check_guardrails(vs, JsonGetField(agent, "guardrails"), psprintf("%s.guardrails", apath), autonomous);
 	check_guardrails(vs, JsonGetField(step, "guardrails"), psprintf("%s.guardrails", path), autonomous);
+	if ((JsonGetField(agent, "guardrails") || JsonGetField(step, "guardrails")) &&
+		(routes == NULL || JsonGetField(routes, "guardrail_violation") == NULL))
+		add_finding(vs, "warning", psprintf("%s.routes", path),
+					"guardrails are attached but \"guardrail_violation\" has no route: the run fails if a check fails");
 	if (JsonGetField(step, "output"))
-		add_finding(vs, "warning", psprintf("%s.output", path),
-					"an Agent step writes its answer to agent.outcome.write (default <step id>_result); output is ignored");
+		add_finding(vs, "error", psprintf("%s.output", path),
+					"an Agent step writes its answer to agent.outcome.write (default <step id>_result), not to output; move the key there");
 	check_agent_model(vs, agent, apath);
 	check_agent_text(vs, agent, "system", apath);
 	check_agent_text(vs, agent, "prompt", apath);
@@ -1094,7 +1164,7 @@ valid_cron(const char *text)
 static void
 check_trigger(ValidateState *vs, JsonbValue *tv)
 {
-	static const char *const trigger_keys[] = {"input", "schedule", "sync_timeout", "http", NULL};
+	static const char *const trigger_keys[] = {"input", "schedule", "sync_timeout", NULL};
 	Jsonb	   *trigger;
 	JsonbValue *input;
 	JsonbValue *schedule;
@@ -1253,21 +1323,6 @@ check_step(ValidateState *vs, Jsonb *step, const char *path)
 					"compensate must name a step of this workflow");
 }
 
-/* The hooks of the workflow, then those of each step. */
-static void
-check_hooks(ValidateState *vs, Jsonb *def, JsonbValue *steps, int nsteps)
-{
-	check_artifact_list(vs, JsonGetField(def, "hooks"), "hooks", SITE_HOOK, "hooks");
-	for (int i = 0; i < nsteps; i++)
-	{
-		JsonbValue *st = getIthJsonbValueFromContainer(steps->val.binary.data, i);
-
-		if (is_mapping(st))
-			check_artifact_list(vs, JsonGetField(JsonValueToJsonb(st), "hooks"),
-								psprintf("steps[%d].hooks", i), SITE_HOOK, "hooks");
-	}
-}
-
 /*
  * Check a parsed workflow; returns a List of Finding (NIL when clean).
  */
@@ -1323,7 +1378,6 @@ ValidateWorkflow(Jsonb *def, Jsonb *positions, bool strict)
 	if (v && (v->type != jbvString ||
 			  !list_has_string(vs.step_ids, pnstrdup(v->val.string.val, v->val.string.len))))
 		add_finding(&vs, "error", "start", "start must name a step of this workflow");
-	check_hooks(&vs, def, steps, nsteps);
 	if (!FindingsHaveErrors(vs.findings) && nsteps > 0)
 		check_reachable(&vs, def);
 	return vs.findings;

@@ -178,6 +178,8 @@ FUNCTIONS = """
 CREATE SCHEMA ag;
 CREATE TABLE ag.calls (id bigserial PRIMARY KEY, tool text NOT NULL, tag text,
                        private_seen text, at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE FUNCTION ag.card(ctx jsonb) RETURNS jsonb LANGUAGE sql AS $$
+    SELECT jsonb_build_object('customer', 'Ada', 'card', '4111111111111111') $$;
 CREATE FUNCTION ag.mem(ctx jsonb) RETURNS jsonb LANGUAGE sql AS $$
     SELECT jsonb_build_object('bytes', sum(total_bytes)::bigint) FROM pg_backend_memory_contexts $$;
 CREATE FUNCTION ag.record(ctx jsonb) RETURNS jsonb LANGUAGE sql AS $$
@@ -209,6 +211,8 @@ CREATE FUNCTION ag.fallback(ctx jsonb) RETURNS jsonb LANGUAGE sql AS $$
 TOOL_STEPS = {
     "record": ("  - id: record\n    kind: Functional\n    description: Record a tag\n"
                "    function: ag.record\n"),
+    "card": ("  - id: card\n    kind: Functional\n    description: The customer's card\n"
+             "    function: ag.card\n"),
     "mem": ("  - id: mem\n    kind: Functional\n    description: Memory of this backend\n"
             "    function: ag.mem\n"),
     "boom": ("  - id: boom\n    kind: Functional\n    description: Always fails\n"
@@ -1263,3 +1267,145 @@ def test_validation_findings(conn, case):
             q(conn, "SELECT tuvl.register_workflow(%s)", (registered,))
     else:
         q(conn, "SELECT tuvl.register_workflow(%s)", (registered,))
+
+
+# ---------------------------------------------------------------------------
+# Guardrails (guardrail.c, agent_shared.c)
+
+CARD = "4111111111111111"
+BLOCKED = ('  - { id: blocked, status: completed, response: { error: "{{ _last_error }}", '
+           'type: "{{ _last_error_type }}" } }\n')
+GUARDED_ROUTES = "{ default: done, error: oops, guardrail_violation: blocked }"
+
+
+def guardrail(conn, *checks):
+    """A guardrail artifact with these checks (YAML flow mappings); its name."""
+    name = new_name("guard")
+    q(conn, "SELECT tuvl.register_artifact(%s)", (
+        f"name: {name}\ntype: guardrail\nchecks:\n" + "".join(f"  - {c}\n" for c in checks),))
+    return name
+
+
+def guarded_agent(conn, turns, tools, gates, provider="openai", **wf):
+    """An agent whose gates ({gate: [guardrail names]}) are attached, routed to blocked."""
+    lines = "".join(f"        {g}: [{', '.join(f'artifact://{n}@1' for n in names)}]\n"
+                    for g, names in gates.items())
+    return make_agent(conn, provider, turns, tools,
+                      agent="      guardrails:\n" + lines, routes=GUARDED_ROUTES,
+                      ends=BLOCKED, **wf)
+
+
+def events_mentioning(conn, run_id, text):
+    return q1(conn, "SELECT count(*) FROM tuvl.events WHERE run_id = %s AND payload::text LIKE %s",
+              (run_id, f"%{text}%"))
+
+
+def test_a_tool_result_a_guardrail_denies_never_reaches_the_model_or_the_journal(conn, mode):
+    guard = guardrail(conn, "{ check: regex_deny, pattern: '\\y[0-9]{16}\\y' }")
+    name = guarded_agent(conn, [calls(call("card")), final("never")], ["card"],
+                         {"tools": [guard]})
+    res = execute(conn, name, {"topic": "billing"}, mode)
+    assert (res["status"], res["end"]) == ("completed", "blocked"), res
+    error, kind = res["response"]["error"], res["response"]["type"]
+    assert kind == "guardrail_violation"
+    assert error == (f'guardrail "{guard}" (version 1) stopped the tool\'s result at the tools '
+                     "gate: check 1 (regex_deny): the content matches \\y[0-9]{16}\\y"), error
+    # the model was asked once and never saw the number
+    reqs = sent(name)
+    assert len(reqs) == 1
+    assert CARD not in json.dumps(reqs[0]["body"])
+    # the journal records the stop, not the result
+    assert events_mentioning(conn, res["run_id"], CARD) == 0
+    (result,) = [p for t, p in agent_tool_events(conn, res["run_id"]) if t == "tool_result"]
+    assert (result["tool"], result["signal"], result["error"]) == ("card", "error", error)
+    assert "result" not in result
+    assert completed_event(conn, res["run_id"]) == {"signal": "guardrail_violation", "error": error}
+    assert "triage_result" not in res["context"]
+    assert_clean(conn, res)
+    # a replay stops at the same check, from the recording alone
+    replayed = q1(conn, "SELECT tuvl.replay(tuvl.pin_run(%s))", (res["run_id"],))
+    assert (replayed["status"], replayed["end"]) == ("completed", "blocked"), replayed
+    assert replayed["response"]["error"] == error
+    assert len(sent(name)) == 1, "the replay sent nothing"
+
+
+def test_the_input_gate_stops_the_agent_before_anything_is_sent(conn, mode):
+    guard = guardrail(conn, "{ check: regex_deny, pattern: '[0-9]{16}' }")
+    name = guarded_agent(conn, [final("never")], ["record"], {"input": [guard]})
+    res = execute(conn, name, {"topic": f"refund card {CARD}"}, mode)
+    assert res["end"] == "blocked", res
+    assert res["response"]["type"] == "guardrail_violation"
+    assert "stopped the model's input at the input gate: check 1 (regex_deny)" in \
+        res["response"]["error"]
+    assert sent(name) == [], "nothing was sent to the model"
+    assert types_of(conn, res["run_id"]).count("llm_turn") == 0
+
+
+@pytest.mark.parametrize("check,answer,why", [
+    ("{ check: regex_deny, pattern: 'password' }", "Your password is hunter2.",
+     "check 1 (regex_deny): the content matches password"),
+    ("{ check: regex_allow, pattern: '^[A-Za-z .,]*$' }", "Call <script>alert(1)</script>.",
+     "check 1 (regex_allow): the content does not match ^[A-Za-z .,]*$"),
+    ("{ check: max_length, max: 10 }", "This answer is far too long.",
+     "check 1 (max_length): the content has 28 characters, more than 10"),
+    ("{ check: json_schema, schema: { type: object, required: [reply] } }", '{"answer": 1}',
+     'check 1 (json_schema): the content does not match the schema: $: missing required '
+     'property "reply"'),
+    ("{ check: json_schema, schema: { type: object } }", "plain words",
+     "check 1 (json_schema): the content is not JSON"),
+])
+def test_each_check_stops_a_final_answer_at_the_output_gate(conn, check, answer, why):
+    guard = guardrail(conn, check)
+    name = guarded_agent(conn, [final(answer)], ["record"], {"output": [guard]})
+    res = execute(conn, name, {"topic": "x"})
+    assert res["end"] == "blocked", res
+    assert res["response"] == {
+        "type": "guardrail_violation",
+        "error": f'guardrail "{guard}" (version 1) stopped the final answer at the output gate: {why}'}
+    assert "triage_result" not in res["context"], "nothing is written"
+    assert len(sent(name)) == 1
+
+
+def test_a_stopped_result_of_a_tool_that_writes_the_context_writes_nothing(conn):
+    guard = guardrail(conn, "{ check: regex_deny, pattern: 'secret' }")
+    name = guarded_agent(conn, [calls(call("note_on", tag="the secret")), final("never")],
+                         [("note_on", "{ ref: note_on, writes_context: true }")], {"tools": [guard]})
+    res = execute(conn, name, {"topic": "x"})
+    assert res["end"] == "blocked", res
+    assert "note_on_result" not in res["context"]
+    # the model's own words (its llm_turn and tool_call) name it; the stopped result does not
+    assert q1(conn, "SELECT count(*) FROM tuvl.events WHERE run_id = %s AND type = 'tool_result' "
+                    "AND payload::text LIKE '%%the secret%%'", (res["run_id"],)) == 0
+    (result,) = [p for t, p in agent_tool_events(conn, res["run_id"]) if t == "tool_result"]
+    assert "wrote_context" not in result and "result" not in result
+
+
+def test_content_that_passes_every_check_of_every_gate_goes_through(conn, mode):
+    strict = guardrail(conn, "{ check: regex_deny, pattern: '\\y[0-9]{16}\\y' }",
+                       "{ check: max_length, max: 4000 }")
+    shape = guardrail(conn, "{ check: json_schema, schema: { type: object, required: [reply] } }")
+    name = guarded_agent(conn, [calls(call("record", tag="t1")), final('{"reply": "Done."}')],
+                         ["record"], {"input": [strict], "tools": [strict],
+                                      "output": [strict, shape]})
+    res = execute(conn, name, {"topic": "x"}, mode)
+    assert (res["status"], res["end"]) == ("completed", "done"), res
+    assert res["context"]["triage_result"] == {"reply": "Done."}
+    assert len(sent(name)) == 2
+
+
+def test_the_second_check_of_a_guardrail_is_named_when_it_fails(conn):
+    guard = guardrail(conn, "{ check: max_length, max: 100 }", "{ check: regex_deny, pattern: 'x' }")
+    name = guarded_agent(conn, [final("xyz")], ["record"], {"output": [guard]})
+    res = execute(conn, name, {"topic": "t"})
+    assert "check 2 (regex_deny)" in res["response"]["error"], res
+
+
+def test_a_violation_without_a_route_fails_the_run(conn):
+    guard = guardrail(conn, "{ check: regex_deny, pattern: 'x' }")
+    name = make_agent(conn, "openai", [final("xyz")], ["record"],
+                      agent=f"      guardrails: {{ output: [artifact://{guard}@1] }}\n")
+    res = execute(conn, name, {"topic": "t"})
+    assert res["status"] == "failed", res
+    assert res["error"].startswith('step "triage" ended on the reserved exit "guardrail_violation", '
+                                   f'which has no route: guardrail "{guard}"'), res["error"]
+

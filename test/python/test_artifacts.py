@@ -316,29 +316,37 @@ def test_a_63_character_name_and_hyphens_are_valid(conn):
     assert register(conn, new_name("_with-hyphen"), "skill", "x") == 1
 
 
-def test_unknown_keys_are_a_notice_except_for_guardrails_and_hooks(conn):
-    conn.notices.clear()
+def test_an_unknown_key_is_an_error_for_every_type(conn):
     name = new_name()
-    assert register(conn, name, "skill", "Refunds need a receipt.", colour="blue") == 1
-    assert any(f'artifact "{name}": unknown key "colour" is ignored' in n for n in conn.notices), \
-        conn.notices
-    assert q1(conn, "SELECT definition ->> 'colour' FROM tuvl.artifacts WHERE name = %s",
-              (name,)) == "blue"
+    with pytest.raises(psycopg2.errors.InvalidParameterValue) as e:
+        register(conn, name, "skill", "Refunds need a receipt.", colour="blue")
+    assert f'artifact "{name}": unknown key "colour"' in str(e.value)
+    assert "A skill artifact takes name, type, description, body." in str(e.value)
+    assert q1(conn, "SELECT count(*) FROM tuvl.artifacts WHERE name = %s", (name,)) == 0
 
     conn.notices.clear()
     guard, hook = new_name("guard"), new_name("hook")
+    # the keys of 0.1.0's free-form guardrails and hooks mean nothing: refused
+    with pytest.raises(psycopg2.errors.InvalidParameterValue) as e:
+        q1(conn, "SELECT tuvl.register_artifact(%s)", (
+            f"name: {guard}\ntype: guardrail\ncheck: regex\npattern: x\n",))
+    assert f'artifact "{guard}": unknown key "check"' in str(e.value)
+    with pytest.raises(psycopg2.errors.InvalidParameterValue) as e:
+        q1(conn, "SELECT tuvl.register_artifact(%s)", (
+            f"name: {hook}\ntype: hook\nevent: after_step\naction: metric\n",))
+    assert f'artifact "{hook}": unknown key "event"' in str(e.value)
+    # their own keys are stored in definition; no body
     assert q1(conn, "SELECT tuvl.register_artifact(%s)", (
-        f"name: {guard}\ntype: guardrail\ncheck: regex\npattern: '\\d{{3}}-\\d{{2}}-\\d{{4}}'\n"
-        "on_fail: block\n",)) == 1
+        f"name: {guard}\ntype: guardrail\nchecks:\n"
+        "  - { check: regex_deny, pattern: '\\d{3}-\\d{2}-\\d{4}' }\n",)) == 1
     assert q1(conn, "SELECT tuvl.register_artifact(%s)", (
-        f"name: {hook}\ntype: hook\nevent: after_step\naction: metric\n",)) == 1
+        f"name: {hook}\ntype: hook\nevents: [after_step]\naction: metric\n",)) == 1
     assert conn.notices == []
-    # no body needed; every key is kept in definition
     assert q(conn, "SELECT name, type, body, definition FROM tuvl.artifacts "
                    "WHERE name IN (%s, %s) ORDER BY type", (guard, hook)) == [
-        (guard, "guardrail", None, {"name": guard, "type": "guardrail", "check": "regex",
-                                     "pattern": "\\d{3}-\\d{2}-\\d{4}", "on_fail": "block"}),
-        (hook, "hook", None, {"name": hook, "type": "hook", "event": "after_step",
+        (guard, "guardrail", None, {"name": guard, "type": "guardrail", "checks": [
+            {"check": "regex_deny", "pattern": "\\d{3}-\\d{2}-\\d{4}"}]}),
+        (hook, "hook", None, {"name": hook, "type": "hook", "events": ["after_step"],
                                "action": "metric"}),
     ]
 
@@ -346,9 +354,12 @@ def test_unknown_keys_are_a_notice_except_for_guardrails_and_hooks(conn):
 def test_the_type_of_a_name_never_changes(conn):
     name = new_name()
     assert register(conn, name, "skill", "v1") == 1
+    valid = {"steering": {"body": "v2"}, "prompt": {"body": "v2"},
+             "guardrail": {"checks": [{"check": "max_length", "max": 10}]},
+             "hook": {"events": ["after_step"], "action": "metric"}}
     for other in ("steering", "prompt", "guardrail", "hook"):
         code, msg, _, hint = sqlerror(conn, "SELECT tuvl.register_artifact(%s)",
-                                      (artifact_yaml(name, other, "v2"),))
+                                      (artifact_yaml(name, other, **valid[other]),))
         assert code == "42809", (code, msg)
         assert msg == (f'artifact "{name}" is a skill artifact; a new version cannot change its '
                        f"type to {other}")
@@ -462,12 +473,11 @@ def test_validation_of_artifact_references(conn):
     register(conn, tone, "steering", "v2")
     register(conn, ask, "prompt", "Ask {{ x }}.")
     register(conn, skill, "skill", "A skill.")
-    register(conn, guard, "guardrail", check="regex", pattern="x")
-    register(conn, hook, "hook", event="after_step", action="metric")
+    register(conn, guard, "guardrail", checks=[{"check": "regex_deny", "pattern": "x"}])
+    register(conn, hook, "hook", events=["after_step"], action="metric")
     m = model(conn, "openai", [{"text": "unused"}])
     source = f"""
 name: checks
-hooks: [artifact://{hook}, artifact://{guard}@1]
 steps:
   - id: a
     kind: Agent
@@ -477,8 +487,7 @@ steps:
       system: artifact://{skill}@1
       prompt: artifact://{tone}@1
       guardrails: {{ input: [artifact://{guard}@1, "no PII"] }}
-    hooks: [artifact://{hook}@1]
-    routes: {{ default: b }}
+    routes: {{ default: b, guardrail_violation: b }}
   - id: b
     kind: Agent
     mode: autonomous
@@ -499,11 +508,6 @@ ends:
   - {{ id: done, status: completed }}
 """
     assert sorted(findings(conn, source)) == sorted([
-        ("warning", "hooks[0]",
-         f"floating artifact reference artifact://{hook} (now version 1); pin it as "
-         f"artifact://{hook}@1 so that new versions cannot change this workflow"),
-        ("error", "hooks[1]",
-         f"artifact://{guard}@1 is a guardrail artifact, but this field takes a hook artifact"),
         ("error", "steps[0].agent.system",
          f"artifact://{skill}@1 is a skill artifact, but this field takes a steering or prompt "
          "artifact"),
@@ -669,16 +673,15 @@ def test_runs_record_the_versions_of_floating_references(conn):
     register(conn, tone, "steering", "v1")
     register(conn, tone, "steering", "v2")
     register(conn, skill, "skill", "s1")
-    register(conn, guard, "guardrail", check="regex", pattern="x")
-    register(conn, hook, "hook", event="after_step", action="metric")
+    register(conn, guard, "guardrail", checks=[{"check": "regex_deny", "pattern": "x"}])
+    register(conn, hook, "hook", events=["after_step"], action="metric")
     m = model(conn, "openai", [{"text": "done"}])
     wf = new_name("wf")
     source = autonomous_workflow(wf, m, steering=f"artifact://{tone}",
                                  skills=[f"artifact://{skill}", f"artifact://{skill}@1"])
     source = source.replace(
         "      tools: [{ ref: note }]\n",
-        f"      tools: [{{ ref: note }}]\n      guardrails: {{ output: [artifact://{guard}] }}\n"
-        f"    hooks: [artifact://{hook}@1]\n")
+        f"      tools: [{{ ref: note }}]\n      guardrails: {{ output: [artifact://{guard}] }}\n")
     source = source.replace("aborted: oops }", "aborted: oops, guardrail_violation: oops }")
     register_workflow(conn, source)
     expected = {tone: 2, skill: 1, guard: 1}   # floating ones only; hook is pinned

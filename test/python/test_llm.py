@@ -993,3 +993,62 @@ def test_kill_9_during_the_backoff_before_a_retry_loses_no_attempt(db, server_lo
         assert journal_violations(conn, [run_id]) == []
     finally:
         conn.close()
+
+
+# ---------------------------------------------------------------------------
+# Guardrails of a completion agent: input and output gates
+
+
+def register_guardrail(conn, check):
+    name = new_name("guard")
+    q(conn, "SELECT tuvl.register_artifact(%s)",
+      (f"name: {name}\ntype: guardrail\nchecks:\n  - {check}\n",))
+    return name
+
+
+GUARD_ENDS = ('  - { id: blocked, status: completed, response: { error: "{{ _last_error }}", '
+              'type: "{{ _last_error_type }}" } }\n')
+
+
+def guarded(conn, provider, turns, gate, guard, prompt="Greet {{ name }}."):
+    return make_agent(conn, provider, turns, prompt=prompt,
+                      extra=f"      guardrails: {{ {gate}: [artifact://{guard}@1] }}\n",
+                      routes="{ default: done, error: oops, guardrail_violation: blocked }",
+                      ends=GUARD_ENDS)
+
+
+def test_a_completion_agents_input_gate_stops_the_call_before_it_is_sent(conn, provider, mode):
+    guard = register_guardrail(conn, "{ check: regex_deny, pattern: 'Mallory' }")
+    name = guarded(conn, provider, [{"text": "never"}], "input", guard)
+    res = execute(conn, name, {"name": "Mallory"}, mode)
+    assert res["end"] == "blocked", res
+    assert res["response"] == {
+        "type": "guardrail_violation",
+        "error": f'guardrail "{guard}" (version 1) stopped the model\'s input at the input gate: '
+                 "check 1 (regex_deny): the content matches Mallory"}
+    assert sent(name) == []
+    # the same guardrail lets another name through
+    res = execute(conn, name, {"name": "Ada"}, mode)
+    assert res["end"] == "done" and res["response"] == "never", res
+
+
+def test_a_completion_agents_output_gate_stops_the_answer_before_it_is_written(conn, provider):
+    guard = register_guardrail(conn, "{ check: max_length, max: 5 }")
+    name = guarded(conn, provider, [{"text": "Hello, Ada!"}], "output", guard)
+    res = execute(conn, name, {"name": "Ada"})
+    assert res["end"] == "blocked", res
+    assert "stopped the final answer at the output gate: check 1 (max_length): the content has " \
+           "11 characters, more than 5" in res["response"]["error"]
+    assert "ask_result" not in res["context"]
+    assert len(sent(name)) == 1
+    assert [r[3] for r in events(conn, res["run_id"], "signal")] == [{"signal": "guardrail_violation"}]
+
+
+def test_a_tools_gate_on_a_completion_agent_is_a_validation_error(conn):
+    guard = register_guardrail(conn, "{ check: max_length, max: 5 }")
+    src = agent_workflow("tools_gate", "m",
+                         extra=f"      guardrails: {{ tools: [artifact://{guard}@1] }}\n",
+                         routes="{ default: done, error: oops, guardrail_violation: done }")
+    rows = q(conn, "SELECT severity, path, message FROM tuvl.validate(%s)", (src,))
+    assert any(r[0] == "error" and r[1].startswith("steps[0].agent.guardrails.tools") for r in rows), rows
+
