@@ -1368,7 +1368,17 @@ $$);
 SELECT tuvl.register_artifact($$
 name: bad_guard
 type: guardrail
-checks: [{ check: pii_mask, patterns: [email] }]
+checks: [{ check: pii_mask }]
+$$);
+SELECT tuvl.register_artifact($$
+name: bad_guard
+type: guardrail
+checks: [{ check: pii_mask, patterns: [email, ssn] }]
+$$);
+SELECT tuvl.register_artifact($$
+name: bad_guard
+type: guardrail
+checks: [{ check: pii_mask, fields: [], patterns: [email] }]
 $$);
 SELECT tuvl.register_artifact($$
 name: bad_guard
@@ -1393,3 +1403,37 @@ type: hook
 events: [after_step]
 action: email
 $$);
+
+-- JSON Schema: pattern, const, anyOf, minItems/maxItems and $ref to $defs.
+SELECT * FROM tuvl.validate($$
+name: schema_checks
+trigger:
+  input:
+    type: object
+    properties:
+      code: { type: string, pattern: '(' }
+      tags: { type: array, minItems: -1, maxItems: 2.5 }
+      kind: { anyOf: [] }
+      item: { $ref: "#/$defs/missing" }
+steps:
+  - { id: a, kind: Functional, function: pg_catalog.jsonb_strip_nulls }
+$$);
+SELECT tuvl.register_workflow($$
+name: schema_runs
+trigger:
+  input:
+    type: object
+    $defs:
+      item: { type: object, required: [sku], properties: { sku: { type: string, pattern: '^[A-Z]{3}-[0-9]+$' } } }
+    properties:
+      version: { const: 2 }
+      items: { type: array, minItems: 1, maxItems: 3, items: { $ref: "#/$defs/item" } }
+      channel: { anyOf: [{ type: string, pattern: '^(web|mail)$' }, { type: integer, minimum: 1 }] }
+steps:
+  - { id: a, kind: Functional, function: pg_catalog.jsonb_strip_nulls }
+$$) AS version;
+SELECT tuvl.start_run('schema_runs', '{"version": 1}');
+SELECT tuvl.start_run('schema_runs', '{"items": []}');
+SELECT tuvl.start_run('schema_runs', '{"items": [{"sku": "ABC-1"}, {"sku": "abc"}]}');
+SELECT tuvl.start_run('schema_runs', '{"channel": "phone"}');
+SELECT tuvl.start_run('schema_runs', '{"channel": 0}');

@@ -227,12 +227,14 @@ prose(AgentLoop *l, JsonbValue *v, ArtifactSite site, const char *what)
 /*
  * The opening of the conversation: the system prompt (steering, skills,
  * the fixed instruction, the final-answer format), the public context as
- * the first user message and the context_injection keys, delimited.
+ * the first user message and the context_injection keys, delimited.  The
+ * user messages pass the input gate: returns why it stopped one, or NULL.
  */
 static char *
 opening_messages(AgentLoop *l)
 {
 	char	   *user;
+	char	   *why;
 	StringInfoData sys;
 	char	   *steering = prose(l, JsonGetField(l->agent, "steering"), SITE_STEERING, "agent.steering");
 	JsonbValue *skills = JsonGetField(l->agent, "skills");
@@ -288,15 +290,19 @@ opening_messages(AgentLoop *l)
 							 key, value);
 		}
 	}
+	/* each user message passes the input gate, and is sent as it leaves it */
 	user = JsonContainerSize(&public->root) > 0 ? JsonText(public) : "Begin.";
+	if ((why = AgentGateCheck(l->run, l->step, GATE_INPUT, &user)) != NULL)
+		return why;
 	add_message(l, "user", user, NULL, NULL, false);
 	if (injected.len > 0)
 	{
-		add_message(l, "user", psprintf("%s%s", injection_preamble, injected.data),
-					NULL, NULL, false);
-		user = psprintf("%s\n\n%s%s", user, injection_preamble, injected.data);
+		user = psprintf("%s%s", injection_preamble, injected.data);
+		if ((why = AgentGateCheck(l->run, l->step, GATE_INPUT, &user)) != NULL)
+			return why;
+		add_message(l, "user", user, NULL, NULL, false);
 	}
-	return user;
+	return NULL;
 }
 
 /* ---------------------------------------------------------------- tools */
@@ -607,14 +613,20 @@ agent_exit(AgentLoop *l, const char *signal, const char *error_type, const char 
 static void
 finalize(AgentLoop *l, const char *text)
 {
-	char	   *why = AgentGateCheck(l->run, l->step, GATE_OUTPUT, text ? text : "");
+	char	   *answer = (char *) (text ? text : "");
+	char	   *given = answer;
+	char	   *why = AgentGateCheck(l->run, l->step, GATE_OUTPUT, &answer);
 
 	if (why)
 	{
 		agent_exit(l, "guardrail_violation", "guardrail_violation", why);
 		return;
 	}
-	why = AgentApplyOutcome(text, l->values, l->result);
+	/* a masked answer is journaled masked too */
+	if (answer != given && l->run->fresh_event && l->cursor - 1 == l->run->fresh_position)
+		l->run->fresh_event->payload = AgentGateMask(l->run, l->step, GATE_OUTPUT,
+													 l->run->fresh_event->payload);
+	why = AgentApplyOutcome(answer, l->values, l->result);
 	if (why)
 		agent_exit(l, "error", "invalid_outcome", why);
 	else
@@ -715,7 +727,20 @@ tool_done(AgentLoop *l, int call, const char *id, const char *name, const char *
 	 * The tools gate: a result a guardrail stops is recorded and journaled
 	 * as that error, not as itself, and ends the step (agent_turn).
 	 */
-	if (error == NULL && (l->violation = AgentGateCheck(l->run, l->step, GATE_TOOLS, *content)))
+	if (error == NULL)
+	{
+		char	   *shown_text = *content;
+
+		l->violation = AgentGateCheck(l->run, l->step, GATE_TOOLS, content);
+		/* masked: what is recorded, journaled and written is masked as well */
+		if (l->violation == NULL && *content != shown_text)
+		{
+			observation = AgentGateMask(l->run, l->step, GATE_TOOLS, observation);
+			if (delta)
+				delta = AgentGateMask(l->run, l->step, GATE_TOOLS, delta);
+		}
+	}
+	if (l->violation)
 	{
 		JsonObjBuilder eb;
 
@@ -1292,7 +1317,7 @@ StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 	StepErrorType = "error";
 	build_tools(&l);
 	{
-		char	   *why = AgentGateCheck(run, step, GATE_INPUT, opening_messages(&l));
+		char	   *why = opening_messages(&l);
 
 		if (why)
 		{

@@ -22,7 +22,9 @@ extern List *AgentOutcomeEnum(Jsonb *agent);
 extern char *AgentFinalFormat(List *values);
 extern char *AgentStripFences(const char *text);
 extern char *AgentGateCheck(RunState *run, const StepDef *step, GuardrailGate gate,
-							const char *content);
+							char **content);
+extern Jsonb *AgentGateMask(RunState *run, const StepDef *step, GuardrailGate gate,
+							Jsonb *value);
 extern void AgentViolation(struct StepResult *result, const char *why);
 extern char *AgentApplyOutcome(const char *text, List *values, struct StepResult *result);
 extern bool AgentShouldRetry(Jsonb *agent, LlmReply *reply, int attempts_made,

@@ -222,13 +222,22 @@ gate_refs(const StepDef *step, GuardrailGate gate)
 
 /*
  * The guardrail gates (guardrail.c) of an Agent step, in either mode:
- * run the guardrails attached to step's gate on content.  Returns NULL when every
+ * run the guardrails attached to step's gate on *content, which a
+ * pii_mask check replaces with its masked form.  Returns NULL when every
  * check passes, else why the first failing check failed: the guardrail,
  * its version, the check and the gate.  Raises when a reference cannot be
  * resolved (as any broken artifact reference does).
  */
+static void
+resolve_guardrail(RunState *run, const StepDef *step, GuardrailGate gate, const char *text,
+				  ArtifactRef *ref)
+{
+	ArtifactResolve(run, text, SITE_GUARDRAIL,
+					psprintf("the %s gate of step \"%s\"", GuardrailGateName(gate), step->id), ref);
+}
+
 char *
-AgentGateCheck(RunState *run, const StepDef *step, GuardrailGate gate, const char *content)
+AgentGateCheck(RunState *run, const StepDef *step, GuardrailGate gate, char **content)
 {
 	ListCell   *lc;
 
@@ -239,8 +248,7 @@ AgentGateCheck(RunState *run, const StepDef *step, GuardrailGate gate, const cha
 		char	   *check_name;
 		char	   *why;
 
-		ArtifactResolve(run, lfirst(lc), SITE_GUARDRAIL,
-						psprintf("the %s gate of step \"%s\"", GuardrailGateName(gate), step->id), &ref);
+		resolve_guardrail(run, step, gate, lfirst(lc), &ref);
 		why = GuardrailRun(ref.definition, content, &check_no, &check_name);
 		if (why)
 			return psprintf("guardrail \"%s\" (version %d) stopped the %s at the %s gate: check %d (%s): %s",
@@ -250,4 +258,23 @@ AgentGateCheck(RunState *run, const StepDef *step, GuardrailGate gate, const cha
 							GuardrailGateName(gate), check_no, check_name, why);
 	}
 	return NULL;
+}
+
+/*
+ * value with the pii_mask checks of step's gate applied: what is journaled
+ * of content the gate masked.
+ */
+Jsonb *
+AgentGateMask(RunState *run, const StepDef *step, GuardrailGate gate, Jsonb *value)
+{
+	ListCell   *lc;
+
+	foreach(lc, gate_refs(step, gate))
+	{
+		ArtifactRef ref;
+
+		resolve_guardrail(run, step, gate, lfirst(lc), &ref);
+		value = GuardrailMaskJsonb(ref.definition, value);
+	}
+	return value;
 }

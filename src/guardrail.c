@@ -31,6 +31,8 @@
  */
 #include "postgres.h"
 
+#include <ctype.h>
+
 #include "catalog/pg_collation.h"
 #include "mb/pg_wchar.h"
 #include "utils/builtins.h"
@@ -46,9 +48,10 @@ static const char *const gate_names[] = {"input", "tools", "output"};
 
 /* The checks a guardrail may have; those not yet available say so. */
 static const char *const check_names[] = {
-	"regex_deny", "regex_allow", "max_length", "json_schema", NULL
+	"regex_deny", "regex_allow", "max_length", "json_schema", "pii_mask", NULL
 };
-static const char *const later_checks[] = {"pii_mask", "llm_judge", NULL};
+static const char *const later_checks[] = {"llm_judge", NULL};
+static const char *const pii_patterns[] = {"email", "card", "phone", "iban", NULL};
 
 static bool
 name_in(const char *name, const char *const *names)
@@ -124,6 +127,49 @@ check_pattern(const char *name, int i, Jsonb *check)
 	PG_END_TRY();
 }
 
+/* A list of strings, each (when options is given) one of options. */
+static void
+check_string_list(const char *name, int i, Jsonb *check, const char *key,
+				  const char *const *options)
+{
+	JsonbValue *list = JsonGetField(check, key);
+
+	if (list == NULL)
+		return;
+	if (list->type != jbvBinary || !JsonContainerIsArray(list->val.binary.data) ||
+		JsonContainerSize(list->val.binary.data) == 0)
+		bad_check(name, i, psprintf("%s must be a non-empty list", key), NULL);
+	for (int k = 0; k < (int) JsonContainerSize(list->val.binary.data); k++)
+	{
+		JsonbValue *e = getIthJsonbValueFromContainer(list->val.binary.data, k);
+
+		if (e->type != jbvString ||
+			(options && !name_in(pnstrdup(e->val.string.val, e->val.string.len), options)))
+			bad_check(name, i, psprintf("%s[%d] must be %s", key, k,
+										options ? "one of email, card, phone, iban" : "a key name"),
+					  NULL);
+	}
+}
+
+/* pii_mask: fields to mask in JSON content, and patterns to mask in text. */
+static void
+check_pii_mask(const char *name, int i, Jsonb *check)
+{
+	JsonbIterator *it = JsonbIteratorInit(&check->root);
+	JsonbValue	v;
+	char	   *key;
+
+	while (JsonObjectNext(&it, &key, &v))
+		if (strcmp(key, "check") != 0 && strcmp(key, "fields") != 0 && strcmp(key, "patterns") != 0)
+			bad_check(name, i, psprintf("unknown key \"%s\" of check pii_mask", key),
+					  "A pii_mask check takes fields and patterns.");
+	if (JsonGetField(check, "fields") == NULL && JsonGetField(check, "patterns") == NULL)
+		bad_check(name, i, "check pii_mask needs fields, patterns or both",
+				  "For example { check: pii_mask, fields: [email], patterns: [email, card] }.");
+	check_string_list(name, i, check, "fields", NULL);
+	check_string_list(name, i, check, "patterns", pii_patterns);
+}
+
 /* Check one check of guardrail name's list (index i). */
 static void
 check_one(const char *name, int i, JsonbValue *cv)
@@ -138,11 +184,16 @@ check_one(const char *name, int i, JsonbValue *cv)
 	kind = JsonGetString(check, "check");
 	if (kind && name_in(kind, later_checks))
 		bad_check(name, i, psprintf("the %s check is not available in this version of tuvl", kind),
-				  "Use regex_deny, regex_allow, max_length or json_schema.");
+				  "Use regex_deny, regex_allow, max_length, json_schema or pii_mask.");
 	if (kind == NULL || !name_in(kind, check_names))
-		bad_check(name, i, psprintf("check must be one of regex_deny, regex_allow, max_length, json_schema%s",
+		bad_check(name, i, psprintf("check must be one of regex_deny, regex_allow, max_length, json_schema, pii_mask%s",
 									kind ? psprintf(", not \"%s\"", kind) : ""),
 				  NULL);
+	if (strcmp(kind, "pii_mask") == 0)
+	{
+		check_pii_mask(name, i, check);
+		return;
+	}
 	if (strcmp(kind, "regex_deny") == 0 || strcmp(kind, "regex_allow") == 0)
 	{
 		static const char *const keys[] = {"pattern", NULL};
@@ -200,6 +251,287 @@ GuardrailCheckDefinition(const char *name, Jsonb *definition)
 		check_one(name, i, getIthJsonbValueFromContainer(checks->val.binary.data, i));
 }
 
+/* ---------------------------------------------------------------- pii_mask */
+
+/* Does the list value hold the string s? */
+static bool
+list_has(JsonbValue *list, const char *s, int len)
+{
+	if (list == NULL || list->type != jbvBinary)
+		return false;
+	for (int k = 0; k < (int) JsonContainerSize(list->val.binary.data); k++)
+	{
+		JsonbValue *e = getIthJsonbValueFromContainer(list->val.binary.data, k);
+
+		if (e->type == jbvString && e->val.string.len == len &&
+			memcmp(e->val.string.val, s, len) == 0)
+			return true;
+	}
+	return false;
+}
+
+/* The Luhn check of a card number's n digits. */
+static bool
+luhn_ok(const char *digits, int n)
+{
+	int			sum = 0;
+
+	for (int k = 0; k < n; k++)
+	{
+		int			d = digits[n - 1 - k] - '0';
+
+		if (k % 2 == 1)
+			d = d * 2 > 9 ? d * 2 - 9 : d * 2;
+		sum += d;
+	}
+	return sum % 10 == 0;
+}
+
+/* The ISO 13616 check of an IBAN's n characters: mod 97 of the rearranged number is 1. */
+static bool
+iban_ok(const char *c, int n)
+{
+	int			rest = 0;
+
+	for (int k = 0; k < n; k++)
+	{
+		char		ch = c[(k + 4) % n];
+
+		if (isdigit((unsigned char) ch))
+			rest = (rest * 10 + (ch - '0')) % 97;
+		else
+			rest = (rest * 100 + (ch - 'A' + 10)) % 97;
+	}
+	return rest == 1;
+}
+
+/*
+ * text with every number that looks like a card (13 to 19 digits, single
+ * spaces or hyphens between them, passing the Luhn check) replaced.
+ */
+static char *
+mask_cards(const char *text)
+{
+	StringInfoData out;
+	const char *p = text;
+
+	initStringInfo(&out);
+	while (*p)
+	{
+		if (isdigit((unsigned char) *p) && (p == text || !isalnum((unsigned char) p[-1])))
+		{
+			char		digits[20];
+			int			n = 0;
+			const char *q = p;
+			const char *end = p;
+
+			while (*q)
+			{
+				if (isdigit((unsigned char) *q))
+				{
+					if (n < 20)
+						digits[n] = *q;
+					n++;
+					end = ++q;
+				}
+				else if ((*q == ' ' || *q == '-') && isdigit((unsigned char) q[1]))
+					q++;
+				else
+					break;
+			}
+			if (n >= 13 && n <= 19 && !isalnum((unsigned char) *end) && luhn_ok(digits, n))
+				appendStringInfoString(&out, "[card]");
+			else
+				appendBinaryStringInfo(&out, p, end - p);
+			p = end;
+			continue;
+		}
+		appendStringInfoChar(&out, *p++);
+	}
+	return out.data;
+}
+
+/* text with every IBAN (two letters, two check digits, up to 30 more, valid) replaced. */
+static char *
+mask_ibans(const char *text)
+{
+	StringInfoData out;
+	const char *p = text;
+
+	initStringInfo(&out);
+	while (*p)
+	{
+		if (isupper((unsigned char) p[0]) && isupper((unsigned char) p[1]) &&
+			isdigit((unsigned char) p[2]) && isdigit((unsigned char) p[3]) &&
+			(p == text || !isalnum((unsigned char) p[-1])))
+		{
+			char		c[34];
+			int			n = 0;
+			const char *q = p;
+			const char *end = p;
+
+			while (*q && n < 34)
+			{
+				if (isupper((unsigned char) *q) || isdigit((unsigned char) *q))
+				{
+					c[n++] = *q;
+					end = ++q;
+				}
+				else if (*q == ' ' && (isupper((unsigned char) q[1]) || isdigit((unsigned char) q[1])))
+					q++;
+				else
+					break;
+			}
+			if (n >= 15 && !isalnum((unsigned char) *end) && iban_ok(c, n))
+			{
+				appendStringInfoString(&out, "[iban]");
+				p = end;
+				continue;
+			}
+		}
+		appendStringInfoChar(&out, *p++);
+	}
+	return out.data;
+}
+
+/* in with every match of the regular expression replaced by with. */
+static char *
+regex_replace_all(const char *in, const char *pattern, const char *with)
+{
+	return TextDatumGetCString(DirectFunctionCall4Coll(textregexreplace, C_COLLATION_OID,
+													   CStringGetTextDatum(in),
+													   CStringGetTextDatum(pattern),
+													   CStringGetTextDatum(with),
+													   CStringGetTextDatum("g")));
+}
+
+/* text with the built-in patterns of the list masked. */
+static char *
+mask_text(JsonbValue *patterns, const char *text)
+{
+	char	   *out = (char *) text;
+
+	if (list_has(patterns, "email", 5))
+		out = regex_replace_all(out, "[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\\.[A-Za-z]{2,}", "[email]");
+	if (list_has(patterns, "card", 4))
+		out = mask_cards(out);
+	if (list_has(patterns, "iban", 4))
+		out = mask_ibans(out);
+	if (list_has(patterns, "phone", 5))
+	{
+		out = regex_replace_all(out, "\\+[0-9][0-9 ().-]{5,18}[0-9]", "[phone]");
+		out = regex_replace_all(out, "\\(?\\m[0-9]{3}\\)?[ .-][0-9]{3}[ .-][0-9]{4}\\M", "[phone]");
+	}
+	return out;
+}
+
+/* A scalar masked by patterns: a string, or a number written as one. */
+static void
+mask_scalar(JsonbValue *patterns, JsonbValue *v)
+{
+	char	   *text;
+	char	   *masked;
+
+	if (patterns == NULL)
+		return;
+	if (v->type == jbvString)
+		text = pnstrdup(v->val.string.val, v->val.string.len);
+	else if (v->type == jbvNumeric)
+		text = DatumGetCString(DirectFunctionCall1(numeric_out, NumericGetDatum(v->val.numeric)));
+	else
+		return;
+	masked = mask_text(patterns, text);
+	if (masked == text)
+		return;
+	v->type = jbvString;
+	v->val.string.val = masked;
+	v->val.string.len = strlen(masked);
+}
+
+/*
+ * j with the values of the keys named in fields replaced by "[masked]"
+ * (at any depth), and the patterns masked in every other string or number.
+ */
+static Jsonb *
+mask_jsonb(JsonbValue *fields, JsonbValue *patterns, Jsonb *j)
+{
+	JsonbIterator *it = JsonbIteratorInit(&j->root);
+	JsonbParseState *state = NULL;
+	JsonbValue	v;
+	JsonbValue *res = NULL;
+	JsonbIteratorToken tok;
+	bool		mask_next = false;
+	int			skipping = 0;
+	JsonbValue	masked;
+
+	masked.type = jbvString;
+	masked.val.string.val = "[masked]";
+	masked.val.string.len = 8;
+	while ((tok = JsonbIteratorNext(&it, &v, false)) != WJB_DONE)
+	{
+		bool		begin = tok == WJB_BEGIN_ARRAY || tok == WJB_BEGIN_OBJECT;
+		bool		end = tok == WJB_END_ARRAY || tok == WJB_END_OBJECT;
+
+		if (skipping > 0)
+		{
+			skipping += begin ? 1 : end ? -1 : 0;
+			if (skipping == 0)
+				res = pushJsonbValue(&state, WJB_VALUE, &masked);
+			continue;
+		}
+		if (mask_next && begin)
+		{
+			skipping = 1;
+			mask_next = false;
+			continue;
+		}
+		if (mask_next && tok == WJB_VALUE)
+		{
+			res = pushJsonbValue(&state, WJB_VALUE, &masked);
+			mask_next = false;
+			continue;
+		}
+		if (tok == WJB_KEY)
+			mask_next = list_has(fields, v.val.string.val, v.val.string.len);
+		else if (tok == WJB_VALUE || tok == WJB_ELEM)
+			mask_scalar(patterns, &v);
+		res = pushJsonbValue(&state, tok, end ? NULL : &v);
+	}
+	return JsonbValueToJsonb(res);
+}
+
+/* content through one pii_mask check: JSON is masked by fields and patterns, text by patterns. */
+static char *
+run_pii_mask(Jsonb *check, const char *content)
+{
+	JsonbValue *fields = JsonGetField(check, "fields");
+	JsonbValue *patterns = JsonGetField(check, "patterns");
+	Jsonb	   *parsed = JsonParseSafe(content, strlen(content));
+
+	if (parsed)
+		return JsonText(mask_jsonb(fields, patterns, parsed));
+	return mask_text(patterns, content);
+}
+
+/*
+ * value with the pii_mask checks of a guardrail applied, for what is
+ * journaled of content a gate masked.
+ */
+Jsonb *
+GuardrailMaskJsonb(Jsonb *definition, Jsonb *value)
+{
+	Jsonb	   *checks = definition ? JsonGetJsonb(definition, "checks") : NULL;
+
+	for (int i = 0; value && i < JsonArraySize(checks); i++)
+	{
+		Jsonb	   *check = JsonArrayAt(checks, i);
+
+		if (strcmp(JsonGetString(check, "check"), "pii_mask") == 0)
+			value = mask_jsonb(JsonGetField(check, "fields"), JsonGetField(check, "patterns"), value);
+	}
+	return value;
+}
+
 /* ---------------------------------------------------------------- gates */
 
 /* Why content fails check, or NULL when it passes. */
@@ -236,19 +568,30 @@ run_check(Jsonb *check, const char *content)
 }
 
 /*
- * Run the checks of a guardrail's definition on content, in order.
- * Returns NULL when they all pass, else why the first failing one failed;
- * *check_no is its number (1, 2, ...) and *check_name its kind.
+ * Run the checks of a guardrail's definition on *content, in order; a
+ * pii_mask check replaces *content with its masked form.  Returns NULL
+ * when they all pass, else why the first failing one failed; *check_no is
+ * its number (1, 2, ...) and *check_name its kind.
  */
 char *
-GuardrailRun(Jsonb *definition, const char *content, int *check_no, char **check_name)
+GuardrailRun(Jsonb *definition, char **content, int *check_no, char **check_name)
 {
 	Jsonb	   *checks = definition ? JsonGetJsonb(definition, "checks") : NULL;
 
+	if (*content == NULL)
+		*content = "";
 	for (int i = 0; i < JsonArraySize(checks); i++)
 	{
 		Jsonb	   *check = JsonArrayAt(checks, i);
-		char	   *why = run_check(check, content ? content : "");
+		char	   *why;
+
+		/* a transform: it never fails, and the checks after it see its result */
+		if (strcmp(JsonGetString(check, "check"), "pii_mask") == 0)
+		{
+			*content = run_pii_mask(check, *content);
+			continue;
+		}
+		why = run_check(check, *content);
 
 		if (why)
 		{

@@ -22,8 +22,9 @@ typedef enum GuardrailGate
 } GuardrailGate;
 
 extern void GuardrailCheckDefinition(const char *name, Jsonb *definition);
-extern char *GuardrailRun(Jsonb *definition, const char *content, int *check_no,
+extern char *GuardrailRun(Jsonb *definition, char **content, int *check_no,
 						  char **check_name);
+extern Jsonb *GuardrailMaskJsonb(Jsonb *definition, Jsonb *value);
 extern const char *GuardrailGateName(GuardrailGate gate);
 
 #endif							/* TUVL_GUARDRAIL_H */

@@ -3,10 +3,16 @@
  * jsonschema.c
  *	  Validate jsonb values against a small subset of JSON Schema.
  *
- * This module is pure computation over in-memory jsonb values: no SPI, no
- * catalog access, no global state.  Results (error structs, their strings,
- * lists of findings) and all scratch memory are palloc'd in the caller's
- * CurrentMemoryContext; run in a short-lived context to reclaim scratch.
+ * Keywords: type, enum, const, minimum, maximum, minLength, maxLength,
+ * pattern (a PostgreSQL regular expression, as with ~), items, minItems,
+ * maxItems, properties, required, additionalProperties, anyOf, and $ref to
+ * a schema under $defs or definitions of the same document ("#/$defs/x").
+ *
+ * This module works on in-memory jsonb values: no SPI and no catalog
+ * access; the one piece of state is the document being validated, for
+ * $ref.  Results (error structs, their strings, lists of findings) and all
+ * scratch memory are palloc'd in the caller's CurrentMemoryContext; run in
+ * a short-lived context to reclaim scratch.
  *
  * The validator assumes its schema has passed JsonSchemaCheck: a keyword
  * whose value has the wrong shape is ignored rather than reported, and a
@@ -21,14 +27,20 @@
  */
 #include "postgres.h"
 
+#include "catalog/pg_collation.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "utils/fmgrprotos.h"
 #include "utils/json.h"
 #include "utils/jsonb.h"
+#include "utils/builtins.h"
 #include "utils/numeric.h"
 
 #include "jsonschema.h"
+#include "spiutil.h"
+
+/* The document being validated: where "$ref" looks up "#/$defs/name". */
+static JsonbValue *validation_root = NULL;
 
 /* longest rendering of a JSON value we put into a message, in bytes */
 #define MAX_SHOWN_LEN 64
@@ -399,6 +411,54 @@ validate_object(JsonbContainer *sc, JsonbValue *inst, StringInfo path)
 	return NULL;
 }
 
+/* Does the string inst match the regular expression pattern? */
+static bool
+pattern_matches(JsonbValue *inst, JsonbValue *pattern)
+{
+	return DatumGetBool(DirectFunctionCall2Coll(textregexeq, C_COLLATION_OID,
+												PointerGetDatum(cstring_to_text_with_len(inst->val.string.val,
+																						 inst->val.string.len)),
+												PointerGetDatum(cstring_to_text_with_len(pattern->val.string.val,
+																						 pattern->val.string.len))));
+}
+
+/*
+ * The schema a "$ref" names: "#/$defs/name" or "#/definitions/name" of the
+ * document being validated (or checked).  false when there is none.
+ */
+static bool
+resolve_ref(JsonbValue *ref, JsonbValue *target)
+{
+	static const char *const prefixes[] = {"#/$defs/", "#/definitions/", NULL};
+	const char *r = ref->val.string.val;
+	int			len = ref->val.string.len;
+
+	if (validation_root == NULL || !is_object_value(validation_root))
+		return false;
+	for (int i = 0; prefixes[i]; i++)
+	{
+		int			plen = strlen(prefixes[i]);
+		JsonbValue	defs;
+		JsonbValue	k;
+		JsonbValue *v;
+
+		if (len <= plen || strncmp(r, prefixes[i], plen) != 0)
+			continue;
+		if (!get_keyword(validation_root->val.binary.data, i == 0 ? "$defs" : "definitions", &defs) ||
+			!is_object_value(&defs))
+			return false;
+		k.type = jbvString;
+		k.val.string.val = (char *) r + plen;
+		k.val.string.len = len - plen;
+		v = findJsonbValueFromContainer(defs.val.binary.data, JB_FOBJECT, &k);
+		if (v == NULL)
+			return false;
+		*target = *v;
+		return true;
+	}
+	return false;
+}
+
 /*
  * Validate one instance value against one (sub)schema.  "path" holds the
  * instance path and is restored before returning.  Returns the first
@@ -422,6 +482,31 @@ validate_node(JsonbValue *schema, JsonbValue *inst, StringInfo path)
 	sc = schema->val.binary.data;
 	kind = kind_of(inst);
 
+	if (get_keyword(sc, "$ref", &kw) && kw.type == jbvString)
+	{
+		JsonbValue	target;
+
+		if (resolve_ref(&kw, &target) && (err = validate_node(&target, inst, path)) != NULL)
+			return err;
+	}
+	if (get_keyword(sc, "const", &kw) && !values_equal(&kw, inst))
+		return make_error(path->data, "const",
+						  psprintf("value %s is not %s", value_to_text(inst), value_to_text(&kw)));
+	if (get_keyword(sc, "anyOf", &kw) && is_array_value(&kw))
+	{
+		bool		any = false;
+
+		it = JsonbIteratorInit(kw.val.binary.data);
+		while (!any && next_elem(&it, &elem))
+		{
+			any = validate_node(&elem, inst, path) == NULL;
+			truncate_path(path, saved);
+		}
+		if (!any)
+			return make_error(path->data, "anyOf",
+							  psprintf("value %s matches none of the schemas of anyOf",
+									   value_to_text(inst)));
+	}
 	if (get_keyword(sc, "type", &kw) &&
 		(err = validate_type(&kw, kind, path->data)) != NULL)
 		return err;
@@ -457,12 +542,24 @@ validate_node(JsonbValue *schema, JsonbValue *inst, StringInfo path)
 										   "string length ", path->data)))
 					err = validate_bound(sc, "maxLength", false, nchars,
 										 "string length ", path->data);
+				if (err == NULL && get_keyword(sc, "pattern", &kw) && kw.type == jbvString &&
+					!pattern_matches(inst, &kw))
+					err = make_error(path->data, "pattern",
+									 psprintf("string %s does not match pattern %s",
+											  value_to_text(inst), value_to_text(&kw)));
 				break;
 			}
 		case JSK_OBJECT:
 			err = validate_object(sc, inst, path);
 			break;
 		case JSK_ARRAY:
+			{
+				Numeric		n = int64_to_numeric(JsonContainerSize(inst->val.binary.data));
+
+				if ((err = validate_bound(sc, "minItems", true, n, "array length ", path->data)) ||
+					(err = validate_bound(sc, "maxItems", false, n, "array length ", path->data)))
+					break;
+			}
 			if (!get_keyword(sc, "items", &kw) || !is_object_value(&kw))
 				break;
 			it = JsonbIteratorInit(inst->val.binary.data);
@@ -490,11 +587,24 @@ JsonSchemaValidate(Jsonb *schema, Jsonb *instance)
 				iv;
 	StringInfoData path;
 
+	JsonSchemaError *err;
+	JsonbValue *saved = validation_root;
+
 	root_value(schema, &sv);
 	root_value(instance, &iv);
 	initStringInfo(&path);
 	appendStringInfoChar(&path, '$');
-	return validate_node(&sv, &iv, &path);
+	validation_root = &sv;
+	PG_TRY();
+	{
+		err = validate_node(&sv, &iv, &path);
+	}
+	PG_FINALLY();
+	{
+		validation_root = saved;
+	}
+	PG_END_TRY();
+	return err;
 }
 
 /*
@@ -518,10 +628,44 @@ JsonSchemaValidateOrError(Jsonb *schema, Jsonb *instance, const char *what)
 
 /* ---------- schema well-formedness ---------- */
 
+
 static void
 add_finding(List **out, StringInfo path, const char *rule, char *message)
 {
 	*out = lappend(*out, make_error(path->data, rule, message));
+}
+
+/* A pattern must be a string PostgreSQL's regex engine compiles. */
+static void
+check_pattern(JsonbValue *val, StringInfo path, List **out)
+{
+	SpiSubxact	sub;
+
+	if (val->type != jbvString)
+	{
+		add_finding(out, path, "pattern", psprintf("pattern must be a string, got %s",
+												   JsonbTypeName(val)));
+		return;
+	}
+	SpiSubxactBegin(&sub);
+	PG_TRY();
+	{
+		JsonbValue	empty;
+
+		empty.type = jbvString;
+		empty.val.string.val = "";
+		empty.val.string.len = 0;
+		(void) pattern_matches(&empty, val);
+		SpiSubxactCommit(&sub);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata = SpiSubxactAbort(&sub);
+
+		add_finding(out, path, "pattern", psprintf("pattern %s: %s", value_to_text(val),
+												   edata->message));
+	}
+	PG_END_TRY();
 }
 
 /*
@@ -590,6 +734,81 @@ check_order(JsonbContainer *sc, const char *lo, const char *hi,
 	add_finding(out, path, lo, psprintf("%s %s is greater than %s %s", lo,
 										value_to_text(&a), hi, value_to_text(&b)));
 	truncate_path(path, saved);
+}
+
+/*
+ * Check the keywords that hold values or schemas of their own: minItems,
+ * maxItems, pattern, anyOf, $defs, definitions, $ref and const.  Returns
+ * false for any other keyword.
+ */
+static void check_node(JsonbValue *node, StringInfo path, const char *ctxrule, List **out);
+
+static bool
+check_composite(const char *kw, JsonbValue *v, StringInfo path, List **out)
+{
+	JsonbIterator *pit;
+	JsonbValue	pkey,
+				sub,
+				val = *v;
+
+	if (strcmp(kw, "minItems") == 0 || strcmp(kw, "maxItems") == 0)
+	{
+		if (val.type != jbvNumeric || !num_is_integral(val.val.numeric) ||
+			num_cmp(val.val.numeric, int64_to_numeric(0)) < 0)
+			add_finding(out, path, kw,
+						psprintf("%s must be a non-negative integer, got %s",
+								 kw, value_to_text(&val)));
+	}
+	else if (strcmp(kw, "pattern") == 0)
+		check_pattern(&val, path, out);
+	else if (strcmp(kw, "anyOf") == 0)
+	{
+		JsonbIterator *ait;
+		int			i = 0;
+		int			asaved = path->len;
+
+		if (!is_array_value(&val) || JsonContainerSize(val.val.binary.data) == 0)
+			add_finding(out, path, kw, pstrdup("anyOf must be a non-empty array of schemas"));
+		else
+		{
+			ait = JsonbIteratorInit(val.val.binary.data);
+			while (next_elem(&ait, &sub))
+			{
+				appendStringInfo(path, "[%d]", i++);
+				check_node(&sub, path, kw, out);
+				truncate_path(path, asaved);
+			}
+		}
+	}
+	else if (strcmp(kw, "$defs") == 0 || strcmp(kw, "definitions") == 0)
+	{
+		int			dsaved = path->len;
+
+		if (!is_object_value(&val))
+			add_finding(out, path, kw, psprintf("%s must be an object of schemas", kw));
+		else
+		{
+			pit = JsonbIteratorInit(val.val.binary.data);
+			while (next_pair(&pit, &pkey, &sub))
+			{
+				append_key(path, pkey.val.string.val, pkey.val.string.len);
+				check_node(&sub, path, kw, out);
+				truncate_path(path, dsaved);
+			}
+		}
+	}
+	else if (strcmp(kw, "$ref") == 0)
+	{
+		JsonbValue	target;
+
+		if (val.type != jbvString || !resolve_ref(&val, &target))
+			add_finding(out, path, kw,
+						psprintf("$ref must name a schema of this document, such as \"#/$defs/item\"; %s is not one",
+								 value_to_text(&val)));
+	}
+	else if (strcmp(kw, "const") != 0)
+		return false;			/* const takes any value */
+	return true;
 }
 
 /*
@@ -669,6 +888,8 @@ check_node(JsonbValue *node, StringInfo path, const char *ctxrule, List **out)
 							psprintf("%s must be a non-negative integer, got %s",
 									 kw, value_to_text(&val)));
 		}
+		else if (check_composite(kw, &val, path, out))
+			;					/* handled */
 		else if (strcmp(kw, "description") != 0 && strcmp(kw, "title") != 0 &&
 				 strcmp(kw, "default") != 0 && strcmp(kw, "$schema") != 0)
 			add_finding(out, path, "unknown keyword",
@@ -678,6 +899,7 @@ check_node(JsonbValue *node, StringInfo path, const char *ctxrule, List **out)
 	}
 	check_order(node->val.binary.data, "minimum", "maximum", path, out);
 	check_order(node->val.binary.data, "minLength", "maxLength", path, out);
+	check_order(node->val.binary.data, "minItems", "maxItems", path, out);
 }
 
 /*
@@ -692,9 +914,20 @@ JsonSchemaCheck(Jsonb *schema, const char *basepath)
 	StringInfoData path;
 	List	   *out = NIL;
 
+	JsonbValue *saved = validation_root;
+
 	root_value(schema, &root);
 	initStringInfo(&path);
 	appendStringInfoString(&path, (basepath && *basepath) ? basepath : "$");
-	check_node(&root, &path, "schema", &out);
+	validation_root = &root;
+	PG_TRY();
+	{
+		check_node(&root, &path, "schema", &out);
+	}
+	PG_FINALLY();
+	{
+		validation_root = saved;
+	}
+	PG_END_TRY();
 	return out;
 }

@@ -872,6 +872,7 @@ take_fresh_effect(Transition *t)
 	char	   *op;
 
 	run->fresh_position = -1;
+	run->fresh_event = NULL;
 	if (run->fresh_effect == NULL)
 		return;
 	run->fresh_position = EffectCount(run);
@@ -894,6 +895,7 @@ take_fresh_effect(Transition *t)
 		JsonObjAddJsonb(&b, "result", run->fresh_effect);
 		ev = JournalAdd(&t->events, "tool_result", t->step->id, t->step->kind_name, JsonObjEnd(&b));
 	}
+	run->fresh_event = ev;
 	lat = JsonGetField(run->fresh_effect, "latency_ms");
 	if (lat && lat->type == jbvNumeric)
 		ev->latency_ms = DatumGetFloat8(DirectFunctionCall1(numeric_float8,

@@ -53,6 +53,8 @@ typedef struct RunState
 
 	/* effects (see effect.c), owned by cxt */
 	Jsonb	   *fresh_effect;	/* result of the pending effect, to journal */
+	struct JournalEvent *fresh_event;	/* ... as journaled this transition: a
+										 * guardrail may mask its payload */
 	struct EffectRequest *send; /* to perform once the transition commits */
 	MemoryContext send_cxt;		/* owns send: gone once it is performed */
 	TimestampTz send_at;		/* not before this time */

@@ -25,6 +25,7 @@
 #include "artifact.h"
 #include "effect.h"
 #include "executor.h"
+#include "journal.h"
 #include "jsonutil.h"
 #include "llm.h"
 #include "retry.h"
@@ -93,17 +94,17 @@ execute_completion(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 		appendStringInfoString(&msgs, "}, ");
 	}
 	user = prompt ? TemplateRenderText(prompt, public, NULL) : "Begin.";
-	appendStringInfoString(&msgs, "{\"role\": \"user\", \"content\": ");
-	escape_json(&msgs, user);
-	appendStringInfoString(&msgs, "}]");
 
-	/* the input gate, before anything is sent */
+	/* the input gate, before anything is sent: the message is what leaves it */
 	StepErrorType = "error";
-	if ((why = AgentGateCheck(run, step, GATE_INPUT, user)) != NULL)
+	if ((why = AgentGateCheck(run, step, GATE_INPUT, &user)) != NULL)
 	{
 		AgentViolation(result, why);
 		return;
 	}
+	appendStringInfoString(&msgs, "{\"role\": \"user\", \"content\": ");
+	escape_json(&msgs, user);
+	appendStringInfoString(&msgs, "}]");
 
 	StepErrorType = "llm_error";
 	req = LlmBuildRequest(run, cfg, JsonFromCString(msgs.data), NULL, -1);
@@ -115,13 +116,20 @@ execute_completion(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 		if (reply.ok)
 		{
 			/* the output gate, before anything is written */
+			char	   *answer = reply.text ? reply.text : "";
+			char	   *given = answer;
+
 			StepErrorType = "error";
-			if ((why = AgentGateCheck(run, step, GATE_OUTPUT, reply.text ? reply.text : "")) != NULL)
+			if ((why = AgentGateCheck(run, step, GATE_OUTPUT, &answer)) != NULL)
 			{
 				AgentViolation(result, why);
 				return;
 			}
-			why = AgentApplyOutcome(reply.text, values, result);
+			/* a masked answer is journaled masked too */
+			if (answer != given && run->fresh_event && run->fresh_position == n - 1)
+				run->fresh_event->payload = AgentGateMask(run, step, GATE_OUTPUT,
+														  run->fresh_event->payload);
+			why = AgentApplyOutcome(answer, values, result);
 			if (why)
 			{
 				StepErrorType = "invalid_outcome";

@@ -1353,6 +1353,10 @@ def test_the_input_gate_stops_the_agent_before_anything_is_sent(conn, mode):
      'property "reply"'),
     ("{ check: json_schema, schema: { type: object } }", "plain words",
      "check 1 (json_schema): the content is not JSON"),
+    ("{ check: json_schema, schema: { type: object, properties: { reply: { type: string, "
+     "pattern: '^[^0-9]*$' } } } }", '{"reply": "call 555"}',
+     'check 1 (json_schema): the content does not match the schema: $.reply: string "call 555" '
+     'does not match pattern "^[^0-9]*$"'),
 ])
 def test_each_check_stops_a_final_answer_at_the_output_gate(conn, check, answer, why):
     guard = guardrail(conn, check)
@@ -1408,4 +1412,62 @@ def test_a_violation_without_a_route_fails_the_run(conn):
     assert res["status"] == "failed", res
     assert res["error"].startswith('step "triage" ended on the reserved exit "guardrail_violation", '
                                    f'which has no route: guardrail "{guard}"'), res["error"]
+
+
+# pii_mask: a transform that never fails
+
+
+def request_text(name):
+    return json.dumps([r["body"] for r in sent(name)])
+
+
+def test_pii_mask_on_the_tools_gate_masks_what_the_model_and_the_journal_see(conn, mode):
+    guard = guardrail(conn, "{ check: pii_mask, fields: [customer], patterns: [card] }")
+    name = guarded_agent(conn, [calls(call("card")), final("Done.")], ["card"], {"tools": [guard]})
+    res = execute(conn, name, {"topic": "billing"}, mode)
+    assert (res["status"], res["end"]) == ("completed", "done"), res
+    reqs = request_text(name)
+    assert CARD not in reqs and "Ada" not in reqs
+    assert '[card]' in reqs and '[masked]' in reqs
+    assert events_mentioning(conn, res["run_id"], CARD) == 0
+    (result,) = [p for t, p in agent_tool_events(conn, res["run_id"]) if t == "tool_result"]
+    assert result["result"] == {"card_result": {"customer": "[masked]", "card": "[card]"}}
+
+
+def test_pii_mask_on_the_input_gate_masks_the_user_message(conn):
+    guard = guardrail(conn, "{ check: pii_mask, patterns: [email, phone] }")
+    name = guarded_agent(conn, [final("Done.")], ["record"], {"input": [guard]})
+    res = execute(conn, name, {"topic": "mail ada@example.com or call +44 20 7946 0958"})
+    assert res["end"] == "done", res
+    reqs = request_text(name)
+    assert "ada@example.com" not in reqs and "7946" not in reqs
+    assert "mail [email] or call [phone]" in reqs
+
+
+def test_pii_mask_on_the_output_gate_masks_what_is_written_and_journaled(conn, mode):
+    guard = guardrail(conn, "{ check: pii_mask, patterns: [email, card, iban, phone] }",
+                      "{ check: regex_deny, pattern: '[0-9]{12}' }")
+    answer = ("Write to ada@example.com; card 4111 1111 1111 1111; IBAN GB82 WEST 1234 5698 7654 32; "
+              "call (555) 123-4567. Order 1234567812345678 stays.")
+    name = guarded_agent(conn, [final(answer)], ["record"], {"output": [guard]})
+    res = execute(conn, name, {"topic": "x"}, mode)
+    # masked first, so the deny check after it sees no long number but the order
+    assert res["end"] == "blocked", res
+    assert "check 2 (regex_deny)" in res["response"]["error"]
+    name = guarded_agent(conn, [final(answer.replace(" Order 1234567812345678 stays.", ""))],
+                         ["record"], {"output": [guard]})
+    res = execute(conn, name, {"topic": "x"}, mode)
+    assert res["end"] == "done", res
+    assert res["context"]["triage_result"] == (
+        "Write to [email]; card [card]; IBAN [iban]; call [phone].")
+    for secret in ("ada@example.com", "4111 1111", "GB82", "123-4567"):
+        assert events_mentioning(conn, res["run_id"], secret) == 0, secret
+
+
+def test_pii_mask_leaves_numbers_that_fail_the_luhn_check(conn):
+    guard = guardrail(conn, "{ check: pii_mask, patterns: [card] }")
+    name = guarded_agent(conn, [final("Order 1234567812345678, card 4111111111111111.")],
+                         ["record"], {"output": [guard]})
+    res = execute(conn, name, {"topic": "x"})
+    assert res["context"]["triage_result"] == "Order 1234567812345678, card [card]."
 

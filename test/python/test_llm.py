@@ -1052,3 +1052,23 @@ def test_a_tools_gate_on_a_completion_agent_is_a_validation_error(conn):
     rows = q(conn, "SELECT severity, path, message FROM tuvl.validate(%s)", (src,))
     assert any(r[0] == "error" and r[1].startswith("steps[0].agent.guardrails.tools") for r in rows), rows
 
+
+def test_a_completion_agents_pii_mask_masks_the_prompt_and_the_answer(conn, provider):
+    guard = register_guardrail(conn, "{ check: pii_mask, patterns: [email] }")
+    name = make_agent(conn, provider, [{"text": "I wrote to bob@example.org."}],
+                      prompt="Write to {{ name }}.",
+                      extra=(f"      guardrails: {{ input: [artifact://{guard}@1], "
+                             f"output: [artifact://{guard}@1] }}\n"),
+                      routes="{ default: done, error: oops, guardrail_violation: blocked }",
+                      ends=GUARD_ENDS)
+    res = execute(conn, name, {"name": "ada@example.com"})
+    assert res["end"] == "done", res
+    assert res["response"] == "I wrote to [email]."
+    body = json.dumps(sent(name)[0]["body"])
+    assert "ada@example.com" not in body and "Write to [email]." in body
+    # the input as given is journaled by run_queued; nothing the step journals holds it
+    leaks = q(conn, "SELECT type FROM tuvl.events WHERE run_id = %s AND "
+                    "(payload::text LIKE '%%bob@example.org%%' OR payload::text LIKE '%%ada@example.com%%')",
+              (res["run_id"],))
+    assert leaks == [("run_queued",)], leaks
+
