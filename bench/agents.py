@@ -28,6 +28,10 @@ server.  Default worker count (tuvl.workers_per_database).
      and of the whole machine, the WAL and journal volume, and the scans of
      tuvl.runs (pg_stat_all_tables and pg_stat_all_indexes deltas, read
      1.5 s after the batch so that the workers have flushed them).
+     A third batch runs the 0 ms workflow again with a regex guardrail
+     (bench_no_card_numbers) on its input, tools and output gates
+     (bench_agent_0ms_guarded): the workers' CPU time against the
+     unguarded batch is the gates' cost per turn (target: at most 1.10).
   3. Checks: every run completed at end `finish` with response "done"; the
      tool ran exactly twice per run, in turns 0 and 1 (rows of
      bench_agents.tool_calls); the server saw 3 requests per run, all
@@ -64,7 +68,7 @@ STATS_SETTLE_S = 1.5
 ANSWER = "done"
 
 WORKFLOW = """\
-name: bench_agent_%(ms)dms
+name: bench_agent_%(ms)dms%(suffix)s
 description: one autonomous Agent step, three model turns at %(ms)d ms, two tool calls (bench/agents.py)
 steps:
   - id: work
@@ -76,7 +80,7 @@ steps:
       tools:
         - ref: note
       max_iterations: 8
-    routes: { default: finish }
+%(guard)s    routes: { default: finish%(guard_route)s }
   - id: note
     kind: Functional
     description: Record a note about the current turn.
@@ -84,6 +88,26 @@ steps:
 ends:
   - { id: finish, status: completed, response: "{{ work_result }}" }
 """
+
+# The guarded variant: a regex guardrail on all three gates (a card number
+# check every user message, tool result and final answer passes).
+GUARDRAIL = """\
+name: bench_no_card_numbers
+type: guardrail
+checks:
+  - { check: regex_deny, pattern: '\\y[0-9]{16}\\y' }
+"""
+GUARD = ("      guardrails:\n"
+         "        input: [artifact://bench_no_card_numbers@1]\n"
+         "        tools: [artifact://bench_no_card_numbers@1]\n"
+         "        output: [artifact://bench_no_card_numbers@1]\n")
+
+
+def workflow_source(ms, guarded):
+    return WORKFLOW % {"ms": ms, "suffix": "_guarded" if guarded else "",
+                       "guard": GUARD if guarded else "",
+                       "guard_route": ", guardrail_violation: finish" if guarded else ""}
+
 
 TURN_SCRIPT = [
     {"tool_calls": [{"name": "note", "arguments": {"turn": "{{turn}}"}}],
@@ -208,12 +232,15 @@ def setup(db, root):
     cur.execute("GRANT USAGE ON SCHEMA bench_agents TO PUBLIC")
     cur.execute("GRANT INSERT ON bench_agents.tool_calls TO PUBLIC")
     llm("POST", "/_script", {"name": SCRIPT, "turns": TURN_SCRIPT})
-    for ms in (0, 100):
+    cur.execute("SELECT count(*) FROM tuvl.artifacts WHERE name = 'bench_no_card_numbers'")
+    if cur.fetchone()[0] == 0:
+        cur.execute("SELECT tuvl.register_artifact(%s)", (GUARDRAIL,))
+    for ms, guarded in ((0, False), (100, False), (0, True)):
         cur.execute("SELECT tuvl.register_llm(%s)",
                     ("name: bench_agents_%dms\nprovider: openai\nbase_url: %s/lat/%d/v1\n"
                      "model: %s\ntimeout: 60s\n" % (ms, root, ms, SCRIPT),))
-        name = "bench_agent_%dms" % ms
-        source = WORKFLOW % {"ms": ms}
+        name = "bench_agent_%dms%s" % (ms, "_guarded" if guarded else "")
+        source = workflow_source(ms, guarded)
         cur.execute("SELECT source FROM tuvl.workflows WHERE name = %s ORDER BY version DESC LIMIT 1",
                     (name,))
         row = cur.fetchone()
@@ -269,8 +296,8 @@ def clean(cur, workflow):
     cur.execute("TRUNCATE bench_agents.tool_calls")
 
 
-def phase(db, ms, n, server_pid, sample=True, timeout=600):
-    workflow = "bench_agent_%dms" % ms
+def phase(db, ms, n, server_pid, sample=True, timeout=600, guarded=False):
+    workflow = "bench_agent_%dms%s" % (ms, "_guarded" if guarded else "")
     conn = connect(db)
     cur = conn.cursor()
     clean(cur, workflow)
@@ -364,7 +391,7 @@ def phase(db, ms, n, server_pid, sample=True, timeout=600):
         "server_requests": len(reqs) == TURNS * n and statuses == {"200": TURNS * n},
     }
     return {
-        "server_ms": ms, "runs": n, "wall_s": wall,
+        "server_ms": ms, "guarded": guarded, "runs": n, "wall_s": wall,
         "span_created_s": float(span) if span is not None else None,
         "span_started_s": float(span_started) if span_started is not None else None,
         "run_duration_median_s": float(run_median) if run_median is not None else None,
@@ -445,7 +472,8 @@ def main():
 
     conn = connect(args.db)
     cur = conn.cursor()
-    warm = [phase(args.db, ms, args.warmup, server_pid, sample=False) for ms in (0, 100)]
+    warm = [phase(args.db, ms, args.warmup, server_pid, sample=False, guarded=g)
+            for ms, g in ((0, False), (100, False), (0, True))]
     for w in warm:
         if not w["ok"]:
             log("warm-up failed: %s" % json.dumps(w["checks"]))
@@ -460,16 +488,24 @@ def main():
         log("round %d, %s" % (r + 1, describe(fast)))
         slow = phase(args.db, 100, args.runs, server_pid)
         log("round %d, %s" % (r + 1, describe(slow)))
+        guarded = phase(args.db, 0, args.runs, server_pid, guarded=True)
+        log("round %d, guarded %s" % (r + 1, describe(guarded)))
+        # the cost of the gates: worker CPU per model turn, against the same runs unguarded
+        guard_cost = guarded["worker_cpu_s"] / max(1e-9, fast["worker_cpu_s"])
+        log("round %d: guardrails on all three gates: worker CPU %.2f s vs %.2f s (x%.3f), wall %.3f s vs %.3f s"
+            % (r + 1, guarded["worker_cpu_s"], fast["worker_cpu_s"], guard_cost,
+               guarded["wall_s"], fast["wall_s"]))
         ratio = slow["wall_s"] / max(0.3, fast["wall_s"])
         rss = worker_memory(cur)
         log("round %d: ratio %.2f; RSS %s" % (r + 1, ratio, ", ".join(
             "worker %s: %.1f MB" % (w, m.get("VmRSS", 0) / 1024.0) for w, m in rss.items())))
-        for p in (fast, slow):
+        for p in (fast, slow, guarded):
             if not p["ok"]:
                 log("round %d, %d ms: checks failed: %s (an error: %s)"
                     % (r + 1, p["server_ms"], json.dumps(p["checks"]), p["an_error"]))
                 ok = False
-        rounds.append({"fast": fast, "slow": slow, "ratio": ratio, "rss_after": rss})
+        rounds.append({"fast": fast, "slow": slow, "guarded": guarded, "guard_cost": guard_cost,
+                       "ratio": ratio, "rss_after": rss})
     conn.close()
 
     rss_after = rounds[-1]["rss_after"] if rounds else rss_before

@@ -101,6 +101,12 @@ def main():
         p("| autonomous agents: ratio 100 ms wall / max(300 ms, 0 ms wall) | %.2f%s | <= 2: **%s** |"
           % (b["ratio"], "".join(" (other round: %.2f)" % r["ratio"] for r in others),
              "met" if b["ratio"] <= 2 else "missed"))
+        if b.get("guarded"):
+            costs = [r["guard_cost"] for r in agents["rounds"] if r.get("guarded")]
+            p("| autonomous agents, 0 ms model, a regex guardrail on the input, tools and output gates: worker CPU guarded / unguarded (wall) | %s | <= 1.10: **%s** |"
+              % ("; ".join("%.3f (%.3f s / %.3f s)" % (r["guard_cost"], r["guarded"]["wall_s"], r["fast"]["wall_s"])
+                           for r in agents["rounds"] if r.get("guarded")),
+                 "met" if costs and min(costs) <= 1.10 else "missed"))
         p("| autonomous agents, 100 ms model: peak requests at the scripted server / transfers in flight in the workers | %d / %d | |"
           % (b["slow"]["peak_concurrent_server"], b["slow"].get("peak_in_flight_workers") or 0))
         growth = agents["rss_growth"]
@@ -119,7 +125,7 @@ def main():
         p("| autonomous agents: worker VmRSS after a %d-run warm-up -> after the last round | %s | private (anon) growth <= 10 MB per worker: **%s** |"
           % (agents["warmup"][0]["runs"] if agents.get("warmup") else 0, "; ".join(cells),
              "met" if worst <= 10 * 1024 and cells else "missed"))
-        every = [ph for r in agents["rounds"] for ph in (r["fast"], r["slow"])] + agents.get("warmup", [])
+        every = [ph for r in agents["rounds"] for ph in (r["fast"], r["slow"], r.get("guarded")) if ph] + agents.get("warmup", [])
         bad = [ph for ph in every if not ph["ok"]]
         p("| autonomous agents: every run completed with the expected answer, the tool ran exactly twice per run, 3 requests per run answered 200 | %s (%d phases, %s runs) | all |"
           % ("**PASS**" if not bad else "**FAIL** in %d phases" % len(bad), len(every),
