@@ -17,6 +17,7 @@ OBJS = \
 	src/effect.o \
 	src/executor.o \
 	src/guardrail.o \
+	src/hook.o \
 	src/http.o \
 	src/init.o \
 	src/journal.o \

@@ -4,10 +4,12 @@
 CREATE EXTENSION IF NOT EXISTS tuvl;
 
 CREATE SCHEMA shop;
-CREATE TABLE shop.orders (id int PRIMARY KEY, customer text, status text, amount numeric);
+CREATE TABLE shop.orders (id int PRIMARY KEY, customer text, status text, amount numeric,
+                          card text);
 CREATE TABLE shop.refunds (order_id int PRIMARY KEY, amount numeric, reason text,
                            created_at timestamptz DEFAULT now());
-INSERT INTO shop.orders VALUES (1, 'ada', 'paid', 42.50), (2, 'bob', 'shipped', 10);
+INSERT INTO shop.orders VALUES (1, 'ada', 'paid', 42.50, '4111 1111 1111 1111'),
+                               (2, 'bob', 'shipped', 10, '5555 5555 5555 4444');
 
 -- The model: the project's scripted LLM server (offline, deterministic),
 -- spoken to through the OpenAI wire format.  See README.md for a real one.
@@ -108,6 +110,23 @@ base_url: %s
 model: support_agent
 $$, :'llm_url'));
 
+-- The agent never sees a card number: a guardrail masks them in every tool
+-- result before the model reads it (and in the journal).  A hook counts
+-- its tool calls, by tool, in tuvl.metrics.
+SELECT tuvl.register_artifact($$
+name: no_card_numbers
+type: guardrail
+checks:
+  - { check: pii_mask, patterns: [card] }
+$$) AS guardrail_version;
+SELECT tuvl.register_artifact($$
+name: count_tool_calls
+type: hook
+events: [before_tool]
+action: metric
+metric: support.tool_calls
+$$) AS hook_version;
+
 SELECT tuvl.register_workflow($$
 name: support_ticket
 trigger:
@@ -119,9 +138,11 @@ steps:
   - id: triage
     kind: Agent
     mode: autonomous
+    hooks: [artifact://count_tool_calls@1]
     agent:
       model: support
       steering: You triage customer tickets for a small shop. Look the order up before deciding.
+      guardrails: { tools: [artifact://no_card_numbers@1] }
       tools:
         - { ref: lookup_order }
         - { ref: add_note, parameters: { type: object, required: [note], properties: { note: { type: string } } } }
@@ -136,10 +157,11 @@ steps:
       budget_exceeded: escalated
       error: escalated
       aborted: escalated
+      guardrail_violation: escalated
   - id: lookup_order
     kind: ModelOp
     description: Look up an order by its id
-    sql: SELECT id, customer, status, amount FROM shop.orders WHERE id = $1
+    sql: SELECT id, customer, status, amount, card FROM shop.orders WHERE id = $1
     params: ["{{ order_id }}"]
     output: order
   - id: add_note
@@ -169,3 +191,11 @@ FROM tuvl.events WHERE run_id = :ticket_run ORDER BY seq;
 
 \echo '== The note the agent wrote'
 SELECT * FROM shop.notes;
+
+\echo '== What the model was told of order 1 (the guardrail masked the card number)'
+SELECT payload -> 'result' AS tool_result FROM tuvl.events
+WHERE run_id = :ticket_run AND type = 'tool_result' AND payload ->> 'tool' = 'lookup_order';
+
+\echo '== Tool calls counted by the hook'
+SELECT labels ->> 'tool' AS tool, value FROM tuvl.metrics
+WHERE name = 'support.tool_calls' ORDER BY 1;

@@ -308,3 +308,29 @@ SELECT pg_catalog.pg_extension_config_dump('tuvl.artifacts', '');
 SELECT pg_catalog.pg_extension_config_dump('tuvl.schedule_slots', '');
 SELECT pg_catalog.pg_extension_config_dump('tuvl.mcp_tools', '');
 SELECT pg_catalog.pg_extension_config_dump('tuvl.secret_grants', '');
+
+/*
+ * Counters of metric hooks (src/hook.c), incremented in the transaction of
+ * the transition that fired them: a transition that rolls back counts
+ * nothing.  A role sees its own runs' counts; tuvl_operator sees all.
+ */
+CREATE TABLE tuvl.metric_counters (
+    name text NOT NULL,
+    labels jsonb NOT NULL,
+    principal_id pg_catalog.regrole NOT NULL,
+    value bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (name, labels, principal_id)
+);
+ALTER TABLE tuvl.metric_counters ENABLE ROW LEVEL SECURITY;
+CREATE POLICY metric_counters_visible ON tuvl.metric_counters FOR SELECT
+    USING (principal_id::pg_catalog.oid OPERATOR(pg_catalog.=)
+               (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER)
+           OR pg_catalog.pg_has_role('tuvl_operator', 'USAGE'));
+COMMENT ON TABLE tuvl.metric_counters IS 'counters of metric hooks, by name and labels (read them in tuvl.metrics)';
+
+CREATE VIEW tuvl.metrics WITH (security_invoker = true) AS
+    SELECT c.name, 'counter'::text AS kind, c.labels, pg_catalog.sum(c.value)::pg_catalog.float8 AS value
+    FROM tuvl.metric_counters c
+    GROUP BY c.name, c.labels;
+COMMENT ON VIEW tuvl.metrics IS 'metrics: name, kind (counter), labels, value';
+GRANT SELECT ON tuvl.metric_counters, tuvl.metrics TO tuvl_user;

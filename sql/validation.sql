@@ -1123,7 +1123,7 @@ steps:
   - { id: a, kind: Agent, mode: completion, agent: { model: m, prompt: hi, guardrails: { input: ["artifact://refunds@1"] } } }
 $$);
 
--- ... and hooks, which are reserved for now.
+-- ... and hooks.
 SELECT * FROM tuvl.validate($$
 name: v
 hooks: [artifact://no_pii@1]
@@ -1212,8 +1212,8 @@ ends:
   - { id: done }
 $$);
 
--- hooks are reserved: an error, of the workflow or of a step, until
--- they are available; so are supervisor, trigger.http and concurrency.
+-- supervisor, trigger.http and concurrency are reserved: errors until they
+-- are available.  The hooks here are fine.
 SELECT * FROM tuvl.validate($$
 name: v
 hooks: [artifact://audit@1]

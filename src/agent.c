@@ -62,6 +62,7 @@
 #include "effect.h"
 #include "deadline.h"
 #include "executor.h"
+#include "hook.h"
 #include "journal.h"
 #include "jsonutil.h"
 #include "llm.h"
@@ -956,17 +957,24 @@ run_tool(AgentLoop *l, AgentTool *tool, int call, const char *id, Jsonb *args,
 	ErrorData  *edata;
 	long		remaining_ms = (long) ((deadline - GetCurrentTimestamp()) / 1000);
 
+	ToolStatus	status;
+
 	memset(&res, 0, sizeof(res));
 	if (remaining_ms <= 0)
 		return TOOL_TIMEOUT;
 
+	/* the call's first execution (none of its effects done yet) */
+	if (inner == NULL)
+		HookFire(run, l->step, HOOK_BEFORE_TOOL, tool->name, NULL);
 	if (execute_tool_step(run, tool->step, call, args, ctx, inner, deadline, &res, &edata))
 		return TOOL_TIMEOUT;
-	if (edata)
-		return tool_failed(l, tool, call, id, inner, edata, content);
-	if (res.pending)
+	if (res.pending && edata == NULL)
 		return tool_pending(l, call, &res, deadline);
-	return tool_finished(l, tool, call, id, &res, content);
+	status = edata ? tool_failed(l, tool, call, id, inner, edata, content)
+		: tool_finished(l, tool, call, id, &res, content);
+	HookFire(run, l->step, HOOK_AFTER_TOOL, tool->name,
+			 l->answer_is_error ? "error" : (res.signal ? res.signal : "default"));
+	return status;
 }
 
 /*

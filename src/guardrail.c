@@ -441,8 +441,8 @@ mask_scalar(JsonbValue *patterns, JsonbValue *v)
 	else
 		return;
 	masked = mask_text(patterns, text);
-	if (masked == text)
-		return;
+	if (strcmp(masked, text) == 0)
+		return;					/* nothing masked: a number stays a number */
 	v->type = jbvString;
 	v->val.string.val = masked;
 	v->val.string.len = strlen(masked);

@@ -67,6 +67,7 @@
 #include "control.h"
 #include "deadline.h"
 #include "effect.h"
+#include "hook.h"
 #include "journal.h"
 #include "jsonutil.h"
 #include "llm.h"
@@ -518,6 +519,13 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 	const char *signal;
 	Checkpoint	cp;
 
+	/*
+	 * Hooks fire where the transition commits: before_step with the
+	 * agent_started the transition journals (also when the step failed and
+	 * its first attempt rolled back), the step's end below.
+	 */
+	if (t->first_entry)
+		HookFire(run, step, HOOK_BEFORE_STEP, NULL, NULL);
 	if (result && result->pending)
 	{
 		finish_pending(t, result);
@@ -528,6 +536,11 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 		finish_park(t, result);
 		return;
 	}
+	/* the step ended: its hooks hear of it, on_error when it failed */
+	signal = result ? (result->signal ? result->signal : "default") : "error";
+	HookFire(run, step, edata || strcmp(signal, "error") == 0 ||
+			 ExecutorIsReservedExit(step, signal) ? HOOK_ON_ERROR : HOOK_AFTER_STEP,
+			 NULL, signal);
 	if (CompensationActive(run))
 	{
 		CompensationFinish(t, result, edata);

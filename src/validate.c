@@ -43,11 +43,11 @@ typedef struct ValidateState
 } ValidateState;
 
 static const char *const top_level_keys[] = {
-	"name", "description", "trigger", "start", "steps", "ends", NULL
+	"name", "description", "trigger", "start", "steps", "ends", "hooks", NULL
 };
 
 static const char *const step_common_keys[] = {
-	"id", "kind", "description", "output", "routes", "compensate",
+	"id", "kind", "description", "output", "routes", "compensate", "hooks",
 	"context_injection", "timeout", NULL
 };
 
@@ -66,8 +66,6 @@ typedef struct ReservedKey
 } ReservedKey;
 
 static const ReservedKey reserved_keys[] = {
-	{"hooks", NULL, "hooks are not available in this version of tuvl; remove them "
-	"(the journal and LISTEN tuvl_events report every step)"},
 	{"supervisor", "", "supervisor is not available in this version of tuvl; remove it "
 	"(tuvl.steer_run(), tuvl.pause_run() and tuvl.abort_run() control a run)"},
 	{"http", "trigger", "trigger.http is not available in this version of tuvl; remove it "
@@ -1323,6 +1321,46 @@ check_step(ValidateState *vs, Jsonb *step, const char *path)
 					"compensate must name a step of this workflow");
 }
 
+/* A hook list: references to hook artifacts whose action this version has. */
+static void
+check_hook_list(ValidateState *vs, JsonbValue *v, const char *path)
+{
+	check_artifact_list(vs, v, path, SITE_HOOK, "hooks");
+	for (int i = 0; is_list(v) && i < (int) JsonContainerSize(v->val.binary.data); i++)
+	{
+		JsonbValue *e = getIthJsonbValueFromContainer(v->val.binary.data, i);
+		char	   *name;
+		int			version;
+		Jsonb	   *def = NULL;
+		char	   *type;
+
+		if (e->type != jbvString ||
+			!ArtifactParseRef(pnstrdup(e->val.string.val, e->val.string.len), &name, &version) ||
+			name == NULL || !ArtifactLookup(name, version, &type, NULL, NULL, NULL, &def) ||
+			strcmp(type, "hook") != 0 || def == NULL)
+			continue;
+		if (JsonGetString(def, "action") && strcmp(JsonGetString(def, "action"), "notify") == 0)
+			add_finding(vs, "error", psprintf("%s[%d]", path, i),
+						"hook \"%s\" is a notify hook, which is not available in this version of tuvl; use action: metric",
+						name);
+	}
+}
+
+/* The hooks of the workflow, then those of each step. */
+static void
+check_hooks(ValidateState *vs, Jsonb *def, JsonbValue *steps, int nsteps)
+{
+	check_hook_list(vs, JsonGetField(def, "hooks"), "hooks");
+	for (int i = 0; i < nsteps; i++)
+	{
+		JsonbValue *st = getIthJsonbValueFromContainer(steps->val.binary.data, i);
+
+		if (is_mapping(st))
+			check_hook_list(vs, JsonGetField(JsonValueToJsonb(st), "hooks"),
+							psprintf("steps[%d].hooks", i));
+	}
+}
+
 /*
  * Check a parsed workflow; returns a List of Finding (NIL when clean).
  */
@@ -1378,6 +1416,7 @@ ValidateWorkflow(Jsonb *def, Jsonb *positions, bool strict)
 	if (v && (v->type != jbvString ||
 			  !list_has_string(vs.step_ids, pnstrdup(v->val.string.val, v->val.string.len))))
 		add_finding(&vs, "error", "start", "start must name a step of this workflow");
+	check_hooks(&vs, def, steps, nsteps);
 	if (!FindingsHaveErrors(vs.findings) && nsteps > 0)
 		check_reachable(&vs, def);
 	return vs.findings;

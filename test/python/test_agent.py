@@ -1434,6 +1434,14 @@ def test_pii_mask_on_the_tools_gate_masks_what_the_model_and_the_journal_see(con
     assert result["result"] == {"card_result": {"customer": "[masked]", "card": "[card]"}}
 
 
+def test_pii_mask_leaves_values_it_does_not_mask_as_they_are(conn):
+    guard = guardrail(conn, "{ check: pii_mask, patterns: [card] }")
+    name = guarded_agent(conn, [final('{"id": 1, "amount": 42.5, "ok": true, "card": 4111111111111111}')],
+                         ["record"], {"output": [guard]})
+    res = execute(conn, name, {"topic": "x"})
+    assert res["context"]["triage_result"] == {"id": 1, "amount": 42.5, "ok": True, "card": "[card]"}
+
+
 def test_pii_mask_on_the_input_gate_masks_the_user_message(conn):
     guard = guardrail(conn, "{ check: pii_mask, patterns: [email, phone] }")
     name = guarded_agent(conn, [final("Done.")], ["record"], {"input": [guard]})
@@ -1470,4 +1478,106 @@ def test_pii_mask_leaves_numbers_that_fail_the_luhn_check(conn):
                          ["record"], {"output": [guard]})
     res = execute(conn, name, {"topic": "x"})
     assert res["context"]["triage_result"] == "Order 1234567812345678, card [card]."
+
+
+# ---------------------------------------------------------------------------
+# Hooks (hook.c): metric hooks around steps and tool calls
+
+
+def hook(conn, events, metric=None):
+    name = new_name("hook")
+    q(conn, "SELECT tuvl.register_artifact(%s)", (
+        f"name: {name}\ntype: hook\nevents: [{', '.join(events)}]\naction: metric\n"
+        + (f"metric: {metric}\n" if metric else ""),))
+    return name
+
+
+def counts(conn, hook_name, metric="tuvl.hook.events"):
+    """{(event, step, tool, signal): value} of a hook's counters."""
+    rows = q(conn, "SELECT labels, value FROM tuvl.metrics WHERE name = %s AND labels ->> 'hook' = %s",
+             (metric, hook_name))
+    return {(l["event"], l["step"], l.get("tool"), l.get("signal")): v for l, v in rows}
+
+
+def steps_workflow(conn, hooks_line, steps):
+    name = new_name("wf")
+    q(conn, "SELECT tuvl.register_workflow(%s)", (f"name: {name}\n{hooks_line}steps:\n{steps}",))
+    return name
+
+
+def test_a_metric_hook_counts_each_step_before_and_after_it(conn, mode):
+    h = hook(conn, ["before_step", "after_step", "on_error"])
+    wf = steps_workflow(conn, f"hooks: [artifact://{h}@1]\n",
+                        "  - { id: one, kind: Functional, function: ag.record }\n"
+                        "  - { id: two, kind: Functional, function: ag.record }\n")
+    for _ in range(2):
+        res = execute(conn, wf, {"tag": "h"}, mode)
+        assert res["status"] == "completed", res
+    assert counts(conn, h) == {
+        ("before_step", "one", None, None): 2, ("after_step", "one", None, "default"): 2,
+        ("before_step", "two", None, None): 2, ("after_step", "two", None, "default"): 2}
+    assert q1(conn, "SELECT kind FROM tuvl.metrics WHERE labels ->> 'hook' = %s LIMIT 1", (h,)) == "counter"
+
+
+def test_on_error_fires_for_a_failing_step_and_hooks_never_change_the_run(conn):
+    h = hook(conn, ["before_step", "after_step", "on_error"])
+    wf = steps_workflow(conn, "",
+                        f"  - {{ id: bad, kind: Functional, function: ag.boom, hooks: [artifact://{h}@1],\n"
+                        "      routes: { error: fine } }\n"
+                        "  - { id: fine, kind: Functional, function: ag.record }\n")
+    res = execute(conn, wf, {"tag": "e"})
+    assert res["status"] == "completed", res
+    # only the step the hook is attached to; the failure was counted once
+    assert counts(conn, h) == {("before_step", "bad", None, None): 1,
+                               ("on_error", "bad", None, "error"): 1}
+    assert "hook" not in json.dumps(res["context"])
+
+
+def test_tool_hooks_count_every_tool_call_of_an_agent(conn, mode):
+    h = hook(conn, ["before_tool", "after_tool"], metric="support.tool_calls")
+    name = make_agent(conn, "openai",
+                      [calls(call("record", tag="a"), call("boom", tag="b")), final("done")],
+                      ["record", "boom"], step=f"    hooks: [artifact://{h}@1]\n")
+    res = execute(conn, name, {"topic": "x"}, mode)
+    assert res["status"] == "completed", res
+    assert counts(conn, h, "support.tool_calls") == {
+        ("before_tool", "triage", "record", None): 1, ("after_tool", "triage", "record", "default"): 1,
+        ("before_tool", "triage", "boom", None): 1, ("after_tool", "triage", "boom", "error"): 1}
+    # a replay checks the recording and counts nothing
+    replayed = q1(conn, "SELECT tuvl.replay(tuvl.pin_run(%s))", (res["run_id"],))
+    assert replayed["status"] == "completed", replayed
+    assert sum(counts(conn, h, "support.tool_calls").values()) == 4
+
+
+def test_a_failing_hook_is_logged_and_swallowed(conn):
+    h = hook(conn, ["after_step"])
+    wf = steps_workflow(conn, f"hooks: [artifact://{h}@1]\n",
+                        "  - { id: one, kind: Functional, function: ag.record }\n")
+    assert execute(conn, wf, {"tag": "f"})["status"] == "completed"
+    # from now on the counter cannot grow: every increment fails
+    q(conn, "ALTER TABLE tuvl.metric_counters ADD CONSTRAINT test_no_more CHECK (value < 2) NOT VALID")
+    try:
+        res = execute(conn, wf, {"tag": "f"})
+        assert res["status"] == "completed", res
+        assert types_of(conn, res["run_id"])[-1] == "run_completed"
+    finally:
+        q(conn, "ALTER TABLE tuvl.metric_counters DROP CONSTRAINT test_no_more")
+    assert counts(conn, h) == {("after_step", "one", None, "default"): 1}
+
+
+def test_hooks_are_checked_when_the_workflow_is_registered(conn):
+    notify = new_name("hook")
+    q(conn, "SELECT tuvl.register_artifact(%s)", (
+        f"name: {notify}\ntype: hook\nevents: [after_step]\naction: notify\nstep: tell\n",))
+    guard = guardrail(conn, "{ check: max_length, max: 10 }")
+    src = (f"name: v\nhooks: [artifact://{notify}@1, artifact://{guard}@1, not_a_ref]\nsteps:\n"
+           "  - { id: a, kind: Functional, function: ag.record }\n")
+    rows = {(r[1], r[2].rsplit(" (line", 1)[0]) for r in
+            q(conn, "SELECT severity, path, message FROM tuvl.validate(%s)", (src,)) if r[0] == "error"}
+    assert rows == {
+        ("hooks[0]", f'hook "{notify}" is a notify hook, which is not available in this version of tuvl; '
+                     "use action: metric"),
+        ("hooks[1]", f"artifact://{guard}@1 is a guardrail artifact, but this field takes a hook artifact"),
+        ("hooks[2]", "hooks must list only artifact:// references to a hook artifact"),
+    }, rows
 
