@@ -1581,3 +1581,25 @@ def test_hooks_are_checked_when_the_workflow_is_registered(conn):
         ("hooks[2]", "hooks must list only artifact:// references to a hook artifact"),
     }, rows
 
+
+
+def test_a_role_sees_the_counts_of_its_own_runs_and_an_operator_all(conn, agdb, conns):
+    h = hook(conn, ["after_step"])
+    wf = steps_workflow(conn, f"hooks: [artifact://{h}@1]\n",
+                        "  - { id: one, kind: Functional, function: ag.record }\n")
+    assert execute(conn, wf, {"tag": "v"})["status"] == "completed"
+    reader, operator = new_name("reader"), new_name("op")
+    admin = connect("postgres")
+    try:
+        q(admin, f"CREATE ROLE {reader} LOGIN IN ROLE tuvl_user")
+        q(admin, f"CREATE ROLE {operator} LOGIN IN ROLE tuvl_operator")
+        assert q(conns(agdb, user=reader), "SELECT value FROM tuvl.metrics "
+                                           "WHERE labels ->> 'hook' = %s", (h,)) == []
+        assert q(conns(agdb, user=operator), "SELECT value FROM tuvl.metrics "
+                                             "WHERE labels ->> 'hook' = %s", (h,)) == [(1.0,)]
+        with pytest.raises(psycopg2.errors.InsufficientPrivilege):
+            q(conns(agdb, user=reader), "UPDATE tuvl.metric_counters SET value = 0")
+    finally:
+        for role in (reader, operator):
+            q(admin, f"DROP ROLE IF EXISTS {role}")
+        admin.close()
