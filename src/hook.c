@@ -16,7 +16,10 @@
  * transition's own transaction: a transition that rolls back, or runs
  * again after a crash, counts once.  A replay counts nothing: it only
  * checks a recording.  A hook that fails is logged and swallowed; its
- * work is rolled back in a subtransaction of its own.
+ * work is rolled back in a subtransaction of its own.  A cancel that
+ * reaches a hook (a step's timeout, a batch's time budget, an abort) is
+ * not the hook's failure: it goes on to the transition, which is made
+ * again, hooks included.
  *
  *-------------------------------------------------------------------------
  */
@@ -125,6 +128,9 @@ fire_one(RunState *run, const StepDef *step, const char *ref, HookEvent event,
 	{
 		ErrorData  *edata = SpiSubxactAbort(&sub);
 
+		/* a cancel (a timeout, the batch's budget, an abort) is the transition's */
+		if (edata->sqlerrcode == ERRCODE_QUERY_CANCELED)
+			ReThrowError(edata);
 		ereport(LOG,
 				(errmsg("tuvl run " INT64_FORMAT ": hook %s of step \"%s\" failed on %s: %s",
 						run->id, ref, step->id, event_names[event], edata->message)));
