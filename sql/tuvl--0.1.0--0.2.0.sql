@@ -312,14 +312,17 @@ SELECT pg_catalog.pg_extension_config_dump('tuvl.secret_grants', '');
 /*
  * Counters of metric hooks (src/hook.c), incremented in the transaction of
  * the transition that fired them: a transition that rolls back counts
- * nothing.  A role sees its own runs' counts; tuvl_operator sees all.
+ * nothing.  Each backend counts in a row of its own (shard), so that
+ * workers never wait for each other's row locks; tuvl.metrics sums them.
+ * A role sees its own runs' counts; tuvl_operator sees all.
  */
 CREATE TABLE tuvl.metric_counters (
     name text NOT NULL,
     labels jsonb NOT NULL,
     principal_id pg_catalog.regrole NOT NULL,
+    shard integer NOT NULL,
     value bigint NOT NULL DEFAULT 0,
-    PRIMARY KEY (name, labels, principal_id)
+    PRIMARY KEY (name, labels, principal_id, shard)
 );
 ALTER TABLE tuvl.metric_counters ENABLE ROW LEVEL SECURITY;
 CREATE POLICY metric_counters_visible ON tuvl.metric_counters FOR SELECT

@@ -27,6 +27,7 @@
 
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
+#include "storage/backendid.h"
 #include "utils/builtins.h"
 
 #include "artifact.h"
@@ -66,7 +67,7 @@ static void
 count(RunState *run, const StepDef *step, const char *hook, Jsonb *definition, HookEvent event,
 	  const char *tool, const char *signal)
 {
-	static const Oid types[3] = {TEXTOID, JSONBOID, REGROLEOID};
+	static const Oid types[4] = {TEXTOID, JSONBOID, REGROLEOID, INT4OID};
 	char	   *metric = JsonGetString(definition, "metric");
 	JsonObjBuilder b;
 
@@ -79,12 +80,14 @@ count(RunState *run, const StepDef *step, const char *hook, Jsonb *definition, H
 		JsonObjAddString(&b, "tool", tool);
 	if (signal)
 		JsonObjAddString(&b, "signal", signal);
-	SecurityExecArgs("INSERT INTO tuvl.metric_counters AS c (name, labels, principal_id, value) "
-					 "VALUES ($1, $2, $3, 1) ON CONFLICT (name, labels, principal_id) "
+	/* this backend's own row: concurrent workers never wait for each other */
+	SecurityExecArgs("INSERT INTO tuvl.metric_counters AS c (name, labels, principal_id, shard, value) "
+					 "VALUES ($1, $2, $3, $4, 1) ON CONFLICT (name, labels, principal_id, shard) "
 					 "DO UPDATE SET value = c.value OPERATOR(pg_catalog.+) 1",
-					 SPI_OK_INSERT, 3, types,
+					 SPI_OK_INSERT, 4, types,
 					 CStringGetTextDatum(metric ? metric : HOOK_DEFAULT_METRIC),
-					 JsonbPGetDatum(JsonObjEnd(&b)), ObjectIdGetDatum(run->principal));
+					 JsonbPGetDatum(JsonObjEnd(&b)), ObjectIdGetDatum(run->principal),
+					 Int32GetDatum(MyBackendId));
 }
 
 /* The hook references attached to step: the workflow's, then the step's. */
