@@ -21,6 +21,7 @@ OBJS = \
 	src/http.o \
 	src/init.o \
 	src/journal.o \
+	src/judge.o \
 	src/jsonschema.o \
 	src/jsonutil.o \
 	src/launcher.o \

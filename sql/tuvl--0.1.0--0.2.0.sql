@@ -337,3 +337,16 @@ CREATE VIEW tuvl.metrics WITH (security_invoker = true) AS
     GROUP BY c.name, c.labels;
 COMMENT ON VIEW tuvl.metrics IS 'metrics: name, kind (counter), labels, value';
 GRANT SELECT ON tuvl.metric_counters, tuvl.metrics TO tuvl_user;
+
+/*
+ * Notify hooks (src/hook.c): a hook with action notify starts a run of the
+ * same workflow version that executes one APICall step on the hook's
+ * payload and ends.  It is created in the transaction of the transition
+ * that fired the hook, so it exists exactly when that transition
+ * committed; parent_run_id names that run.
+ */
+ALTER TABLE tuvl.runs ADD COLUMN parent_run_id bigint;
+ALTER TABLE tuvl.runs ADD COLUMN hook jsonb;
+COMMENT ON COLUMN tuvl.runs.parent_run_id IS 'the run whose notify hook started this one, or NULL';
+COMMENT ON COLUMN tuvl.runs.hook IS 'for a run a notify hook started: {"hook", "version", "event", "step"}, where step is the one APICall step it executes; NULL otherwise';
+CREATE INDEX runs_parent_idx ON tuvl.runs (parent_run_id) WHERE parent_run_id IS NOT NULL;

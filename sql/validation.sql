@@ -1383,7 +1383,7 @@ $$);
 SELECT tuvl.register_artifact($$
 name: bad_guard
 type: guardrail
-checks: [{ check: llm_judge, model: judge, prompt: safe? }]
+checks: [{ check: llm_judge, model: judge, prompt: "" }]
 $$);
 SELECT tuvl.register_artifact($$
 name: bad_hook

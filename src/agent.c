@@ -226,6 +226,21 @@ prose(AgentLoop *l, JsonbValue *v, ArtifactSite site, const char *what)
 }
 
 /*
+ * User message number n through the input gate: its checks, then its
+ * judges (a verdict not yet recorded leaves the step pending).
+ */
+static char *
+input_gate(AgentLoop *l, int n, char **user)
+{
+	char	   *why = AgentGateCheck(l->run, l->step, GATE_INPUT, user);
+
+	if (why == NULL)
+		why = AgentGateJudge(l->run, l->step, GATE_INPUT, psprintf("input.%d", n), *user,
+							 l->result, &l->tokens_used);
+	return why;
+}
+
+/*
  * The opening of the conversation: the system prompt (steering, skills,
  * the fixed instruction, the final-answer format), the public context as
  * the first user message and the context_injection keys, delimited.  The
@@ -293,13 +308,13 @@ opening_messages(AgentLoop *l)
 	}
 	/* each user message passes the input gate, and is sent as it leaves it */
 	user = JsonContainerSize(&public->root) > 0 ? JsonText(public) : "Begin.";
-	if ((why = AgentGateCheck(l->run, l->step, GATE_INPUT, &user)) != NULL)
+	if ((why = input_gate(l, 1, &user)) != NULL || l->result->pending)
 		return why;
 	add_message(l, "user", user, NULL, NULL, false);
 	if (injected.len > 0)
 	{
 		user = psprintf("%s%s", injection_preamble, injected.data);
-		if ((why = AgentGateCheck(l->run, l->step, GATE_INPUT, &user)) != NULL)
+		if ((why = input_gate(l, 2, &user)) != NULL || l->result->pending)
 			return why;
 		add_message(l, "user", user, NULL, NULL, false);
 	}
@@ -627,6 +642,15 @@ finalize(AgentLoop *l, const char *text)
 	if (answer != given && l->run->fresh_event && l->cursor - 1 == l->run->fresh_position)
 		l->run->fresh_event->payload = AgentGateMask(l->run, l->step, GATE_OUTPUT,
 													 l->run->fresh_event->payload);
+	why = AgentGateJudge(l->run, l->step, GATE_OUTPUT, psprintf("output.%d", l->cursor - 1),
+						 answer, l->result, &l->tokens_used);
+	if (why)
+	{
+		agent_exit(l, "guardrail_violation", "guardrail_violation", why);
+		return;
+	}
+	if (l->result->pending)
+		return;					/* a judge's verdict first */
 	why = AgentApplyOutcome(answer, l->values, l->result);
 	if (why)
 		agent_exit(l, "error", "invalid_outcome", why);
@@ -700,6 +724,20 @@ records_slice(RunState *run, int from, int to)
 	}
 	appendStringInfoChar(&buf, ']');
 	return JsonFromCString(buf.data);
+}
+
+/*
+ * The judges of the tools gate, on a result that passed its other checks
+ * and is recorded (so a SQL tool's writes commit with their record while
+ * the verdict is awaited): a stop sets l->violation, a verdict not yet
+ * recorded leaves the step pending.
+ */
+static void
+judge_tool_result(AgentLoop *l, int call, const char *content)
+{
+	if (l->violation == NULL && !l->answer_is_error)
+		l->violation = AgentGateJudge(l->run, l->step, GATE_TOOLS, psprintf("tools.%d", call),
+									  content, l->result, &l->tokens_used);
 }
 
 /*
@@ -790,6 +828,7 @@ tool_done(AgentLoop *l, int call, const char *id, const char *name, const char *
 	JsonObjAddString(&b, "tool", name);
 	JsonObjAddString(&b, "signal", signal);
 	progress(l, JsonObjEnd(&b));
+	judge_tool_result(l, call, *content);
 }
 
 static void
@@ -965,7 +1004,7 @@ run_tool(AgentLoop *l, AgentTool *tool, int call, const char *id, Jsonb *args,
 
 	/* the call's first execution (none of its effects done yet) */
 	if (inner == NULL)
-		HookFire(run, l->step, HOOK_BEFORE_TOOL, tool->name, NULL);
+		HookFire(run, l->step, HOOK_BEFORE_TOOL, tool->name, NULL, NULL);
 	if (execute_tool_step(run, tool->step, call, args, ctx, inner, deadline, &res, &edata))
 		return TOOL_TIMEOUT;
 	if (res.pending && edata == NULL)
@@ -973,7 +1012,8 @@ run_tool(AgentLoop *l, AgentTool *tool, int call, const char *id, Jsonb *args,
 	status = edata ? tool_failed(l, tool, call, id, inner, edata, content)
 		: tool_finished(l, tool, call, id, &res, content);
 	HookFire(run, l->step, HOOK_AFTER_TOOL, tool->name,
-			 l->answer_is_error ? "error" : (res.signal ? res.signal : "default"));
+			 l->answer_is_error ? "error" : (res.signal ? res.signal : "default"),
+			 edata ? edata->message : (l->answer_is_error ? res.exit_error : NULL));
 	return status;
 }
 
@@ -1063,6 +1103,7 @@ serve_finished_call(AgentLoop *l, int call, char **content)
 			l->answer_is_error = JsonGetField(rec, "error") != NULL;
 			apply_delta(l, JsonGetJsonb(rec, "delta"));
 			l->cursor++;
+			judge_tool_result(l, call, *content);
 			return true;
 		}
 		l->cursor++;
@@ -1266,6 +1307,8 @@ agent_turn(AgentLoop *l)
 		switch (tool_call(l, tc, j, &content))
 		{
 			case TOOL_DONE:
+				if (l->result->pending)
+					return false;	/* a judge's verdict on it first */
 				if (l->violation)
 				{
 					answer_skipped(l, reply.tool_calls, j + 1, "a guardrail stopped the agent");
@@ -1332,6 +1375,8 @@ StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 			agent_exit(&l, "guardrail_violation", "guardrail_violation", why);
 			return;
 		}
+		if (result->pending)
+			return;				/* a judge's verdict on the input first */
 	}
 
 	/*

@@ -20,9 +20,11 @@ struct StepResult;
 
 extern List *AgentOutcomeEnum(Jsonb *agent);
 extern char *AgentFinalFormat(List *values);
-extern char *AgentStripFences(const char *text);
 extern char *AgentGateCheck(RunState *run, const StepDef *step, GuardrailGate gate,
 							char **content);
+extern char *AgentGateJudge(RunState *run, const StepDef *step, GuardrailGate gate,
+							const char *subject, const char *content,
+							struct StepResult *result, int64 *tokens);
 extern Jsonb *AgentGateMask(RunState *run, const StepDef *step, GuardrailGate gate,
 							Jsonb *value);
 extern void AgentViolation(struct StepResult *result, const char *why);

@@ -13,8 +13,6 @@
  */
 #include "postgres.h"
 
-#include <ctype.h>
-
 #include "lib/stringinfo.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
@@ -22,7 +20,9 @@
 #include "agent.h"
 #include "artifact.h"
 #include "executor.h"
+#include "journal.h"
 #include "jsonutil.h"
+#include "judge.h"
 #include "retry.h"
 
 /* agent.retry: on [timeout, error] unless "on" says otherwise (retry.c). */
@@ -67,32 +67,6 @@ AgentFinalFormat(List *values)
 	return buf.data;
 }
 
-/* Text without surrounding whitespace and ``` fences. */
-char *
-AgentStripFences(const char *text)
-{
-	const char *s = text;
-	const char *e;
-	char	   *out;
-
-	while (*s && isspace((unsigned char) *s))
-		s++;
-	e = s + strlen(s);
-	while (e > s && isspace((unsigned char) e[-1]))
-		e--;
-	if (e - s >= 6 && strncmp(s, "```", 3) == 0 && strncmp(e - 3, "```", 3) == 0)
-	{
-		const char *nl = memchr(s, '\n', e - s);
-
-		s = nl ? nl + 1 : s + 3;
-		e -= 3;
-		while (e > s && isspace((unsigned char) e[-1]))
-			e--;
-	}
-	out = pnstrdup(s, e - s);
-	return out;
-}
-
 /*
  * Apply the outcome contract to a final answer, in either mode: without
  * outcome.enum the step's signal is default, with it the answer must be
@@ -105,7 +79,7 @@ AgentStripFences(const char *text)
 char *
 AgentApplyOutcome(const char *text, List *values, StepResult *result)
 {
-	char	   *clean = AgentStripFences(text ? text : "");
+	char	   *clean = TextStripFences(text ? text : "");
 	Jsonb	   *parsed = JsonParseSafe(clean, strlen(clean));
 	JsonbValue *o;
 	char	   *outcome;
@@ -236,6 +210,18 @@ resolve_guardrail(RunState *run, const StepDef *step, GuardrailGate gate, const 
 					psprintf("the %s gate of step \"%s\"", GuardrailGateName(gate), step->id), ref);
 }
 
+/* Why guardrail ref stopped the content of gate at check check_no. */
+static char *
+stop_message(ArtifactRef *ref, GuardrailGate gate, int check_no, const char *check_name,
+			 const char *why)
+{
+	return psprintf("guardrail \"%s\" (version %d) stopped the %s at the %s gate: check %d (%s): %s",
+					ref->name, ref->version,
+					gate == GATE_INPUT ? "model's input" :
+					gate == GATE_TOOLS ? "tool's result" : "final answer",
+					GuardrailGateName(gate), check_no, check_name, why);
+}
+
 char *
 AgentGateCheck(RunState *run, const StepDef *step, GuardrailGate gate, char **content)
 {
@@ -251,11 +237,7 @@ AgentGateCheck(RunState *run, const StepDef *step, GuardrailGate gate, char **co
 		resolve_guardrail(run, step, gate, lfirst(lc), &ref);
 		why = GuardrailRun(ref.definition, content, &check_no, &check_name);
 		if (why)
-			return psprintf("guardrail \"%s\" (version %d) stopped the %s at the %s gate: check %d (%s): %s",
-							ref.name, ref.version,
-							gate == GATE_INPUT ? "model's input" :
-							gate == GATE_TOOLS ? "tool's result" : "final answer",
-							GuardrailGateName(gate), check_no, check_name, why);
+			return stop_message(&ref, gate, check_no, check_name, why);
 	}
 	return NULL;
 }
@@ -277,4 +259,87 @@ AgentGateMask(RunState *run, const StepDef *step, GuardrailGate gate, Jsonb *val
 		value = GuardrailMaskJsonb(ref.definition, value);
 	}
 	return value;
+}
+
+static const char *const judge_verdicts[] = {"pass", "violation", NULL};
+
+/* Journal what a judge of step's gate answered. */
+static void
+journal_verdict(RunState *run, const StepDef *step, GuardrailGate gate, ArtifactRef *ref,
+				int check_no, JudgeAnswer *a, bool stop)
+{
+	JsonObjBuilder b;
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "source", "guardrail");
+	JsonObjAddString(&b, "rule", "llm_judge");
+	JsonObjAddString(&b, "guardrail", ref->name);
+	JsonObjAddInt(&b, "version", ref->version);
+	JsonObjAddInt(&b, "check", check_no);
+	JsonObjAddString(&b, "gate", GuardrailGateName(gate));
+	JsonObjAddString(&b, "verdict", a->error ? "error" : a->verdict);
+	JsonObjAddString(&b, "action", stop ? "violation" : "pass");
+	JsonObjAddString(&b, "reason", a->reason);
+	JournalAdd(&run->step_events, "judge_verdict", step->id, step->kind_name, JsonObjEnd(&b));
+}
+
+/*
+ * The llm_judge checks of step's gate (judge.c), on content: what the
+ * gate's other checks let through.  subject tells this content from other
+ * content judged at the same gate of the step ("input.1", "tools.3",
+ * "output.4").  Returns NULL when every judge passes, or could not answer
+ * and fails open (on_judge_error: pass, the default); else why the
+ * content is stopped.  A verdict not yet recorded makes the step wait for
+ * it: NULL, with result->pending set and the call as result->effect.
+ * *tokens (when given) grows by what the recorded calls cost.
+ */
+char *
+AgentGateJudge(RunState *run, const StepDef *step, GuardrailGate gate, const char *subject,
+			   const char *content, StepResult *result, int64 *tokens)
+{
+	ListCell   *lc;
+
+	foreach(lc, gate_refs(step, gate))
+	{
+		ArtifactRef ref;
+		Jsonb	   *checks;
+
+		resolve_guardrail(run, step, gate, lfirst(lc), &ref);
+		checks = JsonGetJsonb(ref.definition, "checks");
+		for (int i = 0; i < JsonArraySize(checks); i++)
+		{
+			Jsonb	   *check = JsonArrayAt(checks, i);
+			char	   *model = JsonGetString(check, "model");
+			char	   *on_error = JsonGetString(check, "on_judge_error");
+			char	   *prompt;
+			JudgeAnswer a;
+			EffectRequest *req;
+			bool		stop;
+
+			if (strcmp(JsonGetString(check, "check"), "llm_judge") != 0)
+				continue;
+			prompt = ArtifactResolveText(run, JsonGetString(check, "prompt"), SITE_PROMPT,
+										 psprintf("the prompt of check %d of guardrail \"%s\"",
+												  i + 1, ref.name));
+			if (!JudgeAsk(run, psprintf("%s:%s:%d", subject, ref.name, i + 1),
+						  model ? model : "default", prompt, content, judge_verdicts, &a, &req))
+			{
+				result->pending = true;
+				result->effect = req;
+				return NULL;
+			}
+			if (tokens)
+				*tokens += a.tokens;
+			stop = a.error ? (on_error && strcmp(on_error, "violation") == 0)
+				: strcmp(a.verdict, "violation") == 0;
+			if (a.fresh)
+				journal_verdict(run, step, gate, &ref, i + 1, &a, stop);
+			if (stop)
+				return stop_message(&ref, gate, i + 1, "llm_judge",
+									a.error ? psprintf("%s, and on_judge_error is violation", a.reason)
+									: psprintf("the judge's verdict is violation: %s",
+											   a.reason ? a.reason : "no reason given"));
+		}
+	}
+	return NULL;
 }

@@ -22,6 +22,12 @@
  * content only: nothing here has side effects, so a gate gives the same
  * verdict when a transition executes the step again.
  *
+ * The exception is llm_judge, which asks a model (judge.c): a gate runs
+ * its judges after all its other checks, on the content they let
+ * through (masked by pii_mask), so the cheap checks fail first and a
+ * judge model never sees what a mask hid.  GuardrailRun skips them;
+ * AgentGateJudge (agent_shared.c) asks them, one durable call each.
+ *
  * Patterns are PostgreSQL regular expressions (the ~ operator, advanced
  * syntax, case-sensitive); schemas are the subset of JSON Schema that
  * jsonschema.c validates.  The registration of an artifact checks every
@@ -48,9 +54,8 @@ static const char *const gate_names[] = {"input", "tools", "output"};
 
 /* The checks a guardrail may have; those not yet available say so. */
 static const char *const check_names[] = {
-	"regex_deny", "regex_allow", "max_length", "json_schema", "pii_mask", NULL
+	"regex_deny", "regex_allow", "max_length", "json_schema", "pii_mask", "llm_judge", NULL
 };
-static const char *const later_checks[] = {"llm_judge", NULL};
 static const char *const pii_patterns[] = {"email", "card", "phone", "iban", NULL};
 
 static bool
@@ -170,6 +175,45 @@ check_pii_mask(const char *name, int i, Jsonb *check)
 	check_string_list(name, i, check, "patterns", pii_patterns);
 }
 
+/*
+ * llm_judge: the prompt (text or an artifact:// reference), the model
+ * config (default "default") and what a judge outage means.
+ */
+static void
+check_llm_judge(const char *name, int i, Jsonb *check)
+{
+	JsonbIterator *it = JsonbIteratorInit(&check->root);
+	JsonbValue	v;
+	char	   *key;
+	char	   *prompt = JsonGetString(check, "prompt");
+	char	   *on_error = JsonGetString(check, "on_judge_error");
+
+	while (JsonObjectNext(&it, &key, &v))
+	{
+		if (strcmp(key, "check") == 0)
+			continue;
+		if (strcmp(key, "prompt") != 0 && strcmp(key, "model") != 0 &&
+			strcmp(key, "on_judge_error") != 0)
+			bad_check(name, i, psprintf("unknown key \"%s\" of check llm_judge", key),
+					  "An llm_judge check takes prompt, model and on_judge_error.");
+		if (v.type != jbvString)
+			bad_check(name, i, psprintf("%s of check llm_judge must be a string", key), NULL);
+	}
+	if (prompt == NULL || prompt[0] == '\0')
+		bad_check(name, i, "check llm_judge needs prompt, what the judge model is asked",
+				  "For example { check: llm_judge, model: judge, prompt: \"Is this answer polite?\" }.");
+	/* a guardrail's own references are not pinned with the run: pin them here */
+	if (strncmp(prompt, "artifact://", 11) == 0 && strchr(prompt, '@') == NULL)
+		bad_check(name, i, psprintf("prompt %s of check llm_judge must name a version", prompt),
+				  psprintf("Write %s@1 (or the version you mean): a guardrail's references are not pinned when a run starts.",
+						   prompt));
+	if (JsonGetField(check, "model") && JsonGetString(check, "model")[0] == '\0')
+		bad_check(name, i, "model of check llm_judge must name a model config", NULL);
+	if (on_error && strcmp(on_error, "pass") != 0 && strcmp(on_error, "violation") != 0)
+		bad_check(name, i, psprintf("on_judge_error must be pass or violation, not \"%s\"", on_error),
+				  "pass (the default) lets content through when the judge cannot answer; violation stops it.");
+}
+
 /* Check one check of guardrail name's list (index i). */
 static void
 check_one(const char *name, int i, JsonbValue *cv)
@@ -182,16 +226,18 @@ check_one(const char *name, int i, JsonbValue *cv)
 				  NULL);
 	check = JsonValueToJsonb(cv);
 	kind = JsonGetString(check, "check");
-	if (kind && name_in(kind, later_checks))
-		bad_check(name, i, psprintf("the %s check is not available in this version of tuvl", kind),
-				  "Use regex_deny, regex_allow, max_length, json_schema or pii_mask.");
 	if (kind == NULL || !name_in(kind, check_names))
-		bad_check(name, i, psprintf("check must be one of regex_deny, regex_allow, max_length, json_schema, pii_mask%s",
+		bad_check(name, i, psprintf("check must be one of regex_deny, regex_allow, max_length, json_schema, pii_mask, llm_judge%s",
 									kind ? psprintf(", not \"%s\"", kind) : ""),
 				  NULL);
 	if (strcmp(kind, "pii_mask") == 0)
 	{
 		check_pii_mask(name, i, check);
+		return;
+	}
+	if (strcmp(kind, "llm_judge") == 0)
+	{
+		check_llm_judge(name, i, check);
 		return;
 	}
 	if (strcmp(kind, "regex_deny") == 0 || strcmp(kind, "regex_allow") == 0)
@@ -591,6 +637,9 @@ GuardrailRun(Jsonb *definition, char **content, int *check_no, char **check_name
 			*content = run_pii_mask(check, *content);
 			continue;
 		}
+		/* a judge runs after every other check of the gate (agent_shared.c) */
+		if (strcmp(JsonGetString(check, "check"), "llm_judge") == 0)
+			continue;
 		why = run_check(check, *content);
 
 		if (why)

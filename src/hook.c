@@ -32,7 +32,9 @@
 
 #include "artifact.h"
 #include "hook.h"
+#include "journal.h"
 #include "jsonutil.h"
+#include "queue.h"
 #include "security.h"
 #include "spiutil.h"
 
@@ -90,6 +92,79 @@ count(RunState *run, const StepDef *step, const char *hook, Jsonb *definition, H
 					 Int32GetDatum(MyBackendId));
 }
 
+/*
+ * A notify hook: start a run of the same workflow version, as the same
+ * principal and with the same artifact versions, that executes the
+ * hook's APICall step on the payload {event, run_id, step, tool, signal,
+ * error} and ends.  It is created in this transaction: it exists exactly
+ * when the transition that fired the hook commits, and a worker sends
+ * the request after that, with the step's own retry policy and
+ * idempotency key.  The run's context and flow never see it.
+ */
+static void
+notify(RunState *run, const StepDef *step, ArtifactRef *hook, HookEvent event,
+	   const char *tool, const char *signal, const char *error)
+{
+	static const Oid types[3] = {INT8OID, JSONBOID, JSONBOID};
+	char	   *target = JsonGetString(hook->definition, "step");
+	int			ti = run->wf ? WorkflowFindStep(run->wf, target) : -1;
+	JsonObjBuilder b;
+	Jsonb	   *payload;
+	Jsonb	   *info;
+	int64		id;
+	bool		isnull;
+	List	   *events = NIL;
+
+	if (ti < 0 || run->wf->steps[ti].kind != STEP_APICALL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("notify hook \"%s\" names step \"%s\", which is not an APICall step of workflow \"%s\"",
+						hook->name, target, run->workflow)));
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "event", event_names[event]);
+	JsonObjAddInt(&b, "run_id", run->id);
+	JsonObjAddString(&b, "step", step->id);
+	JsonObjAddString(&b, "tool", tool);
+	JsonObjAddString(&b, "signal", signal);
+	JsonObjAddString(&b, "error", error);
+	payload = JsonObjEnd(&b);
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "hook", hook->name);
+	JsonObjAddInt(&b, "version", hook->version);
+	JsonObjAddString(&b, "event", event_names[event]);
+	JsonObjAddString(&b, "step", target);
+	info = JsonObjEnd(&b);
+
+	SecurityExecArgs("INSERT INTO tuvl.runs (workflow, workflow_version, status, input, context, "
+					 "  principal, principal_id, artifacts, last_seq, parent_run_id, hook) "
+					 "SELECT p.workflow, p.workflow_version, 'queued', $2, $2, p.principal, "
+					 "  p.principal_id, p.artifacts, 1, p.id, $3 "
+					 "FROM tuvl.runs p WHERE p.id OPERATOR(pg_catalog.=) $1 RETURNING id",
+					 SPI_OK_INSERT_RETURNING, 3, types, Int64GetDatum(run->id),
+					 JsonbPGetDatum(payload), JsonbPGetDatum(info));
+	if (SPI_processed != 1)
+		elog(ERROR, "run " INT64_FORMAT " is not in tuvl.runs", run->id);
+	id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "workflow", run->workflow);
+	JsonObjAddInt(&b, "version", run->version);
+	JsonObjAddString(&b, "principal", run->principal_name);
+	JsonObjAddJsonb(&b, "input", payload);
+	JsonObjAddInt(&b, "parent_run_id", run->id);
+	JsonObjAddJsonb(&b, "hook", info);
+	JournalAdd(&events, "run_queued", NULL, NULL, JsonObjEnd(&b));
+	{
+		SecurityFrame frame;
+
+		SecurityAsOwner(&frame);
+		(void) JournalWrite(id, 0, events);
+		SecurityRestore(&frame);
+	}
+	QueueNoteAtCommit(run->principal, 0, id);
+}
+
 /* The hook references attached to step: the workflow's, then the step's. */
 static List *
 hook_refs(RunState *run, const StepDef *step)
@@ -113,7 +188,7 @@ hook_refs(RunState *run, const StepDef *step)
 /* Fire one hook, in a subtransaction: a failure is logged and forgotten. */
 static void
 fire_one(RunState *run, const StepDef *step, const char *ref, HookEvent event,
-		 const char *tool, const char *signal)
+		 const char *tool, const char *signal, const char *error)
 {
 	SpiSubxact	sub;
 
@@ -123,7 +198,11 @@ fire_one(RunState *run, const StepDef *step, const char *ref, HookEvent event,
 		ArtifactRef hook;
 
 		ArtifactResolve(run, ref, SITE_HOOK, psprintf("the hooks of step \"%s\"", step->id), &hook);
-		if (fires_on(hook.definition, event))
+		if (!fires_on(hook.definition, event))
+			;
+		else if (strcmp(JsonGetString(hook.definition, "action"), "notify") == 0)
+			notify(run, step, &hook, event, tool, signal, error);
+		else
 			count(run, step, hook.name, hook.definition, event, tool, signal);
 		SpiSubxactCommit(&sub);
 	}
@@ -144,16 +223,19 @@ fire_one(RunState *run, const StepDef *step, const char *ref, HookEvent event,
 /*
  * Fire the hooks of step (and of its workflow) that listen for event.
  * tool names the tool of a tool event; signal is the step's or tool's
- * signal where there is one.  Never raises for a hook's failure.
+ * signal, and error its error, where there is one.  Never raises for a
+ * hook's failure.  A replay fires nothing (it sends nothing and counts
+ * nothing), and neither does a run a notify hook started: its hooks would
+ * start runs without end.
  */
 void
 HookFire(RunState *run, const StepDef *step, HookEvent event, const char *tool,
-		 const char *signal)
+		 const char *signal, const char *error)
 {
 	ListCell   *lc;
 
-	if (run->replay)
+	if (run->replay || run->notify_step >= 0)
 		return;
 	foreach(lc, hook_refs(run, step))
-		fire_one(run, step, lfirst(lc), event, tool, signal);
+		fire_one(run, step, lfirst(lc), event, tool, signal, error);
 }

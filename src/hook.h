@@ -21,6 +21,6 @@ typedef enum HookEvent
 } HookEvent;
 
 extern void HookFire(RunState *run, const StepDef *step, HookEvent event, const char *tool,
-					 const char *signal);
+					 const char *signal, const char *error);
 
 #endif							/* TUVL_HOOK_H */

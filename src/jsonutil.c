@@ -11,6 +11,8 @@
  */
 #include "postgres.h"
 
+#include <ctype.h>
+
 #include "common/jsonapi.h"
 #include "mb/pg_wchar.h"
 #include "utils/builtins.h"
@@ -510,4 +512,30 @@ TextReplaceAll(const char *text, const char *needle, const char *with)
 	}
 	appendStringInfoString(&buf, p);
 	return buf.data;
+}
+
+/* Text without surrounding whitespace and ``` fences. */
+char *
+TextStripFences(const char *text)
+{
+	const char *s = text;
+	const char *e;
+	char	   *out;
+
+	while (*s && isspace((unsigned char) *s))
+		s++;
+	e = s + strlen(s);
+	while (e > s && isspace((unsigned char) e[-1]))
+		e--;
+	if (e - s >= 6 && strncmp(s, "```", 3) == 0 && strncmp(e - 3, "```", 3) == 0)
+	{
+		const char *nl = memchr(s, '\n', e - s);
+
+		s = nl ? nl + 1 : s + 3;
+		e -= 3;
+		while (e > s && isspace((unsigned char) e[-1]))
+			e--;
+	}
+	out = pnstrdup(s, e - s);
+	return out;
 }

@@ -34,6 +34,7 @@ extern Jsonb *JsonStringValue(const char *s);
 extern Jsonb *JsonPublicContext(Jsonb *ctx);
 extern char *JsonClipText(const char *text, int maxbytes);
 extern char *TextReplaceAll(const char *text, const char *needle, const char *with);
+extern char *TextStripFences(const char *text);
 extern int	JsonArraySize(Jsonb *j);
 extern Jsonb *JsonArrayAt(Jsonb *j, int i);
 extern char *JsonText(Jsonb *j);

@@ -81,7 +81,7 @@ static const char claim_sql[] =
 "                        LIMIT q.k FOR UPDATE SKIP LOCKED) c)) "
 "RETURNING r.id, r.attempt, r.workflow, r.workflow_version, r.principal, "
 "  r.context, r.current_step, r.last_seq, r.step_state, r.control, r.compensation, "
-"  r.principal_id, r.priority";
+"  r.principal_id, r.priority, r.hook OPERATOR(pg_catalog.->>) 'step'";
 
 /* The role after which the next claim starts. */
 static Oid	claim_cursor = InvalidOid;
@@ -241,6 +241,10 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, bool
 							 step,
 							 DatumGetInt32(SPI_getbinval(tup, td, 8, &isnull)),
 							 NULL);
+		/* a notify hook's run executes one step */
+		if (SPI_getvalue(tup, td, 14) != NULL)
+			run->notify_step = WorkflowFindStep(WorkflowLoad(run->workflow, run->version),
+												SPI_getvalue(tup, td, 14));
 		{
 			Datum		ss = SPI_getbinval(tup, td, 9, &isnull);
 

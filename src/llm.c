@@ -800,6 +800,9 @@ LlmTurnPayload(Jsonb *result, int *tokens)
 			JsonObjAddJsonb(&b, "headers", JsonObjEnd(&hb));
 		}
 	}
+	/* a judge's call (judge.c) is known by its id */
+	if (JsonGetField(result, "judge"))
+		JsonObjAddJsonb(&b, "judge", JsonGetJsonb(result, "judge"));
 	JsonObjAddJsonb(&b, "request", JsonGetJsonb(result, "request"));
 	JsonObjAddJsonb(&b, "response", JsonGetJsonb(result, "body"));
 	return JsonObjEnd(&b);

@@ -103,6 +103,8 @@ llm_result(Jsonb *p)
 	}
 	if (JsonGetField(p, "body_error"))
 		JsonObjAddJsonb(&b, "body_error", JsonGetJsonb(p, "body_error"));
+	if (JsonGetField(p, "judge"))
+		JsonObjAddJsonb(&b, "judge", JsonGetJsonb(p, "judge"));
 	return JsonObjEnd(&b);
 }
 

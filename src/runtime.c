@@ -110,6 +110,7 @@ RunStateCreate(MemoryContext parent, int64 id, int attempt,
 	run->context = DatumGetJsonbPCopy(JsonbPGetDatum(context));
 	run->last_seq = last_seq;
 	run->step_state = step_state ? DatumGetJsonbPCopy(JsonbPGetDatum(step_state)) : NULL;
+	run->notify_step = -1;
 	MemoryContextSwitchTo(old);
 
 	wf = WorkflowLoad(workflow, version);
@@ -245,6 +246,8 @@ pending_step_state(Transition *t, EffectRequest *effect)
 		JsonObjAddInt(&b, "deadline", t->deadline);
 	JsonObjAddJsonb(&b, "effects", t->run->working_effects ? t->run->working_effects
 					: JsonFromCString("[]"));
+	if (t->run->working_judged)
+		JsonObjAddJsonb(&b, "judged", t->run->working_judged);
 	JsonObjAddJsonb(&b, "pending", JsonObjEnd(&p));
 	return JsonObjEnd(&b);
 }
@@ -329,6 +332,8 @@ finish_park(Transition *t, StepResult *result)
 					  Max((t->deadline - GetCurrentTimestamp()) / 1000, 0));
 	JsonObjAddJsonb(&b, "effects", run->working_effects ? run->working_effects
 					: JsonFromCString("[]"));
+	if (run->working_judged)
+		JsonObjAddJsonb(&b, "judged", run->working_judged);
 	if (result->park_info)
 		JsonObjAddJsonb(&b, "awaiting", result->park_info);
 	state = JsonObjEnd(&b);
@@ -367,6 +372,14 @@ route_outcome(Transition *t, StepResult *result, ErrorData *edata, const char *s
 	const char *target = route_signal(t->wf, step, signal, &implicit_end);
 	EndDef	   *end = NULL;
 	char	   *error = NULL;
+
+	/* a notify hook's run ends after its one step, whatever its routes */
+	if (t->run->notify_step >= 0)
+	{
+		target = NULL;
+		implicit_end = edata == NULL && strcmp(signal, "error") != 0 &&
+			!ExecutorIsReservedExit(step, signal);
+	}
 
 	cp->status = RUN_RUNNING;
 	if (target && WorkflowFindStep(t->wf, target) >= 0)
@@ -525,7 +538,7 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 	 * its first attempt rolled back), the step's end below.
 	 */
 	if (t->first_entry)
-		HookFire(run, step, HOOK_BEFORE_STEP, NULL, NULL);
+		HookFire(run, step, HOOK_BEFORE_STEP, NULL, NULL, NULL);
 	if (result && result->pending)
 	{
 		finish_pending(t, result);
@@ -540,7 +553,7 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 	signal = result ? (result->signal ? result->signal : "default") : "error";
 	HookFire(run, step, edata || strcmp(signal, "error") == 0 ||
 			 ExecutorIsReservedExit(step, signal) ? HOOK_ON_ERROR : HOOK_AFTER_STEP,
-			 NULL, signal);
+			 NULL, signal, edata ? edata->message : result ? result->exit_error : NULL);
 	if (CompensationActive(run))
 	{
 		CompensationFinish(t, result, edata);
@@ -711,7 +724,7 @@ prepare_transition(Transition *t)
 		JsonObjAddString(&b, "principal", run->principal_name);
 		JsonObjAddInt(&b, "attempt", run->attempt);
 		JournalAdd(&t->events, "run_started", NULL, NULL, JsonObjEnd(&b));
-		cur = t->wf->start;
+		cur = run->notify_step >= 0 ? run->notify_step : t->wf->start;
 	}
 	t->step = &t->wf->steps[cur];
 
@@ -732,6 +745,8 @@ prepare_transition(Transition *t)
 	{
 		run->entry_seq = (int) JsonGetInt(run->step_state, "entry_seq", 0);
 		run->working_effects = JsonGetJsonb(run->step_state, "effects");
+		run->working_judged = JsonGetField(run->step_state, "judged")
+			? JsonGetJsonb(run->step_state, "judged") : NULL;
 		/* the deadline set at entry, or what was left when it parked */
 		if (JsonGetField(run->step_state, "time_left_ms"))
 			t->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
@@ -744,6 +759,7 @@ prepare_transition(Transition *t)
 		JournalAdd(&t->events, "agent_started", t->step->id, t->step->kind_name, payload_step(t->step));
 		run->entry_seq = run->last_seq + list_length(t->events);
 		run->working_effects = NULL;
+		run->working_judged = NULL;
 		t->first_entry = true;
 		if (timeout_ms > 0)
 			t->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
@@ -761,6 +777,7 @@ prepare_transition(Transition *t)
 	t->ctx = CompensationActive(run) ? CompensationContext(run, run->context) : run->context;
 	take_fresh_effect(t);
 	t->effects = run->working_effects;
+	t->judged = run->working_judged;
 	INSTR_TIME_SET_CURRENT(t->start);
 	return true;
 }
@@ -838,6 +855,7 @@ in_subtransaction(Transition *t, ErrorData *step_error, bool *step_failed)
 		edata = SpiSubxactAbort(&sub);
 		/* what the step recorded is gone with its subtransaction */
 		run->working_effects = t->effects;
+		run->working_judged = t->judged;
 		run->step_events = NIL;
 		run->effect_call = 0;
 		run->tool_args = NULL;
@@ -883,19 +901,22 @@ take_fresh_effect(Transition *t)
 
 	Jsonb	   *kept = run->fresh_effect;
 	char	   *op;
+	char	   *judge;
 
 	run->fresh_position = -1;
 	run->fresh_event = NULL;
+	run->fresh_judge = NULL;
 	if (run->fresh_effect == NULL)
 		return;
-	run->fresh_position = EffectCount(run);
 	op = JsonGetString(run->fresh_effect, "op");
+	judge = JsonGetString(run->fresh_effect, "judge");
 	if (op && strcmp(op, "llm") == 0)
 	{
 		int			tokens = 0;
 		Jsonb	   *payload = LlmTurnPayload(run->fresh_effect, &tokens);
 
-		payload = JsonSetKey(payload, "position", JsonFromCString(psprintf("%d", EffectCount(run))));
+		if (judge == NULL)
+			payload = JsonSetKey(payload, "position", JsonFromCString(psprintf("%d", EffectCount(run))));
 		ev = JournalAdd(&t->events, "llm_turn", t->step->id, t->step->kind_name, payload);
 		ev->tokens = tokens;
 		/* the request is in the journal; step_state keeps the answer */
@@ -908,12 +929,20 @@ take_fresh_effect(Transition *t)
 		JsonObjAddJsonb(&b, "result", run->fresh_effect);
 		ev = JournalAdd(&t->events, "tool_result", t->step->id, t->step->kind_name, JsonObjEnd(&b));
 	}
-	run->fresh_event = ev;
 	lat = JsonGetField(run->fresh_effect, "latency_ms");
 	if (lat && lat->type == jbvNumeric)
 		ev->latency_ms = DatumGetFloat8(DirectFunctionCall1(numeric_float8,
 															NumericGetDatum(lat->val.numeric)));
-
+	if (op && judge && strcmp(op, "llm") == 0)
+	{
+		/* a judge's answer is found by its id (judge.c), not its position */
+		run->fresh_judge = pstrdup(judge);
+		run->working_judged = JsonSetKey(run->working_judged ? run->working_judged
+										 : JsonEmptyObject(), judge, kept);
+		return;
+	}
+	run->fresh_position = EffectCount(run);
+	run->fresh_event = ev;
 	run->working_effects = JsonArrayAppend(run->working_effects, kept);
 }
 
@@ -937,6 +966,8 @@ RunAdvance(RunState *run)
 	t.run = run;
 	/* what the last transition left there may be gone with its memory */
 	run->working_effects = NULL;
+	run->working_judged = NULL;
+	run->fresh_judge = NULL;
 	RunForgetSend(run);
 	run->cancelled = RUN_CANCEL_NONE;
 	run->compensation_changed = false;

@@ -40,6 +40,8 @@ typedef struct RunState
 	char	   *principal_name;
 	bool		replay;			/* a tuvl.replay(): effects are served from
 								 * its fixture, secrets are never read */
+	int			notify_step;	/* >= 0: a run a notify hook started, which
+								 * executes this step and ends (hook.c) */
 	Jsonb	   *context;
 	RunStatus	status;			/* as of the last transition applied */
 	int			step;			/* index of the current step; -1: start */
@@ -62,6 +64,10 @@ typedef struct RunState
 
 	/* during a transition */
 	Jsonb	   *working_effects;	/* journaled results of this step's effects */
+	Jsonb	   *working_judged; /* its judge calls' results by id (judge.c),
+								 * or NULL */
+	char	   *fresh_judge;	/* the id of the judge call that came back
+								 * in this transition, or NULL */
 	int			entry_seq;		/* seq of this step's agent_started */
 	int			fresh_position; /* where the fresh effect landed, or -1 */
 	int			effect_call;	/* > 0: effects belong to this agent tool call */

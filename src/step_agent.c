@@ -97,11 +97,14 @@ execute_completion(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 
 	/* the input gate, before anything is sent: the message is what leaves it */
 	StepErrorType = "error";
-	if ((why = AgentGateCheck(run, step, GATE_INPUT, &user)) != NULL)
+	if ((why = AgentGateCheck(run, step, GATE_INPUT, &user)) != NULL ||
+		(why = AgentGateJudge(run, step, GATE_INPUT, "input.1", user, result, NULL)) != NULL)
 	{
 		AgentViolation(result, why);
 		return;
 	}
+	if (result->pending)
+		return;					/* a judge's verdict first */
 	appendStringInfoString(&msgs, "{\"role\": \"user\", \"content\": ");
 	escape_json(&msgs, user);
 	appendStringInfoString(&msgs, "}]");
@@ -129,6 +132,14 @@ execute_completion(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 			if (answer != given && run->fresh_event && run->fresh_position == n - 1)
 				run->fresh_event->payload = AgentGateMask(run, step, GATE_OUTPUT,
 														  run->fresh_event->payload);
+			if ((why = AgentGateJudge(run, step, GATE_OUTPUT, psprintf("output.%d", n - 1),
+									  answer, result, NULL)) != NULL)
+			{
+				AgentViolation(result, why);
+				return;
+			}
+			if (result->pending)
+				return;
 			why = AgentApplyOutcome(answer, values, result);
 			if (why)
 			{

@@ -28,6 +28,7 @@ typedef struct Transition
 	Jsonb	   *ctx;			/* the context the step executes against */
 	TimestampTz deadline;		/* when the step's time is up; 0: never */
 	Jsonb	   *effects;		/* working_effects once the fresh effect is in */
+	Jsonb	   *judged;			/* working_judged likewise */
 	bool		stopped;		/* boundary control ended the transition */
 } Transition;
 

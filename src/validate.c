@@ -470,6 +470,28 @@ check_http_block(ValidateState *vs, Jsonb *http, const char *hpath)
 	check_retry(vs, http, hpath, http_on, "[timeout, error, 429, 5xx]");
 }
 
+/* The model configs a guardrail's llm_judge checks name should exist. */
+static void
+check_judge_models(ValidateState *vs, Jsonb *definition, const char *ref, const char *path)
+{
+	Jsonb	   *checks = definition ? JsonGetJsonb(definition, "checks") : NULL;
+
+	for (int i = 0; i < JsonArraySize(checks); i++)
+	{
+		Jsonb	   *check = JsonArrayAt(checks, i);
+		char	   *model = JsonGetString(check, "model");
+
+		if (strcmp(JsonGetString(check, "check"), "llm_judge") != 0)
+			continue;
+		if (model == NULL)
+			model = "default";
+		if (!LlmConfigExists(model))
+			add_finding(vs, "warning", path,
+						"check %d (llm_judge) of guardrail %s asks model \"%s\", which is not registered yet; register it with tuvl.register_llm() before a run reaches this gate",
+						i + 1, ref, model);
+	}
+}
+
 /*
  * An artifact reference at a site: it must exist (at its pinned version)
  * and have a type the site takes; a floating one is a warning, or an
@@ -483,6 +505,7 @@ check_artifact_ref(ValidateState *vs, JsonbValue *v, const char *path, ArtifactS
 	int			version;
 	char	   *type;
 	int			latest = 0;
+	Jsonb	   *definition = NULL;
 
 	if (v == NULL || v->type != jbvString)
 		return false;
@@ -496,7 +519,7 @@ check_artifact_ref(ValidateState *vs, JsonbValue *v, const char *path, ArtifactS
 					text);
 		return true;
 	}
-	if (!ArtifactLookup(name, version, &type, NULL, NULL, &latest, NULL))
+	if (!ArtifactLookup(name, version, &type, NULL, NULL, &latest, &definition))
 	{
 		if (version > 0 && latest > 0)
 			add_finding(vs, "error", path,
@@ -513,6 +536,8 @@ check_artifact_ref(ValidateState *vs, JsonbValue *v, const char *path, ArtifactS
 		add_finding(vs, vs->strict ? "error" : "warning", path,
 					"floating artifact reference %s (now version %d); pin it as %s@%d so that new versions cannot change this workflow",
 					text, latest, text, latest);
+	if (site == SITE_GUARDRAIL && strcmp(type, "guardrail") == 0)
+		check_judge_models(vs, definition, text, path);
 	return true;
 }
 
@@ -1321,9 +1346,27 @@ check_step(ValidateState *vs, Jsonb *step, const char *path)
 					"compensate must name a step of this workflow");
 }
 
-/* A hook list: references to hook artifacts whose action this version has. */
+/* The kind of the step of steps with id, or NULL. */
+static char *
+kind_of_step(JsonbValue *steps, int nsteps, const char *id)
+{
+	for (int i = 0; i < nsteps; i++)
+	{
+		JsonbValue *st = getIthJsonbValueFromContainer(steps->val.binary.data, i);
+		Jsonb	   *s;
+
+		if (!is_mapping(st))
+			continue;
+		s = JsonValueToJsonb(st);
+		if (JsonGetString(s, "id") && strcmp(JsonGetString(s, "id"), id) == 0)
+			return JsonGetString(s, "kind");
+	}
+	return NULL;
+}
+
+/* A hook list: references to hook artifacts; a notify hook's step is an APICall step here. */
 static void
-check_hook_list(ValidateState *vs, JsonbValue *v, const char *path)
+check_hook_list(ValidateState *vs, JsonbValue *v, const char *path, JsonbValue *steps, int nsteps)
 {
 	check_artifact_list(vs, v, path, SITE_HOOK, "hooks");
 	for (int i = 0; is_list(v) && i < (int) JsonContainerSize(v->val.binary.data); i++)
@@ -1340,9 +1383,19 @@ check_hook_list(ValidateState *vs, JsonbValue *v, const char *path)
 			strcmp(type, "hook") != 0 || def == NULL)
 			continue;
 		if (JsonGetString(def, "action") && strcmp(JsonGetString(def, "action"), "notify") == 0)
-			add_finding(vs, "error", psprintf("%s[%d]", path, i),
-						"hook \"%s\" is a notify hook, which is not available in this version of tuvl; use action: metric",
-						name);
+		{
+			char	   *target = JsonGetString(def, "step");
+			char	   *kind = target ? kind_of_step(steps, nsteps, target) : NULL;
+
+			if (kind == NULL)
+				add_finding(vs, "error", psprintf("%s[%d]", path, i),
+							"notify hook \"%s\" runs step \"%s\", which is not a step of this workflow; add an APICall step with that id",
+							name, target ? target : "");
+			else if (strcmp(kind, "APICall") != 0)
+				add_finding(vs, "error", psprintf("%s[%d]", path, i),
+							"notify hook \"%s\" runs step \"%s\", a %s step; a notify hook runs an APICall step",
+							name, target, kind);
+		}
 	}
 }
 
@@ -1350,14 +1403,14 @@ check_hook_list(ValidateState *vs, JsonbValue *v, const char *path)
 static void
 check_hooks(ValidateState *vs, Jsonb *def, JsonbValue *steps, int nsteps)
 {
-	check_hook_list(vs, JsonGetField(def, "hooks"), "hooks");
+	check_hook_list(vs, JsonGetField(def, "hooks"), "hooks", steps, nsteps);
 	for (int i = 0; i < nsteps; i++)
 	{
 		JsonbValue *st = getIthJsonbValueFromContainer(steps->val.binary.data, i);
 
 		if (is_mapping(st))
 			check_hook_list(vs, JsonGetField(JsonValueToJsonb(st), "hooks"),
-							psprintf("steps[%d].hooks", i));
+							psprintf("steps[%d].hooks", i), steps, nsteps);
 	}
 }
 

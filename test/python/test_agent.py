@@ -36,6 +36,7 @@ import psycopg2
 import pytest
 
 from conftest import connect, journal_violations, q, q1, report, wait_until
+from httputil import HTTP_BASE, requests_with
 
 LLM_URL = os.environ.get("TUVL_LLM_URL")
 LLM_ROOT = LLM_URL[: -len("/v1")] if LLM_URL and LLM_URL.endswith("/v1") else LLM_URL
@@ -1286,12 +1287,12 @@ def guardrail(conn, *checks):
     return name
 
 
-def guarded_agent(conn, turns, tools, gates, provider="openai", **wf):
+def guarded_agent(conn, turns, tools, gates, provider="openai", agent="", **wf):
     """An agent whose gates ({gate: [guardrail names]}) are attached, routed to blocked."""
     lines = "".join(f"        {g}: [{', '.join(f'artifact://{n}@1' for n in names)}]\n"
                     for g, names in gates.items())
     return make_agent(conn, provider, turns, tools,
-                      agent="      guardrails:\n" + lines, routes=GUARDED_ROUTES,
+                      agent="      guardrails:\n" + lines + agent, routes=GUARDED_ROUTES,
                       ends=BLOCKED, **wf)
 
 
@@ -1480,6 +1481,204 @@ def test_pii_mask_leaves_numbers_that_fail_the_luhn_check(conn):
     assert res["context"]["triage_result"] == "Order 1234567812345678, card [card]."
 
 
+# llm_judge: a model asked for a verdict, as a durable effect (judge.c)
+
+
+def judge(conn, verdict=None, reason="judged", fault=None, on_error=None, text=None, usage=None):
+    """A judge model (script and config) and a guardrail with one llm_judge check; its name."""
+    model = new_name("judge")
+    turn = {"text": text if text is not None else json.dumps({"verdict": verdict, "reason": reason})}
+    if fault:
+        turn["fault"] = fault
+    if usage:
+        turn["usage"] = usage
+    script(model, [turn])
+    register_llm(conn, model, "openai", timeout="5s")
+    extra = f", on_judge_error: {on_error}" if on_error else ""
+    return guardrail(conn, f"{{ check: llm_judge, model: {model}, prompt: 'Is it polite?'{extra} }}"), model
+
+
+def verdicts(conn, run_id):
+    return [e[3] for e in events(conn, run_id, "judge_verdict")]
+
+
+def judged_content(model):
+    """The content inside the block of each request the judge model got."""
+    out = []
+    for r in sent(model):
+        user = r["body"]["messages"][-1]["content"]
+        out.append(user.split("<content-to-judge>\n", 1)[1].rsplit("\n</content-to-judge>", 1)[0])
+    return out
+
+
+def test_a_judge_that_says_violation_stops_the_final_answer(conn, mode):
+    guard, model = judge(conn, "violation", "it insults the customer")
+    name = guarded_agent(conn, [final("You fool.")], ["record"], {"output": [guard]})
+    res = execute(conn, name, {"topic": "x"}, mode)
+    assert (res["status"], res["end"]) == ("completed", "blocked"), res
+    assert res["response"] == {
+        "type": "guardrail_violation",
+        "error": f'guardrail "{guard}" (version 1) stopped the final answer at the output gate: '
+                 "check 1 (llm_judge): the judge's verdict is violation: it insults the customer"}
+    assert "triage_result" not in res["context"]
+    assert judged_content(model) == ["You fool."]
+    (v,) = verdicts(conn, res["run_id"])
+    assert v == {"source": "guardrail", "rule": "llm_judge", "guardrail": guard, "version": 1,
+                 "check": 1, "gate": "output", "verdict": "violation", "action": "violation",
+                 "reason": "it insults the customer"}
+    # the judge's call is an llm_turn like the agent's, with its tokens
+    turns = [(e[3].get("judge"), e[3]["model"]) for e in events(conn, res["run_id"], "llm_turn")]
+    assert turns == [(None, name), ("output.0:%s:1" % guard, model)], turns
+    assert q1(conn, "SELECT count(*) FROM tuvl.events WHERE run_id = %s AND type = 'llm_turn' "
+                    "AND tokens > 0", (res["run_id"],)) == 2
+    assert_clean(conn, res)
+
+
+def test_judges_that_pass_let_content_through_every_gate_once_each(conn, mode):
+    guard, model = judge(conn, "pass")
+    tag = new_name("judged")
+    name = guarded_agent(conn, [calls(call("record", tag=tag)), final("Done.")], ["record"],
+                         {"input": [guard], "tools": [guard], "output": [guard]})
+    res = execute(conn, name, {"topic": "x"}, mode)
+    assert (res["status"], res["end"]) == ("completed", "done"), res
+    assert res["context"]["triage_result"] == "Done."
+    # one call per content judged: the input, the tool's result, the answer
+    contents = judged_content(model)
+    assert len(contents) == 3, contents
+    assert contents[0] == '{"topic": "x"}' and tag in contents[1] and contents[2] == "Done."
+    assert [v["gate"] for v in verdicts(conn, res["run_id"])] == ["input", "tools", "output"]
+    assert {v["action"] for v in verdicts(conn, res["run_id"])} == {"pass"}
+    # the SQL tool ran once although the step waited for a verdict after it
+    assert calls_rows(conn, tag) == [("record", tag)]
+    assert len(sent(name)) == 2
+    assert_clean(conn, res)
+
+
+def test_a_judge_stopping_a_tool_result_ends_the_agent_before_the_model_sees_it(conn):
+    guard, model = judge(conn, "violation", "internal data")
+    tag = new_name("stopped")
+    name = guarded_agent(conn, [calls(call("record", tag=tag)), final("never")], ["record"],
+                         {"tools": [guard]})
+    res = execute(conn, name, {"topic": "x"})
+    assert res["end"] == "blocked", res
+    assert "stopped the tool's result at the tools gate: check 1 (llm_judge)" in res["response"]["error"]
+    assert len(sent(name)) == 1, "the model never got the result"
+    assert calls_rows(conn, tag) == [("record", tag)]
+
+
+def test_a_judge_never_sees_what_a_mask_before_it_hid(conn):
+    mask = guardrail(conn, "{ check: pii_mask, fields: [customer], patterns: [card] }")
+    guard, model = judge(conn, "pass")
+    name = guarded_agent(conn, [calls(call("card")), final("Done.")], ["card"],
+                         {"tools": [guard, mask]})
+    res = execute(conn, name, {"topic": "x"})
+    assert res["end"] == "done", res
+    (content,) = judged_content(model)
+    assert CARD not in content and "Ada" not in content and "[card]" in content
+
+
+@pytest.mark.parametrize("fault,text", [("500", None), (None, "I think it is fine."),
+                                        (None, '{"verdict": "maybe"}')])
+def test_a_judge_that_cannot_answer_lets_content_through_by_default(conn, fault, text):
+    guard, model = judge(conn, fault=fault, text=text)
+    name = guarded_agent(conn, [final("Fine.")], ["record"], {"output": [guard]})
+    res = execute(conn, name, {"topic": "x"})
+    assert (res["end"], res["context"]["triage_result"]) == ("done", "Fine."), res
+    (v,) = verdicts(conn, res["run_id"])
+    assert (v["verdict"], v["action"]) == ("error", "pass"), v
+    assert v["reason"].startswith("the judge model did not answer" if fault
+                                  else "the judge model's answer is not"), v
+    assert len(sent(model)) == 1, "a judge's call is not retried"
+
+
+def test_a_judge_outage_stops_content_with_on_judge_error_violation(conn, mode):
+    guard, model = judge(conn, fault="503", on_error="violation")
+    name = guarded_agent(conn, [final("Fine.")], ["record"], {"input": [guard]})
+    res = execute(conn, name, {"topic": "x"}, mode)
+    assert res["end"] == "blocked", res
+    error = res["response"]["error"]
+    assert "stopped the model's input at the input gate: check 1 (llm_judge): the judge model did not " \
+        "answer" in error and error.endswith(", and on_judge_error is violation"), error
+    assert sent(name) == [], "the agent's model was never asked"
+    (v,) = verdicts(conn, res["run_id"])
+    assert (v["verdict"], v["action"]) == ("error", "violation")
+
+
+def test_judges_guard_a_completion_agent_input_and_output(conn):
+    guard, model = judge(conn, "pass")
+    name = new_name("cj")
+    script(name, [final("Sure.")])
+    register_llm(conn, name, "openai")
+    q(conn, "SELECT tuvl.register_workflow(%s)", (
+        f"name: {name}\nsteps:\n  - id: helper\n    kind: Agent\n    mode: completion\n"
+        f"    agent:\n      model: {name}\n      prompt: 'Help with {{{{ topic }}}}.'\n"
+        f"      guardrails: {{ input: [artifact://{guard}@1], output: [artifact://{guard}@1] }}\n"
+        "    routes: { default: done }\n"
+        "ends:\n  - { id: done, status: completed, response: '{{ helper_result }}' }\n"
+        "  - { id: stopped, status: completed, response: '{{ _last_error_type }}' }\n",))
+    res = execute(conn, name, {"topic": "tea"})
+    assert (res["status"], res["response"]) == ("completed", "Sure."), res
+    assert judged_content(model) == ["Help with tea.", "Sure."]
+    assert [v["gate"] for v in verdicts(conn, res["run_id"])] == ["input", "output"]
+    # the judge stops a completion agent as well
+    bad, _ = judge(conn, "violation", "no")
+    q(conn, "SELECT tuvl.register_workflow(%s)", (
+        q1(conn, "SELECT source FROM tuvl.workflows WHERE name = %s ORDER BY version DESC LIMIT 1",
+           (name,)).replace(f"output: [artifact://{guard}@1]", f"output: [artifact://{bad}@1]")
+        .replace("routes: { default: done }", "routes: { default: done, guardrail_violation: stopped }"),))
+    res = execute(conn, name, {"topic": "tea"})
+    assert (res["end"], res["response"]) == ("stopped", "guardrail_violation"), res
+    assert "helper_result" not in res["context"]
+
+
+def test_judge_tokens_count_against_the_agent_budget(conn):
+    guard, model = judge(conn, "pass", usage={"prompt_tokens": 900, "completion_tokens": 100})
+    name = guarded_agent(conn, [final("never")], ["record"], {"input": [guard]},
+                         agent="      token_budget: 500\n")
+    res = execute(conn, name, {"topic": "x"})
+    assert res["status"] == "failed" and '"budget_exceeded"' in res["error"], res
+    assert "the agent used 1000 tokens, reaching its token_budget of 500" in res["error"], res
+    assert sent(name) == [], "the judge used the budget up before the first turn"
+
+
+def test_a_replay_serves_the_judge_from_the_recording(conn):
+    guard, model = judge(conn, "violation", "rude")
+    name = guarded_agent(conn, [final("You fool.")], ["record"], {"output": [guard]})
+    res = execute(conn, name, {"topic": "x"})
+    assert res["end"] == "blocked", res
+    replayed = q1(conn, "SELECT tuvl.replay(tuvl.pin_run(%s))", (res["run_id"],))
+    assert (replayed["status"], replayed["end"]) == ("completed", "blocked"), replayed
+    assert replayed["response"] == res["response"]
+    assert len(sent(model)) == 1 and len(sent(name)) == 1, "the replay sent nothing"
+
+
+def test_validate_warns_of_a_judge_model_that_is_not_registered(conn):
+    guard = guardrail(conn, "{ check: llm_judge, model: no_such_judge, prompt: Fine? }")
+    source = agent_workflow("v_judge", "m", ["record"], routes=GUARDED_ROUTES, ends=BLOCKED,
+                            agent=f"      guardrails: {{ output: [artifact://{guard}@1] }}\n")
+    found = q(conn, "SELECT severity, path, message FROM tuvl.validate(%s)", (source,))
+    expected = (f'check 1 (llm_judge) of guardrail artifact://{guard}@1 asks model "no_such_judge", '
+                "which is not registered yet; register it with tuvl.register_llm() before a run "
+                "reaches this gate")
+    assert [f for f in found if f[0] == "warning" and f[1] == "steps[0].agent.guardrails.output[0]"
+            and f[2].startswith(expected)], found
+
+
+@pytest.mark.parametrize("check,message", [
+    ("{ check: llm_judge, model: j }", "check llm_judge needs prompt"),
+    ("{ check: llm_judge, prompt: x, temperature: 0 }", 'unknown key "temperature" of check llm_judge'),
+    ("{ check: llm_judge, prompt: x, on_judge_error: ignore }",
+     'on_judge_error must be pass or violation, not "ignore"'),
+    ("{ check: llm_judge, prompt: [x] }", "prompt of check llm_judge must be a string"),
+    ("{ check: llm_judge, prompt: 'artifact://p' }",
+     "prompt artifact://p of check llm_judge must name a version"),
+])
+def test_a_malformed_llm_judge_check_is_refused_at_registration(conn, check, message):
+    with pytest.raises(psycopg2.Error) as e:
+        guardrail(conn, check)
+    assert message in str(e.value), str(e.value)
+
+
 # ---------------------------------------------------------------------------
 # Hooks (hook.c): metric hooks around steps and tool calls
 
@@ -1565,6 +1764,128 @@ def test_a_failing_hook_is_logged_and_swallowed(conn):
     assert counts(conn, h) == {("after_step", "one", None, "default"): 1}
 
 
+# notify hooks: an APICall step run on the hook's payload, in a run of its own
+
+
+def notify_hook(conn, events, step="tell"):
+    name = new_name("notify")
+    q(conn, "SELECT tuvl.register_artifact(%s)", (
+        f"name: {name}\ntype: hook\nevents: [{', '.join(events)}]\naction: notify\nstep: {step}\n",))
+    return name
+
+
+def tell_step(token, path="json"):
+    """The APICall step notify hooks run: it posts the payload to the test server."""
+    return ("  - id: tell\n    kind: APICall\n"
+            f"    http: {{ method: POST, url: \"{HTTP_BASE}/{path}?t={token}\", body: {{ event: \"{{{{ event }}}}\", "
+            "run: \"{{ run_id }}\", step: \"{{ step }}\", tool: \"{{ tool }}\", signal: \"{{ signal }}\", "
+            "error: \"{{ error }}\" } }\n"
+            "    output: told\n")
+
+
+def notified(conn, run_id, count, timeout=20):
+    """The runs run_id's notify hooks started, once count of them have finished."""
+    wait_until(lambda: q1(conn, "SELECT count(*) FROM tuvl.runs WHERE parent_run_id = %s AND status IN "
+                                "('completed', 'failed')", (run_id,)) >= count, timeout,
+               message=f"{count} notification runs of run {run_id} to finish")
+    return q(conn, "SELECT id, status, hook, principal, error FROM tuvl.runs WHERE parent_run_id = %s "
+                   "ORDER BY id", (run_id,))
+
+
+def posted(token):
+    return [json.loads(r["body"]) for r in requests_with(token)]
+
+
+def test_a_notify_hook_posts_its_payload_from_a_run_of_its_own(conn, mode):
+    token = new_name("n")
+    h = notify_hook(conn, ["after_step"])
+    wf = steps_workflow(conn, f"hooks: [artifact://{h}@1]\n",
+                        "  - { id: one, kind: Functional, function: ag.record, routes: { default: done } }\n"
+                        + tell_step(token) + "ends:\n  - { id: done, status: completed }\n")
+    res = execute(conn, wf, {"tag": token}, mode)
+    assert (res["status"], res["end"]) == ("completed", "done"), res
+    ((child, status, hook, principal, error),) = notified(conn, res["run_id"], 1)
+    assert (status, error) == ("completed", None)
+    assert hook == {"hook": h, "version": 1, "event": "after_step", "step": "tell"}
+    assert principal == q1(conn, "SELECT principal FROM tuvl.runs WHERE id = %s", (res["run_id"],))
+    assert posted(token) == [{"event": "after_step", "run": res["run_id"], "step": "one", "tool": None,
+                              "signal": "default", "error": None}]
+    # the run that fired it never sees it: not in its context, not in its journal
+    assert "told" not in res["context"]
+    assert events_mentioning(conn, res["run_id"], "tell") == 0
+    # the notification run executed the one step, fired no hook, and ended
+    assert [e[0] for e in events(conn, child)] == [
+        "run_queued", "run_started", "agent_started", "tool_call", "tool_result", "agent_completed",
+        "signal", "checkpoint", "run_completed"], events(conn, child)
+    assert q1(conn, "SELECT count(*) FROM tuvl.runs WHERE parent_run_id = %s", (child,)) == 0
+    assert journal_violations(conn, [res["run_id"], child]) == []
+
+
+def test_a_notify_hook_on_error_carries_the_error_and_a_failed_delivery_is_only_its_own(conn):
+    token = new_name("n")
+    h = notify_hook(conn, ["on_error"])
+    wf = steps_workflow(conn, f"hooks: [artifact://{h}@1]\n",
+                        "  - { id: one, kind: Functional, function: ag.boom, routes: { error: done } }\n"
+                        + tell_step(token, path="status/500")
+                        + "ends:\n  - { id: done, status: completed }\n")
+    res = execute(conn, wf, {"tag": token}, "worker")
+    assert (res["status"], res["end"]) == ("completed", "done"), res
+    ((child, status, _, _, error),) = notified(conn, res["run_id"], 1, timeout=60)
+    assert status == "failed" and "500" in error, error
+    body = posted(token)[0]
+    assert (body["event"], body["step"], body["signal"]) == ("on_error", "one", "error")
+    assert body["error"].startswith(f"boom: the order {token} is locked"), body
+
+
+def test_notify_hooks_around_an_agents_tool_calls(conn):
+    token = new_name("n")
+    h = notify_hook(conn, ["before_tool", "after_tool"])
+    name = make_agent(conn, "openai", [calls(call("record", tag=token)), final("Done.")], ["record"],
+                      step=f"    hooks: [artifact://{h}@1]\n", steps=tell_step(token))
+    res = execute(conn, name, {"topic": "x"})
+    assert res["end"] == "done", res
+    notified(conn, res["run_id"], 2)
+    assert sorted((b["event"], b["tool"], b["signal"]) for b in posted(token)) == [
+        ("after_tool", "record", "default"), ("before_tool", "record", None)]
+
+
+def test_a_replay_and_a_rolled_back_run_start_no_notification(conn):
+    token = new_name("n")
+    h = notify_hook(conn, ["after_step"])
+    wf = steps_workflow(conn, f"hooks: [artifact://{h}@1]\n",
+                        "  - { id: one, kind: Functional, function: ag.record, routes: { default: done } }\n"
+                        + tell_step(token) + "ends:\n  - { id: done, status: completed }\n")
+    res = execute(conn, wf, {"tag": token})
+    notified(conn, res["run_id"], 1)
+    before = q1(conn, "SELECT count(*) FROM tuvl.runs WHERE hook IS NOT NULL")
+    replayed = q1(conn, "SELECT tuvl.replay(tuvl.pin_run(%s))", (res["run_id"],))
+    assert replayed["status"] == "completed", replayed
+    conn.autocommit = False
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT tuvl.run(%s, %s::jsonb)", (wf, json.dumps({"tag": token})))
+        conn.rollback()
+    finally:
+        conn.autocommit = True
+    time.sleep(1)
+    assert q1(conn, "SELECT count(*) FROM tuvl.runs WHERE hook IS NOT NULL") == before
+    assert len(posted(token)) == 1
+
+
+def test_a_notify_hook_must_name_an_apicall_step_of_the_workflow(conn):
+    missing, wrong = notify_hook(conn, ["after_step"], step="nope"), notify_hook(conn, ["after_step"], step="one")
+    src = (f"name: v\nhooks: [artifact://{missing}@1, artifact://{wrong}@1]\nsteps:\n"
+           "  - { id: one, kind: Functional, function: ag.record }\n")
+    rows = {(r[1], r[2].rsplit(" (line", 1)[0]) for r in
+            q(conn, "SELECT severity, path, message FROM tuvl.validate(%s)", (src,)) if r[0] == "error"}
+    assert rows == {
+        ("hooks[0]", f'notify hook "{missing}" runs step "nope", which is not a step of this workflow; '
+                     "add an APICall step with that id"),
+        ("hooks[1]", f'notify hook "{wrong}" runs step "one", a Functional step; a notify hook runs an '
+                     "APICall step"),
+    }, rows
+
+
 def test_hooks_are_checked_when_the_workflow_is_registered(conn):
     notify = new_name("hook")
     q(conn, "SELECT tuvl.register_artifact(%s)", (
@@ -1575,8 +1896,8 @@ def test_hooks_are_checked_when_the_workflow_is_registered(conn):
     rows = {(r[1], r[2].rsplit(" (line", 1)[0]) for r in
             q(conn, "SELECT severity, path, message FROM tuvl.validate(%s)", (src,)) if r[0] == "error"}
     assert rows == {
-        ("hooks[0]", f'hook "{notify}" is a notify hook, which is not available in this version of tuvl; '
-                     "use action: metric"),
+        ("hooks[0]", f'notify hook "{notify}" runs step "tell", which is not a step of this workflow; '
+                     "add an APICall step with that id"),
         ("hooks[1]", f"artifact://{guard}@1 is a guardrail artifact, but this field takes a hook artifact"),
         ("hooks[2]", "hooks must list only artifact:// references to a hook artifact"),
     }, rows

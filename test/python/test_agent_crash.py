@@ -128,3 +128,51 @@ def test_kill_9_in_turn_3_repeats_only_the_call_in_flight(crashdb, provider, ser
         assert journal_violations(conn, [run_id]) == []
     finally:
         conn.close()
+
+
+def test_kill_9_while_a_judge_weighs_a_tool_result_asks_it_again_and_runs_the_tool_once(crashdb,
+                                                                                      server_log):
+    """An llm_judge on the tools gate: the worker dies while the judge's call
+    is in flight.  The tool's row and its record committed before the call
+    went out, so the reclaimed run asks the judge again and never reruns it."""
+    name = f"crashj_{uuid.uuid4().hex[:12]}"
+    judge_model = name + "_judge"
+    script(name, [{"tool_calls": [{"name": "ins", "arguments": {"tag": name}}]},
+                  {"text": "judged and done"}])
+    script(judge_model, [{"text": '{"verdict": "pass", "reason": "fine"}', "latency_ms": 3000}])
+    conn = connect(crashdb)
+    try:
+        for model in (name, judge_model):
+            q(conn, "SELECT tuvl.register_llm(%s)", (
+                f"name: {model}\nprovider: openai\nbase_url: {LLM_URL}\nmodel: {model}\ntimeout: 20s\n",))
+        q(conn, "SELECT tuvl.register_artifact(%s)", (
+            f"name: {name}\ntype: guardrail\nchecks:\n"
+            f"  - {{ check: llm_judge, model: {judge_model}, prompt: Is it safe? }}\n",))
+        q(conn, "SELECT tuvl.register_workflow(%s)", (workflow(name).replace(
+            "      tools: [{ ref: ins }]\n",
+            f"      tools: [{{ ref: ins }}]\n      guardrails: {{ tools: [artifact://{name}] }}\n"),))
+        run_id = q1(conn, "SELECT tuvl.start_run(%s, '{\"topic\": \"crash\"}')", (name,))
+        wait_until(lambda: len(sent(judge_model)) == 1 and sent(judge_model)[0]["status"] is None, 15,
+                   message="the judge's call to be in flight")
+        holder = q1(conn, "SELECT lease_owner FROM tuvl.runs WHERE id = %s", (run_id,))
+        assert q1(conn, "SELECT count(*) FROM agcrash.sink WHERE tag = %s", (name,)) == 1
+    finally:
+        conn.close()
+
+    kill_worker(holder, server_log)
+
+    conn = connect(crashdb)
+    try:
+        wait_run_finished(conn, run_id)
+        assert q(conn, "SELECT status, response FROM tuvl.runs WHERE id = %s", (run_id,)) == [
+            ("completed", "judged and done")]
+        assert q1(conn, "SELECT count(*) FROM agcrash.sink WHERE tag = %s", (name,)) == 1
+        judged = sent(judge_model)
+        assert len(judged) == 2 and judged[1]["status"] == 200
+        assert judged[0]["body"] == judged[1]["body"], "the judge was asked the same again"
+        assert len(sent(name)) == 2
+        types = [t for t, _ in events(conn, run_id)]
+        assert types.count("judge_verdict") == 1 and types.count("llm_turn") == 3
+        assert journal_violations(conn, [run_id]) == []
+    finally:
+        conn.close()
