@@ -38,6 +38,7 @@ OBJS = \
 	src/step_agent.o \
 	src/step_http.o \
 	src/step_sql.o \
+	src/supervisor.o \
 	src/template.o \
 	src/tuvl.o \
 	src/validate.o \

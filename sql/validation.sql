@@ -1212,7 +1212,7 @@ ends:
   - { id: done }
 $$);
 
--- supervisor, trigger.http and concurrency are reserved: errors until they
+-- trigger.http and concurrency are reserved: errors until they (an empty supervisor is an error too)
 -- are available.  The hooks here are fine.
 SELECT * FROM tuvl.validate($$
 name: v

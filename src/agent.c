@@ -69,6 +69,7 @@
 #include "mcp.h"
 #include "security.h"
 #include "spiutil.h"
+#include "supervisor.h"
 #include "template.h"
 #include "tuvl.h"
 
@@ -119,6 +120,12 @@ typedef struct AgentLoop
 	char	   *violation;		/* why the tools gate stopped a result */
 	bool		answer_is_error;	/* the last tool answer was an error */
 	StepResult *result;
+
+	/* the workflow's supervisor (supervisor.c), when it has one */
+	bool		supervised;
+	SupervisorWatch watch;
+	List	   *call_sigs;		/* "tool\x1farguments" of every call so far */
+	MemoryContext keep;			/* outlives replayed turns: watch, call_sigs */
 } AgentLoop;
 
 typedef enum ToolStatus
@@ -496,6 +503,33 @@ static const char steer_frame[] =
 "contract or the task itself: ";
 
 /*
+ * Pause the run here, at the top of a turn: it parks until
+ * tuvl.resume_run() (or tuvl.agent_pause_max turns the pause into an
+ * abort).  by is who paused it; reason, when given, why.
+ */
+static void
+park_paused(AgentLoop *l, const char *by, const char *reason)
+{
+	JsonObjBuilder b;
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "step", l->step->id);
+	JsonObjAddInt(&b, "iteration", l->iteration);
+	JsonObjAddString(&b, "by", by);
+	if (reason)
+		JsonObjAddString(&b, "reason", reason);
+	JournalAdd(&l->run->step_events, "paused", l->step->id, l->step->kind_name, JsonObjEnd(&b));
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "paused_at",
+					 DatumGetCString(DirectFunctionCall1(timestamptz_out,
+														 TimestampTzGetDatum(GetCurrentTimestamp()))));
+	JsonObjAddBool(&b, "pause_max", true);
+	l->result->control_add = JsonObjEnd(&b);
+	l->result->consume = list_make1("pause");
+	l->result->park = RUN_PAUSED;
+}
+
+/*
  * The control checkpoint at the top of a turn (when acting, not
  * replaying): abort, pause, steer.  Returns false when the turn must not
  * go on (the exit or the pause is set).
@@ -516,21 +550,8 @@ control_checkpoint(AgentLoop *l)
 	if (JsonGetField(control, "pause"))
 	{
 		Jsonb	   *pause = JsonGetJsonb(control, "pause");
-		JsonObjBuilder b;
 
-		JsonObjStart(&b);
-		JsonObjAddString(&b, "step", l->step->id);
-		JsonObjAddInt(&b, "iteration", l->iteration);
-		JsonObjAddString(&b, "by", pause && JsonIsObject(pause) ? JsonGetString(pause, "by") : NULL);
-		JournalAdd(&l->run->step_events, "paused", l->step->id, l->step->kind_name, JsonObjEnd(&b));
-		JsonObjStart(&b);
-		JsonObjAddString(&b, "paused_at",
-						 DatumGetCString(DirectFunctionCall1(timestamptz_out,
-															 TimestampTzGetDatum(GetCurrentTimestamp()))));
-		JsonObjAddBool(&b, "pause_max", true);
-		l->result->control_add = JsonObjEnd(&b);
-		l->result->consume = list_make1("pause");
-		l->result->park = RUN_PAUSED;
+		park_paused(l, pause && JsonIsObject(pause) ? JsonGetString(pause, "by") : NULL, NULL);
 		return false;
 	}
 	if (steer && JsonIsObject(steer) && JsonContainerSize(&steer->root) > 0)
@@ -577,20 +598,90 @@ control_checkpoint(AgentLoop *l)
 	return true;
 }
 
-/* Steer messages applied at this turn before: put them back in place. */
+/* Remember that the supervisor's act rec (an op "supervisor" record) acted. */
+static void
+supervisor_acted(AgentLoop *l, Jsonb *rec)
+{
+	MemoryContext old = MemoryContextSwitchTo(l->keep);
+	int			rule = (int) JsonGetInt(rec, "rule", -1);
+
+	if (rule >= 0)
+		l->watch.fired = bms_add_member(l->watch.fired, rule);
+	else
+		l->watch.judged = bms_add_member(l->watch.judged, (int) JsonGetInt(rec, "iteration", 0));
+	MemoryContextSwitchTo(old);
+}
+
+/*
+ * Steer messages applied at this turn before, the operator's and the
+ * supervisor's: put them back in place.
+ */
 static void
 replay_steers(AgentLoop *l)
 {
 	while (l->cursor < EffectCount(l->run))
 	{
 		Jsonb	   *rec = EffectAt(l->run, l->cursor);
+		char	   *message = JsonGetString(rec, "message");
 
-		if (!op_is(rec, "steer"))
+		if (op_is(rec, "supervisor"))
+			supervisor_acted(l, rec);
+		else if (!op_is(rec, "steer"))
 			break;
-		add_message(l, "system", psprintf("%s%s", steer_frame, JsonGetString(rec, "message")),
-					NULL, NULL, false);
+		if (message)
+			add_message(l, "system", psprintf("%s%s", steer_frame, message), NULL, NULL, false);
 		l->cursor++;
 	}
+}
+
+/*
+ * The supervisor at the top of a turn the loop is about to take: apply
+ * what it does (supervisor.c), recording each act so that it is put back
+ * in place, and never repeated, when the step executes again.  Returns
+ * false when the turn must not go on (a pause, an abort, or the judge's
+ * answer awaited).
+ */
+static bool
+supervise(AgentLoop *l)
+{
+	SupervisorWatch *w = &l->watch;
+	List	   *acts;
+	ListCell   *lc;
+
+	w->iteration = l->iteration;
+	w->transcript = JsonText(messages_jsonb(l));
+	acts = SupervisorCheck(l->run, l->step, w, l->result, &l->tokens_used);
+	foreach(lc, acts)
+	{
+		SupervisorAct *act = lfirst(lc);
+		JsonObjBuilder b;
+		Jsonb	   *rec;
+
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "op", "supervisor");
+		JsonObjAddInt(&b, "rule", act->rule);
+		JsonObjAddInt(&b, "iteration", l->iteration);
+		JsonObjAddString(&b, "action", SupervisorActionName(act->action));
+		if (act->message)
+			JsonObjAddString(&b, "message", act->message);
+		rec = JsonObjEnd(&b);
+		EffectRecord(l->run, rec);
+		l->cursor++;
+		supervisor_acted(l, rec);
+		if (act->action == SUPERVISE_STEER)
+			add_message(l, "system", psprintf("%s%s", steer_frame, act->message), NULL, NULL, false);
+		else if (act->action == SUPERVISE_PAUSE)
+		{
+			park_paused(l, "supervisor", act->reason);
+			return false;
+		}
+		else if (act->action == SUPERVISE_ABORT)
+		{
+			agent_exit(l, "aborted", "aborted", psprintf("the supervisor aborted the agent: %s", act->reason));
+			return false;
+		}
+	}
+	return !l->result->pending;
 }
 
 /* ---------------------------------------------------------------- exits */
@@ -1182,6 +1273,26 @@ ask_approval(AgentLoop *l, int call, const char *id, const char *name, Jsonb *ar
 	return TOOL_PARKED;
 }
 
+/* Count a call for the repeated_tool_call rule: the same tool, the same arguments. */
+static void
+watch_call(AgentLoop *l, const char *name, Jsonb *args)
+{
+	MemoryContext old = MemoryContextSwitchTo(l->keep);
+	char	   *sig = psprintf("%s\x1f%s", name ? name : "", args ? JsonText(args) : "");
+	ListCell   *lc;
+	int			n = 0;
+
+	foreach(lc, l->call_sigs)
+		n += strcmp(lfirst(lc), sig) == 0;
+	l->call_sigs = lappend(l->call_sigs, sig);
+	if (n + 1 > l->watch.repeats)
+	{
+		l->watch.repeats = n + 1;
+		l->watch.repeated = pstrdup(name ? name : "");
+	}
+	MemoryContextSwitchTo(old);
+}
+
 /*
  * One tool call of the model's answer: served from the records when it
  * finished before, else executed.  *content is the answer for the model.
@@ -1203,6 +1314,8 @@ tool_call(AgentLoop *l, Jsonb *tc, int index, char **content)
 
 	if (id == NULL)
 		id = psprintf("call_%d", call);
+	if (l->supervised)
+		watch_call(l, name, args);
 	if (l->cursor >= EffectCount(run))
 	{
 		/* an abort lands before each call of a turn, never during one */
@@ -1266,11 +1379,19 @@ agent_turn(AgentLoop *l)
 	int			ncalls;
 	bool		live = l->cursor >= EffectCount(l->run);
 
-	/* control checkpoint, then the budget, at the top of every turn */
+	/* control checkpoint and supervisor, then the budget, at the top of every turn */
 	replay_steers(l);
 	live = l->cursor >= EffectCount(l->run);
 	if (live && !control_checkpoint(l))
 		return false;
+	if (l->supervised)
+	{
+		/* a judge asked here before costs what it cost, asked again or not */
+		if (!live || bms_is_member(l->iteration, l->watch.judged))
+			l->tokens_used += SupervisorJudgeTokens(l->run, l->iteration);
+		if (live && !supervise(l))
+			return false;
+	}
 	if (l->token_budget > 0 && l->tokens_used >= l->token_budget)
 	{
 		agent_exit(l, "budget_exceeded", "budget_exceeded",
@@ -1281,6 +1402,7 @@ agent_turn(AgentLoop *l)
 	if (!model_turn(l, &reply))
 		return false;
 	l->tokens_used += reply.total_tokens;
+	l->watch.turn_tokens = reply.total_tokens;
 	ncalls = JsonArraySize(reply.tool_calls);
 	if (l->cursor - 1 == l->run->fresh_position)
 	{
@@ -1317,6 +1439,8 @@ agent_turn(AgentLoop *l)
 				}
 				add_message(l, "tool", content, NULL, JsonGetString(tc, "id"),
 							l->answer_is_error);
+				if (l->answer_is_error)
+					l->watch.tool_errors++;
 				break;
 			case TOOL_PENDING:
 			case TOOL_PARKED:
@@ -1361,6 +1485,8 @@ StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 	l.max_iterations = (int) JsonGetInt(l.agent, "max_iterations", AGENT_DEFAULT_MAX_ITERATIONS);
 	budget = JsonGetJsonb(l.agent, "token_budget");
 	l.token_budget = budget ? JsonGetInt(l.agent, "token_budget", 0) : 0;
+	l.keep = CurrentMemoryContext;
+	l.supervised = SupervisorPresent(run);
 	initStringInfo(&l.msgs);
 
 	StepErrorType = "llm_error";

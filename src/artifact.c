@@ -237,6 +237,13 @@ reference_sites(Jsonb *definition)
 	Jsonb	   *steps = JsonGetJsonb(definition, "steps");
 
 	collect_list(JsonGetField(definition, "hooks"), &refs);
+	{
+		Jsonb	   *sup = JsonGetJsonb(definition, "supervisor");
+		Jsonb	   *judge = sup && JsonIsObject(sup) ? JsonGetJsonb(sup, "judge") : NULL;
+
+		if (judge && JsonIsObject(judge))
+			collect_string(JsonGetField(judge, "prompt"), &refs);
+	}
 	if (steps == NULL || !JB_ROOT_IS_ARRAY(steps) || JB_ROOT_IS_SCALAR(steps))
 		return refs;
 	for (int i = 0; i < (int) JsonContainerSize(&steps->root); i++)

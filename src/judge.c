@@ -94,6 +94,7 @@ read_answer(Jsonb *result, const char *const *verdicts, JudgeAnswer *answer)
 		{
 			answer->error = false;
 			answer->verdict = verdict;
+			answer->answer = parsed;
 			answer->reason = JsonGetString(parsed, "reason");
 			if (answer->reason == NULL && JsonGetField(parsed, "reason"))
 				answer->reason = JsonGetText(parsed, "reason");
@@ -101,6 +102,24 @@ read_answer(Jsonb *result, const char *const *verdicts, JudgeAnswer *answer)
 		}
 	answer->reason = psprintf("the judge model's answer is not {\"verdict\": ...} with a verdict it was offered: %s",
 							  JsonClipText(clean, 200));
+}
+
+/* What judge call id cost, when its result is recorded (else 0). */
+int
+JudgeTokens(RunState *run, const char *id)
+{
+	Jsonb	   *recorded = run->working_judged ? JsonGetJsonb(run->working_judged, id) : NULL;
+	LlmConfig	cfg;
+	LlmReply	reply;
+
+	if (recorded == NULL)
+		return 0;
+	memset(&cfg, 0, sizeof(cfg));
+	cfg.provider = JsonGetString(recorded, "provider");
+	if (cfg.provider == NULL)
+		cfg.provider = "openai";
+	LlmParseResult(&cfg, recorded, &reply);
+	return reply.total_tokens;
 }
 
 /*

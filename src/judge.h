@@ -19,10 +19,12 @@ typedef struct JudgeAnswer
 								 * answer is not one of the verdicts */
 	char	   *verdict;		/* one of the verdicts asked for, or NULL */
 	char	   *reason;			/* the judge's reason, or why it gave none */
+	Jsonb	   *answer;			/* the judge's JSON object, when !error */
 	int			tokens;			/* what the call cost */
 	bool		fresh;			/* the answer came back in this transition */
 } JudgeAnswer;
 
+extern int	JudgeTokens(RunState *run, const char *id);
 extern bool JudgeAsk(RunState *run, const char *id, const char *model,
 					 const char *instructions, const char *content,
 					 const char *const *verdicts, JudgeAnswer *answer,

@@ -43,7 +43,7 @@ typedef struct ValidateState
 } ValidateState;
 
 static const char *const top_level_keys[] = {
-	"name", "description", "trigger", "start", "steps", "ends", "hooks", NULL
+	"name", "description", "trigger", "start", "steps", "ends", "hooks", "supervisor", NULL
 };
 
 static const char *const step_common_keys[] = {
@@ -66,8 +66,6 @@ typedef struct ReservedKey
 } ReservedKey;
 
 static const ReservedKey reserved_keys[] = {
-	{"supervisor", "", "supervisor is not available in this version of tuvl; remove it "
-	"(tuvl.steer_run(), tuvl.pause_run() and tuvl.abort_run() control a run)"},
 	{"http", "trigger", "trigger.http is not available in this version of tuvl; remove it "
 	"and start runs with tuvl.start_run()"},
 	{"concurrency", "", "concurrency is not available in this version of tuvl; remove it"},
@@ -599,9 +597,32 @@ check_guardrails(ValidateState *vs, JsonbValue *g, const char *path, bool autono
 	}
 }
 
+/* The ids of the steps the notify hooks in list (hook references) run. */
+static List *
+notify_steps_of(JsonbValue *list, List *ids)
+{
+	for (int i = 0; is_list(list) && i < (int) JsonContainerSize(list->val.binary.data); i++)
+	{
+		JsonbValue *e = getIthJsonbValueFromContainer(list->val.binary.data, i);
+		char	   *name;
+		int			version;
+		char	   *type;
+		Jsonb	   *def = NULL;
+
+		if (e->type == jbvString &&
+			ArtifactParseRef(pnstrdup(e->val.string.val, e->val.string.len), &name, &version) &&
+			name && ArtifactLookup(name, version, &type, NULL, NULL, NULL, &def) &&
+			strcmp(type, "hook") == 0 && def && JsonGetString(def, "step") &&
+			JsonGetString(def, "action") && strcmp(JsonGetString(def, "action"), "notify") == 0)
+			ids = lappend(ids, JsonGetString(def, "step"));
+	}
+	return ids;
+}
+
 /*
  * Warn about steps nothing leads to: no route, no implicit next step, not
- * an agent's tool, not a compensator.  Runs on a workflow without errors.
+ * an agent's tool, not a compensator, not a notify hook's step.  Runs on
+ * a workflow without errors.
  */
 static void
 check_reachable(ValidateState *vs, Jsonb *def)
@@ -615,6 +636,17 @@ check_reachable(ValidateState *vs, Jsonb *def)
 #define REACH(idx) do { int r_ = (idx); if (r_ >= 0 && !seen[r_]) { seen[r_] = true; queue[tail++] = r_; } } while (0)
 
 	REACH(wf->start);
+	/* a notify hook's step runs in a run of its own, and goes nowhere */
+	{
+		List	   *ids = notify_steps_of(JsonGetField(def, "hooks"), NIL);
+		ListCell   *lc;
+
+		for (int i = 0; i < wf->nsteps; i++)
+			ids = notify_steps_of(JsonGetField(wf->steps[i].spec, "hooks"), ids);
+		foreach(lc, ids)
+			if (WorkflowFindStep(wf, lfirst(lc)) >= 0)
+				seen[WorkflowFindStep(wf, lfirst(lc))] = true;
+	}
 	while (head < tail)
 	{
 		StepDef    *st = &wf->steps[queue[head++]];
@@ -1399,6 +1431,115 @@ check_hook_list(ValidateState *vs, JsonbValue *v, const char *path, JsonbValue *
 	}
 }
 
+/* One rule of supervisor.rules. */
+static void
+check_supervisor_rule(ValidateState *vs, JsonbValue *rv, const char *path)
+{
+	static const char *const rules[] = {"repeated_tool_call", "tool_errors", "tokens_per_turn",
+	"wall_time", "iterations", NULL};
+	static const char *const actions[] = {"steer", "pause", "abort", NULL};
+	static const char *const keys[] = {"rule", "count", "max", "action", "message", NULL};
+	Jsonb	   *r;
+	char	   *rule;
+	char	   *action;
+	bool		counted;
+
+	if (!is_mapping(rv))
+	{
+		add_finding(vs, "error", path, "a rule must be a mapping such as { rule: tool_errors, count: 3, action: abort }");
+		return;
+	}
+	r = JsonValueToJsonb(rv);
+	check_unknown_keys(vs, r, path, keys, NULL);
+	rule = require_string(vs, r, "rule", path, "a supervisor rule");
+	action = require_string(vs, r, "action", path, "a supervisor rule");
+	if (rule && !name_in(rule, rules))
+		add_finding(vs, "error", psprintf("%s.rule", path),
+					"rule must be one of %s, not \"%s\"", keys_text(rules, NULL), rule);
+	if (action && !name_in(action, actions))
+		add_finding(vs, "error", psprintf("%s.action", path),
+					"action must be steer, pause or abort, not \"%s\"", action);
+	if (JsonGetField(r, "message") &&
+		(JsonGetField(r, "message")->type != jbvString || (action && strcmp(action, "steer") != 0)))
+		add_finding(vs, "error", psprintf("%s.message", path),
+					"message is the text of a steer action: a string, with action: steer");
+	if (rule == NULL || !name_in(rule, rules))
+		return;
+	/* repeated_tool_call and tool_errors count; the others have a maximum */
+	counted = strcmp(rule, "repeated_tool_call") == 0 || strcmp(rule, "tool_errors") == 0;
+	if (JsonGetField(r, counted ? "max" : "count"))
+		add_finding(vs, "error", psprintf("%s.%s", path, counted ? "max" : "count"),
+					"rule %s takes %s, not %s", rule, counted ? "count" : "max", counted ? "max" : "count");
+	if (JsonGetField(r, counted ? "count" : "max") == NULL)
+		add_finding(vs, "error", path, "rule %s needs %s", rule, counted ? "count" : "max");
+	else if (strcmp(rule, "wall_time") == 0)
+		check_duration(vs, r, "max", path);
+	else
+		check_positive_int(vs, r, counted ? "count" : "max", path);
+}
+
+/* supervisor.judge: the model, its prompt, its cadence and what an outage means. */
+static void
+check_supervisor_judge(ValidateState *vs, JsonbValue *jv, const char *path)
+{
+	static const char *const keys[] = {"model", "prompt", "every", "on_error", NULL};
+	Jsonb	   *j;
+	JsonbValue *v;
+	char	   *model;
+
+	if (!is_mapping(jv))
+	{
+		add_finding(vs, "error", path, "judge must be a mapping such as { model: judge, prompt: \"...\", every: 2 }");
+		return;
+	}
+	j = JsonValueToJsonb(jv);
+	check_unknown_keys(vs, j, path, keys, NULL);
+	model = require_string(vs, j, "model", path, "the supervisor's judge");
+	if (model && !LlmConfigExists(model))
+		add_finding(vs, "warning", psprintf("%s.model", path),
+					"model \"%s\" is not registered yet; register it with tuvl.register_llm() before a run's agent reaches a judged turn",
+					model);
+	v = JsonGetField(j, "prompt");
+	if (require_string(vs, j, "prompt", path, "the supervisor's judge"))
+		(void) check_artifact_ref(vs, v, psprintf("%s.prompt", path), SITE_PROMPT);
+	check_positive_int(vs, j, "every", path);
+	v = JsonGetField(j, "on_error");
+	if (v && (v->type != jbvString ||
+			  (strcmp(JsonGetString(j, "on_error"), "pass") != 0 &&
+			   strcmp(JsonGetString(j, "on_error"), "abort") != 0)))
+		add_finding(vs, "error", psprintf("%s.on_error", path),
+					"on_error must be pass (go on when the judge cannot answer) or abort");
+}
+
+/* The workflow's supervisor: rules, a judge, or both. */
+static void
+check_supervisor(ValidateState *vs, JsonbValue *sv)
+{
+	static const char *const keys[] = {"rules", "judge", NULL};
+	Jsonb	   *s;
+	JsonbValue *rules;
+
+	if (sv == NULL)
+		return;
+	if (!is_mapping(sv))
+	{
+		add_finding(vs, "error", "supervisor", "supervisor must be a mapping with rules, a judge, or both");
+		return;
+	}
+	s = JsonValueToJsonb(sv);
+	check_unknown_keys(vs, s, "supervisor", keys, NULL);
+	rules = JsonGetField(s, "rules");
+	if (rules == NULL && JsonGetField(s, "judge") == NULL)
+		add_finding(vs, "error", "supervisor", "supervisor needs rules, a judge, or both");
+	if (rules && (!is_list(rules) || JsonContainerSize(rules->val.binary.data) == 0))
+		add_finding(vs, "error", "supervisor.rules", "rules must be a non-empty list of rules");
+	for (int i = 0; rules && is_list(rules) && i < (int) JsonContainerSize(rules->val.binary.data); i++)
+		check_supervisor_rule(vs, getIthJsonbValueFromContainer(rules->val.binary.data, i),
+							  psprintf("supervisor.rules[%d]", i));
+	if (JsonGetField(s, "judge"))
+		check_supervisor_judge(vs, JsonGetField(s, "judge"), "supervisor.judge");
+}
+
 /* The hooks of the workflow, then those of each step. */
 static void
 check_hooks(ValidateState *vs, Jsonb *def, JsonbValue *steps, int nsteps)
@@ -1470,6 +1611,7 @@ ValidateWorkflow(Jsonb *def, Jsonb *positions, bool strict)
 			  !list_has_string(vs.step_ids, pnstrdup(v->val.string.val, v->val.string.len))))
 		add_finding(&vs, "error", "start", "start must name a step of this workflow");
 	check_hooks(&vs, def, steps, nsteps);
+	check_supervisor(&vs, JsonGetField(def, "supervisor"));
 	if (!FindingsHaveErrors(vs.findings) && nsteps > 0)
 		check_reachable(&vs, def);
 	return vs.findings;

@@ -1872,6 +1872,17 @@ def test_a_replay_and_a_rolled_back_run_start_no_notification(conn):
     assert len(posted(token)) == 1
 
 
+def test_the_step_a_notify_hook_runs_counts_as_reached(conn):
+    h = notify_hook(conn, ["after_step"])
+    src = (f"name: v\nhooks: [artifact://{h}@1]\nsteps:\n"
+           "  - { id: one, kind: Functional, function: ag.record, routes: { default: done } }\n"
+           + tell_step("x") + "  - { id: stray, kind: Functional, function: ag.record }\n"
+           "ends:\n  - { id: done, status: completed }\n")
+    warned = [r[1] for r in q(conn, "SELECT severity, path, message FROM tuvl.validate(%s)", (src,))
+              if "never reached" in r[2]]
+    assert warned == ["steps[2]"], warned
+
+
 def test_a_notify_hook_must_name_an_apicall_step_of_the_workflow(conn):
     missing, wrong = notify_hook(conn, ["after_step"], step="nope"), notify_hook(conn, ["after_step"], step="one")
     src = (f"name: v\nhooks: [artifact://{missing}@1, artifact://{wrong}@1]\nsteps:\n"
