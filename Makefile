@@ -27,6 +27,7 @@ OBJS = \
 	src/launcher.o \
 	src/llm.o \
 	src/mcp.o \
+	src/metrics.o \
 	src/queue.o \
 	src/replay.o \
 	src/lease.o \

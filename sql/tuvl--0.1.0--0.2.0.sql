@@ -350,3 +350,43 @@ ALTER TABLE tuvl.runs ADD COLUMN hook jsonb;
 COMMENT ON COLUMN tuvl.runs.parent_run_id IS 'the run whose notify hook started this one, or NULL';
 COMMENT ON COLUMN tuvl.runs.hook IS 'for a run a notify hook started: {"hook", "version", "event", "step"}, where step is the one APICall step it executes; NULL otherwise';
 CREATE INDEX runs_parent_idx ON tuvl.runs (parent_run_id) WHERE parent_run_id IS NOT NULL;
+
+/*
+ * Metrics (src/metrics.c): counters and histograms of steps, agents,
+ * tokens and the supervisor in shared memory (one series per name, labels
+ * and role; tuvl._metric_series() returns those the caller may see), the
+ * hooks' counters, and gauges read from tuvl.runs.  Nothing here reads
+ * the journal.
+ */
+CREATE FUNCTION tuvl._metric_series(OUT name text, OUT kind text, OUT labels jsonb, OUT value float8)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'tuvl_metric_series' LANGUAGE C STRICT VOLATILE PARALLEL RESTRICTED;
+COMMENT ON FUNCTION tuvl._metric_series() IS 'the shared-memory series of this database the caller may see, one row per role (read tuvl.metrics)';
+
+CREATE OR REPLACE VIEW tuvl.metrics WITH (security_invoker = true) AS
+    SELECT c.name, 'counter'::text AS kind, c.labels, pg_catalog.sum(c.value)::pg_catalog.float8 AS value
+    FROM tuvl.metric_counters c
+    GROUP BY c.name, c.labels
+    UNION ALL
+    SELECT s.name, s.kind, s.labels, pg_catalog.sum(s.value)::pg_catalog.float8
+    FROM tuvl._metric_series() s
+    GROUP BY s.name, s.kind, s.labels
+    UNION ALL
+    SELECT 'tuvl.runs', 'gauge', pg_catalog.jsonb_build_object('status', r.status),
+           pg_catalog.count(*)::pg_catalog.float8
+    FROM tuvl.runs r
+    GROUP BY r.status
+    UNION ALL
+    SELECT 'tuvl.queue.depth', 'gauge', '{}'::jsonb, pg_catalog.count(*)::pg_catalog.float8
+    FROM tuvl.runs r WHERE r.status OPERATOR(pg_catalog.=) 'queued'
+    UNION ALL
+    SELECT 'tuvl.queue.oldest_age_seconds', 'gauge', '{}'::jsonb,
+           COALESCE(EXTRACT(epoch FROM pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) pg_catalog.min(r.created_at)), 0)::pg_catalog.float8
+    FROM tuvl.runs r WHERE r.status OPERATOR(pg_catalog.=) 'queued';
+COMMENT ON VIEW tuvl.metrics IS 'metrics: name, kind (counter, gauge or histogram_bucket), labels, value; a role sees its own runs'', tuvl_operator all';
+
+CREATE FUNCTION tuvl.metrics_prometheus() RETURNS text
+AS 'MODULE_PATHNAME', 'tuvl_metrics_prometheus' LANGUAGE C STRICT STABLE;
+COMMENT ON FUNCTION tuvl.metrics_prometheus() IS 'tuvl.metrics in the Prometheus text exposition format';
+REVOKE ALL ON FUNCTION tuvl._metric_series(), tuvl.metrics_prometheus() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tuvl._metric_series(), tuvl.metrics_prometheus() TO tuvl_user;

@@ -67,6 +67,7 @@
 #include "jsonutil.h"
 #include "llm.h"
 #include "mcp.h"
+#include "metrics.h"
 #include "security.h"
 #include "spiutil.h"
 #include "supervisor.h"
@@ -468,6 +469,27 @@ find_tool(AgentLoop *l, const char *name)
 	return NULL;
 }
 
+/* Add 1 to an agent counter (metrics.c), labelled with the step and model. */
+static void
+count_agent(AgentLoop *l, const char *metric, const char *tool, const char *signal)
+{
+	MetricLabel labels[5];
+
+	if (l->run->replay)
+		return;
+	labels[0].name = "workflow";
+	labels[0].value = l->run->workflow;
+	labels[1].name = "step";
+	labels[1].value = l->step->id;
+	labels[2].name = "model";
+	labels[2].value = l->cfg ? l->cfg->model : NULL;
+	labels[3].name = "tool";
+	labels[3].value = tool;
+	labels[4].name = "signal";
+	labels[4].value = signal;
+	MetricCount(metric, l->run->principal, labels, 5, 1);
+}
+
 /* ---------------------------------------------------------------- control */
 
 /* The run's operator directives now (tuvl.runs.control), or NULL. */
@@ -696,6 +718,11 @@ agent_exit(AgentLoop *l, const char *signal, const char *error_type, const char 
 	StepResult *result = l->result;
 	JsonObjBuilder b;
 
+	if (strcmp(signal, "aborted") == 0)
+		count_agent(l, "tuvl.agent.aborts", NULL, NULL);
+	else if (strcmp(signal, "budget_exceeded") == 0)
+		count_agent(l, "tuvl.agent.budget_exceeded", NULL, NULL);
+
 	result->signal = pstrdup(signal);
 	result->context_merge = l->merge;
 	if (error_type)
@@ -919,6 +946,7 @@ tool_done(AgentLoop *l, int call, const char *id, const char *name, const char *
 	JsonObjAddString(&b, "tool", name);
 	JsonObjAddString(&b, "signal", signal);
 	progress(l, JsonObjEnd(&b));
+	count_agent(l, "tuvl.agent.tool_calls", name, signal);
 	judge_tool_result(l, call, *content);
 }
 
@@ -1414,6 +1442,7 @@ agent_turn(AgentLoop *l)
 		JsonObjAddInt(&b, "tool_calls", ncalls);
 		JsonObjAddInt(&b, "tokens_used", l->tokens_used);
 		progress(l, JsonObjEnd(&b));
+		count_agent(l, "tuvl.agent.iterations", NULL, NULL);
 	}
 	add_message(l, "assistant", reply.text, ncalls > 0 ? reply.tool_calls : NULL, NULL, false);
 	if (ncalls == 0)

@@ -26,6 +26,7 @@
 
 #include "executor.h"
 #include "launcher.h"
+#include "metrics.h"
 #include "queue.h"
 #include "security.h"
 #include "tuvl.h"
@@ -60,6 +61,7 @@ shmem_request(void)
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
 	TuvlShmemRequest();
+	MetricsShmemRequest();
 }
 
 /*
@@ -72,6 +74,7 @@ shmem_startup(void)
 	if (prev_shmem_startup_hook)
 		prev_shmem_startup_hook();
 	TuvlShmemStartup();
+	MetricsShmemStartup();
 }
 
 static void
@@ -110,6 +113,8 @@ _PG_init(void)
 	RegisterXactCallback(LauncherXactCallback, NULL);
 	RegisterXactCallback(TuvlXactCallback, NULL);
 	RegisterXactCallback(QueueXactCallback, NULL);
+	RegisterXactCallback(MetricsXactCallback, NULL);
+	RegisterSubXactCallback(MetricsSubXactCallback, NULL);
 	SecurityInit();
 
 	if (!process_shared_preload_libraries_in_progress)

@@ -69,6 +69,7 @@
 #include "effect.h"
 #include "hook.h"
 #include "journal.h"
+#include "metrics.h"
 #include "jsonutil.h"
 #include "llm.h"
 #include "security.h"
@@ -244,6 +245,7 @@ pending_step_state(Transition *t, EffectRequest *effect)
 	JsonObjAddInt(&b, "entry_seq", t->run->entry_seq);
 	if (t->deadline != 0)
 		JsonObjAddInt(&b, "deadline", t->deadline);
+	JsonObjAddInt(&b, "entered", t->entered);
 	JsonObjAddJsonb(&b, "effects", t->run->working_effects ? t->run->working_effects
 					: JsonFromCString("[]"));
 	if (t->run->working_judged)
@@ -330,6 +332,7 @@ finish_park(Transition *t, StepResult *result)
 	if (t->deadline != 0)
 		JsonObjAddInt(&b, "time_left_ms",
 					  Max((t->deadline - GetCurrentTimestamp()) / 1000, 0));
+	JsonObjAddInt(&b, "entered", t->entered);
 	JsonObjAddJsonb(&b, "effects", run->working_effects ? run->working_effects
 					: JsonFromCString("[]"));
 	if (run->working_judged)
@@ -453,6 +456,52 @@ route_outcome(Transition *t, StepResult *result, ErrorData *edata, const char *s
 	}
 }
 
+/* tuvl.llm.tokens of a model call's llm_turn payload, by model and type. */
+static void
+count_tokens(Transition *t, Jsonb *payload)
+{
+	static const char *const types[] = {"prompt", "completion"};
+	Jsonb	   *tokens = JsonGetJsonb(payload, "tokens");
+	MetricLabel labels[4];
+
+	if (t->run->replay || tokens == NULL)
+		return;
+	labels[0].name = "workflow";
+	labels[0].value = t->run->workflow;
+	labels[1].name = "step";
+	labels[1].value = t->step->id;
+	labels[2].name = "model";
+	labels[2].value = JsonGetString(payload, "model");
+	labels[3].name = "type";
+	for (int i = 0; i < 2; i++)
+	{
+		labels[3].value = types[i];
+		MetricCount("tuvl.llm.tokens", t->run->principal, labels, 4,
+					(double) JsonGetInt(tokens, types[i], 0));
+	}
+}
+
+/* tuvl.steps and tuvl.step.duration_ms of a step that ended (metrics.c). */
+static void
+count_step(Transition *t, const char *signal)
+{
+	MetricLabel labels[4];
+
+	if (t->run->replay)
+		return;
+	labels[0].name = "workflow";
+	labels[0].value = t->run->workflow;
+	labels[1].name = "step";
+	labels[1].value = t->step->id;
+	labels[2].name = "kind";
+	labels[2].value = t->step->kind_name;
+	labels[3].name = "signal";
+	labels[3].value = signal;
+	MetricCount("tuvl.steps", t->run->principal, labels, 4, 1);
+	MetricObserveMs("tuvl.step.duration_ms", t->run->principal, labels, 3,
+					(double) (GetCurrentTimestamp() - t->entered) / 1000.0);
+}
+
 /* agent_completed: how the step ended, with its output or its error. */
 static void
 journal_step_end(Transition *t, StepResult *result, ErrorData *edata, const char *signal,
@@ -551,6 +600,7 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 	}
 	/* the step ended: its hooks hear of it, on_error when it failed */
 	signal = result ? (result->signal ? result->signal : "default") : "error";
+	count_step(t, signal);
 	HookFire(run, step, edata || strcmp(signal, "error") == 0 ||
 			 ExecutorIsReservedExit(step, signal) ? HOOK_ON_ERROR : HOOK_AFTER_STEP,
 			 NULL, signal, edata ? edata->message : result ? result->exit_error : NULL);
@@ -747,6 +797,7 @@ prepare_transition(Transition *t)
 		run->working_effects = JsonGetJsonb(run->step_state, "effects");
 		run->working_judged = JsonGetField(run->step_state, "judged")
 			? JsonGetJsonb(run->step_state, "judged") : NULL;
+		t->entered = (TimestampTz) JsonGetInt(run->step_state, "entered", GetCurrentTimestamp());
 		/* the deadline set at entry, or what was left when it parked */
 		if (JsonGetField(run->step_state, "time_left_ms"))
 			t->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
@@ -761,6 +812,7 @@ prepare_transition(Transition *t)
 		run->working_effects = NULL;
 		run->working_judged = NULL;
 		t->first_entry = true;
+		t->entered = GetCurrentTimestamp();
 		if (timeout_ms > 0)
 			t->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
 		if (CompensationActive(run))
@@ -919,6 +971,7 @@ take_fresh_effect(Transition *t)
 			payload = JsonSetKey(payload, "position", JsonFromCString(psprintf("%d", EffectCount(run))));
 		ev = JournalAdd(&t->events, "llm_turn", t->step->id, t->step->kind_name, payload);
 		ev->tokens = tokens;
+		count_tokens(t, payload);
 		/* the request is in the journal; step_state keeps the answer */
 		kept = LlmStripRequest(run->fresh_effect);
 	}

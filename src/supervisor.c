@@ -44,6 +44,7 @@
 #include "journal.h"
 #include "jsonutil.h"
 #include "judge.h"
+#include "metrics.h"
 #include "security.h"
 #include "spiutil.h"
 #include "supervisor.h"
@@ -144,6 +145,15 @@ journal_verdict(RunState *run, const StepDef *step, const char *source, const ch
 	JsonObjAddString(&b, "action", action_names[action]);
 	JsonObjAddString(&b, "reason", reason);
 	JournalAdd(&run->step_events, "judge_verdict", step->id, step->kind_name, JsonObjEnd(&b));
+	if (!run->replay)
+	{
+		MetricLabel labels[5] = {
+			{"workflow", run->workflow}, {"step", step->id}, {"source", source}, {"rule", rule},
+			{"action", action_names[action]}
+		};
+
+		MetricCount("tuvl.supervisor.verdicts", run->principal, labels, 5, 1);
+	}
 }
 
 static SupervisorAct *

@@ -25,6 +25,7 @@ typedef struct Transition
 	List	   *events;			/* journaled whatever the step does */
 	instr_time	start;
 	bool		first_entry;	/* agent_started is among events */
+	TimestampTz entered;		/* when the step was entered */
 	Jsonb	   *ctx;			/* the context the step executes against */
 	TimestampTz deadline;		/* when the step's time is up; 0: never */
 	Jsonb	   *effects;		/* working_effects once the fresh effect is in */

@@ -22,7 +22,7 @@ TUVL_PIDS=()
 
 TUVL_PACKAGES="postgresql-15 postgresql-server-dev-15 libcurl4-openssl-dev libyaml-dev
 postgresql-15-cron postgresql-15-pgtap libtap-parser-sourcehandler-pgtap-perl
-python3 python3-psycopg2 python3-pytest make gcc pkg-config procps iproute2"
+python3 python3-psycopg2 python3-pytest python3-prometheus-client make gcc pkg-config procps iproute2"
 
 tuvl_log() { printf '== %s\n' "$*" >&2; }
 

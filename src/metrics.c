@@ -1,0 +1,500 @@
+/*-------------------------------------------------------------------------
+ *
+ * metrics.c
+ *	  Counters and histograms of what runs do, in shared memory, read
+ *	  through the tuvl.metrics view and tuvl.metrics_prometheus().
+ *
+ * A series is a name, a set of labels (workflow, step, kind, model, ...)
+ * and the role whose run it counts; its value is a float8.  The code that
+ * executes runs adds to series as things happen (MetricCount,
+ * MetricObserveMs); the additions wait in this backend until the
+ * transaction commits and are then added to the shared table under one
+ * exclusive lock.  A transaction or subtransaction that rolls back counts
+ * nothing, so a step that failed and was made again, or a transition a
+ * crash cut short, counts once.  Reading takes the lock shared and never
+ * scans the journal, so a scrape every few seconds costs a few
+ * microseconds per series.
+ *
+ * The table holds TUVL_METRIC_SERIES series for the whole cluster; once it
+ * is full, new series are dropped and counted in tuvl.metrics.dropped.
+ * Counts start at zero when the server starts, as Prometheus expects of a
+ * counter.  Histograms are kept as cumulative buckets (le), a sum and a
+ * count.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "catalog/pg_authid.h"
+#include "catalog/pg_type.h"
+#include "funcapi.h"
+#include "mb/pg_wchar.h"
+#include "miscadmin.h"
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/hsearch.h"
+#include "utils/jsonb.h"
+#include "utils/memutils.h"
+
+#include "executor/spi.h"
+#include "utils/float.h"
+
+#include "jsonutil.h"
+#include "metrics.h"
+#include "spiutil.h"
+
+PG_FUNCTION_INFO_V1(tuvl_metric_series);
+
+#define TUVL_METRIC_SERIES 8192
+#define METRIC_NAME_LEN 48
+#define METRIC_LABELS_LEN 384
+#define METRIC_VALUE_MAX 63
+
+typedef enum MetricKind
+{
+	METRIC_COUNTER,
+	METRIC_BUCKET
+} MetricKind;
+
+typedef struct MetricKey
+{
+	Oid			db;
+	Oid			principal;
+	int32		kind;			/* MetricKind */
+	char		name[METRIC_NAME_LEN];
+	char		labels[METRIC_LABELS_LEN];	/* the labels as JSON text */
+} MetricKey;
+
+typedef struct MetricEntry
+{
+	MetricKey	key;
+	double		value;
+} MetricEntry;
+
+typedef struct MetricsShared
+{
+	LWLock	   *lock;
+	double		dropped;		/* additions to series that did not fit */
+} MetricsShared;
+
+static MetricsShared *metrics_shared = NULL;
+static HTAB *metrics_table = NULL;
+
+/* Additions of this backend's transaction, applied at commit. */
+typedef struct PendingMetric
+{
+	MetricKey	key;
+	double		delta;
+	int			level;			/* the (sub)transaction nest level */
+} PendingMetric;
+
+static PendingMetric *pending = NULL;
+static int	n_pending = 0;
+static int	max_pending = 0;
+
+/* Histogram bounds of tuvl.step.duration_ms and the like, in ms. */
+static const double bucket_bounds[] = {1, 10, 100, 1000, 10000, 60000, 300000};
+
+/* ---------------------------------------------------------------- shared memory */
+
+Size
+MetricsShmemSize(void)
+{
+	return add_size(MAXALIGN(sizeof(MetricsShared)),
+					hash_estimate_size(TUVL_METRIC_SERIES, sizeof(MetricEntry)));
+}
+
+void
+MetricsShmemRequest(void)
+{
+	RequestAddinShmemSpace(MetricsShmemSize());
+	RequestNamedLWLockTranche("tuvl metrics", 1);
+}
+
+void
+MetricsShmemStartup(void)
+{
+	bool		found;
+	HASHCTL		info;
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	metrics_shared = ShmemInitStruct("tuvl metrics", sizeof(MetricsShared), &found);
+	if (!found)
+	{
+		metrics_shared->lock = &(GetNamedLWLockTranche("tuvl metrics"))->lock;
+		metrics_shared->dropped = 0;
+	}
+	memset(&info, 0, sizeof(info));
+	info.keysize = sizeof(MetricKey);
+	info.entrysize = sizeof(MetricEntry);
+	metrics_table = ShmemInitHash("tuvl metric series", TUVL_METRIC_SERIES, TUVL_METRIC_SERIES,
+								  &info, HASH_ELEM | HASH_BLOBS);
+	LWLockRelease(AddinShmemInitLock);
+}
+
+/* ---------------------------------------------------------------- adding */
+
+/* The key of series name with labels (and le, for a bucket). */
+static void
+make_key(MetricKey *key, const char *name, Oid principal, MetricKind kind,
+		 const MetricLabel *labels, int nlabels, const char *le)
+{
+	JsonObjBuilder b;
+	char	   *text;
+
+	memset(key, 0, sizeof(MetricKey));
+	key->db = MyDatabaseId;
+	key->principal = principal;
+	key->kind = kind;
+	strlcpy(key->name, name, METRIC_NAME_LEN);
+	JsonObjStart(&b);
+	for (int i = 0; i < nlabels; i++)
+	{
+		const char *v = labels[i].value;
+
+		if (v == NULL)
+			continue;
+		JsonObjAddString(&b, labels[i].name,
+						 pnstrdup(v, pg_mbcliplen(v, strlen(v), METRIC_VALUE_MAX)));
+	}
+	if (le)
+		JsonObjAddString(&b, "le", le);
+	text = JsonText(JsonObjEnd(&b));
+	strlcpy(key->labels, text, METRIC_LABELS_LEN);
+	if (strlen(text) >= METRIC_LABELS_LEN)
+		strlcpy(key->labels, "{\"labels\": \"too long\"}", METRIC_LABELS_LEN);
+}
+
+static void
+add_pending(const MetricKey *key, double delta)
+{
+	int			level = GetCurrentTransactionNestLevel();
+
+	for (int i = n_pending - 1; i >= 0 && pending[i].level == level; i--)
+		if (memcmp(&pending[i].key, key, sizeof(MetricKey)) == 0)
+		{
+			pending[i].delta += delta;
+			return;
+		}
+	if (n_pending == max_pending)
+	{
+		max_pending = max_pending ? max_pending * 2 : 16;
+		pending = pending ? repalloc(pending, max_pending * sizeof(PendingMetric))
+			: MemoryContextAlloc(TopMemoryContext, max_pending * sizeof(PendingMetric));
+	}
+	pending[n_pending].key = *key;
+	pending[n_pending].delta = delta;
+	pending[n_pending].level = level;
+	n_pending++;
+}
+
+/*
+ * Add delta to counter name of principal's runs, with these labels (a
+ * NULL value leaves its label out), when the transaction commits.
+ */
+void
+MetricCount(const char *name, Oid principal, const MetricLabel *labels, int nlabels, double delta)
+{
+	MetricKey	key;
+
+	if (metrics_table == NULL || !IsTransactionState())
+		return;
+	make_key(&key, name, principal, METRIC_COUNTER, labels, nlabels, NULL);
+	add_pending(&key, delta);
+}
+
+/*
+ * Observe ms in histogram name: its cumulative buckets, its sum
+ * (name.sum) and its count (name.count).
+ */
+void
+MetricObserveMs(const char *name, Oid principal, const MetricLabel *labels, int nlabels,
+				double ms)
+{
+	MetricKey	key;
+
+	if (metrics_table == NULL || !IsTransactionState())
+		return;
+	for (int i = 0; i < (int) lengthof(bucket_bounds); i++)
+		if (ms <= bucket_bounds[i])
+		{
+			make_key(&key, name, principal, METRIC_BUCKET, labels, nlabels,
+					 psprintf("%g", bucket_bounds[i]));
+			add_pending(&key, 1);
+		}
+	make_key(&key, name, principal, METRIC_BUCKET, labels, nlabels, "+Inf");
+	add_pending(&key, 1);
+	MetricCount(psprintf("%s.sum", name), principal, labels, nlabels, ms);
+	MetricCount(psprintf("%s.count", name), principal, labels, nlabels, 1);
+}
+
+/* At commit: add what the transaction counted to the shared table. */
+static void
+flush_pending(void)
+{
+	if (n_pending == 0)
+		return;
+	LWLockAcquire(metrics_shared->lock, LW_EXCLUSIVE);
+	for (int i = 0; i < n_pending; i++)
+	{
+		bool		found;
+		MetricEntry *e = hash_search(metrics_table, &pending[i].key, HASH_ENTER_NULL, &found);
+
+		if (e == NULL)
+			metrics_shared->dropped += pending[i].delta;
+		else
+			e->value = found ? e->value + pending[i].delta : pending[i].delta;
+	}
+	LWLockRelease(metrics_shared->lock);
+	n_pending = 0;
+}
+
+void
+MetricsXactCallback(XactEvent event, void *arg)
+{
+	if ((event == XACT_EVENT_COMMIT || event == XACT_EVENT_PARALLEL_COMMIT) && metrics_table)
+		flush_pending();
+	else if (event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT ||
+			 event == XACT_EVENT_PREPARE)
+		n_pending = 0;
+}
+
+/* A subtransaction's additions go to its parent, or away with it. */
+void
+MetricsSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
+					   SubTransactionId parentSubid, void *arg)
+{
+	int			level = GetCurrentTransactionNestLevel();
+
+	if (event == SUBXACT_EVENT_ABORT_SUB)
+	{
+		while (n_pending > 0 && pending[n_pending - 1].level >= level)
+			n_pending--;
+	}
+	else if (event == SUBXACT_EVENT_COMMIT_SUB)
+	{
+		for (int i = n_pending - 1; i >= 0 && pending[i].level >= level; i--)
+			pending[i].level = level - 1;
+	}
+}
+
+/* ---------------------------------------------------------------- reading */
+
+/* May the current user see the series of principal's runs? */
+static bool
+may_see(Oid principal, bool operator)
+{
+	return operator || has_privs_of_role(GetUserId(), principal);
+}
+
+/*
+ * tuvl._metric_series(): the series of this database the caller may see
+ * (its own roles' runs; every run for tuvl_operator): name, kind, labels,
+ * value, one row per role.  tuvl.metrics sums them.
+ */
+Datum
+tuvl_metric_series(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Oid			op = get_role_oid("tuvl_operator", true);
+	bool		operator = superuser() || (OidIsValid(op) && has_privs_of_role(GetUserId(), op));
+	HASH_SEQ_STATUS seq;
+	MetricEntry *e;
+	List	   *rows = NIL;
+	ListCell   *lc;
+
+	InitMaterializedSRF(fcinfo, 0);
+	if (metrics_table == NULL)
+		PG_RETURN_VOID();
+
+	/* copy under the lock, build the tuples after it */
+	LWLockAcquire(metrics_shared->lock, LW_SHARED);
+	hash_seq_init(&seq, metrics_table);
+	while ((e = hash_seq_search(&seq)) != NULL)
+		if (e->key.db == MyDatabaseId)
+		{
+			MetricEntry *c = palloc(sizeof(MetricEntry));
+
+			*c = *e;
+			rows = lappend(rows, c);
+		}
+	if (operator && metrics_shared->dropped > 0)
+	{
+		MetricEntry *c = palloc0(sizeof(MetricEntry));
+
+		c->key.db = MyDatabaseId;
+		strlcpy(c->key.name, "tuvl.metrics.dropped", METRIC_NAME_LEN);
+		strlcpy(c->key.labels, "{}", METRIC_LABELS_LEN);
+		c->value = metrics_shared->dropped;
+		rows = lappend(rows, c);
+	}
+	LWLockRelease(metrics_shared->lock);
+
+	foreach(lc, rows)
+	{
+		MetricEntry *c = lfirst(lc);
+		Datum		values[4];
+		bool		nulls[4] = {false, false, false, false};
+
+		if (OidIsValid(c->key.principal) && !may_see(c->key.principal, operator))
+			continue;
+		values[0] = CStringGetTextDatum(c->key.name);
+		values[1] = CStringGetTextDatum(c->key.kind == METRIC_BUCKET ? "histogram_bucket" : "counter");
+		values[2] = JsonbPGetDatum(JsonFromCString(c->key.labels));
+		values[3] = Float8GetDatum(c->value);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	PG_RETURN_VOID();
+}
+
+/* ---------------------------------------------------------------- Prometheus */
+
+PG_FUNCTION_INFO_V1(tuvl_metrics_prometheus);
+
+/* A metric name as Prometheus spells it: [a-zA-Z0-9_], dots become _. */
+static char *
+prom_name(const char *name)
+{
+	char	   *s = pstrdup(name);
+
+	for (char *p = s; *p; p++)
+		if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9')))
+			*p = '_';
+	return s;
+}
+
+/* {k="v",...} of a labels object, values escaped, or "" when empty. */
+static void
+append_labels(StringInfo buf, Jsonb *labels)
+{
+	JsonbIterator *it = JsonbIteratorInit(&labels->root);
+	JsonbValue	v;
+	char	   *key;
+	bool		first = true;
+
+	while (JsonObjectNext(&it, &key, &v))
+	{
+		char	   *val = v.type == jbvString ? pnstrdup(v.val.string.val, v.val.string.len)
+			: JsonValueToText(&v);
+
+		appendStringInfoString(buf, first ? "{" : ",");
+		appendStringInfo(buf, "%s=\"", prom_name(key));
+		for (char *p = val; *p; p++)
+		{
+			if (*p == '\\' || *p == '"')
+				appendStringInfoChar(buf, '\\');
+			if (*p == '\n')
+				appendStringInfoString(buf, "\\n");
+			else
+				appendStringInfoChar(buf, *p);
+		}
+		appendStringInfoChar(buf, '"');
+		first = false;
+	}
+	if (!first)
+		appendStringInfoChar(buf, '}');
+}
+
+/* Is name "<a histogram's name>.sum" or ".count"?  *base gets the histogram's. */
+static bool
+histogram_part(const char *name, List *histograms, char **base, const char **suffix)
+{
+	const char *dot = strrchr(name, '.');
+	ListCell   *lc;
+
+	if (dot == NULL || (strcmp(dot, ".sum") != 0 && strcmp(dot, ".count") != 0))
+		return false;
+	foreach(lc, histograms)
+		if (strlen(lfirst(lc)) == (size_t) (dot - name) && strncmp(lfirst(lc), name, dot - name) == 0)
+		{
+			*base = lfirst(lc);
+			*suffix = strcmp(dot, ".sum") == 0 ? "_sum" : "_count";
+			return true;
+		}
+	return false;
+}
+
+/*
+ * tuvl.metrics_prometheus(): tuvl.metrics in the Prometheus text format
+ * (version 0.0.4): counters as <name>_total, gauges, and histograms as
+ * _bucket, _sum and _count, dots in names as underscores.  Reads the view
+ * as the caller, so a role sees what tuvl.metrics shows it.
+ */
+Datum
+tuvl_metrics_prometheus(PG_FUNCTION_ARGS)
+{
+	StringInfoData buf;
+	List	   *histograms = NIL;
+	char	   *family = NULL;
+	uint64		n;
+
+	initStringInfo(&buf);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "could not connect to SPI");
+	n = SpiExec("SELECT name, kind, labels, value FROM tuvl.metrics ORDER BY name, labels::pg_catalog.text",
+				0, NULL, NULL, NULL, SPI_OK_SELECT);
+	for (uint64 i = 0; i < n; i++)
+		if (strcmp(SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2), "histogram_bucket") == 0)
+		{
+			char	   *name = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+
+			if (histograms == NIL || strcmp(llast(histograms), name) != 0)
+				histograms = lappend(histograms, name);
+		}
+	for (uint64 i = 0; i < n; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	td = SPI_tuptable->tupdesc;
+		char	   *name = SPI_getvalue(tup, td, 1);
+		char	   *kind = SPI_getvalue(tup, td, 2);
+		bool		isnull;
+		Jsonb	   *labels = DatumGetJsonbP(SPI_getbinval(tup, td, 3, &isnull));
+		double		value = DatumGetFloat8(SPI_getbinval(tup, td, 4, &isnull));
+		char	   *base;
+		const char *suffix;
+		char	   *fam;
+		char	   *sample;
+		const char *type;
+
+		if (strcmp(kind, "histogram_bucket") == 0)
+		{
+			fam = prom_name(name);
+			sample = psprintf("%s_bucket", fam);
+			type = "histogram";
+		}
+		else if (strcmp(kind, "counter") == 0 && histogram_part(name, histograms, &base, &suffix))
+		{
+			fam = prom_name(base);
+			sample = psprintf("%s%s", fam, suffix);
+			type = "histogram";
+		}
+		else if (strcmp(kind, "counter") == 0)
+		{
+			fam = prom_name(name);
+			if (strlen(fam) < 6 || strcmp(fam + strlen(fam) - 6, "_total") != 0)
+				fam = psprintf("%s_total", fam);
+			sample = fam;
+			type = "counter";
+		}
+		else
+		{
+			fam = prom_name(name);
+			sample = fam;
+			type = "gauge";
+		}
+		if (family == NULL || strcmp(family, fam) != 0)
+		{
+			appendStringInfo(&buf, "# TYPE %s %s\n", fam, type);
+			family = fam;
+		}
+		appendStringInfoString(&buf, sample);
+		append_labels(&buf, labels);
+		appendStringInfo(&buf, " %s\n", float8out_internal(value));
+	}
+	SPI_finish();
+	PG_RETURN_TEXT_P(cstring_to_text(buf.data));
+}
