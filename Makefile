@@ -41,6 +41,7 @@ OBJS = \
 	src/step_sql.o \
 	src/supervisor.o \
 	src/template.o \
+	src/trace.o \
 	src/tuvl.o \
 	src/validate.o \
 	src/worker.o \

@@ -72,6 +72,7 @@
 #include "spiutil.h"
 #include "supervisor.h"
 #include "template.h"
+#include "trace.h"
 #include "tuvl.h"
 
 #define AGENT_MAX_TOOL_RESULT_CHARS 8000
@@ -127,6 +128,7 @@ typedef struct AgentLoop
 	SupervisorWatch watch;
 	List	   *call_sigs;		/* "tool\x1farguments" of every call so far */
 	MemoryContext keep;			/* outlives replayed turns: watch, call_sigs */
+	TimestampTz call_started;	/* when the tool call in progress started */
 } AgentLoop;
 
 typedef enum ToolStatus
@@ -469,6 +471,56 @@ find_tool(AgentLoop *l, const char *name)
 	return NULL;
 }
 
+/*
+ * A structured server log line for an agent event (tuvl.log_agent_events):
+ * "tuvl agent event {...}" with the event's name, the run, the step, the
+ * iteration, the trace id and the event's own fields.
+ */
+static void
+log_event(AgentLoop *l, const char *event, Jsonb *fields)
+{
+	JsonObjBuilder b;
+	Jsonb	   *line;
+
+	if (!tuvl_log_agent_events || l->run->replay)
+		return;
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "event", event);
+	JsonObjAddInt(&b, "run_id", l->run->id);
+	JsonObjAddString(&b, "workflow", l->run->workflow);
+	JsonObjAddString(&b, "step_id", l->step->id);
+	JsonObjAddInt(&b, "iteration", l->iteration);
+	JsonObjAddString(&b, "trace_id", RunTraceId(l->run));
+	line = JsonObjEnd(&b);
+	if (fields)
+		line = JsonMerge(line, fields);
+	ereport(LOG, (errmsg("tuvl agent event %s", JsonText(line)), errhidestmt(true)));
+}
+
+/*
+ * The span of the turn whose model answer just came back: the model call,
+ * from its measured latency; the turn's tool calls are its children.
+ */
+static void
+trace_iteration(AgentLoop *l, LlmReply *reply, int ncalls)
+{
+	Jsonb	   *rec = EffectAt(l->run, l->cursor - 1);
+	int64		latency = rec ? JsonGetInt(rec, "latency_ms", 0) : 0;
+	TimestampTz now = GetCurrentTimestamp();
+	TraceSpan	s;
+
+	TraceSpanStart(&s, l->run, "agent.iteration", SPAN_KIND_INTERNAL,
+				   TraceIterationSpanId(l->run, l->run->entry_seq, l->iteration),
+				   TraceStepSpanId(l->run, l->run->entry_seq), now - latency * 1000);
+	TraceAttrString(&s, "tuvl.agent.step_id", l->step->id);
+	TraceAttrInt(&s, "tuvl.agent.iteration", l->iteration);
+	TraceAttrInt(&s, "tuvl.agent.tokens_used", l->tokens_used);
+	TraceAttrInt(&s, "tuvl.agent.tool_calls", ncalls);
+	TraceAttrString(&s, "gen_ai.request.model", l->cfg->model);
+	TraceAttrString(&s, "gen_ai.response.finish_reasons", reply->finish_reason);
+	TraceSpanEnd(&s, now, NULL);
+}
+
 /* Add 1 to an agent counter (metrics.c), labelled with the step and model. */
 static void
 count_agent(AgentLoop *l, const char *metric, const char *tool, const char *signal)
@@ -722,6 +774,15 @@ agent_exit(AgentLoop *l, const char *signal, const char *error_type, const char 
 		count_agent(l, "tuvl.agent.aborts", NULL, NULL);
 	else if (strcmp(signal, "budget_exceeded") == 0)
 		count_agent(l, "tuvl.agent.budget_exceeded", NULL, NULL);
+	if (error_type && tuvl_log_agent_events)
+	{
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "signal", signal);
+		JsonObjAddString(&b, "error", message);
+		/* a model call that failed or timed out is agent.llm_error */
+		log_event(l, psprintf("agent.%s", strcmp(error_type, "timeout") == 0 ? "llm_error" : error_type),
+				  JsonObjEnd(&b));
+	}
 
 	result->signal = pstrdup(signal);
 	result->context_merge = l->merge;
@@ -946,7 +1007,30 @@ tool_done(AgentLoop *l, int call, const char *id, const char *name, const char *
 	JsonObjAddString(&b, "tool", name);
 	JsonObjAddString(&b, "signal", signal);
 	progress(l, JsonObjEnd(&b));
+	if (tuvl_log_agent_events)
+	{
+		JsonObjStart(&b);
+		JsonObjAddInt(&b, "call", call);
+		JsonObjAddString(&b, "tool", name);
+		JsonObjAddString(&b, "signal", signal);
+		if (error)
+			JsonObjAddString(&b, "error", error);
+		log_event(l, "agent.tool_call", JsonObjEnd(&b));
+	}
 	count_agent(l, "tuvl.agent.tool_calls", name, signal);
+	if (TraceEnabled(l->run))
+	{
+		TraceSpan	s;
+
+		TraceSpanStart(&s, l->run, "agent.tool_call", SPAN_KIND_INTERNAL,
+					   TraceSpanId(l->run, psprintf("tool:%d:%d", l->run->entry_seq, call)),
+					   TraceIterationSpanId(l->run, l->run->entry_seq, l->iteration), l->call_started);
+		TraceAttrString(&s, "tuvl.agent.step_id", l->step->id);
+		TraceAttrInt(&s, "tuvl.agent.iteration", l->iteration);
+		TraceAttrString(&s, "tuvl.agent.tool", name);
+		TraceAttrString(&s, "tuvl.agent.tool_signal", signal);
+		TraceSpanEnd(&s, GetCurrentTimestamp(), error);
+	}
 	judge_tool_result(l, call, *content);
 }
 
@@ -1352,11 +1436,13 @@ tool_call(AgentLoop *l, Jsonb *tc, int index, char **content)
 		started = record_tool_start(l, call, id, name, tool, args, args_text);
 		first_inner = l->cursor;
 		fresh = true;
+		l->call_started = started;
 	}
 	else
 	{
 		started = replay_tool_start(l, call, &approval);
 		first_inner = l->cursor;
+		l->call_started = started;
 		if (serve_finished_call(l, call, content))
 			return TOOL_DONE;
 	}
@@ -1436,13 +1522,20 @@ agent_turn(AgentLoop *l)
 	{
 		JsonObjBuilder b;
 
+		Jsonb	   *fields;
+
 		JsonObjStart(&b);
 		JsonObjAddString(&b, "event", "iteration");
 		JsonObjAddInt(&b, "iteration", l->iteration);
 		JsonObjAddInt(&b, "tool_calls", ncalls);
 		JsonObjAddInt(&b, "tokens_used", l->tokens_used);
-		progress(l, JsonObjEnd(&b));
+		fields = JsonObjEnd(&b);
+		progress(l, fields);
+		if (tuvl_log_agent_events)
+			log_event(l, "agent.turn", JsonRemoveKey(fields, "event"));
 		count_agent(l, "tuvl.agent.iterations", NULL, NULL);
+		if (TraceEnabled(l->run))
+			trace_iteration(l, &reply, ncalls);
 	}
 	add_message(l, "assistant", reply.text, ncalls > 0 ? reply.tool_calls : NULL, NULL, false);
 	if (ncalls == 0)

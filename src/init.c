@@ -29,6 +29,7 @@
 #include "metrics.h"
 #include "queue.h"
 #include "security.h"
+#include "trace.h"
 #include "tuvl.h"
 
 PG_MODULE_MAGIC;
@@ -62,6 +63,7 @@ shmem_request(void)
 		prev_shmem_request_hook();
 	TuvlShmemRequest();
 	MetricsShmemRequest();
+	TraceShmemRequest();
 }
 
 /*
@@ -75,6 +77,7 @@ shmem_startup(void)
 		prev_shmem_startup_hook();
 	TuvlShmemStartup();
 	MetricsShmemStartup();
+	TraceShmemStartup();
 }
 
 static void
@@ -115,6 +118,8 @@ _PG_init(void)
 	RegisterXactCallback(QueueXactCallback, NULL);
 	RegisterXactCallback(MetricsXactCallback, NULL);
 	RegisterSubXactCallback(MetricsSubXactCallback, NULL);
+	RegisterXactCallback(TraceXactCallback, NULL);
+	RegisterSubXactCallback(TraceSubXactCallback, NULL);
 	SecurityInit();
 
 	if (!process_shared_preload_libraries_in_progress)

@@ -41,7 +41,9 @@
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
+#include "http.h"
 #include "launcher.h"
+#include "trace.h"
 #include "tuvl.h"
 
 /* Re-probe an ABSENT database after this many naptimes. */
@@ -341,7 +343,17 @@ TuvlLauncherMain(Datum main_arg)
 		ResetLatch(MyLatch);
 		reap_workers();
 		balance_pools();
-		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 tuvl_launcher_naptime, PG_WAIT_EXTENSION);
+		/* export spans (trace.c): the collector's socket wakes us too */
+		{
+			long		wait_ms = TraceExport();
+
+			if (wait_ms < 0 || wait_ms > tuvl_launcher_naptime)
+				wait_ms = tuvl_launcher_naptime;
+			if (HttpInFlight() > 0)
+				(void) HttpWait(wait_ms);
+			else
+				(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+								 wait_ms, PG_WAIT_EXTENSION);
+		}
 	}
 }

@@ -81,7 +81,34 @@ static const char claim_sql[] =
 "                        LIMIT q.k FOR UPDATE SKIP LOCKED) c)) "
 "RETURNING r.id, r.attempt, r.workflow, r.workflow_version, r.principal, "
 "  r.context, r.current_step, r.last_seq, r.step_state, r.control, r.compensation, "
-"  r.principal_id, r.priority, r.hook OPERATOR(pg_catalog.->>) 'step'";
+"  r.principal_id, r.priority, r.hook OPERATOR(pg_catalog.->>) 'step', r.started_at";
+
+/* The rest of a claimed run's row (claim_sql's columns 9 and on). */
+static void
+load_claimed(RunState *run, HeapTuple tup, TupleDesc td)
+{
+	MemoryContext old = MemoryContextSwitchTo(run->cxt);
+	bool		isnull;
+	Datum		d;
+
+	d = SPI_getbinval(tup, td, 9, &isnull);
+	if (!isnull)
+		run->step_state = DatumGetJsonbPCopy(d);
+	d = SPI_getbinval(tup, td, 10, &isnull);
+	if (!isnull)
+		run->control = DatumGetJsonbPCopy(d);
+	d = SPI_getbinval(tup, td, 11, &isnull);
+	if (!isnull)
+		run->compensation = DatumGetJsonbPCopy(d);
+	d = SPI_getbinval(tup, td, 15, &isnull);
+	if (!isnull)
+		run->started_at = DatumGetTimestampTz(d);
+	MemoryContextSwitchTo(old);
+	/* a notify hook's run executes one step */
+	if (SPI_getvalue(tup, td, 14) != NULL)
+		run->notify_step = WorkflowFindStep(WorkflowLoad(run->workflow, run->version),
+											SPI_getvalue(tup, td, 14));
+}
 
 /* The role after which the next claim starts. */
 static Oid	claim_cursor = InvalidOid;
@@ -241,34 +268,7 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, bool
 							 step,
 							 DatumGetInt32(SPI_getbinval(tup, td, 8, &isnull)),
 							 NULL);
-		/* a notify hook's run executes one step */
-		if (SPI_getvalue(tup, td, 14) != NULL)
-			run->notify_step = WorkflowFindStep(WorkflowLoad(run->workflow, run->version),
-												SPI_getvalue(tup, td, 14));
-		{
-			Datum		ss = SPI_getbinval(tup, td, 9, &isnull);
-
-			if (!isnull)
-			{
-				old = MemoryContextSwitchTo(run->cxt);
-				run->step_state = DatumGetJsonbPCopy(ss);
-				MemoryContextSwitchTo(old);
-			}
-			ss = SPI_getbinval(tup, td, 10, &isnull);
-			if (!isnull)
-			{
-				old = MemoryContextSwitchTo(run->cxt);
-				run->control = DatumGetJsonbPCopy(ss);
-				MemoryContextSwitchTo(old);
-			}
-			ss = SPI_getbinval(tup, td, 11, &isnull);
-			if (!isnull)
-			{
-				old = MemoryContextSwitchTo(run->cxt);
-				run->compensation = DatumGetJsonbPCopy(ss);
-				MemoryContextSwitchTo(old);
-			}
-		}
+		load_claimed(run, tup, td);
 		old = MemoryContextSwitchTo(runs_cxt);
 		runs = lappend(runs, run);
 		MemoryContextSwitchTo(old);

@@ -70,6 +70,7 @@
 #include "hook.h"
 #include "journal.h"
 #include "metrics.h"
+#include "trace.h"
 #include "jsonutil.h"
 #include "llm.h"
 #include "security.h"
@@ -112,6 +113,7 @@ RunStateCreate(MemoryContext parent, int64 id, int attempt,
 	run->last_seq = last_seq;
 	run->step_state = step_state ? DatumGetJsonbPCopy(JsonbPGetDatum(step_state)) : NULL;
 	run->notify_step = -1;
+	run->started_at = GetCurrentTimestamp();
 	MemoryContextSwitchTo(old);
 
 	wf = WorkflowLoad(workflow, version);
@@ -227,6 +229,8 @@ active_status(RunState *run)
 	return CompensationActive(run) ? RUN_COMPENSATING : RUN_RUNNING;
 }
 
+static char *effect_span_id(RunState *run, const char *judge);
+
 /* The step_state written while a step waits for an effect. */
 static Jsonb *
 pending_step_state(Transition *t, EffectRequest *effect)
@@ -306,6 +310,16 @@ finish_pending(Transition *t, StepResult *result)
 	cp.steer_done = result->steer_done;
 	cp.events = events;
 	CheckpointWrite(run, &cp);
+	/* the request names the span that will record it (trace_effect) */
+	if (TraceEnabled(run))
+	{
+		HttpHeader *h = palloc(sizeof(HttpHeader));
+
+		h->name = "traceparent";
+		h->value = TraceParent(run, effect_span_id(run, effect->tag ? JsonGetString(effect->tag, "judge")
+												   : NULL));
+		effect->http.headers = lappend(effect->http.headers, h);
+	}
 	RunForgetSend(run);
 	run->send_cxt = AllocSetContextCreate(run->cxt, "tuvl effect", ALLOCSET_DEFAULT_SIZES);
 	run->send = EffectRequestCopy(effect, run->send_cxt);
@@ -502,6 +516,38 @@ count_step(Transition *t, const char *signal)
 					(double) (GetCurrentTimestamp() - t->entered) / 1000.0);
 }
 
+/* The span of a step that ended: from its entry, a child of the run's. */
+static void
+trace_step(Transition *t, const char *signal, const char *error)
+{
+	TraceSpan	s;
+
+	TraceSpanStart(&s, t->run, psprintf("step %s", t->step->id), SPAN_KIND_INTERNAL,
+				   TraceStepSpanId(t->run, t->run->entry_seq), TraceRunSpanId(t->run), t->entered);
+	TraceAttrString(&s, "tuvl.step.id", t->step->id);
+	TraceAttrString(&s, "tuvl.step.kind", t->step->kind_name);
+	TraceAttrString(&s, "tuvl.step.signal", signal);
+	if (t->step->kind == STEP_AGENT)
+		TraceAttrString(&s, "tuvl.agent.step_id", t->step->id);
+	TraceSpanEnd(&s, GetCurrentTimestamp(), error);
+}
+
+/* The span of a run that ended: the root of its trace. */
+static void
+trace_run(Transition *t, Checkpoint *cp)
+{
+	TraceSpan	s;
+
+	TraceSpanStart(&s, t->run, psprintf("run %s", t->run->workflow), SPAN_KIND_INTERNAL,
+				   TraceRunSpanId(t->run), NULL, t->run->started_at);
+	TraceAttrInt(&s, "tuvl.workflow.version", t->run->version);
+	TraceAttrString(&s, "tuvl.run.status", RunStatusName(cp->status));
+	TraceAttrString(&s, "tuvl.run.end", cp->end_name);
+	TraceAttrString(&s, "tuvl.run.principal", t->run->principal_name);
+	TraceSpanEnd(&s, GetCurrentTimestamp(), cp->status == RUN_COMPLETED ? NULL : cp->error ? cp->error
+				 : RunStatusName(cp->status));
+}
+
 /* agent_completed: how the step ended, with its output or its error. */
 static void
 journal_step_end(Transition *t, StepResult *result, ErrorData *edata, const char *signal,
@@ -536,6 +582,8 @@ journal_step_end(Transition *t, StepResult *result, ErrorData *edata, const char
 	}
 	ev = JournalAdd(events, "agent_completed", step->id, step->kind_name, JsonObjEnd(&b));
 	ev->latency_ms = INSTR_TIME_GET_MILLISEC(duration);
+	if (TraceEnabled(t->run))
+		trace_step(t, signal, edata ? edata->message : result ? result->exit_error : NULL);
 
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "signal", signal);
@@ -566,6 +614,8 @@ journal_checkpoint(Transition *t, Checkpoint *cp)
 	JournalAdd(&cp->events, cp->status == RUN_COMPLETED ? "run_completed" :
 			   cp->status == RUN_ABORTED ? "run_aborted" : "run_failed",
 			   NULL, NULL, JsonObjEnd(&b));
+	if (TraceEnabled(t->run))
+		trace_run(t, cp);
 }
 
 /*
@@ -939,6 +989,69 @@ in_subtransaction(Transition *t, ErrorData *step_error, bool *step_failed)
 	return edata;
 }
 
+/* The span id of the step's effect at position (or judge call judge). */
+static char *
+effect_span_id(RunState *run, const char *judge)
+{
+	return TraceSpanId(run, judge ? psprintf("effect:%d:%s", run->entry_seq, judge)
+					   : psprintf("effect:%d:%d", run->entry_seq, EffectCount(run)));
+}
+
+/*
+ * The span of a request whose result just came back: HTTP, MCP or a
+ * model call, from its measured latency, a child of the step's span.  The
+ * request carried its id in traceparent (finish_pending).
+ */
+static void
+trace_effect(Transition *t, JournalEvent *ev, bool llm, const char *judge)
+{
+	RunState   *run = t->run;
+	Jsonb	   *fresh = run->fresh_effect;
+	Jsonb	   *pending = run->step_state ? JsonGetJsonb(run->step_state, "pending") : NULL;
+	Jsonb	   *request = pending ? JsonGetJsonb(pending, "request") : NULL;
+	char	   *method = request ? JsonGetString(request, "method") : NULL;
+	int64		status = JsonGetInt(fresh, "status", 0);
+	TimestampTz now = GetCurrentTimestamp();
+	char	   *error = JsonGetString(fresh, "error");
+	TraceSpan	s;
+
+	TraceSpanStart(&s, run, llm ? psprintf("chat %s", JsonGetString(fresh, "model"))
+				   : (method ? method : "HTTP"), SPAN_KIND_CLIENT,
+				   effect_span_id(run, judge), TraceStepSpanId(run, run->entry_seq),
+				   now - (TimestampTz) (Max(ev->latency_ms, 0) * 1000));
+	TraceAttrString(&s, "tuvl.step.id", t->step->id);
+	if (llm)
+	{
+		TraceAttrString(&s, "gen_ai.operation.name", "chat");
+		TraceAttrString(&s, "gen_ai.system", JsonGetString(fresh, "provider"));
+		TraceAttrString(&s, "gen_ai.request.model", JsonGetString(fresh, "model"));
+		if (ev->payload && JsonGetJsonb(ev->payload, "tokens"))
+		{
+			TraceAttrInt(&s, "gen_ai.usage.input_tokens",
+						 JsonGetInt(JsonGetJsonb(ev->payload, "tokens"), "prompt", 0));
+			TraceAttrInt(&s, "gen_ai.usage.output_tokens",
+						 JsonGetInt(JsonGetJsonb(ev->payload, "tokens"), "completion", 0));
+		}
+		if (judge)
+			TraceAttrString(&s, "tuvl.judge", judge);
+	}
+	else
+	{
+		TraceAttrString(&s, "http.request.method", method);
+		TraceAttrString(&s, "url.full", request ? JsonGetString(request, "url") : NULL);
+		if (request && JsonGetString(request, "tool"))
+			TraceAttrString(&s, "tuvl.mcp.tool", JsonGetString(request, "tool"));
+	}
+	if (status > 0)
+		TraceAttrInt(&s, "http.response.status_code", status);
+	if (error == NULL && status >= 400)
+		error = psprintf("HTTP status %lld", (long long) status);
+	if (error)
+		TraceAttrString(&s, "error.type", JsonGetString(fresh, "error_kind")
+						? JsonGetString(fresh, "error_kind") : psprintf("%lld", (long long) status));
+	TraceSpanEnd(&s, now, error);
+}
+
 /*
  * Journal the result of the effect the step was waiting for and make it
  * visible to the step (run->working_effects).
@@ -986,6 +1099,8 @@ take_fresh_effect(Transition *t)
 	if (lat && lat->type == jbvNumeric)
 		ev->latency_ms = DatumGetFloat8(DirectFunctionCall1(numeric_float8,
 															NumericGetDatum(lat->val.numeric)));
+	if (TraceEnabled(run))
+		trace_effect(t, ev, op && strcmp(op, "llm") == 0, judge);
 	if (op && judge && strcmp(op, "llm") == 0)
 	{
 		/* a judge's answer is found by its id (judge.c), not its position */

@@ -42,6 +42,7 @@ typedef struct RunState
 								 * its fixture, secrets are never read */
 	int			notify_step;	/* >= 0: a run a notify hook started, which
 								 * executes this step and ends (hook.c) */
+	TimestampTz started_at;		/* when a worker (or tuvl.run()) first took it */
 	Jsonb	   *context;
 	RunStatus	status;			/* as of the last transition applied */
 	int			step;			/* index of the current step; -1: start */

@@ -62,6 +62,8 @@ TuvlWorkerSlot *MyTuvlSlot = NULL;
 int			tuvl_http_max_response_size = 10 * 1024 * 1024;
 int			tuvl_http_max_redirects = 5;
 bool		tuvl_http_verify_tls = true;
+bool		tuvl_log_agent_events = false;
+char	   *tuvl_otlp_endpoint = NULL;
 
 
 /* Backend-local wake-ups to deliver at commit. */
@@ -550,6 +552,16 @@ TuvlDefineGucs(void)
 							 "Verify TLS certificates and host names of HTTPS requests.",
 							 "Turn off only for testing.",
 							 &tuvl_http_verify_tls, true,
+							 PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomStringVariable("tuvl.otlp_endpoint",
+							   "Where to export spans of runs, over OTLP/HTTP (JSON).",
+							   "For example http://127.0.0.1:4318/v1/traces; empty: no traces. The host must be in tuvl.http_allowed_hosts.",
+							   &tuvl_otlp_endpoint, "",
+							   PGC_SIGHUP, 0, NULL, NULL, NULL);
+	DefineCustomBoolVariable("tuvl.log_agent_events",
+							 "Write a server log line for each agent turn, tool call and exit.",
+							 "Each line is \"tuvl agent event\" and a JSON object with the event, run, step, iteration and trace id.",
+							 &tuvl_log_agent_events, false,
 							 PGC_SUSET, 0, NULL, NULL, NULL);
 	MarkGUCPrefixReserved("tuvl");
 }

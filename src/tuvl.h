@@ -121,6 +121,8 @@ extern void TuvlCheckSize(const char *what, int64 bytes, int64 limit, const char
 extern int	tuvl_http_max_response_size;
 extern int	tuvl_http_max_redirects;
 extern bool tuvl_http_verify_tls;
+extern bool tuvl_log_agent_events;
+extern char *tuvl_otlp_endpoint;
 
 /*
  * How many tuvl.replay() calls this backend is inside.  A replay serves

@@ -12,6 +12,8 @@
 #                 server (TUVL_HTTP_PORT) and the reference MCP server
 #                 @modelcontextprotocol/server-everything (TUVL_MCP_URL)
 #                 and the scripted LLM server (TUVL_LLM_PORT, TUVL_LLM_URL)
+#                 and an OTLP/HTTP trace receiver checking spans against
+#                 OpenTelemetry's definitions (TUVL_OTLP_URL)
 
 TUVL_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
@@ -60,6 +62,18 @@ tuvl_install_mcp() {
     tuvl_log "installing $TUVL_MCP_PACKAGE"
     mkdir -p "$dir"
     (cd "$dir" && npm install --no-audit --no-fund --silent "$TUVL_MCP_PACKAGE" >/dev/null)
+}
+
+# OpenTelemetry's protobuf definitions (as protobufjs types), from npm, into
+# test/servers/otlp (not committed): the OTLP receiver checks spans with them.
+TUVL_OTLP_PACKAGE="@opentelemetry/otlp-transformer@0.57.2"
+tuvl_install_otlp() {
+    local dir=$TUVL_ROOT/test/servers/otlp
+    [ -f "$dir/node_modules/@opentelemetry/otlp-transformer/build/src/generated/root.js" ] && return 0
+    command -v npm >/dev/null 2>&1 || tuvl_install_mcp || return 1
+    tuvl_log "installing $TUVL_OTLP_PACKAGE"
+    mkdir -p "$dir"
+    (cd "$dir" && npm install --no-audit --no-fund --silent "$TUVL_OTLP_PACKAGE" >/dev/null)
 }
 
 tuvl_build() {
@@ -135,7 +149,13 @@ tuvl_peers() {
         tuvl_wait_port "$port"
         export TUVL_MCP_URL="http://127.0.0.1:$port/mcp" TUVL_MCP_PORT=$port
     fi
-    tuvl_log "peers: HTTP test server on $TUVL_HTTP_PORT, LLM server at $TUVL_LLM_URL, MCP server at ${TUVL_MCP_URL:-none}"
+    if tuvl_install_otlp; then
+        TUVL_OTLP_PORT=$(tuvl_free_port)
+        tuvl_spawn node "$TUVL_ROOT/test/servers/otlp_receiver.js" --port "$TUVL_OTLP_PORT" 2>"$TUVL_TMP/otlp.log"
+        tuvl_wait_port "$TUVL_OTLP_PORT"
+        export TUVL_OTLP_PORT TUVL_OTLP_URL="http://127.0.0.1:$TUVL_OTLP_PORT"
+    fi
+    tuvl_log "peers: HTTP test server on $TUVL_HTTP_PORT, LLM server at $TUVL_LLM_URL, MCP server at ${TUVL_MCP_URL:-none}, OTLP receiver at ${TUVL_OTLP_URL:-none}"
 }
 
 # Run a server-side command as the cluster's owner (initdb refuses root).

@@ -187,3 +187,39 @@ def test_label_values_are_escaped_in_the_prometheus_text(conn):
     (sample,) = [s for f in text_string_to_metric_families(text) for s in f.samples
                  if s.name == "tuvl_agent_iterations_total" and s.labels.get("workflow") == name]
     assert sample.labels["model"] == odd and sample.value == 1.0
+
+
+# structured logs: tuvl.log_agent_events
+
+
+def agent_events_logged(server_log, mark, run_id):
+    lines = [l.split("tuvl agent event ", 1)[1] for l in server_log.since(mark).splitlines()
+             if "tuvl agent event " in l]
+    return [e for e in map(json.loads, lines) if e["run_id"] == run_id]
+
+
+def test_log_agent_events_writes_one_json_line_per_turn_tool_call_and_exit(conn, server_log):
+    name = make_agent(conn, "openai", [calls(call("record", tag="l1")), calls(call("record", tag="l2")),
+                                       final("never")], ["record"],
+                      agent="      max_iterations: 2\n",
+                      routes="{ default: done, error: oops, max_iterations: oops }")
+    mark = server_log.mark()
+    q(conn, "SET tuvl.log_agent_events = on")
+    try:
+        res = execute(conn, name, {"topic": "x"})
+    finally:
+        q(conn, "RESET tuvl.log_agent_events")
+    assert res["response"]["type"] == "max_iterations", res
+    got = agent_events_logged(server_log, mark, res["run_id"])
+    assert [(e["event"], e["iteration"]) for e in got] == [
+        ("agent.turn", 1), ("agent.tool_call", 1), ("agent.turn", 2), ("agent.tool_call", 2),
+        ("agent.max_iterations", 2)], got
+    assert {e["step_id"] for e in got} == {"triage"} and {e["workflow"] for e in got} == {name}
+    trace_ids = {e["trace_id"] for e in got}
+    assert len(trace_ids) == 1 and len(trace_ids.pop()) == 32
+    assert got[1]["tool"] == "record" and got[1]["signal"] == "default"
+    assert got[-1]["error"].startswith("the agent reached max_iterations (2)")
+    # off (the default): nothing
+    mark = server_log.mark()
+    res = execute(conn, name, {"topic": "x"})
+    assert agent_events_logged(server_log, mark, res["run_id"]) == []

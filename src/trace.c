@@ -1,0 +1,470 @@
+/*-------------------------------------------------------------------------
+ *
+ * trace.c
+ *	  Traces of runs: W3C trace ids, spans, and their export over
+ *	  OTLP/HTTP to tuvl.otlp_endpoint.
+ *
+ * Identity.  Every run has a trace id (32 lowercase hex digits) made of
+ * what tells the run apart from every other: the installation and the run
+ * id, as in its idempotency keys (effect.c).  Span ids are made the same
+ * way from the trace id and the span's place in the run: the run, a
+ * step's entry (its agent_started seq), an agent's iteration, a tool call,
+ * an effect's position.  So every worker that ever holds the run, before
+ * and after a crash, computes the same ids: a step that ends in another
+ * worker than the one that entered it is still the run's child, and the
+ * traceparent an outgoing request carries names the span that records it.
+ *
+ * Spans.  The code that executes runs makes a span where something ends
+ * (TraceSpanStart ... TraceSpanEnd): the run at its end, a step at its end
+ * (from its entry, kept in the step_state while it waits), an agent's
+ * model turn and tool call, every HTTP, MCP and model request when its
+ * result comes back (from its measured latency).  A span waits in this
+ * backend until the transaction that made it commits, like the journal
+ * events it mirrors: a transition that rolls back leaves no span.
+ *
+ * Export.  At commit the spans go to a buffer in shared memory
+ * (TRACE_BUFFER_BYTES); when it is full they are dropped and counted, so
+ * memory stays bounded and a producer never waits.  The launcher sends the
+ * buffer's spans in one OTLP/HTTP JSON request at most every
+ * TRACE_BATCH_MS, asynchronously (curl multi, latch and sockets), with a
+ * timeout; a collector that fails or is not there costs a dropped batch
+ * and a log line, never a step's time.  Spans the buffer held when the
+ * server stopped are lost; the journal keeps what happened.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "common/hashfn.h"
+#include "miscadmin.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
+#include "utils/builtins.h"
+#include "utils/json.h"
+#include "utils/memutils.h"
+
+#include "effect.h"
+#include "http.h"
+#include "trace.h"
+#include "tuvl.h"
+
+#define TRACE_BUFFER_BYTES (1024 * 1024)
+#define TRACE_BATCH_MS 200
+#define TRACE_EXPORT_TIMEOUT_MS 5000
+
+typedef struct TraceShared
+{
+	LWLock	   *lock;
+	uint64		dropped;		/* spans the buffer had no room for */
+	uint64		exported;		/* spans the collector accepted */
+	uint64		failed;			/* spans of batches the collector refused */
+	Size		used;			/* bytes of buf in use */
+	int			nspans;			/* spans in buf */
+	char		buf[FLEXIBLE_ARRAY_MEMBER];	/* span objects, each ending in ',' */
+} TraceShared;
+
+static TraceShared *trace_shared = NULL;
+
+/* Spans of this backend's transaction, sent to the buffer at commit. */
+typedef struct PendingSpan
+{
+	char	   *json;			/* in TopMemoryContext */
+	int			level;
+} PendingSpan;
+
+static PendingSpan *pending = NULL;
+static int	n_pending = 0;
+static int	max_pending = 0;
+
+/* ---------------------------------------------------------------- identity */
+
+bool
+TraceEnabled(RunState *run)
+{
+	return trace_shared != NULL && tuvl_otlp_endpoint != NULL && tuvl_otlp_endpoint[0] != '\0' &&
+		!run->replay;
+}
+
+static uint64
+hash_text(const char *s, uint64 seed)
+{
+	return hash_bytes_extended((const unsigned char *) s, strlen(s), seed);
+}
+
+const char *
+RunTraceId(RunState *run)
+{
+	const char *base = run->key_base ? run->key_base : EffectKeyBase(run);
+	uint64		hi = hash_text(base, UINT64CONST(0x7475766c));
+	uint64		lo = hash_text(base, UINT64CONST(0x74726163));
+
+	/* all zeros is not a valid trace id */
+	if (hi == 0 && lo == 0)
+		lo = 1;
+	return psprintf("%016" INT64_MODIFIER "x%016" INT64_MODIFIER "x", hi, lo);
+}
+
+/* The span id of what (a place in the run, such as "step:7"). */
+char *
+TraceSpanId(RunState *run, const char *what)
+{
+	uint64		id = hash_text(psprintf("%s/%s", RunTraceId(run), what), UINT64CONST(0x7370616e));
+
+	if (id == 0)
+		id = 1;
+	return psprintf("%016" INT64_MODIFIER "x", id);
+}
+
+char *
+TraceRunSpanId(RunState *run)
+{
+	return TraceSpanId(run, "run");
+}
+
+char *
+TraceStepSpanId(RunState *run, int entry_seq)
+{
+	return TraceSpanId(run, psprintf("step:%d", entry_seq));
+}
+
+char *
+TraceIterationSpanId(RunState *run, int entry_seq, int iteration)
+{
+	return TraceSpanId(run, psprintf("iteration:%d:%d", entry_seq, iteration));
+}
+
+/* The W3C traceparent header value naming span_id of run's trace. */
+char *
+TraceParent(RunState *run, const char *span_id)
+{
+	return psprintf("00-%s-%s-01", RunTraceId(run), span_id);
+}
+
+/* ---------------------------------------------------------------- spans */
+
+void
+TraceSpanStart(TraceSpan *s, RunState *run, const char *name, int kind, char *span_id,
+			   const char *parent_id, TimestampTz start)
+{
+	memset(s, 0, sizeof(TraceSpan));
+	s->run = run;
+	s->name = name;
+	s->kind = kind;
+	s->span_id = span_id;
+	s->parent_id = parent_id;
+	s->start = start;
+	initStringInfo(&s->attrs);
+	TraceAttrInt(s, "tuvl.run.id", run->id);
+	TraceAttrString(s, "tuvl.workflow", run->workflow);
+}
+
+void
+TraceAttrString(TraceSpan *s, const char *key, const char *value)
+{
+	if (value == NULL)
+		return;
+	if (s->attrs.len > 0)
+		appendStringInfoChar(&s->attrs, ',');
+	appendStringInfoString(&s->attrs, "{\"key\":");
+	escape_json(&s->attrs, key);
+	appendStringInfoString(&s->attrs, ",\"value\":{\"stringValue\":");
+	escape_json(&s->attrs, value);
+	appendStringInfoString(&s->attrs, "}}");
+}
+
+void
+TraceAttrInt(TraceSpan *s, const char *key, int64 value)
+{
+	if (s->attrs.len > 0)
+		appendStringInfoChar(&s->attrs, ',');
+	appendStringInfoString(&s->attrs, "{\"key\":");
+	escape_json(&s->attrs, key);
+	appendStringInfo(&s->attrs, ",\"value\":{\"intValue\":\"" INT64_FORMAT "\"}}", value);
+}
+
+/* Unix nanoseconds of a timestamp, as OTLP JSON writes them (a string). */
+static char *
+unix_nanos(TimestampTz ts)
+{
+	int64		us = ts + (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * USECS_PER_SEC;
+
+	return psprintf(INT64_FORMAT "000", us);
+}
+
+/*
+ * End span s at end: an error (NULL: none) makes its status ERROR.  The
+ * span is exported once the transaction commits.
+ */
+void
+TraceSpanEnd(TraceSpan *s, TimestampTz end, const char *error)
+{
+	StringInfoData j;
+	MemoryContext old;
+
+	initStringInfo(&j);
+	appendStringInfo(&j, "{\"traceId\":\"%s\",\"spanId\":\"%s\"", RunTraceId(s->run), s->span_id);
+	if (s->parent_id)
+		appendStringInfo(&j, ",\"parentSpanId\":\"%s\"", s->parent_id);
+	appendStringInfoString(&j, ",\"name\":");
+	escape_json(&j, s->name);
+	appendStringInfo(&j, ",\"kind\":%d,\"startTimeUnixNano\":\"%s\",\"endTimeUnixNano\":\"%s\"",
+					 s->kind, unix_nanos(s->start), unix_nanos(Max(end, s->start)));
+	appendStringInfo(&j, ",\"attributes\":[%s]", s->attrs.data);
+	if (error)
+	{
+		appendStringInfoString(&j, ",\"status\":{\"code\":2,\"message\":");
+		escape_json(&j, error);
+		appendStringInfoString(&j, "}}");
+	}
+	else
+		appendStringInfoString(&j, ",\"status\":{\"code\":1}}");
+
+	if (n_pending == max_pending)
+	{
+		max_pending = max_pending ? max_pending * 2 : 16;
+		pending = pending ? repalloc(pending, max_pending * sizeof(PendingSpan))
+			: MemoryContextAlloc(TopMemoryContext, max_pending * sizeof(PendingSpan));
+	}
+	old = MemoryContextSwitchTo(TopMemoryContext);
+	pending[n_pending].json = pstrdup(j.data);
+	MemoryContextSwitchTo(old);
+	pending[n_pending].level = GetCurrentTransactionNestLevel();
+	n_pending++;
+}
+
+static void
+forget_pending(int from)
+{
+	while (n_pending > from)
+		pfree(pending[--n_pending].json);
+}
+
+/* At commit: the spans go to the shared buffer, or are counted as dropped. */
+static void
+flush_pending(void)
+{
+	bool		was_empty;
+
+	LWLockAcquire(trace_shared->lock, LW_EXCLUSIVE);
+	was_empty = trace_shared->used == 0;
+	for (int i = 0; i < n_pending; i++)
+	{
+		Size		len = strlen(pending[i].json);
+
+		if (trace_shared->used + len + 1 > TRACE_BUFFER_BYTES)
+		{
+			trace_shared->dropped++;
+			continue;
+		}
+		memcpy(trace_shared->buf + trace_shared->used, pending[i].json, len);
+		trace_shared->buf[trace_shared->used + len] = ',';
+		trace_shared->used += len + 1;
+		trace_shared->nspans++;
+	}
+	LWLockRelease(trace_shared->lock);
+	forget_pending(0);
+	/* the launcher exports; wake it for a buffer that was empty */
+	if (was_empty && TuvlShmem && TuvlShmem->launcher_latch)
+		SetLatch(TuvlShmem->launcher_latch);
+}
+
+void
+TraceXactCallback(XactEvent event, void *arg)
+{
+	if ((event == XACT_EVENT_COMMIT || event == XACT_EVENT_PARALLEL_COMMIT) && n_pending > 0 &&
+		trace_shared)
+		flush_pending();
+	else if (event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT ||
+			 event == XACT_EVENT_PREPARE)
+		forget_pending(0);
+}
+
+void
+TraceSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
+					 SubTransactionId parentSubid, void *arg)
+{
+	int			level = GetCurrentTransactionNestLevel();
+	int			keep = n_pending;
+
+	if (event == SUBXACT_EVENT_ABORT_SUB)
+	{
+		while (keep > 0 && pending[keep - 1].level >= level)
+			keep--;
+		forget_pending(keep);
+	}
+	else if (event == SUBXACT_EVENT_COMMIT_SUB)
+	{
+		for (int i = n_pending - 1; i >= 0 && pending[i].level >= level; i--)
+			pending[i].level = level - 1;
+	}
+}
+
+/* ---------------------------------------------------------------- shared memory */
+
+Size
+TraceShmemSize(void)
+{
+	return add_size(offsetof(TraceShared, buf), TRACE_BUFFER_BYTES);
+}
+
+void
+TraceShmemRequest(void)
+{
+	RequestAddinShmemSpace(TraceShmemSize());
+	RequestNamedLWLockTranche("tuvl traces", 1);
+}
+
+void
+TraceShmemStartup(void)
+{
+	bool		found;
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	trace_shared = ShmemInitStruct("tuvl traces", TraceShmemSize(), &found);
+	if (!found)
+	{
+		memset(trace_shared, 0, offsetof(TraceShared, buf));
+		trace_shared->lock = &(GetNamedLWLockTranche("tuvl traces"))->lock;
+	}
+	LWLockRelease(AddinShmemInitLock);
+}
+
+/* ---------------------------------------------------------------- export (the launcher) */
+
+static HttpTransfer *export_in_flight = NULL;
+static int	export_spans = 0;	/* spans in the batch in flight */
+static TimestampTz last_export = 0;
+static TimestampTz last_complaint = 0;
+static bool failing = false;
+
+/* Log a failed export: the first after a success, then at most once a minute. */
+static void
+complain(const char *why)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (!failing || TimestampDifferenceExceeds(last_complaint, now, 60 * 1000))
+	{
+		ereport(LOG, (errmsg("tuvl could not export spans to %s: %s", tuvl_otlp_endpoint, why),
+					  errdetail("Spans are dropped while the collector fails; runs are not affected.")));
+		last_complaint = now;
+	}
+	failing = true;
+}
+
+/* The finished export, if any: count it. */
+static void
+collect_export(void)
+{
+	List	   *done = HttpCollectDone();
+	ListCell   *lc;
+
+	foreach(lc, done)
+	{
+		HttpResult *res = HttpTakeResult(lfirst(lc));
+
+		if (lfirst(lc) != export_in_flight)
+			continue;
+		export_in_flight = NULL;
+		LWLockAcquire(trace_shared->lock, LW_EXCLUSIVE);
+		if (res->status >= 200 && res->status < 300)
+		{
+			trace_shared->exported += export_spans;
+			failing = false;
+		}
+		else
+			trace_shared->failed += export_spans;
+		LWLockRelease(trace_shared->lock);
+		if (res->status < 200 || res->status >= 300)
+			complain(res->error ? res->error : psprintf("HTTP status %d", res->status));
+	}
+}
+
+/* Take the buffer's spans and send them in one request. */
+static void
+start_export(void)
+{
+	StringInfoData body;
+	HttpRequest req;
+	HttpHeader ctype = {"Content-Type", "application/json"};
+	int			n = 0;
+
+	initStringInfo(&body);
+	appendStringInfo(&body, "{\"resourceSpans\":[{\"resource\":{\"attributes\":["
+					 "{\"key\":\"service.name\",\"value\":{\"stringValue\":\"tuvl\"}},"
+					 "{\"key\":\"service.version\",\"value\":{\"stringValue\":\"%s\"}}]},"
+					 "\"scopeSpans\":[{\"scope\":{\"name\":\"tuvl\",\"version\":\"%s\"},\"spans\":[",
+					 TUVL_VERSION, TUVL_VERSION);
+	LWLockAcquire(trace_shared->lock, LW_EXCLUSIVE);
+	appendBinaryStringInfo(&body, trace_shared->buf, trace_shared->used - 1);
+	n = trace_shared->nspans;
+	trace_shared->used = 0;
+	trace_shared->nspans = 0;
+	LWLockRelease(trace_shared->lock);
+	appendStringInfoString(&body, "]}]}]}");
+
+	memset(&req, 0, sizeof(req));
+	req.method = "POST";
+	req.url = tuvl_otlp_endpoint;
+	req.headers = list_make1(&ctype);
+	req.body = body.data;
+	req.body_len = body.len;
+	req.timeout_ms = TRACE_EXPORT_TIMEOUT_MS;
+	export_spans = n;
+	last_export = GetCurrentTimestamp();
+	PG_TRY();
+	{
+		export_in_flight = HttpStart(&req, NIL, trace_shared);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(TopMemoryContext);
+		edata = CopyErrorData();
+		FlushErrorState();
+		export_in_flight = NULL;
+		trace_shared->failed += n;
+		complain(edata->message);
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
+}
+
+/*
+ * The launcher's part: collect a finished export, start the next when
+ * spans wait and none is in flight (at most every TRACE_BATCH_MS).
+ * Returns how long the launcher may sleep before it is needed again, in
+ * ms (-1: until woken).
+ */
+long
+TraceExport(void)
+{
+	Size		used;
+	long		since;
+
+	if (trace_shared == NULL)
+		return -1;
+	collect_export();
+	LWLockAcquire(trace_shared->lock, LW_SHARED);
+	used = trace_shared->used;
+	LWLockRelease(trace_shared->lock);
+	if (used == 0 || export_in_flight != NULL)
+		return export_in_flight ? TRACE_BATCH_MS : -1;
+	if (tuvl_otlp_endpoint == NULL || tuvl_otlp_endpoint[0] == '\0')
+	{
+		/* turned off meanwhile: what waits is dropped */
+		LWLockAcquire(trace_shared->lock, LW_EXCLUSIVE);
+		trace_shared->used = 0;
+		trace_shared->nspans = 0;
+		LWLockRelease(trace_shared->lock);
+		return -1;
+	}
+	since = (long) ((GetCurrentTimestamp() - last_export) / 1000);
+	if (since < TRACE_BATCH_MS)
+		return TRACE_BATCH_MS - since;
+	start_export();
+	return TRACE_BATCH_MS;
+}
