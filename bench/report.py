@@ -38,6 +38,7 @@ def main():
     http = load(d, "http.json")
     agents = load(d, "agents.json")
     fair = load(d, "fairness.json")
+    tracing = load(d, "tracing.json")
     out = []
     p = out.append
 
@@ -199,6 +200,16 @@ def main():
                 p("| %s (pid %s) | %s | %s | %s | %s | %s |"
                   % (w, m.get("pid", "?"), label, mb(m.get("VmRSS")), mb(m.get("RssAnon")),
                      mb(m.get("RssShmem")), mb(m.get("VmHWM"))))
+        p("")
+    if tracing and tracing.get("rounds"):
+        p("Tracing (tuvl.otlp_endpoint to the OTLP receiver of test/run) off and on, %s five-step runs per round:"
+          % num(tracing["runs"]))
+        p("")
+        p("| round | steps/s off | steps/s on | on / off | spans accepted (6 per run) |")
+        p("|---|---|---|---|---|")
+        for i, r in enumerate(tracing["rounds"]):
+            p("| %d | %s | %s | %.3f | %s |" % (i + 1, num(r["off"]["steps_per_s"]), num(r["on"]["steps_per_s"]),
+                                                r["ratio_on_off"], num(r["on"].get("spans_accepted"))))
         p("")
     if iso:
         p("Batch isolation checks:")

@@ -390,3 +390,27 @@ AS 'MODULE_PATHNAME', 'tuvl_metrics_prometheus' LANGUAGE C STRICT STABLE;
 COMMENT ON FUNCTION tuvl.metrics_prometheus() IS 'tuvl.metrics in the Prometheus text exposition format';
 REVOKE ALL ON FUNCTION tuvl._metric_series(), tuvl.metrics_prometheus() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tuvl._metric_series(), tuvl.metrics_prometheus() TO tuvl_user;
+
+/*
+ * start_run() with a key, a priority, a version and a traceparent (api.c).
+ * A key is unique per role and workflow: a second start with it returns
+ * the first run, whatever its status, and the unique index settles
+ * concurrent starts.  not_before is refused until runs can wait for a
+ * time without a worker.
+ */
+ALTER TABLE tuvl.runs ADD COLUMN key text;
+ALTER TABLE tuvl.runs ADD COLUMN traceparent text;
+COMMENT ON COLUMN tuvl.runs.key IS 'the key start_run() was given: one run per role, workflow and key';
+COMMENT ON COLUMN tuvl.runs.traceparent IS 'the W3C trace context start_run() was given: the run''s spans continue that trace';
+CREATE UNIQUE INDEX runs_key_idx ON tuvl.runs (principal_id, workflow, key) WHERE key IS NOT NULL;
+
+DROP FUNCTION tuvl.start_run(text, jsonb);
+CREATE FUNCTION tuvl.start_run(workflow text, input jsonb DEFAULT '{}', key text DEFAULT NULL,
+                               not_before timestamptz DEFAULT NULL, priority integer DEFAULT 0,
+                               version integer DEFAULT NULL, traceparent text DEFAULT NULL)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'tuvl_start_run'
+LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION tuvl.start_run(text, jsonb, text, timestamptz, integer, integer, text) IS 'validate the input and queue a run (of the latest version, or of version), once per key';
+REVOKE ALL ON FUNCTION tuvl.start_run(text, jsonb, text, timestamptz, integer, integer, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tuvl.start_run(text, jsonb, text, timestamptz, integer, integer, text) TO tuvl_user;

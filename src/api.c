@@ -292,21 +292,40 @@ run_created_here(int64 id)
 	return false;
 }
 
+/* The id of this role's run of workflow started with key. */
+static int64
+keyed_run(const char *workflow, const char *key)
+{
+	static const Oid types[3] = {OIDOID, TEXTOID, TEXTOID};
+	Datum		d;
+
+	if (SecurityExecArgs("SELECT id FROM tuvl.runs WHERE principal_id::pg_catalog.oid OPERATOR(pg_catalog.=) $1 "
+						 "AND workflow OPERATOR(pg_catalog.=) $2 AND key OPERATOR(pg_catalog.=) $3",
+						 SPI_OK_SELECT, 3, types, ObjectIdGetDatum(GetUserId()),
+						 CStringGetTextDatum(workflow), CStringGetTextDatum(key)) != 1 ||
+		!SpiValue(1, &d))
+		elog(ERROR, "the run of workflow \"%s\" with key \"%s\" vanished", workflow, key);
+	return DatumGetInt64(d);
+}
+
 /*
  * Validate input and insert a run of the latest version of workflow with
  * its run_queued event.  running = true creates it already leased by
  * this backend (the synchronous path).  SPI must be connected.
  */
 int64
-ApiCreateRun(const char *workflow, Jsonb *input, bool running, int *version_out)
+ApiCreateRun(const RunStart *start, bool running, int *version_out)
 {
-	static const Oid types[11] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, NAMEOID,
-	INT4OID, INT4OID, INT8OID, INTERVALOID, JSONBOID, REGROLEOID};
-	int			version = WorkflowLatestVersion(workflow, false);
+	static const Oid types[14] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, NAMEOID,
+		INT4OID, INT4OID, INT8OID, INTERVALOID, JSONBOID, REGROLEOID, TEXTOID, INT4OID,
+	TEXTOID};
+	const char *workflow = start->workflow;
+	Jsonb	   *input = start->input;
+	int			version = start->version > 0 ? start->version : WorkflowLatestVersion(workflow, false);
 	WorkflowDef *wf = WorkflowLoad(workflow, version);
 	char	   *principal = GetUserNameFromId(GetUserId(), false);
-	Datum		values[11];
-	char		nulls[11] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Datum		values[14];
+	char		nulls[14] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	Jsonb	   *pins = ArtifactPinFloating(wf->definition);
 	Interval   *lease = palloc0(sizeof(Interval));
 	SecurityFrame frame;
@@ -341,14 +360,28 @@ ApiCreateRun(const char *workflow, Jsonb *input, bool running, int *version_out)
 	else
 		nulls[9] = 'n';
 	values[10] = ObjectIdGetDatum(GetUserId());
+	values[11] = start->key ? CStringGetTextDatum(start->key) : (Datum) 0;
+	nulls[11] = start->key ? ' ' : 'n';
+	values[12] = Int32GetDatum(start->priority);
+	values[13] = start->traceparent ? CStringGetTextDatum(start->traceparent) : (Datum) 0;
+	nulls[13] = start->traceparent ? ' ' : 'n';
 	SecurityAsOwner(&frame);
-	SpiExec("INSERT INTO tuvl.runs (workflow, workflow_version, status, input, context, "
-			"  principal, attempt, lease_owner, lease_epoch, lease_expires_at, started_at, last_seq, "
-			"  artifacts, principal_id) "
-			"VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8, pg_catalog.now() OPERATOR(pg_catalog.+) $9, "
-			"  CASE WHEN $6 OPERATOR(pg_catalog.>) 0 THEN pg_catalog.now() END, 1, $10, $11) "
-			"RETURNING id",
-			11, types, values, nulls, SPI_OK_INSERT_RETURNING);
+	/* a key another start of this role holds: that run (the unique index decides races) */
+	if (SpiExec("INSERT INTO tuvl.runs (workflow, workflow_version, status, input, context, "
+				"  principal, attempt, lease_owner, lease_epoch, lease_expires_at, started_at, last_seq, "
+				"  artifacts, principal_id, key, priority, traceparent) "
+				"VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8, pg_catalog.now() OPERATOR(pg_catalog.+) $9, "
+				"  CASE WHEN $6 OPERATOR(pg_catalog.>) 0 THEN pg_catalog.now() END, 1, $10, $11, $12, $13, $14) "
+				"ON CONFLICT (principal_id, workflow, key) WHERE key IS NOT NULL DO NOTHING "
+				"RETURNING id",
+				14, types, values, nulls, SPI_OK_INSERT_RETURNING) == 0)
+	{
+		id = keyed_run(workflow, start->key);
+		SecurityRestore(&frame);
+		if (version_out)
+			*version_out = version;
+		return id;
+	}
 	id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 
 	JsonObjStart(&b);
@@ -358,6 +391,12 @@ ApiCreateRun(const char *workflow, Jsonb *input, bool running, int *version_out)
 	JsonObjAddJsonb(&b, "input", input);
 	if (JsonContainerSize(&pins->root) > 0)
 		JsonObjAddJsonb(&b, "artifacts", pins);
+	if (start->key)
+		JsonObjAddString(&b, "key", start->key);
+	if (start->priority != 0)
+		JsonObjAddInt(&b, "priority", start->priority);
+	if (start->traceparent)
+		JsonObjAddString(&b, "traceparent", start->traceparent);
 	{
 		List	   *events = NIL;
 
@@ -366,7 +405,7 @@ ApiCreateRun(const char *workflow, Jsonb *input, bool running, int *version_out)
 	}
 	SecurityRestore(&frame);
 	if (!running)
-		QueueNoteAtCommit(GetUserId(), 0, id);
+		QueueNoteAtCommit(GetUserId(), start->priority, id);
 
 	remember_created_run(id);
 	if (version_out)
@@ -389,17 +428,75 @@ run_arguments(FunctionCallInfo fcinfo, char **workflow, Jsonb **input)
 	*input = PG_ARGISNULL(1) ? JsonEmptyObject() : PG_GETARG_JSONB_P(1);
 }
 
+/* A W3C traceparent: version 00, a trace id and a parent id, not all zero. */
+static bool
+traceparent_ok(const char *t)
+{
+	if (strlen(t) != 55 || strncmp(t, "00-", 3) != 0 || t[35] != '-' || t[52] != '-')
+		return false;
+	for (int i = 3; i < 55; i++)
+		if (i != 35 && i != 52 && !((t[i] >= '0' && t[i] <= '9') || (t[i] >= 'a' && t[i] <= 'f')))
+			return false;
+	return strspn(t + 3, "0") < 32 && strspn(t + 36, "0") < 16;
+}
+
+/* start_run()'s key, not_before, priority, version and traceparent. */
+static void
+start_options(FunctionCallInfo fcinfo, RunStart *start)
+{
+	if (PG_NARGS() < 7)
+		return;
+	if (!PG_ARGISNULL(2))
+	{
+		start->key = text_to_cstring(PG_GETARG_TEXT_PP(2));
+		if (start->key[0] == '\0')
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("key must not be empty"),
+					 errhint("Pass NULL to start a run without a key.")));
+	}
+	if (!PG_ARGISNULL(3))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("start_run(not_before => ...) is not available in this version of tuvl"),
+				 errhint("Start the run when it is due, for example from pg_cron.")));
+	start->priority = PG_ARGISNULL(4) ? 0 : PG_GETARG_INT32(4);
+	if (!PG_ARGISNULL(5))
+	{
+		start->version = PG_GETARG_INT32(5);
+		if (start->version < 1)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("version must be 1 or more, not %d", start->version)));
+	}
+	if (!PG_ARGISNULL(6))
+	{
+		start->traceparent = text_to_cstring(PG_GETARG_TEXT_PP(6));
+		if (!traceparent_ok(start->traceparent))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("traceparent \"%s\" is not a W3C trace context", start->traceparent),
+					 errdetail("It must be 00-<32 hex digits>-<16 hex digits>-<2 hex digits>, lowercase, the ids not all zero."),
+					 errhint("Pass the traceparent header of the request that starts the run, as it came.")));
+	}
+}
+
 Datum
 tuvl_start_run(PG_FUNCTION_ARGS)
 {
+	RunStart	start;
 	char	   *workflow;
 	Jsonb	   *input;
 	int64		id;
 
 	run_arguments(fcinfo, &workflow, &input);
+	memset(&start, 0, sizeof(start));
+	start.workflow = workflow;
+	start.input = input;
+	start_options(fcinfo, &start);
 
 	SPI_connect();
-	id = ApiCreateRun(workflow, input, false, NULL);
+	id = ApiCreateRun(&start, false, NULL);
 	SPI_finish();
 
 	if (TuvlPreloaded())
@@ -491,12 +588,16 @@ tuvl_run(PG_FUNCTION_ARGS)
 	RunPerformer performer = {perform_here, NULL, before_sync_timeout, &sync};
 	RunEnd		end;
 	JsonObjBuilder b;
+	RunStart	start;
 
 	run_arguments(fcinfo, &workflow, &input);
 	TuvlRefuseWhileReplaying("tuvl.run()");
 
 	SPI_connect();
-	id = ApiCreateRun(workflow, input, true, &version);
+	memset(&start, 0, sizeof(start));
+	start.workflow = workflow;
+	start.input = input;
+	id = ApiCreateRun(&start, true, &version);
 	wf = WorkflowLoad(workflow, version);
 	if (!PG_ARGISNULL(2))
 		timeout_ms = interval_ms(PG_GETARG_INTERVAL_P(2));

@@ -10,7 +10,17 @@
 
 #include "fmgr.h"
 
-extern int64 ApiCreateRun(const char *workflow, Jsonb *input, bool running,
-						  int *version);
+/* What starts a run: start_run()'s arguments, or run()'s and replay()'s. */
+typedef struct RunStart
+{
+	const char *workflow;
+	Jsonb	   *input;
+	const char *key;			/* a second start with it finds the first; or NULL */
+	int			priority;		/* higher first */
+	int			version;		/* 0: the latest */
+	const char *traceparent;	/* the caller's W3C trace context, or NULL */
+} RunStart;
+
+extern int64 ApiCreateRun(const RunStart *start, bool running, int *version);
 
 #endif							/* TUVL_API_H */

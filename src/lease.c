@@ -81,7 +81,7 @@ static const char claim_sql[] =
 "                        LIMIT q.k FOR UPDATE SKIP LOCKED) c)) "
 "RETURNING r.id, r.attempt, r.workflow, r.workflow_version, r.principal, "
 "  r.context, r.current_step, r.last_seq, r.step_state, r.control, r.compensation, "
-"  r.principal_id, r.priority, r.hook OPERATOR(pg_catalog.->>) 'step', r.started_at";
+"  r.principal_id, r.priority, r.hook OPERATOR(pg_catalog.->>) 'step', r.started_at, r.traceparent";
 
 /* The rest of a claimed run's row (claim_sql's columns 9 and on). */
 static void
@@ -103,6 +103,8 @@ load_claimed(RunState *run, HeapTuple tup, TupleDesc td)
 	d = SPI_getbinval(tup, td, 15, &isnull);
 	if (!isnull)
 		run->started_at = DatumGetTimestampTz(d);
+	if (SPI_getvalue(tup, td, 16) != NULL)
+		run->traceparent = pstrdup(SPI_getvalue(tup, td, 16));
 	MemoryContextSwitchTo(old);
 	/* a notify hook's run executes one step */
 	if (SPI_getvalue(tup, td, 14) != NULL)

@@ -522,7 +522,8 @@ parse_fixture(Jsonb *fixture, Replay *rp, char **workflow, Jsonb **input)
 static RunState *
 replay_run(Jsonb *fixture, const char *workflow, Jsonb *input, int *version)
 {
-	int64		id = ApiCreateRun(workflow, input, true, version);
+	RunStart	start = {workflow, input, NULL, 0, 0, NULL};
+	int64		id = ApiCreateRun(&start, true, version);
 	Jsonb	   *artifacts = JsonGetField(fixture, "artifacts") ? JsonGetJsonb(fixture, "artifacts") : NULL;
 	RunState   *run;
 

@@ -539,7 +539,7 @@ trace_run(Transition *t, Checkpoint *cp)
 	TraceSpan	s;
 
 	TraceSpanStart(&s, t->run, psprintf("run %s", t->run->workflow), SPAN_KIND_INTERNAL,
-				   TraceRunSpanId(t->run), NULL, t->run->started_at);
+				   TraceRunSpanId(t->run), TraceRunParentId(t->run), t->run->started_at);
 	TraceAttrInt(&s, "tuvl.workflow.version", t->run->version);
 	TraceAttrString(&s, "tuvl.run.status", RunStatusName(cp->status));
 	TraceAttrString(&s, "tuvl.run.end", cp->end_name);

@@ -43,6 +43,7 @@ typedef struct RunState
 	int			notify_step;	/* >= 0: a run a notify hook started, which
 								 * executes this step and ends (hook.c) */
 	TimestampTz started_at;		/* when a worker (or tuvl.run()) first took it */
+	char	   *traceparent;	/* the trace it continues (start_run()), or NULL */
 	Jsonb	   *context;
 	RunStatus	status;			/* as of the last transition applied */
 	int			step;			/* index of the current step; -1: start */

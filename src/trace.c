@@ -96,9 +96,16 @@ hash_text(const char *s, uint64 seed)
 const char *
 RunTraceId(RunState *run)
 {
-	const char *base = run->key_base ? run->key_base : EffectKeyBase(run);
-	uint64		hi = hash_text(base, UINT64CONST(0x7475766c));
-	uint64		lo = hash_text(base, UINT64CONST(0x74726163));
+	const char *base;
+	uint64		hi;
+	uint64		lo;
+
+	/* a run started with a traceparent continues that trace */
+	if (run->traceparent)
+		return pnstrdup(run->traceparent + 3, 32);
+	base = run->key_base ? run->key_base : EffectKeyBase(run);
+	hi = hash_text(base, UINT64CONST(0x7475766c));
+	lo = hash_text(base, UINT64CONST(0x74726163));
 
 	/* all zeros is not a valid trace id */
 	if (hi == 0 && lo == 0)
@@ -121,6 +128,13 @@ char *
 TraceRunSpanId(RunState *run)
 {
 	return TraceSpanId(run, "run");
+}
+
+/* The parent of a run's span: the caller's span of its traceparent, or NULL. */
+char *
+TraceRunParentId(RunState *run)
+{
+	return run->traceparent ? pnstrdup(run->traceparent + 36, 16) : NULL;
 }
 
 char *

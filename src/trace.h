@@ -43,6 +43,7 @@ extern void TraceSpanEnd(TraceSpan *s, TimestampTz end, const char *error);
 
 /* span ids of a run's structure, the same wherever they are computed */
 extern char *TraceRunSpanId(RunState *run);
+extern char *TraceRunParentId(RunState *run);
 extern char *TraceStepSpanId(RunState *run, int entry_seq);
 extern char *TraceIterationSpanId(RunState *run, int entry_seq, int iteration);
 

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Tracing's cost: throughput of 10,000 five-step runs with tuvl.otlp_endpoint
+off and on, in alternating rounds on the same cluster.
+
+With tracing on, every run sends six spans (the run and its five steps) to the
+OTLP receiver test/run starts (TUVL_OTLP_URL); the report gives steps/s for
+both, the ratio on / off of each pair of rounds, and the spans the receiver
+accepted (spans it could not take in time are dropped by tuvl, never waited
+for).
+"""
+import argparse
+import json
+import os
+import time
+import urllib.request
+
+import throughput
+from common import connect, log, write_json
+
+OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def receiver(method, path):
+    req = urllib.request.Request(os.environ["TUVL_OTLP_URL"] + path, method=method)
+    with OPENER.open(req, timeout=30) as resp:
+        return json.loads(resp.read().decode())
+
+
+def set_endpoint(value):
+    conn = connect("postgres")
+    cur = conn.cursor()
+    cur.execute("ALTER SYSTEM SET tuvl.otlp_endpoint = %s", (value,))
+    cur.execute("SELECT pg_reload_conf()")
+    conn.close()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        c = connect("postgres")
+        cur = c.cursor()
+        cur.execute("SELECT current_setting('tuvl.otlp_endpoint')")
+        shown = cur.fetchone()[0]
+        c.close()
+        if shown == value:
+            time.sleep(1.0)  # the workers and the launcher reload within it
+            return
+        time.sleep(0.1)
+    raise SystemExit("tuvl.otlp_endpoint did not change to %r" % value)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--db", default="bench")
+    ap.add_argument("--runs", type=int, default=10000)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if not os.environ.get("TUVL_OTLP_URL"):
+        raise SystemExit("TUVL_OTLP_URL is not set: bench/run starts the OTLP receiver")
+    throughput.setup(args.db)
+    endpoint = os.environ["TUVL_OTLP_URL"] + "/v1/traces"
+    rounds = []
+    try:
+        for r in range(args.rounds):
+            pair = {}
+            for mode in ("off", "on"):
+                set_endpoint(endpoint if mode == "on" else "")
+                receiver("DELETE", "/spans")
+                res = throughput.tuvl_round(args.db, args.runs, 0.05, 0.0, 300.0)
+                if mode == "on":
+                    time.sleep(2.0)  # the last batch
+                    got = receiver("GET", "/spans")
+                    res["spans_accepted"] = len(got["spans"])
+                    res["spans_rejected"] = len(got["rejected"])
+                    receiver("DELETE", "/spans")
+                pair[mode] = res
+                log("tracing %s, round %d: %.0f steps/s" % (mode, r + 1, res["steps_per_s"]))
+            pair["ratio_on_off"] = pair["on"]["steps_per_s"] / pair["off"]["steps_per_s"]
+            rounds.append(pair)
+    finally:
+        set_endpoint("")
+    out = {"runs": args.runs, "rounds": rounds,
+           "ratios": [p["ratio_on_off"] for p in rounds]}
+    print(json.dumps({"ratios": out["ratios"]}))
+    if args.json:
+        write_json(args.json, out)
+
+
+if __name__ == "__main__":
+    main()
