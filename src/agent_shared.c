@@ -14,6 +14,8 @@
 #include "postgres.h"
 
 #include "lib/stringinfo.h"
+#include "storage/proc.h"
+#include "utils/memutils.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
 
@@ -202,12 +204,60 @@ gate_refs(const StepDef *step, GuardrailGate gate)
  * its version, the check and the gate.  Raises when a reference cannot be
  * resolved (as any broken artifact reference does).
  */
+/*
+ * The guardrails a transaction resolved: a gate's checks, its judges and
+ * its masks read the same references, and each costs a lookup.  Valid for
+ * one transaction of this backend (the pinned versions do not change).
+ */
+typedef struct ResolvedGuardrail
+{
+	int64		run;
+	char	   *text;
+	ArtifactRef ref;
+} ResolvedGuardrail;
+
+static MemoryContext resolved_cxt = NULL;
+static List *resolved = NIL;
+static LocalTransactionId resolved_in = InvalidLocalTransactionId;
+
 static void
 resolve_guardrail(RunState *run, const StepDef *step, GuardrailGate gate, const char *text,
 				  ArtifactRef *ref)
 {
+	ListCell   *lc;
+	ResolvedGuardrail *r;
+	MemoryContext old;
+
+	if (resolved_cxt == NULL)
+		resolved_cxt = AllocSetContextCreate(TopMemoryContext, "tuvl guardrails",
+											 ALLOCSET_SMALL_SIZES);
+	if (resolved_in != MyProc->lxid)
+	{
+		MemoryContextReset(resolved_cxt);
+		resolved = NIL;
+		resolved_in = MyProc->lxid;
+	}
+	foreach(lc, resolved)
+	{
+		r = lfirst(lc);
+		if (r->run == run->id && strcmp(r->text, text) == 0)
+		{
+			*ref = r->ref;
+			return;
+		}
+	}
 	ArtifactResolve(run, text, SITE_GUARDRAIL,
 					psprintf("the %s gate of step \"%s\"", GuardrailGateName(gate), step->id), ref);
+	old = MemoryContextSwitchTo(resolved_cxt);
+	r = palloc0(sizeof(ResolvedGuardrail));
+	r->run = run->id;
+	r->text = pstrdup(text);
+	r->ref.name = pstrdup(ref->name);
+	r->ref.version = ref->version;
+	r->ref.type = ref->type ? pstrdup(ref->type) : NULL;
+	r->ref.definition = ref->definition ? JsonCopyTo(ref->definition, resolved_cxt) : NULL;
+	resolved = lcons(r, resolved);	/* the run at hand is at the front */
+	MemoryContextSwitchTo(old);
 }
 
 /* Why guardrail ref stopped the content of gate at check check_no. */

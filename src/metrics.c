@@ -37,6 +37,7 @@
 #include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/hsearch.h"
+#include "utils/json.h"
 #include "utils/jsonb.h"
 #include "utils/memutils.h"
 
@@ -65,6 +66,8 @@ typedef struct MetricKey
 	Oid			db;
 	Oid			principal;
 	int32		kind;			/* MetricKind */
+	int32		bucket;			/* a histogram's bucket: index in
+								 * bucket_bounds, or lengthof() for +Inf */
 	char		name[METRIC_NAME_LEN];
 	char		labels[METRIC_LABELS_LEN];	/* the labels as JSON text */
 } MetricKey;
@@ -138,35 +141,43 @@ MetricsShmemStartup(void)
 
 /* ---------------------------------------------------------------- adding */
 
-/* The key of series name with labels (and le, for a bucket). */
+/* The labels as JSON text (values clipped), in the order given. */
 static void
-make_key(MetricKey *key, const char *name, Oid principal, MetricKind kind,
-		 const MetricLabel *labels, int nlabels, const char *le)
+labels_text(char *buf, const MetricLabel *labels, int nlabels)
 {
-	JsonObjBuilder b;
-	char	   *text;
+	StringInfoData t;
 
-	memset(key, 0, sizeof(MetricKey));
-	key->db = MyDatabaseId;
-	key->principal = principal;
-	key->kind = kind;
-	strlcpy(key->name, name, METRIC_NAME_LEN);
-	JsonObjStart(&b);
+	initStringInfo(&t);
+	appendStringInfoChar(&t, '{');
 	for (int i = 0; i < nlabels; i++)
 	{
 		const char *v = labels[i].value;
 
 		if (v == NULL)
 			continue;
-		JsonObjAddString(&b, labels[i].name,
-						 pnstrdup(v, pg_mbcliplen(v, strlen(v), METRIC_VALUE_MAX)));
+		if (t.len > 1)
+			appendStringInfoString(&t, ", ");
+		escape_json(&t, labels[i].name);
+		appendStringInfoString(&t, ": ");
+		escape_json(&t, pnstrdup(v, pg_mbcliplen(v, strlen(v), METRIC_VALUE_MAX)));
 	}
-	if (le)
-		JsonObjAddString(&b, "le", le);
-	text = JsonText(JsonObjEnd(&b));
-	strlcpy(key->labels, text, METRIC_LABELS_LEN);
-	if (strlen(text) >= METRIC_LABELS_LEN)
-		strlcpy(key->labels, "{\"labels\": \"too long\"}", METRIC_LABELS_LEN);
+	appendStringInfoChar(&t, '}');
+	strlcpy(buf, t.len < METRIC_LABELS_LEN ? t.data : "{\"labels\": \"too long\"}", METRIC_LABELS_LEN);
+	pfree(t.data);
+}
+
+/* The key of series name (its labels as text already) of principal. */
+static void
+make_key(MetricKey *key, const char *name, Oid principal, MetricKind kind, int bucket,
+		 const char *labels)
+{
+	memset(key, 0, sizeof(MetricKey));
+	key->db = MyDatabaseId;
+	key->principal = principal;
+	key->kind = kind;
+	key->bucket = bucket;
+	strlcpy(key->name, name, METRIC_NAME_LEN);
+	strlcpy(key->labels, labels, METRIC_LABELS_LEN);
 }
 
 static void
@@ -200,36 +211,41 @@ void
 MetricCount(const char *name, Oid principal, const MetricLabel *labels, int nlabels, double delta)
 {
 	MetricKey	key;
+	char		text[METRIC_LABELS_LEN];
 
 	if (metrics_table == NULL || !IsTransactionState())
 		return;
-	make_key(&key, name, principal, METRIC_COUNTER, labels, nlabels, NULL);
+	labels_text(text, labels, nlabels);
+	make_key(&key, name, principal, METRIC_COUNTER, 0, text);
 	add_pending(&key, delta);
 }
 
 /*
- * Observe ms in histogram name: its cumulative buckets, its sum
- * (name.sum) and its count (name.count).
+ * Observe ms in histogram name: the one bucket it falls in (reading makes
+ * them cumulative), its sum (name.sum) and its count (name.count).
  */
 void
 MetricObserveMs(const char *name, Oid principal, const MetricLabel *labels, int nlabels,
 				double ms)
 {
 	MetricKey	key;
+	char		text[METRIC_LABELS_LEN];
+	char		part[METRIC_NAME_LEN];
+	int			bucket = 0;
 
 	if (metrics_table == NULL || !IsTransactionState())
 		return;
-	for (int i = 0; i < (int) lengthof(bucket_bounds); i++)
-		if (ms <= bucket_bounds[i])
-		{
-			make_key(&key, name, principal, METRIC_BUCKET, labels, nlabels,
-					 psprintf("%g", bucket_bounds[i]));
-			add_pending(&key, 1);
-		}
-	make_key(&key, name, principal, METRIC_BUCKET, labels, nlabels, "+Inf");
+	while (bucket < (int) lengthof(bucket_bounds) && ms > bucket_bounds[bucket])
+		bucket++;
+	labels_text(text, labels, nlabels);
+	make_key(&key, name, principal, METRIC_BUCKET, bucket, text);
 	add_pending(&key, 1);
-	MetricCount(psprintf("%s.sum", name), principal, labels, nlabels, ms);
-	MetricCount(psprintf("%s.count", name), principal, labels, nlabels, 1);
+	snprintf(part, sizeof(part), "%s.sum", name);
+	make_key(&key, part, principal, METRIC_COUNTER, 0, text);
+	add_pending(&key, ms);
+	snprintf(part, sizeof(part), "%s.count", name);
+	make_key(&key, part, principal, METRIC_COUNTER, 0, text);
+	add_pending(&key, 1);
 }
 
 /* At commit: add what the transaction counted to the shared table. */
@@ -291,6 +307,79 @@ may_see(Oid principal, bool operator)
 	return operator || has_privs_of_role(GetUserId(), principal);
 }
 
+static void
+put_row(ReturnSetInfo *rsinfo, const char *name, const char *kind, const char *labels, double value)
+{
+	Datum		values[4];
+	bool		nulls[4] = {false, false, false, false};
+
+	values[0] = CStringGetTextDatum(name);
+	values[1] = CStringGetTextDatum(kind);
+	values[2] = JsonbPGetDatum(JsonFromCString(labels));
+	values[3] = Float8GetDatum(value);
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+}
+
+/* The bucket counts of one histogram series (one role). */
+typedef struct BucketGroup
+{
+	MetricKey	key;			/* bucket 0 */
+	double		counts[lengthof(bucket_bounds) + 1];
+} BucketGroup;
+
+/*
+ * The histograms among rows, with cumulative buckets: a bucket's count is
+ * of the observations at most its bound (le), the last is +Inf.
+ */
+static void
+put_histograms(ReturnSetInfo *rsinfo, List *rows, bool operator)
+{
+	HASHCTL		ctl;
+	HTAB	   *groups;
+	HASH_SEQ_STATUS seq;
+	BucketGroup *g;
+	ListCell   *lc;
+
+	memset(&ctl, 0, sizeof(ctl));
+	ctl.keysize = sizeof(MetricKey);
+	ctl.entrysize = sizeof(BucketGroup);
+	ctl.hcxt = CurrentMemoryContext;
+	groups = hash_create("tuvl histograms", 64, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	foreach(lc, rows)
+	{
+		MetricEntry *c = lfirst(lc);
+		MetricKey	k;
+		bool		found;
+
+		if (c->key.kind != METRIC_BUCKET ||
+			(OidIsValid(c->key.principal) && !may_see(c->key.principal, operator)))
+			continue;
+		k = c->key;
+		k.bucket = 0;
+		g = hash_search(groups, &k, HASH_ENTER, &found);
+		if (!found)
+			memset(g->counts, 0, sizeof(g->counts));
+		if (c->key.bucket >= 0 && c->key.bucket <= (int) lengthof(bucket_bounds))
+			g->counts[c->key.bucket] += c->value;
+	}
+	hash_seq_init(&seq, groups);
+	while ((g = hash_seq_search(&seq)) != NULL)
+	{
+		double		cumulative = 0;
+		size_t		len = strlen(g->key.labels);
+		char	   *open = pnstrdup(g->key.labels, len - 1);	/* without its '}' */
+
+		for (int i = 0; i <= (int) lengthof(bucket_bounds); i++)
+		{
+			char	   *le = i < (int) lengthof(bucket_bounds) ? psprintf("%g", bucket_bounds[i]) : "+Inf";
+
+			cumulative += g->counts[i];
+			put_row(rsinfo, g->key.name, "histogram_bucket",
+					psprintf("%s%s\"le\": \"%s\"}", open, len > 2 ? ", " : "", le), cumulative);
+		}
+	}
+}
+
 /*
  * tuvl._metric_series(): the series of this database the caller may see
  * (its own roles' runs; every run for tuvl_operator): name, kind, labels,
@@ -337,17 +426,14 @@ tuvl_metric_series(PG_FUNCTION_ARGS)
 	foreach(lc, rows)
 	{
 		MetricEntry *c = lfirst(lc);
-		Datum		values[4];
-		bool		nulls[4] = {false, false, false, false};
 
 		if (OidIsValid(c->key.principal) && !may_see(c->key.principal, operator))
 			continue;
-		values[0] = CStringGetTextDatum(c->key.name);
-		values[1] = CStringGetTextDatum(c->key.kind == METRIC_BUCKET ? "histogram_bucket" : "counter");
-		values[2] = JsonbPGetDatum(JsonFromCString(c->key.labels));
-		values[3] = Float8GetDatum(c->value);
-		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		if (c->key.kind == METRIC_BUCKET)
+			continue;
+		put_row(rsinfo, c->key.name, "counter", c->key.labels, c->value);
 	}
+	put_histograms(rsinfo, rows, operator);
 	PG_RETURN_VOID();
 }
 

@@ -44,6 +44,7 @@ typedef struct RunState
 								 * executes this step and ends (hook.c) */
 	TimestampTz started_at;		/* when a worker (or tuvl.run()) first took it */
 	char	   *traceparent;	/* the trace it continues (start_run()), or NULL */
+	char	   *trace_id;		/* its trace id, once computed (trace.c) */
 	Jsonb	   *context;
 	RunStatus	status;			/* as of the last transition applied */
 	int			step;			/* index of the current step; -1: start */

@@ -50,7 +50,7 @@
 #include "trace.h"
 #include "tuvl.h"
 
-#define TRACE_BUFFER_BYTES (1024 * 1024)
+#define TRACE_BUFFER_BYTES (4 * 1024 * 1024)
 #define TRACE_BATCH_MS 200
 #define TRACE_EXPORT_TIMEOUT_MS 5000
 
@@ -100,17 +100,27 @@ RunTraceId(RunState *run)
 	uint64		hi;
 	uint64		lo;
 
+	char		id[33];
+
+	if (run->trace_id)
+		return run->trace_id;
 	/* a run started with a traceparent continues that trace */
 	if (run->traceparent)
-		return pnstrdup(run->traceparent + 3, 32);
-	base = run->key_base ? run->key_base : EffectKeyBase(run);
-	hi = hash_text(base, UINT64CONST(0x7475766c));
-	lo = hash_text(base, UINT64CONST(0x74726163));
-
-	/* all zeros is not a valid trace id */
-	if (hi == 0 && lo == 0)
-		lo = 1;
-	return psprintf("%016" INT64_MODIFIER "x%016" INT64_MODIFIER "x", hi, lo);
+		strlcpy(id, run->traceparent + 3, sizeof(id));
+	else
+	{
+		base = run->key_base ? run->key_base : EffectKeyBase(run);
+		hi = hash_text(base, UINT64CONST(0x7475766c));
+		lo = hash_text(base, UINT64CONST(0x74726163));
+		/* all zeros is not a valid trace id */
+		if (hi == 0 && lo == 0)
+			lo = 1;
+		snprintf(id, sizeof(id), "%016" INT64_MODIFIER "x%016" INT64_MODIFIER "x", hi, lo);
+	}
+	if (run->cxt == NULL)
+		return pstrdup(id);
+	run->trace_id = MemoryContextStrdup(run->cxt, id);
+	return run->trace_id;
 }
 
 /* The span id of what (a place in the run, such as "step:7"). */
@@ -259,10 +269,10 @@ forget_pending(int from)
 static void
 flush_pending(void)
 {
-	bool		was_empty;
+	bool		wake;
 
 	LWLockAcquire(trace_shared->lock, LW_EXCLUSIVE);
-	was_empty = trace_shared->used == 0;
+	wake = trace_shared->used == 0;
 	for (int i = 0; i < n_pending; i++)
 	{
 		Size		len = strlen(pending[i].json);
@@ -277,10 +287,11 @@ flush_pending(void)
 		trace_shared->used += len + 1;
 		trace_shared->nspans++;
 	}
+	/* the launcher exports: wake it for a buffer that was empty, or a quarter full */
+	wake |= trace_shared->used > TRACE_BUFFER_BYTES / 4;
 	LWLockRelease(trace_shared->lock);
 	forget_pending(0);
-	/* the launcher exports; wake it for a buffer that was empty */
-	if (was_empty && TuvlShmem && TuvlShmem->launcher_latch)
+	if (wake && TuvlShmem && TuvlShmem->launcher_latch)
 		SetLatch(TuvlShmem->launcher_latch);
 }
 
@@ -477,7 +488,8 @@ TraceExport(void)
 		return -1;
 	}
 	since = (long) ((GetCurrentTimestamp() - last_export) / 1000);
-	if (since < TRACE_BATCH_MS)
+	/* batch for TRACE_BATCH_MS, unless the buffer fills up faster */
+	if (since < TRACE_BATCH_MS && used < TRACE_BUFFER_BYTES / 4)
 		return TRACE_BATCH_MS - since;
 	start_export();
 	return TRACE_BATCH_MS;

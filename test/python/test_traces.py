@@ -165,3 +165,34 @@ def test_without_an_endpoint_no_request_carries_traceparent(conn):
     assert res["end"] == "done"
     assert "traceparent" not in requests_with(token)[0]["headers"]
     assert all("traceparent" not in r["headers"] for r in sent(name))
+
+
+def test_spans_after_a_worker_crash_still_belong_to_the_run(conn, tracing, server_log, agdb):
+    """kill -9 of the worker while step two sleeps: the postmaster restarts
+    every process (the span buffer with them), the run is reclaimed, and the
+    spans made after the crash have the ids and parents they would have had:
+    one trace, every step a child of the run's span."""
+    from conftest import connect, kill_worker, wait_run_finished
+    name = new_name("trc")
+    q(conn, "SELECT tuvl.register_workflow(%s)", (
+        f"name: {name}\nsteps:\n  - {{ id: one, kind: Functional, function: ag.record }}\n"
+        "  - { id: two, kind: Functional, function: ag.sleepy }\n"
+        "  - { id: three, kind: Functional, function: ag.record }\n",))
+    run_id = q1(conn, "SELECT tuvl.start_run(%s, '{\"tag\": \"crash\", \"secs\": 3}')", (name,))
+    spans_of(run_id, 1)  # step one is exported before the crash
+    wait_until(lambda: q(conn, "SELECT current_step, lease_owner IS NOT NULL FROM tuvl.runs WHERE id = %s",
+                         (run_id,)) == [("two", True)], 10, message="step two to be sleeping")
+    time.sleep(0.3)
+    holder = q1(conn, "SELECT lease_owner FROM tuvl.runs WHERE id = %s", (run_id,))
+    kill_worker(holder, server_log)
+    after = connect(agdb)
+    try:
+        wait_run_finished(after, run_id)
+        assert q1(after, "SELECT status FROM tuvl.runs WHERE id = %s", (run_id,)) == "completed"
+    finally:
+        after.close()
+    spans = spans_of(run_id, 4, timeout=20)
+    (run,) = by_name(spans, f"run {name}")
+    assert len({s["traceId"] for s in spans}) == 1
+    steps = {s["name"] for s in spans if s["parentSpanId"] == run["spanId"]}
+    assert {"step one", "step two", "step three"} <= steps, [(s["name"], s["parentSpanId"]) for s in spans]

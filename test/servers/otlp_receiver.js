@@ -11,7 +11,8 @@
 //   GET    /spans          {"spans": [...], "requests": n, "rejected": [...]}
 //   DELETE /spans          forget them
 //   POST   /_mode?status=N answer every export with status N (0: normal);
-//                          ?hang=1 never answers
+//                          ?hang=1 never answers; ?count_only=1 only counts
+//                          the spans (for benchmarks: "counted" in GET /spans)
 //
 // node otlp_receiver.js --port N   (0: any; the port is printed on stderr)
 "use strict";
@@ -30,7 +31,8 @@ const SPAN_FIELDS = new Set(["traceId", "spanId", "parentSpanId", "traceState", 
 let spans = [];
 let requests = 0;
 let rejected = [];
-let mode = { status: 0, hang: false };
+let mode = { status: 0, hang: false, countOnly: false };
+let counted = 0;
 
 function hexToB64(hex, bytes, what) {
   if (typeof hex !== "string" || !new RegExp(`^[0-9a-f]{${bytes * 2}}$`).test(hex) || /^0+$/.test(hex))
@@ -96,19 +98,24 @@ const server = http.createServer((req, res) => {
       res.writeHead(code, { "Content-Type": "application/json" });
       res.end(JSON.stringify(obj));
     };
-    if (req.method === "GET" && url.pathname === "/spans") return send(200, { spans, requests, rejected });
+    if (req.method === "GET" && url.pathname === "/spans") return send(200, { spans, requests, rejected, counted });
     if (req.method === "DELETE" && url.pathname === "/spans") {
-      spans = []; requests = 0; rejected = [];
+      spans = []; requests = 0; rejected = []; counted = 0;
       return send(200, { ok: true });
     }
     if (req.method === "POST" && url.pathname === "/_mode") {
-      mode = { status: Number(url.searchParams.get("status") || 0), hang: url.searchParams.get("hang") === "1" };
+      mode = { status: Number(url.searchParams.get("status") || 0), hang: url.searchParams.get("hang") === "1",
+               countOnly: url.searchParams.get("count_only") === "1" };
       return send(200, mode);
     }
     if (req.method === "POST" && url.pathname === "/v1/traces") {
       requests++;
       if (mode.hang) return;  // never answers
       if (mode.status) return send(mode.status, { error: "refused by the test" });
+      if (mode.countOnly) {
+        counted += Buffer.concat(data).toString("utf8").split('"spanId"').length - 1;
+        return send(200, { partialSuccess: {} });
+      }
       if (!(req.headers["content-type"] || "").startsWith("application/json"))
         return send(415, { error: "expected application/json" });
       try {
