@@ -101,18 +101,23 @@ valid_json(const char *s, size_t len)
 	return pg_parse_json(lex, &nullSemAction) == JSON_SUCCESS;
 }
 
-/* Is msg the JSON-RPC response to request id? */
+/*
+ * Is msg the JSON-RPC response to request id?  Ids are strings (an
+ * effect's idempotency key: unique in every session); a numeric id
+ * answers the request whose id is its digits (a recording from before).
+ */
 static bool
-is_response_to(Jsonb *msg, int id)
+is_response_to(Jsonb *msg, const char *id)
 {
 	JsonbValue *v = JsonGetField(msg, "id");
 
 	if (v == NULL || (JsonGetField(msg, "result") == NULL && JsonGetField(msg, "error") == NULL))
 		return false;
-	if (v->type == jbvNumeric)
-		return JsonGetInt32(msg, "id", 0) == id;
 	if (v->type == jbvString)
-		return atoi(pnstrdup(v->val.string.val, v->val.string.len)) == id;
+		return strlen(id) == (size_t) v->val.string.len &&
+			strncmp(v->val.string.val, id, v->val.string.len) == 0;
+	if (v->type == jbvNumeric)
+		return strcmp(JsonValueToText(v), id) == 0;
 	return false;
 }
 
@@ -122,7 +127,7 @@ is_response_to(Jsonb *msg, int id)
  * Returns NULL with *error set when there is none.
  */
 Jsonb *
-McpParseMessage(const char *body, const char *content_type, int id, char **error)
+McpParseMessage(const char *body, const char *content_type, const char *id, char **error)
 {
 	*error = NULL;
 	if (body == NULL || *body == '\0')
@@ -175,7 +180,7 @@ McpParseMessage(const char *body, const char *content_type, int id, char **error
 			if (JsonIsObject(msg) && is_response_to(msg, id))
 				return msg;
 		}
-		*error = psprintf("the event stream holds no response to request %d", id);
+		*error = psprintf("the event stream holds no response to request %s", id);
 		return NULL;
 	}
 	if (!valid_json(body, strlen(body)))
@@ -201,13 +206,13 @@ McpParseMessage(const char *body, const char *content_type, int id, char **error
 			}
 		}
 	}
-	*error = psprintf("the response holds no answer to request %d", id);
+	*error = psprintf("the response holds no answer to request %s", id);
 	return NULL;
 }
 
 /* A JSON-RPC request as an HTTP effect. */
 static EffectRequest *
-rpc_request(const char *url, const char *method, Jsonb *params, int id,
+rpc_request(const char *url, const char *method, Jsonb *params, const char *id,
 			const char *session, const char *version, const char *op, int timeout_ms)
 {
 	EffectRequest *req = palloc0(sizeof(EffectRequest));
@@ -217,8 +222,8 @@ rpc_request(const char *url, const char *method, Jsonb *params, int id,
 
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "jsonrpc", "2.0");
-	if (id > 0)
-		JsonObjAddInt(&b, "id", id);
+	if (id)
+		JsonObjAddString(&b, "id", id);
 	JsonObjAddString(&b, "method", method);
 	if (params)
 		JsonObjAddJsonb(&b, "params", params);
@@ -260,6 +265,8 @@ rpc_request(const char *url, const char *method, Jsonb *params, int id,
 
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "op", op);
+	if (id)
+		JsonObjAddString(&b, "rpc_id", id);	/* to find its answer by */
 	if (session)
 		JsonObjAddString(&b, "session", session);
 	if (version)
@@ -304,7 +311,7 @@ fail_transport(Jsonb *result, const char *what)
 
 /* The JSON-RPC message answering request id in an effect result. */
 static Jsonb *
-rpc_answer(Jsonb *result, int id, const char *what)
+rpc_answer(Jsonb *result, const char *id, const char *what)
 {
 	char	   *error;
 	Jsonb	   *msg = McpParseMessage(JsonGetText(result, "body"), header_of(result, "content-type"),
@@ -408,6 +415,16 @@ typedef struct McpProgress
 	bool		from_cache;		/* the session came from this process's cache */
 } McpProgress;
 
+/* The id of the request whose result r is (at position i). */
+static const char *
+answer_id(Jsonb *r, int i)
+{
+	char	   *id = JsonGetString(r, "rpc_id");
+
+	/* recorded before ids were keys: the position */
+	return id ? id : psprintf("%d", i + 1);
+}
+
 /*
  * Walk the step's effects so far, updating p.  Returns true with *answer
  * set to the result of tools/call when it arrived (the step is done);
@@ -430,7 +447,7 @@ walk_effects(RunState *run, int n, const char *url, McpProgress *p, Jsonb **answ
 
 			if (status < 200 || status >= 300)
 				fail_transport(r, "initialize");
-			init = rpc_answer(r, i + 1, "initialize");
+			init = rpc_answer(r, answer_id(r, i), "initialize");
 			p->session = header_of(r, "mcp-session-id");
 			p->version = init ? JsonGetString(init, "protocolVersion") : NULL;
 			if (p->version == NULL)
@@ -462,7 +479,7 @@ walk_effects(RunState *run, int n, const char *url, McpProgress *p, Jsonb **answ
 			}
 			if (status < 200 || status >= 300)
 				fail_transport(r, "tools/call");
-			*answer = rpc_answer(r, i + 1, "tools/call");
+			*answer = rpc_answer(r, answer_id(r, i), "tools/call");
 			return true;
 		}
 	}
@@ -502,22 +519,22 @@ sync_session_cache(const char *url, int n, McpProgress *p)
 
 /* The next effect: initialize, notifications/initialized or tools/call. */
 static EffectRequest *
-next_request(const char *url, const char *tool, Jsonb *args, int n, McpProgress *p,
+next_request(const char *url, const char *tool, Jsonb *args, const char *id, McpProgress *p,
 			 int timeout_ms)
 {
 	JsonObjBuilder b;
 	EffectRequest *req;
 
 	if (p->session == NULL && p->version == NULL)
-		return rpc_request(url, "initialize", initialize_params(), n + 1, NULL, NULL,
+		return rpc_request(url, "initialize", initialize_params(), id, NULL, NULL,
 						   "initialize", timeout_ms);
 	if (!p->notified)
-		return rpc_request(url, "notifications/initialized", NULL, 0, p->session, p->version,
+		return rpc_request(url, "notifications/initialized", NULL, NULL, p->session, p->version,
 						   "initialized", timeout_ms);
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "name", tool);
 	JsonObjAddJsonb(&b, "arguments", args);
-	req = rpc_request(url, "tools/call", JsonObjEnd(&b), n + 1, p->session, p->version,
+	req = rpc_request(url, "tools/call", JsonObjEnd(&b), id, p->session, p->version,
 					  "call", timeout_ms);
 	req->journal = JsonMerge(req->journal, JsonSetKey(JsonSetKey(JsonEmptyObject(), "tool",
 																 JsonStringValue(tool)),
@@ -526,8 +543,9 @@ next_request(const char *url, const char *tool, Jsonb *args, int n, McpProgress 
 }
 
 /*
- * The MCP step: see the file header.  Positions of effects double as
- * JSON-RPC ids (position + 1).
+ * The MCP step: see the file header.  A request's JSON-RPC id is its
+ * effect's idempotency key, so ids never repeat within a session that
+ * the runs of a worker share.
  */
 void
 StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *result)
@@ -567,7 +585,8 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 
 	/* what next */
 	sync_session_cache(url, n, &p);
-	req = next_request(url, tool, args, n, &p, timeout_ms);
+	/* the effect's idempotency key: no other request of any run repeats it */
+	req = next_request(url, tool, args, EffectKey(run, n), &p, timeout_ms);
 	req->secrets = use.values;
 	req->journal = SecretScrubJsonb(req->journal, use.values);
 	result->pending = true;
@@ -645,15 +664,15 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 	char	   *version;
 
 	TuvlRefuseWhileReplaying("tuvl.mcp_list_tools()");
-	req = rpc_request(url, "initialize", initialize_params(), 1, NULL, NULL, "initialize",
+	req = rpc_request(url, "initialize", initialize_params(), "tuvl-list-1", NULL, NULL, "initialize",
 					  tuvl_http_timeout);
 	r = EffectPerform(req);
 	if (JsonGetInt32(r, "status", 0) < 200 || JsonGetInt32(r, "status", 0) >= 300)
 		fail_transport(r, "initialize");
-	init = rpc_answer(r, 1, "initialize");
+	init = rpc_answer(r, "tuvl-list-1", "initialize");
 	session = header_of(r, "mcp-session-id");
 	version = init ? JsonGetString(init, "protocolVersion") : NULL;
-	r = EffectPerform(rpc_request(url, "notifications/initialized", NULL, 0, session,
+	r = EffectPerform(rpc_request(url, "notifications/initialized", NULL, NULL, session,
 								  version ? version : MCP_PROTOCOL_VERSION, "initialized",
 								  tuvl_http_timeout));
 	if (JsonGetInt32(r, "status", 0) >= 400 || JsonGetInt32(r, "status", 0) == 0)
@@ -669,12 +688,12 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 				: JsonEmptyObject();
 			Jsonb	   *tools;
 
-			r = EffectPerform(rpc_request(url, "tools/list", params, 2 + page, session,
+			r = EffectPerform(rpc_request(url, "tools/list", params, psprintf("tuvl-list-%d", 2 + page), session,
 										  version ? version : MCP_PROTOCOL_VERSION, "list",
 										  tuvl_http_timeout));
 			if (JsonGetInt32(r, "status", 0) < 200 || JsonGetInt32(r, "status", 0) >= 300)
 				fail_transport(r, "tools/list");
-			list = rpc_answer(r, 2 + page, "tools/list");
+			list = rpc_answer(r, psprintf("tuvl-list-%d", 2 + page), "tools/list");
 			tools = list ? JsonGetJsonb(list, "tools") : NULL;
 			if (tools && JB_ROOT_IS_ARRAY(tools) && !JB_ROOT_IS_SCALAR(tools))
 				all = JsonMerge(all, tools);

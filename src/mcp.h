@@ -12,7 +12,7 @@
 
 #define MCP_PROTOCOL_VERSION "2025-11-25"
 
-extern Jsonb *McpParseMessage(const char *body, const char *content_type, int id,
+extern Jsonb *McpParseMessage(const char *body, const char *content_type, const char *id,
 							  char **error);
 extern Jsonb *McpListTools(const char *url);
 extern Jsonb *McpKnownInputSchema(Jsonb *mcp);

@@ -288,7 +288,8 @@ tools/list answers in two pages (nextCursor).
             fail["result"] = {"content": [{"type": "text", "text": f"unknown tool {tool}"}],
                               "isError": True}
             return self.send(200, json.dumps(fail))
-        other = {"jsonrpc": "2.0", "id": rid + 1000,
+        # an answer to another request of the session (ids are strings or numbers)
+        other = {"jsonrpc": "2.0", "id": f"{rid}-other" if isinstance(rid, str) else rid + 1000,
                  "result": {"content": [{"type": "text", "text": "not yours"}]}}
         whole = json.dumps(answer)
         cut = whole.index('"result"')

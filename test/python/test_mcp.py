@@ -16,6 +16,7 @@ other request ids, data split over several lines, CRLF line ends, plain JSON
 and batch answers, and a session forgotten with 404.
 """
 import json
+import re
 import os
 import signal
 import subprocess
@@ -342,12 +343,14 @@ def test_handshake_messages_are_well_formed(wf, conns, scripted):
     msgs = [json.loads(r["body"]) for r in got]
     assert [m["method"] for m in msgs] == ["initialize", "notifications/initialized", "tools/call"]
     init, note, tcall = msgs
-    assert init["id"] == 1 and init["params"]["protocolVersion"] == "2025-11-25"
+    # ids are the effects' idempotency keys: strings no other request repeats
+    assert re.fullmatch(r"tuvl-[0-9a-f]{16}-\d+-\d+-0", init["id"]), init["id"]
+    assert init["params"]["protocolVersion"] == "2025-11-25"
     assert init["params"]["clientInfo"]["name"] == "tuvl" and "capabilities" in init["params"]
     assert "mcp-session-id" not in got[0]["headers"]
     assert "id" not in note, "a notification has no id"
     assert got[1]["headers"]["mcp-session-id"] == got[2]["headers"]["mcp-session-id"]
-    assert tcall["id"] == 3
+    assert tcall["id"] == init["id"][:-1] + "2"
 
 
 def test_session_forgotten_with_404_is_recovered(wf, conns, scripted):
@@ -396,3 +399,24 @@ def test_the_session_made_in_a_recovery_is_cached(wf, conns, scripted):
     assert completed(res)["text"] == "plain: three\nsecond block"
     assert rpcs(c, res["run_id"]) == ["tools/call"], "the recovered session was not reused"
     assert results(c, res["run_id"])[0]["session"] == recovered
+
+
+def test_concurrent_calls_on_a_shared_session_are_all_answered(conn):
+    """16 runs call a tool that takes a second, at once, in the workers: each
+    worker shares one session among its runs, and each request has an id no
+    other request of the session has, so the reference server (built on the
+    official SDK) answers every one of them, in about a second."""
+    with conn.cursor() as cur:
+        cur.execute("BEGIN")
+        cur.execute("SELECT array_agg(tuvl.start_run('mcp_any', jsonb_build_object('url', %s::text, "
+                    "'tool', 'trigger-long-running-operation', 'args', '{\"duration\": 1, \"steps\": 1}'::jsonb))) "
+                    "FROM generate_series(1, 16)", (MCP_URL,))
+        ids = cur.fetchone()[0]
+        cur.execute("COMMIT")
+    started = time.monotonic()
+    for run_id in ids:
+        assert q1(conn, "SELECT tuvl.wait(%s, '30 s')", (run_id,)) == "completed"
+    took = time.monotonic() - started
+    rows = q(conn, "SELECT end_name, response FROM tuvl.runs WHERE id = ANY(%s)", (ids,))
+    assert all(end == "done" and "Long running operation completed" in json.dumps(resp) for end, resp in rows), rows
+    assert took < 10, f"the calls took {took:.1f} s: some waited for an answer that went to another call"

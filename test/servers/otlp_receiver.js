@@ -33,6 +33,7 @@ let requests = 0;
 let rejected = [];
 let mode = { status: 0, hang: false, countOnly: false };
 let counted = 0;
+const SPAN_ID = Buffer.from('"spanId"');
 
 function hexToB64(hex, bytes, what) {
   if (typeof hex !== "string" || !new RegExp(`^[0-9a-f]{${bytes * 2}}$`).test(hex) || /^0+$/.test(hex))
@@ -113,7 +114,9 @@ const server = http.createServer((req, res) => {
       if (mode.hang) return;  // never answers
       if (mode.status) return send(mode.status, { error: "refused by the test" });
       if (mode.countOnly) {
-        counted += Buffer.concat(data).toString("utf8").split('"spanId"').length - 1;
+        const body = Buffer.concat(data);
+        for (let at = body.indexOf(SPAN_ID); at !== -1; at = body.indexOf(SPAN_ID, at + SPAN_ID.length))
+          counted++;
         return send(200, { partialSuccess: {} });
       }
       if (!(req.headers["content-type"] || "").startsWith("application/json"))
