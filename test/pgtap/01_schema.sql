@@ -1,6 +1,6 @@
 -- The public SQL surface of the contract exists with the documented signatures.
 BEGIN;
-SELECT plan(28);
+SELECT plan(32);
 
 SELECT has_schema('tuvl');
 SELECT has_table('tuvl', 'workflows', 'tuvl.workflows exists');
@@ -15,9 +15,14 @@ FROM unnest(ARRAY['id', 'workflow', 'workflow_version', 'status', 'input', 'cont
                   'lease_expires_at', 'created_at', 'started_at', 'finished_at', 'principal']) AS c;
 SELECT has_function('tuvl', 'register_workflow', ARRAY['text']);
 SELECT has_function('tuvl', 'validate', ARRAY['text', 'boolean']);
-SELECT has_function('tuvl', 'start_run', ARRAY['text', 'jsonb']);
+SELECT has_function('tuvl', 'start_run', ARRAY['text', 'jsonb', 'text', 'timestamp with time zone', 'integer', 'integer', 'text']);
 SELECT has_function('tuvl', 'run', ARRAY['text', 'jsonb', 'interval']);
 SELECT has_function('tuvl', 'wait', ARRAY['bigint', 'interval']);
+SELECT has_function('tuvl', 'metrics_prometheus', ARRAY[]::text[]);
+SELECT has_view('tuvl', 'metrics', 'tuvl.metrics exists');
+SELECT columns_are('tuvl', 'metrics', ARRAY['name', 'kind', 'labels', 'value'],
+    'tuvl.metrics has the contract''s columns');
+SELECT has_column('tuvl', 'runs', 'parent_run_id', 'tuvl.runs has parent_run_id');
 SELECT has_role('tuvl_operator');
 SELECT * FROM finish();
 ROLLBACK;
