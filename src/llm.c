@@ -20,6 +20,8 @@
  */
 #include "postgres.h"
 
+#include "common/hashfn.h"
+
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "fmgr.h"
@@ -32,6 +34,7 @@
 
 #include "jsonutil.h"
 #include "llm.h"
+#include "template.h"
 #include "retry.h"
 #include "security.h"
 #include "spiutil.h"
@@ -45,6 +48,8 @@ PG_FUNCTION_INFO_V1(tuvl_register_llm);
 #define DEFAULT_MAX_TOKENS 1024
 /* Longest Retry-After honoured, in milliseconds (RetryAfterMs). */
 #define MAX_RETRY_AFTER_MS (60 * 1000)
+
+static void check_headers(const char *name, Jsonb *def);
 
 /*
  * Check an LLM config's definition (raises for a bad one); returns its
@@ -96,6 +101,13 @@ check_config(Jsonb *def)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("LLM config \"%s\": params must be a mapping such as { temperature: 0 }", name)));
+	check_headers(name, def);
+	if (JsonGetField(def, "params") && JsonGetField(JsonGetJsonb(def, "params"), "stream"))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("LLM config \"%s\": params.stream is not available in this version of tuvl", name),
+				 errdetail("tuvl reads each model answer whole, as one durable effect."),
+				 errhint("Remove stream from params.")));
 	v = JsonGetField(def, "api_key_secret");
 	if (v && v->type != jbvString)
 		ereport(ERROR,
@@ -103,7 +115,7 @@ check_config(Jsonb *def)
 				 errmsg("LLM config \"%s\": api_key_secret must name a secret given to tuvl.set_secret", name)));
 	{
 		static const char *const keys[] = {"name", "provider", "base_url", "model", "timeout",
-		"params", "api_key_secret", "description", NULL};
+		"params", "api_key_secret", "headers", "description", NULL};
 		JsonbIterator *it = JsonbIteratorInit(&def->root);
 		char	   *key;
 		bool		known;
@@ -119,11 +131,49 @@ check_config(Jsonb *def)
 						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 						 errmsg("LLM config \"%s\": unknown key \"%s\"", name, key),
 						 errhint("A model config takes name, provider, base_url, model, timeout, params, "
-								 "api_key_secret and description; request parameters such as "
+								 "api_key_secret, headers and description; request parameters such as "
 								 "temperature go under params.")));
 		}
 	}
 	return name;
+}
+
+/*
+ * headers: a mapping of header names to text, which may name secrets
+ * ("{{ secrets.azure_key }}"); the headers tuvl sets itself for the body
+ * cannot be replaced.
+ */
+static void
+check_headers(const char *name, Jsonb *def)
+{
+	JsonbValue *v = JsonGetField(def, "headers");
+	JsonbIterator *it;
+	JsonbValue	hv;
+	char	   *key;
+
+	if (v == NULL)
+		return;
+	if (!(v->type == jbvBinary && JsonContainerIsObject(v->val.binary.data)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("LLM config \"%s\": headers must be a mapping such as { api-key: \"{{ secrets.azure_key }}\" }", name)));
+	it = JsonbIteratorInit(&JsonGetJsonb(def, "headers")->root);
+	while (JsonObjectNext(&it, &key, &hv))
+	{
+		if (*key == '\0' || strspn(key, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_") != strlen(key))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("LLM config \"%s\": \"%s\" is not a header name", name, key)));
+		if (pg_strcasecmp(key, "content-type") == 0 || pg_strcasecmp(key, "content-length") == 0 ||
+			pg_strcasecmp(key, "host") == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("LLM config \"%s\": header \"%s\" is set by tuvl", name, key)));
+		if (hv.type != jbvString)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("LLM config \"%s\": header \"%s\" must be text", name, key)));
+	}
 }
 
 /*
@@ -211,6 +261,8 @@ LlmConfigLoad(const char *name)
 	(void) DurationFromJson(JsonGetField(def, "timeout"), &cfg->timeout_ms);
 	p = JsonGetField(def, "params");
 	cfg->params = p ? JsonValueToJsonb(p) : NULL;
+	p = JsonGetField(def, "headers");
+	cfg->headers = p ? JsonValueToJsonb(p) : NULL;
 	return cfg;
 }
 
@@ -503,6 +555,39 @@ add_header(EffectRequest *req, const char *name, const char *value)
 	req->http.headers = lappend(req->http.headers, h);
 }
 
+/* Does the config set header name (any case)? */
+static bool
+has_header(LlmConfig *cfg, const char *name)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	char	   *key;
+
+	if (cfg->headers == NULL)
+		return false;
+	it = JsonbIteratorInit(&cfg->headers->root);
+	while (JsonObjectNext(&it, &key, &v))
+		if (pg_strcasecmp(key, name) == 0)
+			return true;
+	return false;
+}
+
+/* The config's headers, rendered: the secrets they name are remembered in use. */
+static void
+add_config_headers(EffectRequest *req, LlmConfig *cfg, SecretUse *use)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	char	   *key;
+
+	if (cfg->headers == NULL)
+		return;
+	it = JsonbIteratorInit(&cfg->headers->root);
+	while (JsonObjectNext(&it, &key, &v))
+		add_header(req, key, TemplateRenderText(pnstrdup(v.val.string.val, v.val.string.len),
+												JsonEmptyObject(), &use->opts));
+}
+
 /* base_url + path, without a doubled slash. */
 static char *
 join_url(const char *base, const char *path)
@@ -544,11 +629,12 @@ LlmBuildRequest(RunState *run, LlmConfig *cfg, Jsonb *messages, Jsonb *tools, in
 	if (anthropic)
 	{
 		add_header(req, "anthropic-version", ANTHROPIC_VERSION);
-		if (key)
+		if (key && !has_header(cfg, "x-api-key"))
 			add_header(req, "x-api-key", key);
 	}
-	else if (key)
+	else if (key && !has_header(cfg, "authorization"))
 		add_header(req, "Authorization", psprintf("Bearer %s", key));
+	add_config_headers(req, cfg, &use);
 	HttpCheckAllowed(req->http.url);
 	req->secrets = use.values;
 
@@ -579,6 +665,24 @@ provider_message(Jsonb *body, char **type, char **code)
 	*type = JsonGetString(err, "type");
 	*code = JsonGetString(err, "code");
 	return JsonGetString(err, "message");
+}
+
+/*
+ * A tool call's id as the provider gave it; when it gave none (some
+ * OpenAI-compatible servers do not), one made of the call's place and
+ * content, the same whenever the answer is read again, for the tool's
+ * answer to refer to.
+ */
+static char *
+call_id(const char *given, int i, const char *name, const char *arguments)
+{
+	char	   *what;
+
+	if (given && *given)
+		return (char *) given;
+	what = psprintf("%d\x1f%s\x1f%s", i, name ? name : "", arguments ? arguments : "");
+	return psprintf("call_tuvl_%d_%08x", i,
+					(uint32) hash_bytes((const unsigned char *) what, strlen(what)));
 }
 
 static void
@@ -619,7 +723,8 @@ parse_openai(Jsonb *body, LlmReply *r)
 			if (i > 0)
 				appendStringInfoString(&buf, ", ");
 			appendStringInfoString(&buf, "{\"id\": ");
-			escape_json(&buf, JsonGetText(c, "id"));
+			escape_json(&buf, call_id(JsonGetString(c, "id"), i, f ? JsonGetText(f, "name") : "",
+									  f ? JsonGetText(f, "arguments") : ""));
 			append_str(&buf, "name", f ? JsonGetText(f, "name") : "");
 			append_str(&buf, "arguments", f ? JsonGetText(f, "arguments") : "");
 			appendStringInfoChar(&buf, '}');
@@ -629,9 +734,14 @@ parse_openai(Jsonb *body, LlmReply *r)
 	}
 	if (usage && JsonIsObject(usage))
 	{
+		Jsonb	   *pd = JsonGetJsonb(usage, "prompt_tokens_details");
+		Jsonb	   *cd = JsonGetJsonb(usage, "completion_tokens_details");
+
 		r->prompt_tokens = JsonGetInt32(usage, "prompt_tokens", 0);
 		r->completion_tokens = JsonGetInt32(usage, "completion_tokens", 0);
 		r->total_tokens = JsonGetInt32(usage, "total_tokens", 0);
+		r->cached_tokens = pd && JsonIsObject(pd) ? JsonGetInt32(pd, "cached_tokens", 0) : 0;
+		r->reasoning_tokens = cd && JsonIsObject(cd) ? JsonGetInt32(cd, "reasoning_tokens", 0) : 0;
 		if (r->total_tokens == 0)
 			r->total_tokens = r->prompt_tokens + r->completion_tokens;
 	}
@@ -665,19 +775,22 @@ parse_anthropic(Jsonb *body, LlmReply *r)
 		else if (type && strcmp(type, "tool_use") == 0)
 		{
 			Jsonb	   *input = JsonGetJsonb(blk, "input");
+			char	   *args = input ? JsonbToCString(NULL, &input->root, VARSIZE(input)) : "{}";
 
 			if (ncalls++ > 0)
 				appendStringInfoString(&calls, ", ");
+
 			appendStringInfoString(&calls, "{\"id\": ");
-			escape_json(&calls, JsonGetText(blk, "id"));
+			escape_json(&calls, call_id(JsonGetString(blk, "id"), ncalls - 1, JsonGetText(blk, "name"), args));
 			append_str(&calls, "name", JsonGetText(blk, "name"));
-			append_str(&calls, "arguments", input ? JsonbToCString(NULL, &input->root, VARSIZE(input)) : "{}");
+			append_str(&calls, "arguments", args);
 			appendStringInfoChar(&calls, '}');
 		}
 	}
 	appendStringInfoChar(&calls, ']');
 	if (JsonArraySize(content) == 0)
 	{
+		r->finish_reason = JsonGetString(body, "stop_reason");
 		r->error = "the model's response has no content (no text and no tool call)";
 		return;
 	}
@@ -688,6 +801,7 @@ parse_anthropic(Jsonb *body, LlmReply *r)
 	{
 		r->prompt_tokens = JsonGetInt32(usage, "input_tokens", 0);
 		r->completion_tokens = JsonGetInt32(usage, "output_tokens", 0);
+		r->cached_tokens = JsonGetInt32(usage, "cache_read_input_tokens", 0);
 		r->total_tokens = r->prompt_tokens + r->completion_tokens;
 	}
 	r->ok = true;
@@ -774,6 +888,10 @@ LlmTurnPayload(Jsonb *result, int *tokens)
 	JsonObjAddInt(&t, "prompt", r.prompt_tokens);
 	JsonObjAddInt(&t, "completion", r.completion_tokens);
 	JsonObjAddInt(&t, "total", r.total_tokens);
+	if (r.cached_tokens > 0)
+		JsonObjAddInt(&t, "cached", r.cached_tokens);
+	if (r.reasoning_tokens > 0)
+		JsonObjAddInt(&t, "reasoning", r.reasoning_tokens);
 	JsonObjAddJsonb(&b, "tokens", JsonObjEnd(&t));
 	JsonObjAddJsonb(&b, "latency_ms", JsonGetJsonb(result, "latency_ms"));
 	if (!r.ok)

@@ -22,6 +22,7 @@ typedef struct LlmConfig
 	char	   *api_key_secret; /* NULL: no key (local servers) */
 	int			timeout_ms;
 	Jsonb	   *params;			/* extra request fields, or NULL */
+	Jsonb	   *headers;		/* extra request headers (templates), or NULL */
 } LlmConfig;
 
 /* A model's answer, in the provider-neutral form. */
@@ -34,6 +35,8 @@ typedef struct LlmReply
 	int			prompt_tokens;
 	int			completion_tokens;
 	int			total_tokens;
+	int			cached_tokens;	/* of prompt_tokens, read from a cache */
+	int			reasoning_tokens;	/* of completion_tokens, spent reasoning */
 	/* when !ok */
 	char	   *error;
 	bool		retryable;		/* a transient failure (408, 429, 529, 5xx,

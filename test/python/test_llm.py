@@ -1072,3 +1072,93 @@ def test_a_completion_agents_pii_mask_masks_the_prompt_and_the_answer(conn, prov
               (res["run_id"],))
     assert leaks == [("run_queued",)], leaks
 
+
+
+# ---------------------------------------------------------------------------
+# Provider details: headers, missing call ids, token details, streaming
+
+
+def test_config_headers_are_sent_with_secrets_and_never_journaled(conn, provider):
+    name = new_name()
+    script(name, [{"text": "Hi."}])
+    q(conn, "SELECT tuvl.set_secret('llm_header_key', 'hdr-s3cret-value')")
+    q(conn, "SELECT tuvl.register_llm(%s)", (
+        f"name: {name}\nprovider: {provider}\nbase_url: {LLM_URL}\nmodel: {name}\n"
+        "headers: { api-key: '{{ secrets.llm_header_key }}', OpenAI-Project: proj_1, "
+        "anthropic-beta: 'tools-2024-04-04' }\n",))
+    q(conn, "SELECT tuvl.register_workflow(%s)", (agent_workflow(name, name),))
+    res = execute(conn, name)
+    assert res["response"] == "Hi.", res
+    (req,) = sent(name)
+    assert req["headers"]["api-key"] == "hdr-s3cret-value"
+    assert req["headers"]["openai-project"] == "proj_1"
+    assert req["headers"]["anthropic-beta"] == "tools-2024-04-04"
+    assert q1(conn, "SELECT count(*) FROM tuvl.events WHERE run_id = %s AND payload::text LIKE "
+                    "'%%hdr-s3cret%%'", (res["run_id"],)) == 0
+
+
+@pytest.mark.parametrize("extra,message", [
+    ("headers: [a]", "headers must be a mapping"),
+    ("headers: { Content-Type: text/plain }", 'header "Content-Type" is set by tuvl'),
+    ("headers: { 'bad header': x }", '"bad header" is not a header name'),
+    ("headers: { X-N: 3 }", 'header "X-N" must be text'),
+    ("params: { stream: true }", "params.stream is not available in this version of tuvl"),
+])
+def test_bad_headers_and_streaming_are_refused_at_registration(conn, extra, message):
+    with pytest.raises(psycopg2.Error) as e:
+        q(conn, "SELECT tuvl.register_llm(%s)", (
+            f"name: {new_name()}\nprovider: openai\nbase_url: {LLM_URL}\nmodel: m\n{extra}\n",))
+    assert message in str(e.value), str(e.value)
+
+
+def test_tool_calls_without_ids_get_ids_the_answers_refer_to(conn, provider):
+    """Some OpenAI-compatible servers send tool calls without an id: tuvl
+    makes one, and the tool's answer refers to it (the scripted server
+    refuses a conversation whose tool calls have no ids)."""
+    name = new_name()
+    script(name, [{"tool_calls": [{"name": "lookup", "arguments": {"q": "a"}}], "no_ids": True},
+                  {"text": "Found it."}])
+    register_llm(conn, name, provider)
+    q(conn, "SELECT tuvl.register_workflow(%s)", (
+        f"name: {name}\nsteps:\n  - id: triage\n    kind: Agent\n    mode: autonomous\n"
+        f"    agent:\n      model: {name}\n      steering: Look it up.\n      tools: [{{ ref: lookup }}]\n"
+        "    routes: { default: done, error: oops }\n"
+        "  - { id: lookup, kind: ModelOp, description: Look up, sql: 'SELECT 1 AS one' }\n"
+        "ends:\n  - { id: done, status: completed, response: '{{ triage_result }}' }\n"
+        "  - { id: oops, status: completed, response: '{{ _last_error }}' }\n",))
+    res = execute(conn, name)
+    assert res["response"] == "Found it.", res
+    second = sent(name)[1]["body"]
+    text = json.dumps(second)
+    assert "call_tuvl_0_" in text, text
+    ids = set()
+    for m in second.get("messages", []):
+        for tc in m.get("tool_calls") or []:
+            ids.add(tc["id"])
+        if m.get("role") == "tool":
+            assert m["tool_call_id"] in ids
+        for block in m.get("content") if isinstance(m.get("content"), list) else []:
+            if block.get("type") == "tool_use":
+                ids.add(block["id"])
+            if block.get("type") == "tool_result":
+                assert block["tool_use_id"] in ids
+    assert ids and all(i.startswith("call_tuvl_0_") for i in ids), ids
+
+
+def test_cached_and_reasoning_tokens_are_journaled(conn, provider):
+    name = make_agent(conn, provider, [{"text": "Hi.", "usage": {"prompt_tokens": 100, "completion_tokens": 40},
+                                        "cached_tokens": 64, "reasoning_tokens": 30}])
+    res = execute(conn, name)
+    (turn,) = turns_of(conn, res["run_id"])
+    assert turn["tokens"]["cached"] == 64
+    if provider == "openai":
+        assert turn["tokens"]["reasoning"] == 30
+    assert turn["tokens"]["total"] == 140
+
+
+def test_an_empty_anthropic_answer_keeps_its_finish_reason(conn):
+    name = make_agent(conn, "anthropic", [{"fault": "empty"}], extra=retry_yaml(attempts=1))
+    res = execute(conn, name)
+    assert res["end"] == "oops", res
+    (turn,) = turns_of(conn, res["run_id"])
+    assert turn["finish_reason"] == "end_turn" and "no content" in turn["error"], turn

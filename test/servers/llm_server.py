@@ -77,6 +77,13 @@ A turn is an object with these keys (all optional):
                 system prompt and the messages; a retry resends identical
                 messages), then the turn answers normally.  Without it the
                 fault is permanent.  Identical conversations share the counter
+  no_ids        true: the tool calls come without ids (as some OpenAI-compatible
+                servers send them)
+  cached_tokens, reasoning_tokens
+                n: the usage reports that many cached prompt tokens
+                (prompt_tokens_details.cached_tokens; Anthropic
+                cache_read_input_tokens) and reasoning tokens
+                (completion_tokens_details.reasoning_tokens; OpenAI only)
   retry_after   seconds, sent as Retry-After (and, for Anthropic, as
                 retry-after-ms) with an error fault.  Integers give standard
                 headers; a fraction is sent as written ("0.5")
@@ -130,7 +137,7 @@ ROUTES = {
 NAMED_FAULTS = {"429", "500", "529", "408", "quota", "bad_request", "malformed",
                 "truncated", "hang", "empty"}
 TURN_KEYS = {"text", "tool_calls", "finish", "usage", "latency_ms", "fault", "times",
-             "retry_after", "message", "comment"}
+             "retry_after", "message", "comment", "no_ids", "cached_tokens", "reasoning_tokens"}
 CALL_KEYS = {"name", "arguments", "arguments_raw"}
 HANG_SECONDS = 3600
 SWITCH_INTERVAL = 0.05
@@ -893,15 +900,21 @@ class Handler(BaseHTTPRequestHandler):
                                   "arguments": c["arguments_raw"] if "arguments_raw" in c
                                   else json.dumps(c.get("arguments", {}))}}
                     for i, c in enumerate(calls)]
+                if turn.get("no_ids"):
+                    for tc in message["tool_calls"]:
+                        del tc["id"]
             finish = "tool_calls" if calls else ("length" if length else "stop")
             choices = [] if empty else [{"index": 0, "message": message,
                                          "finish_reason": finish}]
+            usage_out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                         "total_tokens": prompt_tokens + completion_tokens}
+            if "cached_tokens" in turn:
+                usage_out["prompt_tokens_details"] = {"cached_tokens": turn["cached_tokens"]}
+            if "reasoning_tokens" in turn:
+                usage_out["completion_tokens_details"] = {"reasoning_tokens": turn["reasoning_tokens"]}
             return {"id": "chatcmpl-" + new_id(), "object": "chat.completion",
                     "created": int(time.time()), "model": body.get("model"),
-                    "choices": choices,
-                    "usage": {"prompt_tokens": prompt_tokens,
-                              "completion_tokens": completion_tokens,
-                              "total_tokens": prompt_tokens + completion_tokens}}
+                    "choices": choices, "usage": usage_out}
         content = []
         if text or not calls:
             content.append({"type": "text", "text": text or ""})
@@ -911,11 +924,15 @@ class Handler(BaseHTTPRequestHandler):
                                    "format (input is an object); sent input {}")
             content.append({"type": "tool_use", "id": f"toolu_{number}_{i}", "name": c["name"],
                             "input": {} if "arguments_raw" in c else c.get("arguments", {})})
+            if turn.get("no_ids"):
+                del content[-1]["id"]
         stop = "tool_use" if calls else ("max_tokens" if length else "end_turn")
         return {"id": "msg_" + new_id(), "type": "message", "role": "assistant",
                 "model": body.get("model"), "content": [] if empty else content,
                 "stop_reason": stop if not empty else "end_turn", "stop_sequence": None,
-                "usage": {"input_tokens": prompt_tokens, "output_tokens": completion_tokens}}
+                "usage": dict({"input_tokens": prompt_tokens, "output_tokens": completion_tokens},
+                              **({"cache_read_input_tokens": turn["cached_tokens"]}
+                                 if "cached_tokens" in turn else {}))}
 
     def _send_truncated(self, payload, entry):
         data = json.dumps(payload).encode()
