@@ -414,3 +414,13 @@ LANGUAGE C VOLATILE;
 COMMENT ON FUNCTION tuvl.start_run(text, jsonb, text, timestamptz, integer, integer, text) IS 'validate the input and queue a run (of the latest version, or of version), once per key';
 REVOKE ALL ON FUNCTION tuvl.start_run(text, jsonb, text, timestamptz, integer, integer, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tuvl.start_run(text, jsonb, text, timestamptz, integer, integer, text) TO tuvl_user;
+
+/* mcp_list_tools() with headers, such as a bearer token (src/mcp.c). */
+DROP FUNCTION tuvl.mcp_list_tools(text);
+CREATE FUNCTION tuvl.mcp_list_tools(url text, headers jsonb DEFAULT NULL)
+RETURNS jsonb
+AS 'MODULE_PATHNAME', 'tuvl_mcp_list_tools'
+LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION tuvl.mcp_list_tools(text, jsonb) IS 'the tools an MCP server offers (tools/list, every page), with their input schemas; headers may name secrets; remembered in tuvl.mcp_tools';
+REVOKE ALL ON FUNCTION tuvl.mcp_list_tools(text, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tuvl.mcp_list_tools(text, jsonb) TO tuvl_user;

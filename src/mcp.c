@@ -26,6 +26,7 @@
 #include "postgres.h"
 
 #include "catalog/pg_type.h"
+#include "common/hashfn.h"
 #include "common/jsonapi.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
@@ -210,10 +211,65 @@ McpParseMessage(const char *body, const char *content_type, const char *id, char
 	return NULL;
 }
 
+/*
+ * mcp.headers rendered against ctx (secrets allowed, remembered in use):
+ * a list of HttpHeader for every message of the step.
+ */
+static List *
+render_headers(JsonbValue *headers, Jsonb *ctx, SecretUse *use)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	char	   *name;
+	List	   *out = NIL;
+
+	if (headers == NULL || headers->type != jbvBinary || !JsonContainerIsObject(headers->val.binary.data))
+		return NIL;
+	it = JsonbIteratorInit(headers->val.binary.data);
+	while (JsonObjectNext(&it, &name, &v))
+	{
+		HttpHeader *h = palloc(sizeof(HttpHeader));
+		char	   *value = JsonValueToText(TemplateRenderValue(&v, ctx, &use->opts));
+
+		if (strpbrk(name, "\r\n:") || strpbrk(value, "\r\n"))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("MCP header \"%s\" contains a line break or an invalid character",
+							SecretScrub(name, use->values)),
+					 errhint("Header names and values must be single lines.")));
+		h->name = pstrdup(name);
+		h->value = value;
+		out = lappend(out, h);
+	}
+	return out;
+}
+
+/*
+ * The key of a session in this process's cache: the URL, and the headers
+ * (hashed), so that steps that present other credentials to the same
+ * server never share a session.
+ */
+static char *
+session_key(const char *url, List *headers)
+{
+	StringInfoData buf;
+	ListCell   *lc;
+
+	if (headers == NIL)
+		return (char *) url;
+	initStringInfo(&buf);
+	foreach(lc, headers)
+		appendStringInfo(&buf, "%s\x1f%s\x1e", ((HttpHeader *) lfirst(lc))->name,
+						 ((HttpHeader *) lfirst(lc))->value);
+	return psprintf("%s#%016" INT64_MODIFIER "x", url,
+					(uint64) hash_bytes_extended((const unsigned char *) buf.data, buf.len, 0));
+}
+
 /* A JSON-RPC request as an HTTP effect. */
 static EffectRequest *
 rpc_request(const char *url, const char *method, Jsonb *params, const char *id,
-			const char *session, const char *version, const char *op, int timeout_ms)
+			const char *session, const char *version, const char *op, int timeout_ms,
+			List *extra)
 {
 	EffectRequest *req = palloc0(sizeof(EffectRequest));
 	JsonObjBuilder b;
@@ -256,6 +312,8 @@ rpc_request(const char *url, const char *method, Jsonb *params, const char *id,
 		h->value = pstrdup(version);
 		req->http.headers = lappend(req->http.headers, h);
 	}
+	/* the step's own headers (a bearer token, say) go with every message */
+	req->http.headers = list_concat(req->http.headers, extra);
 
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "method", "POST");
@@ -520,22 +578,22 @@ sync_session_cache(const char *url, int n, McpProgress *p)
 /* The next effect: initialize, notifications/initialized or tools/call. */
 static EffectRequest *
 next_request(const char *url, const char *tool, Jsonb *args, const char *id, McpProgress *p,
-			 int timeout_ms)
+			 int timeout_ms, List *extra)
 {
 	JsonObjBuilder b;
 	EffectRequest *req;
 
 	if (p->session == NULL && p->version == NULL)
 		return rpc_request(url, "initialize", initialize_params(), id, NULL, NULL,
-						   "initialize", timeout_ms);
+						   "initialize", timeout_ms, extra);
 	if (!p->notified)
 		return rpc_request(url, "notifications/initialized", NULL, NULL, p->session, p->version,
-						   "initialized", timeout_ms);
+						   "initialized", timeout_ms, extra);
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "name", tool);
 	JsonObjAddJsonb(&b, "arguments", args);
 	req = rpc_request(url, "tools/call", JsonObjEnd(&b), id, p->session, p->version,
-					  "call", timeout_ms);
+					  "call", timeout_ms, extra);
 	req->journal = JsonMerge(req->journal, JsonSetKey(JsonSetKey(JsonEmptyObject(), "tool",
 																 JsonStringValue(tool)),
 													  "arguments", args));
@@ -561,10 +619,13 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	McpProgress p;
 	SecretUse	use;
 	EffectRequest *req;
+	List	   *extra;
+	char	   *skey;
 
 	SecretUseInit(&use, run);
 	StepErrorType = "template_error";
 	url = TemplateRenderText(JsonGetString(mcp, "url"), ctx, &use.opts);
+	extra = render_headers(JsonGetField(mcp, "headers"), ctx, &use);
 	tool = TemplateRenderText(tool, ctx, &use.opts);
 	args = argv ? JsonValueToJsonb(TemplateRenderValue(argv, ctx, &use.opts)) : JsonEmptyObject();
 	if (run->tool_args)
@@ -572,10 +633,11 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	(void) DurationFromJson(JsonGetField(mcp, "timeout"), &timeout_ms);
 	StepErrorType = "mcp_error";
 	EffectCheckAllowed(url, use.values);
+	skey = session_key(url, extra);
 
 	/* walk what happened so far */
 	memset(&p, 0, sizeof(p));
-	if (walk_effects(run, n, url, &p, &answer))
+	if (walk_effects(run, n, skey, &p, &answer))
 	{
 		result->output = call_output(answer, tool);
 		result->output = SecretScrubJsonb(result->output, use.values);
@@ -584,9 +646,9 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	}
 
 	/* what next */
-	sync_session_cache(url, n, &p);
+	sync_session_cache(skey, n, &p);
 	/* the effect's idempotency key: no other request of any run repeats it */
-	req = next_request(url, tool, args, EffectKey(run, n), &p, timeout_ms);
+	req = next_request(url, tool, args, EffectKey(run, n), &p, timeout_ms, extra);
 	req->secrets = use.values;
 	req->journal = SecretScrubJsonb(req->journal, use.values);
 	result->pending = true;
@@ -655,7 +717,10 @@ McpKnownInputSchema(Jsonb *mcp)
 Datum
 tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 {
-	char	   *url = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	char	   *url;
+	Jsonb	   *hdrs = PG_NARGS() > 1 && !PG_ARGISNULL(1) ? PG_GETARG_JSONB_P(1) : NULL;
+	SecretUse	use;
+	List	   *extra;
 	EffectRequest *req;
 	Jsonb	   *r;
 	Jsonb	   *init;
@@ -663,18 +728,37 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 	char	   *session;
 	char	   *version;
 
+	if (PG_ARGISNULL(0))
+		PG_RETURN_NULL();
+	url = text_to_cstring(PG_GETARG_TEXT_PP(0));
 	TuvlRefuseWhileReplaying("tuvl.mcp_list_tools()");
+	SecretUseInit(&use, NULL);
+	if (hdrs && !JsonIsObject(hdrs))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("headers must be a JSON object such as {\"Authorization\": \"Bearer {{ secrets.mcp_token }}\"}")));
+	{
+		JsonbValue	hv;
+
+		hv.type = jbvBinary;
+		hv.val.binary.data = hdrs ? &hdrs->root : NULL;
+		hv.val.binary.len = hdrs ? VARSIZE(hdrs) : 0;
+		extra = hdrs ? render_headers(&hv, JsonEmptyObject(), &use) : NIL;
+	}
 	req = rpc_request(url, "initialize", initialize_params(), "tuvl-list-1", NULL, NULL, "initialize",
-					  tuvl_http_timeout);
+					  tuvl_http_timeout, extra);
+	req->secrets = use.values;
 	r = EffectPerform(req);
 	if (JsonGetInt32(r, "status", 0) < 200 || JsonGetInt32(r, "status", 0) >= 300)
 		fail_transport(r, "initialize");
 	init = rpc_answer(r, "tuvl-list-1", "initialize");
 	session = header_of(r, "mcp-session-id");
 	version = init ? JsonGetString(init, "protocolVersion") : NULL;
-	r = EffectPerform(rpc_request(url, "notifications/initialized", NULL, NULL, session,
-								  version ? version : MCP_PROTOCOL_VERSION, "initialized",
-								  tuvl_http_timeout));
+	req = rpc_request(url, "notifications/initialized", NULL, NULL, session,
+					  version ? version : MCP_PROTOCOL_VERSION, "initialized",
+					  tuvl_http_timeout, list_copy(extra));
+	req->secrets = use.values;
+	r = EffectPerform(req);
 	if (JsonGetInt32(r, "status", 0) >= 400 || JsonGetInt32(r, "status", 0) == 0)
 		fail_transport(r, "notifications/initialized");
 	{
@@ -688,9 +772,11 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 				: JsonEmptyObject();
 			Jsonb	   *tools;
 
-			r = EffectPerform(rpc_request(url, "tools/list", params, psprintf("tuvl-list-%d", 2 + page), session,
-										  version ? version : MCP_PROTOCOL_VERSION, "list",
-										  tuvl_http_timeout));
+			req = rpc_request(url, "tools/list", params, psprintf("tuvl-list-%d", 2 + page), session,
+							  version ? version : MCP_PROTOCOL_VERSION, "list",
+							  tuvl_http_timeout, list_copy(extra));
+			req->secrets = use.values;
+			r = EffectPerform(req);
 			if (JsonGetInt32(r, "status", 0) < 200 || JsonGetInt32(r, "status", 0) >= 300)
 				fail_transport(r, "tools/list");
 			list = rpc_answer(r, psprintf("tuvl-list-%d", 2 + page), "tools/list");

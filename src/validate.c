@@ -1076,10 +1076,13 @@ check_schema(ValidateState *vs, Jsonb *schema, const char *path)
 static void
 check_mcp_block(ValidateState *vs, Jsonb *mcp, const char *mpath)
 {
-	static const char *const mcp_keys[] = {"url", "tool", "arguments", "timeout", NULL};
+	static const char *const mcp_keys[] = {"url", "tool", "arguments", "timeout", "headers", NULL};
 	JsonbValue *args;
 
 	check_unknown_keys(vs, mcp, mpath, mcp_keys, NULL);
+	if (JsonGetField(mcp, "headers") && !is_mapping(JsonGetField(mcp, "headers")))
+		add_finding(vs, "error", psprintf("%s.headers", mpath),
+					"headers must be a mapping such as { Authorization: \"Bearer {{ secrets.mcp_token }}\" }");
 	require_string(vs, mcp, "url", mpath, "the mcp mapping");
 	require_string(vs, mcp, "tool", mpath, "the mcp mapping");
 	check_duration(vs, mcp, "timeout", mpath);

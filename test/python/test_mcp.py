@@ -420,3 +420,60 @@ def test_concurrent_calls_on_a_shared_session_are_all_answered(conn):
     rows = q(conn, "SELECT end_name, response FROM tuvl.runs WHERE id = ANY(%s)", (ids,))
     assert all(end == "done" and "Long running operation completed" in json.dumps(resp) for end, resp in rows), rows
     assert took < 10, f"the calls took {took:.1f} s: some waited for an answer that went to another call"
+
+
+HEADERS_WORKFLOW = """
+name: {name}
+steps:
+  - id: tool
+    kind: MCP
+    mcp:
+      url: "{{{{ url }}}}"
+      tool: plain
+      arguments: {{ say: hi }}
+      headers: {{ Authorization: "Bearer {{{{ secrets.{secret} }}}}", X-Tenant: "{{{{ tenant }}}}" }}
+    output: res
+ends:
+  - {{ id: done, status: completed, response: "{{{{ res }}}}" }}
+"""
+
+
+def test_mcp_headers_go_with_every_message_and_sessions_follow_them(wf, conns, scripted):
+    c = conns(wf)
+    name = unique("mcp_hdr")
+    q(c, "SELECT tuvl.set_secret('mcp_hdr_token', 'tok-s3cret')")
+    q(c, "SELECT tuvl.register_workflow(%s)", (HEADERS_WORKFLOW.format(name=name, secret="mcp_hdr_token"),))
+    start = len(scripted.requests)
+    res = execute(c, name, {"url": scripted.url, "tenant": "acme"})
+    assert res["status"] == "completed", res
+    got = scripted.requests[start:]
+    assert [json.loads(r["body"])["method"] for r in got] == ["initialize", "notifications/initialized",
+                                                              "tools/call"]
+    assert {r["headers"]["authorization"] for r in got} == {"Bearer tok-s3cret"}
+    assert {r["headers"]["x-tenant"] for r in got} == {"acme"}
+    assert q1(c, "SELECT count(*) FROM tuvl.events WHERE run_id = %s AND payload::text LIKE '%%tok-s3cret%%'",
+              (res["run_id"],)) == 0
+    # the same credentials reuse this backend's session; other ones get their own
+    start = len(scripted.requests)
+    execute(c, name, {"url": scripted.url, "tenant": "acme"})
+    assert [json.loads(r["body"])["method"] for r in scripted.requests[start:]] == ["tools/call"]
+    start = len(scripted.requests)
+    execute(c, name, {"url": scripted.url, "tenant": "globex"})
+    assert [json.loads(r["body"])["method"] for r in scripted.requests[start:]][0] == "initialize"
+
+
+def test_list_tools_sends_its_headers(conn, scripted):
+    q(conn, "SELECT tuvl.set_secret('mcp_list_token', 'list-s3cret')")
+    start = len(scripted.requests)
+    tools = q1(conn, "SELECT tuvl.mcp_list_tools(%s, %s::jsonb)",
+               (scripted.url, json.dumps({"Authorization": "Bearer {{ secrets.mcp_list_token }}"})))
+    assert sorted(t["name"] for t in tools) == ["chatty", "plain"]
+    assert {r["headers"].get("authorization") for r in scripted.requests[start:]} == {"Bearer list-s3cret"}
+    assert q1(conn, "SELECT tuvl.mcp_list_tools(NULL)") is None
+
+
+def test_mcp_headers_must_be_a_mapping(conn):
+    src = ("name: v\nsteps:\n  - { id: t, kind: MCP, mcp: { url: 'http://x/mcp', tool: t, headers: [a] } }\n")
+    rows = [r[1:] for r in q(conn, "SELECT severity, path, message FROM tuvl.validate(%s)", (src,))
+            if r[0] == "error"]
+    assert any(p == "steps[0].mcp.headers" and m.startswith("headers must be a mapping") for p, m in rows), rows
