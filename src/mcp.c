@@ -473,6 +473,28 @@ typedef struct McpProgress
 	bool		from_cache;		/* the session came from this process's cache */
 } McpProgress;
 
+/*
+ * The revisions of the protocol this client implements: the one it asks
+ * for, and the earlier ones whose messages it sends and reads the same.
+ */
+static const char *const known_versions[] = {MCP_PROTOCOL_VERSION, "2025-06-18", "2025-03-26", NULL};
+
+/* Raise when the server answered initialize with a revision not known here. */
+static void
+check_version(const char *version)
+{
+	for (int i = 0; known_versions[i]; i++)
+		if (strcmp(known_versions[i], version) == 0)
+			return;
+	StepErrorType = "mcp_error";
+	ereport(ERROR,
+			(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+			 errmsg("MCP initialize failed: the server speaks protocol revision %s, which tuvl does not implement",
+					version),
+			 errdetail("tuvl speaks %s, 2025-06-18 and 2025-03-26.", MCP_PROTOCOL_VERSION),
+			 errhint("Use a server (or a version of it) that supports one of these revisions.")));
+}
+
 /* The id of the request whose result r is (at position i). */
 static const char *
 answer_id(Jsonb *r, int i)
@@ -510,6 +532,7 @@ walk_effects(RunState *run, int n, const char *url, McpProgress *p, Jsonb **answ
 			p->version = init ? JsonGetString(init, "protocolVersion") : NULL;
 			if (p->version == NULL)
 				p->version = MCP_PROTOCOL_VERSION;
+			check_version(p->version);
 			p->notified = false;
 			p->from_cache = false;
 		}
@@ -754,6 +777,8 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 	init = rpc_answer(r, "tuvl-list-1", "initialize");
 	session = header_of(r, "mcp-session-id");
 	version = init ? JsonGetString(init, "protocolVersion") : NULL;
+	if (version)
+		check_version(version);
 	req = rpc_request(url, "notifications/initialized", NULL, NULL, session,
 					  version ? version : MCP_PROTOCOL_VERSION, "initialized",
 					  tuvl_http_timeout, list_copy(extra));

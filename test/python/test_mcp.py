@@ -477,3 +477,19 @@ def test_mcp_headers_must_be_a_mapping(conn):
     rows = [r[1:] for r in q(conn, "SELECT severity, path, message FROM tuvl.validate(%s)", (src,))
             if r[0] == "error"]
     assert any(p == "steps[0].mcp.headers" and m.startswith("headers must be a mapping") for p, m in rows), rows
+
+
+def test_a_protocol_revision_tuvl_does_not_implement_is_refused_clearly(conn, scripted, monkeypatch):
+    import httputil
+    scripted.forget_sessions()
+    monkeypatch.setattr(httputil, "MCP_VERSION", "2099-01-01")
+    res = call(conn, "plain", {"say": "x"}, url=scripted.url + "?v=future")
+    assert res["end"] == "oops", res
+    assert res["response"]["error"] == ("MCP initialize failed: the server speaks protocol revision "
+                                        "2099-01-01, which tuvl does not implement"), res
+    with pytest.raises(psycopg2.Error) as e:
+        q(conn, "SELECT tuvl.mcp_list_tools(%s)", (scripted.url + "?v=future2",))
+    assert "protocol revision 2099-01-01" in str(e.value)
+    # an earlier revision this client implements is accepted
+    monkeypatch.setattr(httputil, "MCP_VERSION", "2025-06-18")
+    assert completed(call(conn, "plain", {"say": "y"}, url=scripted.url + "?v=older"))
