@@ -441,6 +441,13 @@ xstrdup(const char *s)
 	return r;
 }
 
+/* A response body nobody reads. */
+static size_t
+discard_cb(char *ptr, size_t size, size_t nmemb, void *arg)
+{
+	return size * nmemb;
+}
+
 /* (Re)configure the easy handle for t->method and t->url and add it. */
 static void
 transfer_submit(HttpTransfer *t)
@@ -1000,6 +1007,47 @@ HttpTakeResult(HttpTransfer *t)
 	}
 	transfer_free(t);
 	return res;
+}
+
+/*
+ * Send one request with no body and wait for it, for at most timeout_ms,
+ * without checking for interrupts: only for a process that is exiting
+ * (an MCP session's DELETE).  Returns the HTTP status, or 0.
+ */
+long
+HttpSendAtExit(const char *method, const char *url, List *headers, long timeout_ms)
+{
+	CURL	   *e = curl_easy_init();
+	struct curl_slist *hdrs = NULL;
+	ListCell   *lc;
+	long		status = 0;
+	char		line[2048];
+
+	if (e == NULL)
+		return 0;
+	foreach(lc, headers)
+	{
+		HttpHeader *h = lfirst(lc);
+
+		snprintf(line, sizeof(line), "%s: %s", h->name, h->value);
+		hdrs = curl_slist_append(hdrs, line);
+	}
+	curl_easy_setopt(e, CURLOPT_URL, url);
+	curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
+	curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+	curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, timeout_ms);
+	curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, timeout_ms);
+	curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, tuvl_http_verify_tls ? 1L : 0L);
+	curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, tuvl_http_verify_tls ? 2L : 0L);
+	curl_easy_setopt(e, CURLOPT_USERAGENT, "tuvl/" TUVL_VERSION);
+	curl_easy_setopt(e, CURLOPT_HTTPHEADER, hdrs);
+	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, discard_cb);
+	if (curl_easy_perform(e) == CURLE_OK)
+		curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+	curl_slist_free_all(hdrs);
+	curl_easy_cleanup(e);
+	return status;
 }
 
 /* Abandon every transfer (after an ERROR, or at exit). */

@@ -55,6 +55,7 @@ extern void HttpDisown(HttpTransfer *t);
 extern void HttpCancel(HttpTransfer *t);
 extern HttpResult *HttpTakeResult(HttpTransfer *t);
 extern void HttpAbortAll(void);
+extern long HttpSendAtExit(const char *method, const char *url, List *headers, long timeout_ms);
 extern HttpResult *HttpPerform(const HttpRequest *req, List *secrets);
 extern const char *HttpResultHeader(HttpResult *res, const char *name);
 extern void HttpSetMemoryBudget(size_t bytes);

@@ -35,10 +35,13 @@
 #include "utils/hsearch.h"
 #include "utils/jsonb.h"
 #include "utils/memutils.h"
+#include "utils/timestamp.h"
+#include "storage/ipc.h"
 #include "fmgr.h"
 #include "miscadmin.h"
 
 #include "effect.h"
+#include "http.h"
 #include "executor.h"
 #include "jsonutil.h"
 #include "mcp.h"
@@ -53,9 +56,11 @@ PG_FUNCTION_INFO_V1(tuvl_mcp_list_tools);
 /* Sessions this process holds, by server URL. */
 typedef struct McpSession
 {
-	char		url[1024];		/* hash key */
+	char		url[1024];		/* hash key: the URL and its headers' hash */
 	char		session_id[256];
 	char		version[32];
+	char		server[1024];	/* the URL, to close the session at exit */
+	List	   *headers;		/* the headers sent with it, in TopMemoryContext */
 } McpSession;
 
 static HTAB *sessions = NULL;
@@ -65,6 +70,7 @@ session_lookup(const char *url, bool create)
 {
 	char		key[1024];
 	bool		found;
+	McpSession *s;
 
 	if (sessions == NULL)
 	{
@@ -78,7 +84,11 @@ session_lookup(const char *url, bool create)
 		return NULL;
 	memset(key, 0, sizeof(key));
 	strlcpy(key, url, sizeof(key));
-	return hash_search(sessions, key, create ? HASH_ENTER : HASH_FIND, &found);
+	s = hash_search(sessions, key, create ? HASH_ENTER : HASH_FIND, &found);
+	/* a new entry has its key; the rest starts empty */
+	if (s && !found)
+		memset((char *) s + sizeof(s->url), 0, sizeof(McpSession) - sizeof(s->url));
+	return s;
 }
 
 /* Forget the cached session of url, if it is still the given one. */
@@ -567,12 +577,67 @@ walk_effects(RunState *run, int n, const char *url, McpProgress *p, Jsonb **answ
 	return false;
 }
 
+static bool close_at_exit = false;
+
+/* headers, copied into TopMemoryContext (they outlive the step). */
+static List *
+copy_headers(List *headers)
+{
+	MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+	List	   *out = NIL;
+	ListCell   *lc;
+
+	foreach(lc, headers)
+	{
+		HttpHeader *h = palloc(sizeof(HttpHeader));
+
+		h->name = pstrdup(((HttpHeader *) lfirst(lc))->name);
+		h->value = pstrdup(((HttpHeader *) lfirst(lc))->value);
+		out = lappend(out, h);
+	}
+	MemoryContextSwitchTo(old);
+	return out;
+}
+
+/*
+ * At exit: end the sessions this process holds with DELETE, as the
+ * transport asks of a client that no longer needs one (a server, or a
+ * stdio bridge, then frees what it keeps for it).  Each gets at most
+ * MCP_CLOSE_TIMEOUT_MS, the process waits for no more than
+ * MCP_CLOSE_BUDGET_MS in all, and a failure is ignored.
+ */
+#define MCP_CLOSE_TIMEOUT_MS 500
+#define MCP_CLOSE_BUDGET_MS 2000
+
+static void
+close_sessions(int code, Datum arg)
+{
+	HASH_SEQ_STATUS seq;
+	McpSession *s;
+	TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), MCP_CLOSE_BUDGET_MS);
+
+	if (sessions == NULL)
+		return;
+	hash_seq_init(&seq, sessions);
+	while ((s = hash_seq_search(&seq)) != NULL)
+	{
+		List	   *headers = list_copy(s->headers);
+		HttpHeader	sid = {"Mcp-Session-Id", s->session_id};
+		HttpHeader	ver = {"MCP-Protocol-Version", s->version};
+
+		if (s->session_id[0] == '\0' || s->server[0] == '\0' || GetCurrentTimestamp() >= until)
+			continue;
+		headers = lappend(lappend(headers, &sid), &ver);
+		(void) HttpSendAtExit("DELETE", s->server, headers, MCP_CLOSE_TIMEOUT_MS);
+	}
+}
+
 /*
  * Before the first effect, take a session this process holds for url;
  * after a fresh initialize, remember the new session.
  */
 static void
-sync_session_cache(const char *url, int n, McpProgress *p)
+sync_session_cache(const char *url, int n, McpProgress *p, const char *server, List *headers)
 {
 	McpSession *s;
 
@@ -594,6 +659,15 @@ sync_session_cache(const char *url, int n, McpProgress *p)
 		{
 			strlcpy(s->session_id, p->session, sizeof(s->session_id));
 			strlcpy(s->version, p->version, sizeof(s->version));
+			strlcpy(s->server, server, sizeof(s->server));
+			if (s->headers)
+				list_free_deep(s->headers);
+			s->headers = copy_headers(headers);
+			if (!close_at_exit)
+			{
+				before_shmem_exit(close_sessions, (Datum) 0);
+				close_at_exit = true;
+			}
 		}
 	}
 }
@@ -669,7 +743,7 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	}
 
 	/* what next */
-	sync_session_cache(skey, n, &p);
+	sync_session_cache(skey, n, &p, url, extra);
 	/* the effect's idempotency key: no other request of any run repeats it */
 	req = next_request(url, tool, args, EffectKey(run, n), &p, timeout_ms, extra);
 	req->secrets = use.values;
@@ -813,6 +887,19 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 				break;
 		}
 		cache_tools(url, all);
+		/* the session was for this listing only: end it */
+		if (session)
+		{
+			HttpRequest del;
+			HttpHeader	sid = {"Mcp-Session-Id", session};
+
+			memset(&del, 0, sizeof(del));
+			del.method = "DELETE";
+			del.url = url;
+			del.headers = lappend(list_copy(extra), &sid);
+			del.timeout_ms = tuvl_http_timeout;
+			(void) HttpPerform(&del, use.values);
+		}
 		PG_RETURN_JSONB_P(all);
 	}
 }

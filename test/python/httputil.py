@@ -163,6 +163,7 @@ class BackgroundServer:
 
     def __init__(self, handler_class, host="127.0.0.1"):
         self.requests = []
+        self.deletes = []
         self.lock = threading.Lock()
         outer = self
 
@@ -229,6 +230,18 @@ class _McpHandler(_QuietHandler):
 tools/list answers in two pages (nextCursor).
     eof        LF line ends, and the last event is not followed by a blank line
     """
+
+    def do_DELETE(self):
+        """The client ends its session (kept apart from the JSON-RPC requests)."""
+        state = self.server_state
+        self.read_body()
+        sid = self.headers.get("Mcp-Session-Id")
+        with state.lock:
+            known = sid in state.sessions
+            state.sessions.discard(sid)
+            state.deletes.append({"session": sid, "headers": {k.lower(): v for k, v in self.headers.items()},
+                                  "known": known, "t": time.time()})
+        return self.send(200 if known else 404, "")
 
     def do_POST(self):
         state = self.server_state

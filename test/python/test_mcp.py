@@ -493,3 +493,28 @@ def test_a_protocol_revision_tuvl_does_not_implement_is_refused_clearly(conn, sc
     # an earlier revision this client implements is accepted
     monkeypatch.setattr(httputil, "MCP_VERSION", "2025-06-18")
     assert completed(call(conn, "plain", {"say": "y"}, url=scripted.url + "?v=older"))
+
+
+def test_a_process_ends_its_sessions_when_it_exits(wf, scripted):
+    """A backend that ran an MCP step holds a session; when it exits it sends
+    DELETE with the session's id (and the step's headers), so the server can
+    free it.  mcp_list_tools() ends its own session at once."""
+    c = connect(wf)
+    try:
+        completed(call(c, "plain", {"say": "bye"}, url=scripted.url + "?exit=1"))
+        sid = [r["headers"]["mcp-session-id"] for r in scripted.requests
+               if "exit=1" in r["path"] and "mcp-session-id" in r["headers"]][-1]
+        before = len(scripted.deletes)
+    finally:
+        c.close()
+    wait_until(lambda: any(d["session"] == sid for d in scripted.deletes[before:]), 10,
+               message="the exiting backend's DELETE")
+    (d,) = [d for d in scripted.deletes if d["session"] == sid]
+    assert d["known"] and d["headers"]["mcp-protocol-version"] == "2025-11-25"
+    c = connect(wf)
+    try:
+        before = len(scripted.deletes)
+        q1(c, "SELECT tuvl.mcp_list_tools(%s)", (scripted.url + "?list=1",))
+        assert [d["known"] for d in scripted.deletes[before:]] == [True]
+    finally:
+        c.close()
