@@ -525,20 +525,13 @@ trace_iteration(AgentLoop *l, LlmReply *reply, int ncalls)
 static void
 count_agent(AgentLoop *l, const char *metric, const char *tool, const char *signal)
 {
-	MetricLabel labels[5];
+	MetricLabel labels[5] = {
+		{"workflow", l->run->workflow}, {"step", l->step->id},
+		{"model", l->cfg ? l->cfg->model : NULL}, {"tool", tool}, {"signal", signal}
+	};
 
 	if (l->run->replay)
 		return;
-	labels[0].name = "workflow";
-	labels[0].value = l->run->workflow;
-	labels[1].name = "step";
-	labels[1].value = l->step->id;
-	labels[2].name = "model";
-	labels[2].value = l->cfg ? l->cfg->model : NULL;
-	labels[3].name = "tool";
-	labels[3].value = tool;
-	labels[4].name = "signal";
-	labels[4].value = signal;
 	MetricCount(metric, l->run->principal, labels, 5, 1);
 }
 

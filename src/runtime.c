@@ -476,17 +476,13 @@ count_tokens(Transition *t, Jsonb *payload)
 {
 	static const char *const types[] = {"prompt", "completion"};
 	Jsonb	   *tokens = JsonGetJsonb(payload, "tokens");
-	MetricLabel labels[4];
+	MetricLabel labels[4] = {
+		{"workflow", t->run->workflow}, {"step", t->step->id},
+		{"model", JsonGetString(payload, "model")}, {"type", NULL}
+	};
 
 	if (t->run->replay || tokens == NULL)
 		return;
-	labels[0].name = "workflow";
-	labels[0].value = t->run->workflow;
-	labels[1].name = "step";
-	labels[1].value = t->step->id;
-	labels[2].name = "model";
-	labels[2].value = JsonGetString(payload, "model");
-	labels[3].name = "type";
 	for (int i = 0; i < 2; i++)
 	{
 		labels[3].value = types[i];
@@ -499,18 +495,13 @@ count_tokens(Transition *t, Jsonb *payload)
 static void
 count_step(Transition *t, const char *signal)
 {
-	MetricLabel labels[4];
+	MetricLabel labels[4] = {
+		{"workflow", t->run->workflow}, {"step", t->step->id},
+		{"kind", t->step->kind_name}, {"signal", signal}
+	};
 
 	if (t->run->replay)
 		return;
-	labels[0].name = "workflow";
-	labels[0].value = t->run->workflow;
-	labels[1].name = "step";
-	labels[1].value = t->step->id;
-	labels[2].name = "kind";
-	labels[2].value = t->step->kind_name;
-	labels[3].name = "signal";
-	labels[3].value = signal;
 	MetricCount("tuvl.steps", t->run->principal, labels, 4, 1);
 	MetricObserveMs("tuvl.step.duration_ms", t->run->principal, labels, 3,
 					(double) (GetCurrentTimestamp() - t->entered) / 1000.0);
