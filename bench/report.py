@@ -25,6 +25,16 @@ def num(x, fmt="{:,.0f}"):
     return "n/a" if x is None else fmt.format(x)
 
 
+def f1(x):
+    return "n/a" if x is None else "%.1f" % x
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return None if n == 0 else xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2.0
+
+
 def mb(kb):
     return "n/a" if kb is None else "%.1f" % (kb / 1024.0)
 
@@ -131,6 +141,14 @@ def main():
         p("| autonomous agents: every run completed with the expected answer, the tool ran exactly twice per run, 3 requests per run answered 200 | %s (%d phases, %s runs) | all |"
           % ("**PASS**" if not bad else "**FAIL** in %d phases" % len(bad), len(every),
              num(sum(ph["runs"] for ph in every))))
+    if tracing and tracing.get("rounds"):
+        ratios = [r["ratio_on_off"] for r in tracing["rounds"]]
+        cpu = [r["on"]["cpu_us_per_step_workers"] / r["off"]["cpu_us_per_step_workers"]
+               for r in tracing["rounds"] if r["off"].get("cpu_us_per_step_workers")]
+        m = median(ratios)
+        p("| tracing on / off, %s five-step runs a round (6 spans a run): throughput ratio, median (range) of %d rounds; worker CPU per step on / off, median | %.3f (%.3f - %.3f); %s | throughput >= 0.90: **%s** |"
+          % (num(tracing["runs"]), len(ratios), m, min(ratios), max(ratios),
+             "%.3f" % median(cpu) if cpu else "n/a", "met" if m >= 0.90 else "missed"))
     if fair:
         i, l = fair["idle"], fair["loaded"]
         p("| fairness: trivial runs of one role, server latency p50 / p99 (claim wait p50 / p99), idle | %.2f / %.2f ms (%.2f / %.2f) | |"
@@ -205,11 +223,15 @@ def main():
         p("Tracing (tuvl.otlp_endpoint to the OTLP receiver of test/run) off and on, %s five-step runs per round:"
           % num(tracing["runs"]))
         p("")
-        p("| round | steps/s off | steps/s on | on / off | spans accepted (6 per run) |")
-        p("|---|---|---|---|---|")
+        p("| round (first mode) | steps/s off | steps/s on | on / off | worker CPU per step off / on (µs) | launcher / receiver CPU per step on (µs) | spans accepted (6 per run) |")
+        p("|---|---|---|---|---|---|---|")
         for i, r in enumerate(tracing["rounds"]):
-            p("| %d | %s | %s | %.3f | %s |" % (i + 1, num(r["off"]["steps_per_s"]), num(r["on"]["steps_per_s"]),
-                                                r["ratio_on_off"], num(r["on"].get("spans_accepted"))))
+            p("| %d (%s) | %s | %s | %.3f | %s / %s | %s | %s |"
+              % (i + 1, "off" if i % 2 == 0 else "on", num(r["off"]["steps_per_s"]), num(r["on"]["steps_per_s"]),
+                 r["ratio_on_off"], f1(r["off"].get("cpu_us_per_step_workers")),
+                 f1(r["on"].get("cpu_us_per_step_workers")),
+                 "%s / %s" % (f1(r["on"].get("cpu_us_per_step_launcher")), f1(r["on"].get("cpu_us_per_step_receiver"))),
+                 num(r["on"].get("spans_accepted"))))
         p("")
     if iso:
         p("Batch isolation checks:")

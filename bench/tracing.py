@@ -5,8 +5,8 @@ off and on, in alternating rounds on the same cluster.
 With tracing on, every run sends six spans (the run and its five steps) to the
 OTLP receiver test/run starts (TUVL_OTLP_URL), told only to count them (a
 collector runs on another machine; here it would take the workers' CPUs);
-the report gives steps/s for both, the ratio on / off of each pair of rounds,
-and the spans the receiver counted (spans it could not take in time are
+the report gives steps/s for both, the ratio on / off of each pair of rounds
+(the mode that goes first alternates), and the spans the receiver counted (spans it could not take in time are
 dropped by tuvl, never waited for).
 """
 import argparse
@@ -25,6 +25,40 @@ def receiver(method, path):
     req = urllib.request.Request(os.environ["TUVL_OTLP_URL"] + path, method=method)
     with OPENER.open(req, timeout=30) as resp:
         return json.loads(resp.read().decode())
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def tuvl_cpu(dbname):
+    """CPU seconds used so far by the database's workers and by the launcher."""
+    conn = connect("postgres")
+    cur = conn.cursor()
+    cur.execute("SELECT pid, backend_type FROM pg_stat_activity "
+                "WHERE (backend_type = 'tuvl worker' AND datname = %s) OR backend_type = 'tuvl launcher'",
+                (dbname,))
+    cpu = {"workers": 0.0, "launcher": 0.0, "receiver": 0.0}
+    for pid, kind in cur.fetchall():
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        used = (int(fields[11]) + int(fields[12])) / CLK_TCK
+        cpu["workers" if kind == "tuvl worker" else "launcher"] += used
+    conn.close()
+    # the OTLP receiver test/run started (node otlp_receiver.js)
+    for pid in os.listdir("/proc"):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                if b"otlp_receiver.js" not in f.read():
+                    continue
+            with open("/proc/%s/stat" % pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            cpu["receiver"] += (int(fields[11]) + int(fields[12])) / CLK_TCK
+        except (OSError, ValueError):
+            continue
+    return cpu
 
 
 def set_endpoint(value):
@@ -64,17 +98,26 @@ def main():
     try:
         for r in range(args.rounds):
             pair = {}
-            for mode in ("off", "on"):
+            # ABBA: the mode that goes first alternates, so whatever drifts
+            # within a pair (the journal's growth, a checkpoint) hits both
+            for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):
                 set_endpoint(endpoint if mode == "on" else "")
                 receiver("DELETE", "/spans")
+                cpu0 = tuvl_cpu(args.db)
                 res = throughput.tuvl_round(args.db, args.runs, 0.05, 0.0, 300.0)
+                cpu1 = tuvl_cpu(args.db)
+                # CPU per step (µs), the settling pauses of tuvl_round included
+                for k in cpu0:
+                    res["cpu_us_per_step_" + k] = (cpu1[k] - cpu0[k]) * 1e6 / res["steps"]
                 if mode == "on":
                     time.sleep(2.0)  # the last batch
                     got = receiver("GET", "/spans")
                     res["spans_accepted"] = got["counted"]
                     receiver("DELETE", "/spans")
                 pair[mode] = res
-                log("tracing %s, round %d: %.0f steps/s" % (mode, r + 1, res["steps_per_s"]))
+                log("tracing %s, round %d: %.0f steps/s, CPU per step: workers %.1f µs, launcher %.1f µs, "
+                    "receiver %.1f µs" % (mode, r + 1, res["steps_per_s"], res["cpu_us_per_step_workers"],
+                                          res["cpu_us_per_step_launcher"], res["cpu_us_per_step_receiver"]))
             pair["ratio_on_off"] = pair["on"]["steps_per_s"] / pair["off"]["steps_per_s"]
             rounds.append(pair)
     finally:

@@ -64,6 +64,7 @@
 #include "executor.h"
 #include "hook.h"
 #include "journal.h"
+#include "jsonschema.h"
 #include "jsonutil.h"
 #include "llm.h"
 #include "mcp.h"
@@ -98,6 +99,8 @@ typedef struct AgentTool
 	const StepDef *step;
 	bool		writes_context;
 	bool		approval;		/* ask a person before each call */
+	Jsonb	   *input_schema;	/* the server's, when the model's arguments are
+								 * what an MCP server receives; else NULL */
 } AgentTool;
 
 typedef struct AgentLoop
@@ -140,6 +143,7 @@ typedef enum ToolStatus
 	TOOL_PARKED					/* waits for an approval */
 } ToolStatus;
 
+static AgentTool *find_tool(AgentLoop *l, const char *name);
 static void agent_exit(AgentLoop *l, const char *signal, const char *error_type,
 					   const char *message);
 static void apply_delta(AgentLoop *l, Jsonb *delta);
@@ -400,6 +404,156 @@ derive_parameters(const StepDef *ts)
 	return JsonFromCString(buf.data);
 }
 
+/* Append one tool's spec to specs (a JSON array being written). */
+static void
+add_spec(StringInfo specs, const char *name, const char *desc, Jsonb *params)
+{
+	if (specs->len > 1)
+		appendStringInfoString(specs, ", ");
+	appendStringInfoString(specs, "{\"name\": ");
+	escape_json(specs, name);
+	appendStringInfoString(specs, ", \"description\": ");
+	escape_json(specs, desc);
+	appendStringInfo(specs, ", \"parameters\": %s}", JsonText(params));
+}
+
+/* A tool name providers accept: 1 to 64 letters, digits, _ and -. */
+static bool
+valid_tool_name(const char *name)
+{
+	int			n = strlen(name);
+
+	if (n == 0 || n > 64)
+		return false;
+	for (int i = 0; i < n; i++)
+		if (!isalnum((unsigned char) name[i]) && name[i] != '_' && name[i] != '-')
+			return false;
+	return true;
+}
+
+/* The i-th element of a JSON array, when it is a string; else NULL. */
+static char *
+array_string_at(Jsonb *arr, int i)
+{
+	JsonbValue *v = getIthJsonbValueFromContainer(&arr->root, i);
+
+	return v && v->type == jbvString ? pnstrdup(v->val.string.val, v->val.string.len) : NULL;
+}
+
+static bool
+allowed(Jsonb *allow, const char *name)
+{
+	for (int i = 0; i < JsonArraySize(allow); i++)
+	{
+		char	   *a = array_string_at(allow, i);
+
+		if (a && strcmp(a, name) == 0)
+			return true;
+	}
+	return false;
+}
+
+/*
+ * The input schema a call's arguments are checked against: the server's,
+ * when the model's arguments reach the server as they are (an MCP step
+ * with no mcp.arguments, listed by tuvl.mcp_list_tools()).
+ */
+static Jsonb *
+checked_schema(const StepDef *ts, Jsonb *entry)
+{
+	Jsonb	   *mcp = ts->kind == STEP_MCP ? JsonGetJsonb(ts->spec, "mcp") : NULL;
+
+	if (mcp == NULL || JsonGetField(mcp, "arguments") || JsonGetField(entry, "parameters"))
+		return NULL;
+	return McpKnownInputSchema(mcp);
+}
+
+/*
+ * The tools of an entry naming a whole MCP server ({mcp: url, allow,
+ * prefix, headers, approval}): one per tool tuvl.mcp_list_tools() listed
+ * for the URL (those named in allow, when given), each an MCP step made
+ * here that passes the model's arguments as they are.
+ */
+static void
+add_server_tools(AgentLoop *l, Jsonb *entry, int i, StringInfo specs)
+{
+	char	   *url = JsonGetString(entry, "mcp");
+	Jsonb	   *allow = JsonGetJsonb(entry, "allow");
+	char	   *prefix = JsonGetString(entry, "prefix");
+	Jsonb	   *listed = McpListedTools(url);
+	int			added = 0;
+
+	for (int t = 0; t < JsonArraySize(listed); t++)
+	{
+		Jsonb	   *lt = JsonArrayAt(listed, t);
+		char	   *name = JsonGetString(lt, "name");
+		char	   *as = psprintf("%s%s", prefix ? prefix : "", name);
+		Jsonb	   *schema = JsonGetJsonb(lt, "inputSchema");
+		char	   *desc = JsonGetString(lt, "description");
+		StepDef    *ts;
+		AgentTool  *tool;
+		JsonObjBuilder b;
+
+		if ((allow && !allowed(allow, name)) || !valid_tool_name(as))
+			continue;
+		if (find_tool(l, as))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("agent.tools[%d] of step \"%s\" offers a second tool named \"%s\"",
+							i, l->step->id, as),
+					 errhint("Give the server's tools a prefix (agent.tools[%d].prefix) or leave one out with allow.",
+							 i)));
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "url", url);
+		JsonObjAddString(&b, "tool", name);
+		if (JsonGetField(entry, "headers"))
+			JsonObjAddJsonb(&b, "headers", JsonGetJsonb(entry, "headers"));
+		ts = palloc0(sizeof(StepDef));
+		ts->id = as;
+		ts->kind = STEP_MCP;
+		ts->kind_name = "MCP";
+		ts->spec = JsonSetKey(JsonSetKey(JsonSetKey(JsonEmptyObject(), "id", JsonStringValue(as)),
+										 "kind", JsonStringValue("MCP")), "mcp", JsonObjEnd(&b));
+		ts->output_key = psprintf("%s_result", as);
+		ts->next = -1;
+		ts->timeout_ms = -1;
+		tool = palloc0(sizeof(AgentTool));
+		tool->name = as;
+		tool->step = ts;
+		tool->approval = JsonGetBool(entry, "approval", false);
+		if (schema == NULL || !JsonIsObject(schema))
+			schema = JsonFromCString("{\"type\": \"object\", \"properties\": {}}");
+		else
+			tool->input_schema = schema;
+		l->tools = lappend(l->tools, tool);
+		add_spec(specs, as, desc ? desc : psprintf("The tool \"%s\" of the MCP server %s.", name, url), schema);
+		added++;
+	}
+	if (added == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("agent.tools[%d] of step \"%s\" offers no tool: %s", i, l->step->id,
+						JsonArraySize(listed) == 0 ? psprintf("no tools of %s are known", url)
+						: "allow names none of the tools listed for the server"),
+				 errhint("List the server's tools with SELECT tuvl.mcp_list_tools('%s'); "
+						 "tuvl.mcp_tools shows what it listed.", url)));
+	/* a name in allow the server did not list is a mistake worth telling */
+	for (int a = 0; allow && a < JsonArraySize(allow); a++)
+	{
+		char	   *want = array_string_at(allow, a);
+		bool		found = want == NULL;
+
+		for (int t = 0; !found && t < JsonArraySize(listed); t++)
+			found = strcmp(JsonGetString(JsonArrayAt(listed, t), "name"), want) == 0;
+		if (!found)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("agent.tools[%d].allow of step \"%s\" names \"%s\", which %s did not list",
+							i, l->step->id, want, url),
+					 errhint("List the server's tools again with SELECT tuvl.mcp_list_tools('%s').", url)));
+	}
+}
+
 /* Resolve agent.tools against the workflow and build the tool specs. */
 static void
 build_tools(AgentLoop *l)
@@ -424,16 +578,27 @@ build_tools(AgentLoop *l)
 		char	   *desc;
 		Jsonb	   *params;
 
+		if (ref == NULL && JsonIsObject(entry) && JsonGetString(entry, "mcp"))
+		{
+			add_server_tools(l, entry, i, &specs);
+			continue;
+		}
 		if (idx < 0 || strcmp(ref, l->step->id) == 0)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("agent.tools[%d] of step \"%s\" does not name another step of the workflow",
 							i, l->step->id)));
+		if (find_tool(l, ref))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("agent.tools[%d] of step \"%s\" offers a second tool named \"%s\"",
+							i, l->step->id, ref)));
 		tool = palloc0(sizeof(AgentTool));
 		tool->name = ref;
 		tool->step = &wf->steps[idx];
 		tool->writes_context = JsonGetBool(entry, "writes_context", false);
 		tool->approval = JsonGetBool(entry, "approval", false);
+		tool->input_schema = checked_schema(tool->step, entry);
 		l->tools = lappend(l->tools, tool);
 
 		desc = JsonGetString(tool->step->spec, "description");
@@ -444,13 +609,7 @@ build_tools(AgentLoop *l)
 		params = JsonGetJsonb(entry, "parameters");
 		if (params == NULL || !JsonIsObject(params))
 			params = derive_parameters(tool->step);
-		if (i > 0)
-			appendStringInfoString(&specs, ", ");
-		appendStringInfoString(&specs, "{\"name\": ");
-		escape_json(&specs, ref);
-		appendStringInfoString(&specs, ", \"description\": ");
-		escape_json(&specs, desc);
-		appendStringInfo(&specs, ", \"parameters\": %s}", JsonText(params));
+		add_spec(&specs, ref, desc, params);
 	}
 	appendStringInfoChar(&specs, ']');
 	l->specs = JsonFromCString(specs.data);
@@ -1343,6 +1502,19 @@ refuse_tool_call(AgentLoop *l, int call, const char *id, const char *name, Agent
 				  psprintf("a %s step cannot be called as a tool", tool->step->kind_name),
 				  NULL, content);
 		return true;
+	}
+	if (tool->input_schema)
+	{
+		JsonSchemaError *e = JsonSchemaValidate(tool->input_schema, args);
+
+		if (e)
+		{
+			tool_done(l, call, id, name, tool->step->kind_name, "error", NULL,
+					  psprintf("the arguments do not match the tool's input schema: %s: %s",
+							   e->path, e->message),
+					  NULL, content);
+			return true;
+		}
 	}
 	return false;
 }

@@ -633,8 +633,72 @@ close_sessions(int code, Datum arg)
 }
 
 /*
+ * At most this many sessions are kept per process (one per server and set
+ * of headers); a step that opens one more ends it when it is done.
+ */
+#define MCP_MAX_SESSIONS 64
+
+/* The owner of a DELETE a worker sends and does not wait for. */
+static char delete_owner;
+
+/*
+ * End a session the process does not keep: with DELETE, sent and not
+ * waited for in a worker (whose loop collects and ignores the answer),
+ * made at once with a short timeout elsewhere (tuvl.run()).  A failure
+ * is ignored: the server expires the session itself.
+ */
+static void
+end_session(const char *server, const char *session, const char *version, List *headers)
+{
+	HttpRequest del;
+	HttpHeader	sid = {"Mcp-Session-Id", (char *) session};
+	HttpHeader	ver = {"MCP-Protocol-Version", (char *) version};
+	MemoryContext cxt = CurrentMemoryContext;
+
+	memset(&del, 0, sizeof(del));
+	del.method = "DELETE";
+	del.url = (char *) server;
+	del.headers = lappend(lappend(list_copy(headers), &sid), &ver);
+	del.timeout_ms = MCP_CLOSE_TIMEOUT_MS;
+	PG_TRY();
+	{
+		if (MyBackendType == B_BG_WORKER)
+			(void) HttpStart(&del, NIL, &delete_owner);
+		else
+			(void) HttpPerform(&del, NIL);
+	}
+	PG_CATCH();
+	{
+		/* not allowed any more, out of memory: the server expires it */
+		MemoryContextSwitchTo(cxt);
+		FlushErrorState();
+	}
+	PG_END_TRY();
+}
+
+/*
+ * The step's call was answered: a session the step opened and the process
+ * does not keep (another run's was cached first, or the cache is full) is
+ * ended now.
+ */
+static void
+end_own_session(const char *url, McpProgress *p, const char *server, List *headers)
+{
+	McpSession *s;
+
+	if (p->session == NULL || p->from_cache)
+		return;
+	s = session_lookup(url, false);
+	if (s && strcmp(s->session_id, p->session) == 0)
+		return;
+	end_session(server, p->session, p->version ? p->version : MCP_PROTOCOL_VERSION, headers);
+}
+
+/*
  * Before the first effect, take a session this process holds for url;
- * after a fresh initialize, remember the new session.
+ * after a fresh initialize, keep the new session unless the process holds
+ * one for url already (opened by a run that started at the same time) or
+ * holds MCP_MAX_SESSIONS: the step then uses its own and ends it.
  */
 static void
 sync_session_cache(const char *url, int n, McpProgress *p, const char *server, List *headers)
@@ -654,6 +718,11 @@ sync_session_cache(const char *url, int n, McpProgress *p, const char *server, L
 	}
 	else if (p->session && !p->from_cache)
 	{
+		s = session_lookup(url, false);
+		if (s && s->session_id[0])
+			return;
+		if (s == NULL && sessions && hash_get_num_entries(sessions) >= MCP_MAX_SESSIONS)
+			return;
 		s = session_lookup(url, true);
 		if (s)
 		{
@@ -736,6 +805,7 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	memset(&p, 0, sizeof(p));
 	if (walk_effects(run, n, skey, &p, &answer))
 	{
+		end_own_session(skey, &p, url, extra);
 		result->output = call_output(answer, tool);
 		result->output = SecretScrubJsonb(result->output, use.values);
 		result->has_output = true;
@@ -805,6 +875,26 @@ McpKnownInputSchema(Jsonb *mcp)
 						 CStringGetTextDatum(tool)) == 1 && SpiValue(1, &d))
 		schema = DatumGetJsonbPCopy(d);
 	return schema;
+}
+
+/*
+ * The tools tuvl.mcp_list_tools() listed for url, as a jsonb array of
+ * {name, description, inputSchema} in name order (empty when it never
+ * listed them).  SPI must be connected.
+ */
+Jsonb *
+McpListedTools(const char *url)
+{
+	static const Oid types[1] = {TEXTOID};
+	Datum		d;
+
+	if (SecurityExecArgs("SELECT COALESCE(pg_catalog.jsonb_agg(pg_catalog.jsonb_strip_nulls("
+						 "pg_catalog.jsonb_build_object('name', name, 'description', description, "
+						 "'inputSchema', input_schema)) ORDER BY name), '[]'::pg_catalog.jsonb) "
+						 "FROM tuvl.mcp_tools WHERE url OPERATOR(pg_catalog.=) $1",
+						 SPI_OK_SELECT, 1, types, CStringGetTextDatum(url)) == 1 && SpiValue(1, &d))
+		return DatumGetJsonbPCopy(d);
+	return JsonFromCString("[]");
 }
 
 /*

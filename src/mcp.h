@@ -16,5 +16,6 @@ extern Jsonb *McpParseMessage(const char *body, const char *content_type, const 
 							  char **error);
 extern Jsonb *McpListTools(const char *url);
 extern Jsonb *McpKnownInputSchema(Jsonb *mcp);
+extern Jsonb *McpListedTools(const char *url);
 
 #endif							/* TUVL_MCP_H */

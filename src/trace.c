@@ -67,16 +67,25 @@ typedef struct TraceShared
 
 static TraceShared *trace_shared = NULL;
 
-/* Spans of this backend's transaction, sent to the buffer at commit. */
+/*
+ * Spans of this backend's transaction, sent to the buffer at commit: their
+ * JSON objects, each ending in ',', one after another in pending_buf (in
+ * TopMemoryContext), and where each starts and at which nesting level it
+ * was made, so that a subtransaction that rolls back takes its own back.
+ */
 typedef struct PendingSpan
 {
-	char	   *json;			/* in TopMemoryContext */
+	int			offset;			/* in pending_buf */
 	int			level;
 } PendingSpan;
 
+static StringInfoData pending_buf;
 static PendingSpan *pending = NULL;
 static int	n_pending = 0;
 static int	max_pending = 0;
+
+/* pending_buf keeps its allocation between transactions up to this */
+#define PENDING_KEEP_BYTES (64 * 1024)
 
 /* ---------------------------------------------------------------- identity */
 
@@ -184,37 +193,51 @@ TraceSpanStart(TraceSpan *s, RunState *run, const char *name, int kind, char *sp
 	TraceAttrString(s, "tuvl.workflow", run->workflow);
 }
 
+/*
+ * Append value as a JSON string.  Most values need no escaping (ids, names,
+ * numbers): they are copied whole rather than character by character.
+ */
+static void
+append_json_string(StringInfo buf, const char *value)
+{
+	const unsigned char *p = (const unsigned char *) value;
+
+	while (*p >= 0x20 && *p != '"' && *p != '\\')
+		p++;
+	if (*p != '\0')
+	{
+		escape_json(buf, value);
+		return;
+	}
+	appendStringInfoChar(buf, '"');
+	appendBinaryStringInfo(buf, value, (const char *) p - value);
+	appendStringInfoChar(buf, '"');
+}
+
+/* key: an attribute name of the code's own (a literal that needs no escaping) */
 void
 TraceAttrString(TraceSpan *s, const char *key, const char *value)
 {
 	if (value == NULL)
 		return;
-	if (s->attrs.len > 0)
-		appendStringInfoChar(&s->attrs, ',');
-	appendStringInfoString(&s->attrs, "{\"key\":");
-	escape_json(&s->attrs, key);
-	appendStringInfoString(&s->attrs, ",\"value\":{\"stringValue\":");
-	escape_json(&s->attrs, value);
-	appendStringInfoString(&s->attrs, "}}");
+	appendStringInfo(&s->attrs, "%s{\"key\":\"%s\",\"value\":{\"stringValue\":",
+					 s->attrs.len > 0 ? "," : "", key);
+	append_json_string(&s->attrs, value);
+	appendBinaryStringInfo(&s->attrs, "}}", 2);
 }
 
 void
 TraceAttrInt(TraceSpan *s, const char *key, int64 value)
 {
-	if (s->attrs.len > 0)
-		appendStringInfoChar(&s->attrs, ',');
-	appendStringInfoString(&s->attrs, "{\"key\":");
-	escape_json(&s->attrs, key);
-	appendStringInfo(&s->attrs, ",\"value\":{\"intValue\":\"" INT64_FORMAT "\"}}", value);
+	appendStringInfo(&s->attrs, "%s{\"key\":\"%s\",\"value\":{\"intValue\":\"" INT64_FORMAT "\"}}",
+					 s->attrs.len > 0 ? "," : "", key, value);
 }
 
 /* Unix nanoseconds of a timestamp, as OTLP JSON writes them (a string). */
-static char *
-unix_nanos(TimestampTz ts)
+static int64
+unix_micros(TimestampTz ts)
 {
-	int64		us = ts + (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * USECS_PER_SEC;
-
-	return psprintf(INT64_FORMAT "000", us);
+	return ts + (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * USECS_PER_SEC;
 }
 
 /*
@@ -224,45 +247,59 @@ unix_nanos(TimestampTz ts)
 void
 TraceSpanEnd(TraceSpan *s, TimestampTz end, const char *error)
 {
-	StringInfoData j;
-	MemoryContext old;
+	StringInfo	j = &pending_buf;
 
-	initStringInfo(&j);
-	appendStringInfo(&j, "{\"traceId\":\"%s\",\"spanId\":\"%s\"", RunTraceId(s->run), s->span_id);
-	if (s->parent_id)
-		appendStringInfo(&j, ",\"parentSpanId\":\"%s\"", s->parent_id);
-	appendStringInfoString(&j, ",\"name\":");
-	escape_json(&j, s->name);
-	appendStringInfo(&j, ",\"kind\":%d,\"startTimeUnixNano\":\"%s\",\"endTimeUnixNano\":\"%s\"",
-					 s->kind, unix_nanos(s->start), unix_nanos(Max(end, s->start)));
-	appendStringInfo(&j, ",\"attributes\":[%s]", s->attrs.data);
-	if (error)
+	if (j->data == NULL)
 	{
-		appendStringInfoString(&j, ",\"status\":{\"code\":2,\"message\":");
-		escape_json(&j, error);
-		appendStringInfoString(&j, "}}");
-	}
-	else
-		appendStringInfoString(&j, ",\"status\":{\"code\":1}}");
+		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
 
+		initStringInfo(j);
+		MemoryContextSwitchTo(old);
+	}
 	if (n_pending == max_pending)
 	{
 		max_pending = max_pending ? max_pending * 2 : 16;
 		pending = pending ? repalloc(pending, max_pending * sizeof(PendingSpan))
 			: MemoryContextAlloc(TopMemoryContext, max_pending * sizeof(PendingSpan));
 	}
-	old = MemoryContextSwitchTo(TopMemoryContext);
-	pending[n_pending].json = pstrdup(j.data);
-	MemoryContextSwitchTo(old);
+	pending[n_pending].offset = j->len;
 	pending[n_pending].level = GetCurrentTransactionNestLevel();
 	n_pending++;
+
+	appendStringInfo(j, "{\"traceId\":\"%s\",\"spanId\":\"%s\"", RunTraceId(s->run), s->span_id);
+	if (s->parent_id)
+		appendStringInfo(j, ",\"parentSpanId\":\"%s\"", s->parent_id);
+	appendBinaryStringInfo(j, ",\"name\":", 8);
+	append_json_string(j, s->name);
+	appendStringInfo(j, ",\"kind\":%d,\"startTimeUnixNano\":\"" INT64_FORMAT "000\","
+					 "\"endTimeUnixNano\":\"" INT64_FORMAT "000\",\"attributes\":[",
+					 s->kind, unix_micros(s->start), unix_micros(Max(end, s->start)));
+	appendBinaryStringInfo(j, s->attrs.data, s->attrs.len);
+	if (error)
+	{
+		appendStringInfoString(j, "],\"status\":{\"code\":2,\"message\":");
+		append_json_string(j, error);
+		appendStringInfoString(j, "}},");
+	}
+	else
+		appendStringInfoString(j, "],\"status\":{\"code\":1}},");
+	pfree(s->attrs.data);
 }
 
+/* Forget the pending spans from index from on. */
 static void
 forget_pending(int from)
 {
-	while (n_pending > from)
-		pfree(pending[--n_pending].json);
+	if (from >= n_pending)
+		return;
+	n_pending = from;
+	pending_buf.len = pending[from].offset;
+	pending_buf.data[pending_buf.len] = '\0';
+	if (n_pending == 0 && pending_buf.maxlen > PENDING_KEEP_BYTES)
+	{
+		pfree(pending_buf.data);
+		pending_buf.data = NULL;
+	}
 }
 
 /* At commit: the spans go to the shared buffer, or are counted as dropped. */
@@ -270,23 +307,18 @@ static void
 flush_pending(void)
 {
 	bool		wake;
+	int			fit = n_pending;
+	Size		len = pending_buf.len;
 
 	LWLockAcquire(trace_shared->lock, LW_EXCLUSIVE);
 	wake = trace_shared->used == 0;
-	for (int i = 0; i < n_pending; i++)
-	{
-		Size		len = strlen(pending[i].json);
-
-		if (trace_shared->used + len + 1 > TRACE_BUFFER_BYTES)
-		{
-			trace_shared->dropped++;
-			continue;
-		}
-		memcpy(trace_shared->buf + trace_shared->used, pending[i].json, len);
-		trace_shared->buf[trace_shared->used + len] = ',';
-		trace_shared->used += len + 1;
-		trace_shared->nspans++;
-	}
+	/* as many whole spans as there is room for, in one copy */
+	while (fit > 0 && trace_shared->used + len > TRACE_BUFFER_BYTES)
+		len = pending[--fit].offset;
+	memcpy(trace_shared->buf + trace_shared->used, pending_buf.data, len);
+	trace_shared->used += len;
+	trace_shared->nspans += fit;
+	trace_shared->dropped += n_pending - fit;
 	/* the launcher exports: wake it for a buffer that was empty, or a quarter full */
 	wake |= trace_shared->used > TRACE_BUFFER_BYTES / 4;
 	LWLockRelease(trace_shared->lock);
@@ -423,6 +455,8 @@ start_export(void)
 					 "\"scopeSpans\":[{\"scope\":{\"name\":\"tuvl\",\"version\":\"%s\"},\"spans\":[",
 					 TUVL_VERSION, TUVL_VERSION);
 	LWLockAcquire(trace_shared->lock, LW_EXCLUSIVE);
+	/* one allocation, not a doubling of the copy while workers wait */
+	enlargeStringInfo(&body, trace_shared->used + 16);
 	appendBinaryStringInfo(&body, trace_shared->buf, trace_shared->used - 1);
 	n = trace_shared->nspans;
 	trace_shared->used = 0;

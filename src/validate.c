@@ -725,6 +725,63 @@ check_positive_int(ValidateState *vs, Jsonb *obj, const char *key, const char *p
 					"%s must be a positive integer (at most 2147483647)", key);
 }
 
+/*
+ * A tool entry naming a whole MCP server: {mcp: url, allow: [...],
+ * prefix, headers, approval}.  Its tools are those tuvl.mcp_list_tools()
+ * listed for the URL, so the URL is written literally.
+ */
+static void
+check_mcp_server_tools(ValidateState *vs, Jsonb *entry, const char *epath)
+{
+	static const char *const server_keys[] = {"mcp", "allow", "prefix", "headers", "approval", NULL};
+	JsonbValue *v = JsonGetField(entry, "mcp");
+	char	   *url;
+
+	check_unknown_keys(vs, entry, epath, server_keys, NULL);
+	url = v && v->type == jbvString ? pnstrdup(v->val.string.val, v->val.string.len) : NULL;
+	if (url == NULL || (strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0) ||
+		strstr(url, "{{") != NULL)
+		add_finding(vs, "error", psprintf("%s.mcp", epath),
+					"mcp must be the server's URL, written literally, such as \"http://127.0.0.1:3001/mcp\": "
+					"the agent is offered the tools tuvl.mcp_list_tools() listed for it");
+	v = JsonGetField(entry, "allow");
+	if (v)
+	{
+		bool		ok = is_list(v) && JsonContainerSize(v->val.binary.data) > 0;
+
+		for (int i = 0; ok && i < (int) JsonContainerSize(v->val.binary.data); i++)
+		{
+			JsonbValue *n = getIthJsonbValueFromContainer(v->val.binary.data, i);
+
+			ok = n->type == jbvString && n->val.string.len > 0;
+		}
+		if (!ok)
+			add_finding(vs, "error", psprintf("%s.allow", epath),
+						"allow must be a non-empty list of the server's tool names, such as [echo, get-sum]");
+	}
+	v = JsonGetField(entry, "prefix");
+	if (v)
+	{
+		bool		ok = v->type == jbvString && v->val.string.len <= 32;
+
+		for (int i = 0; ok && i < v->val.string.len; i++)
+			ok = isalnum((unsigned char) v->val.string.val[i]) || v->val.string.val[i] == '_' ||
+				v->val.string.val[i] == '-';
+		if (!ok)
+			add_finding(vs, "error", psprintf("%s.prefix", epath),
+						"prefix must be at most 32 letters, digits, _ and -, such as \"docs_\": "
+						"it is put before each tool's name");
+	}
+	v = JsonGetField(entry, "headers");
+	if (v && !is_mapping(v))
+		add_finding(vs, "error", psprintf("%s.headers", epath),
+					"headers must be a mapping such as { Authorization: \"Bearer {{ secrets.mcp_token }}\" }");
+	v = JsonGetField(entry, "approval");
+	if (v && v->type != jbvBool)
+		add_finding(vs, "error", psprintf("%s.approval", epath),
+					"approval must be true (ask a person before each call) or false");
+}
+
 /* agent.tools of an autonomous agent. */
 static void
 check_agent_tools(ValidateState *vs, Jsonb *agent, const char *apath, const char *self)
@@ -761,11 +818,17 @@ check_agent_tools(ValidateState *vs, Jsonb *agent, const char *apath, const char
 			continue;
 		}
 		entry = JsonValueToJsonb(e);
+		if (JsonGetField(entry, "mcp") && JsonGetField(entry, "ref") == NULL)
+		{
+			check_mcp_server_tools(vs, entry, epath);
+			continue;
+		}
 		check_unknown_keys(vs, entry, epath, tool_keys, NULL);
 		ref = JsonGetString(entry, "ref");
 		if (ref == NULL)
 		{
-			add_finding(vs, "error", epath, "the tool is missing ref, the id of the step it calls");
+			add_finding(vs, "error", epath,
+						"the tool is missing ref, the id of the step it calls (or mcp, the URL of a server whose tools it may call)");
 			continue;
 		}
 		if (strcmp(ref, self) == 0)

@@ -13,6 +13,7 @@
 - finding, stopping and starting the process that listens on a port.
 """
 import json
+import re
 import os
 import socket
 import threading
@@ -251,6 +252,10 @@ tools/list answers in two pages (nextCursor).
         method = msg.get("method")
         sid = self.headers.get("Mcp-Session-Id")
         if method == "initialize":
+            # ?init_delay=S: a slow handshake, so that runs starting together all open one
+            m = re.search(r"init_delay=([0-9.]+)", self.path)
+            if m:
+                time.sleep(float(m.group(1)))
             with state.lock:
                 state.counter += 1
                 new = f"scripted-{state.counter}"

@@ -1144,6 +1144,77 @@ def test_an_mcp_tool_is_offered_with_its_listed_input_schema_and_called(conn, pr
     assert offered(provider, sent(after)[0]["body"])["echo"] == ("Echo a message", schema)
 
 
+@pytest.mark.skipif(not MCP_URL, reason="TUVL_MCP_URL is not set")
+def test_an_agent_may_name_a_whole_mcp_server_and_gets_its_listed_tools(conn, provider):
+    """{mcp: url, allow: [...]} offers the tools tuvl.mcp_list_tools() listed for
+    the server (those allowed, prefixed), with their descriptions and input
+    schemas; a call passes the model's arguments to the server as they are."""
+    q(conn, "SELECT tuvl.mcp_list_tools(%s)", (MCP_URL,))
+    listed = {r[0]: (r[1], r[2]) for r in q(conn, "SELECT name, description, input_schema FROM tuvl.mcp_tools "
+                                                   "WHERE url = %s", (MCP_URL,))}
+    entry = ("srv", f'{{ mcp: "{MCP_URL}", allow: [echo, get-sum], prefix: ev_ }}')
+    turns = [calls(call("ev_get-sum", a=2, b=40), call("ev_echo", message="hi")), final("sum told")]
+    name = make_agent(conn, provider, turns, [entry, "record"])
+    res = execute(conn, name)
+    assert (res["end"], res["response"]) == ("done", "sum told"), res
+    reqs = sent(name)
+    tools = offered(provider, reqs[0]["body"])
+    assert list(tools) == ["ev_echo", "ev_get-sum", "record"], list(tools)
+    assert tools["ev_echo"] == (listed["echo"][0], listed["echo"][1])
+    answers = dict(tool_answers(provider, reqs[1]["body"]))
+    assert any("42" in json.dumps(a) for a in answers.values()), answers
+    assert any("Echo: hi" in json.dumps(a) for a in answers.values()), answers
+    results = [p for t, p in agent_tool_events(conn, res["run_id"]) if t == "tool_result"]
+    assert [p["tool"] for p in results] == ["ev_get-sum", "ev_echo"], results
+
+
+@pytest.mark.skipif(not MCP_URL, reason="TUVL_MCP_URL is not set")
+def test_arguments_that_do_not_match_the_servers_input_schema_are_answered_with_the_error(conn, provider):
+    """The model's arguments are checked against the listed inputSchema before
+    the call: a missing required property or a wrong type never reaches the
+    server, and the model is told what is wrong; it can then call again."""
+    q(conn, "SELECT tuvl.mcp_list_tools(%s)", (MCP_URL,))
+    entry = ("srv", f'{{ mcp: "{MCP_URL}", allow: [get-sum] }}')
+    turns = [calls(call("get-sum", a=2)), calls(call("get-sum", a="two", b=1)),
+             calls(call("get-sum", a=2, b=3)), final("five")]
+    name = make_agent(conn, provider, turns, [entry])
+    res = execute(conn, name)
+    assert (res["end"], res["response"]) == ("done", "five"), res
+    reqs = sent(name)
+    (_, first) = tool_answers(provider, reqs[1]["body"])[-1]
+    assert "do not match the tool's input schema" in json.dumps(first) and "b" in json.dumps(first), first
+    (_, second) = tool_answers(provider, reqs[2]["body"])[-1]
+    assert "do not match the tool's input schema" in json.dumps(second) and "$.a" in json.dumps(second), second
+    (_, third) = tool_answers(provider, reqs[3]["body"])[-1]
+    assert "5" in json.dumps(third), third
+    # only the valid call reached the server
+    mcp_calls = [e for e in events(conn, res["run_id"], "tool_call") if "call_id" not in e[3]
+                 and (e[3].get("request") or {}).get("rpc") == "tools/call"]
+    assert len(mcp_calls) == 1, mcp_calls
+
+
+def test_mcp_server_tool_entries_are_checked(conn):
+    def errors(entry):
+        src = VALID.replace("tools: [{ ref: lookup }]", f"tools: [{{ ref: lookup }}, {entry}]")
+        return [(r[1], r[2]) for r in q(conn, "SELECT severity, path, message FROM tuvl.validate(%s)", (src,))
+                if r[0] == "error"]
+    assert errors('{ mcp: "http://127.0.0.1:1/mcp", allow: [echo], prefix: x_, approval: true }') == []
+    path = "steps[0].agent.tools[1]"
+    assert [p for p, _ in errors('{ mcp: "{{ url }}" }')] == [path + ".mcp"]
+    assert [p for p, _ in errors('{ mcp: "http://x/mcp", allow: [] }')] == [path + ".allow"]
+    assert [p for p, _ in errors('{ mcp: "http://x/mcp", prefix: "a.b" }')] == [path + ".prefix"]
+    assert [p for p, _ in errors('{ mcp: "http://x/mcp", headers: [a] }')] == [path + ".headers"]
+    assert [p for p, _ in errors('{ mcp: "http://x/mcp", writes_context: true }')] == [path + ".writes_context"]
+
+
+def test_an_mcp_server_entry_with_no_listed_tools_fails_clearly(conn, provider):
+    url = "http://127.0.0.1:9/never-listed"
+    name = make_agent(conn, provider, [final("x")], [("srv", f'{{ mcp: "{url}" }}')])
+    res = execute(conn, name)
+    assert res["end"] == "oops", res
+    assert res["response"]["error"] == (f'agent.tools[0] of step "triage" offers no tool: no tools of {url} are known'), res
+
+
 # ---------------------------------------------------------------------------
 # Validation
 

@@ -422,6 +422,42 @@ def test_concurrent_calls_on_a_shared_session_are_all_answered(conn):
     assert took < 10, f"the calls took {took:.1f} s: some waited for an answer that went to another call"
 
 
+def test_sessions_a_worker_does_not_keep_are_ended_when_their_step_is_done(conn, scripted):
+    """Runs that start together on a worker with no session for a server each
+    open one (the handshake is slow here); the worker keeps one per server and
+    ends every other with DELETE as soon as its step's call is answered, so a
+    server (or a stdio bridge) is not left with abandoned sessions."""
+    url = scripted.url + "?init_delay=0.3&drop=" + unique("s")
+    start = len(scripted.requests)
+    with conn.cursor() as cur:
+        cur.execute("BEGIN")
+        cur.execute("SELECT array_agg(tuvl.start_run('mcp_any', jsonb_build_object('url', %s::text, "
+                    "'tool', 'plain', 'args', '{\"say\": \"hi\"}'::jsonb))) FROM generate_series(1, 12)", (url,))
+        ids = cur.fetchone()[0]
+        cur.execute("COMMIT")
+    for run_id in ids:
+        assert q1(conn, "SELECT tuvl.wait(%s, '30 s')", (run_id,)) == "completed"
+    workers = q1(conn, "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'tuvl worker' "
+                       "AND datname = current_database()")
+    mine = [r for r in scripted.requests[start:] if r["path"].endswith(url[len(scripted.url):])]
+    called = {r["headers"].get("mcp-session-id") for r in mine if json.loads(r["body"])["method"] == "tools/call"}
+    assert None not in called and len(called) > workers, (called, workers)
+
+    def live():
+        return called - {d["session"] for d in scripted.deletes}
+    wait_until(lambda: len(live()) <= workers, 10, message="the DELETEs of the sessions no worker keeps")
+    ended = [d for d in scripted.deletes if d["session"] in called]
+    assert all(d["known"] and d["headers"]["mcp-protocol-version"] == "2025-11-25" for d in ended), ended
+    # the sessions kept are still used: a later run makes no new handshake
+    start = len(scripted.requests)
+    run_id = q1(conn, "SELECT tuvl.start_run('mcp_any', jsonb_build_object('url', %s::text, 'tool', 'plain', "
+                      "'args', '{\"say\": \"again\"}'::jsonb))", (url,))
+    assert q1(conn, "SELECT tuvl.wait(%s, '30 s')", (run_id,)) == "completed"
+    later = [json.loads(r["body"])["method"] for r in scripted.requests[start:] if r["path"].endswith(url[len(scripted.url):])]
+    assert later == ["tools/call"], later
+    assert {r["headers"].get("mcp-session-id") for r in scripted.requests[start:]} <= live()
+
+
 HEADERS_WORKFLOW = """
 name: {name}
 steps:
