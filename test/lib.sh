@@ -13,7 +13,11 @@
 #                 @modelcontextprotocol/server-everything (TUVL_MCP_URL)
 #                 and the scripted LLM server (TUVL_LLM_PORT, TUVL_LLM_URL)
 #                 and an OTLP/HTTP trace receiver checking spans against
-#                 OpenTelemetry's definitions (TUVL_OTLP_URL)
+#                 OpenTelemetry's definitions (TUVL_OTLP_URL), and servers
+#                 other people wrote: the MCP memory server behind the
+#                 supergateway stdio bridge (TUVL_MCP2_URL) and the
+#                 OpenAI-compatible openai-mock-api (TUVL_OPENAI_MOCK_URL);
+#                 a peer that cannot start is an error, never a skipped test
 
 TUVL_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
@@ -74,6 +78,30 @@ tuvl_install_otlp() {
     tuvl_log "installing $TUVL_OTLP_PACKAGE"
     mkdir -p "$dir"
     (cd "$dir" && npm install --no-audit --no-fund --silent "$TUVL_OTLP_PACKAGE" >/dev/null)
+}
+
+# Servers other people wrote, pinned, from npm, into test/servers/peers (not
+# committed): an OpenAI-compatible mock server, a stdio MCP server and the
+# bridge that serves it over streamable HTTP (one child process per session).
+TUVL_PEER_PACKAGES="openai-mock-api@0.4.0 supergateway@4.0.0 @modelcontextprotocol/server-memory@2026.8.31"
+tuvl_install_npm_peers() {
+    local dir=$TUVL_ROOT/test/servers/peers
+    [ -x "$dir/node_modules/.bin/openai-mock-api" ] && [ -x "$dir/node_modules/.bin/supergateway" ] &&
+        [ -x "$dir/node_modules/.bin/mcp-server-memory" ] && return 0
+    command -v npm >/dev/null 2>&1 || tuvl_install_mcp || return 1
+    tuvl_log "installing $TUVL_PEER_PACKAGES"
+    mkdir -p "$dir"
+    # shellcheck disable=SC2086
+    (cd "$dir" && npm install --no-audit --no-fund --silent $TUVL_PEER_PACKAGES >/dev/null)
+}
+
+# The MCP memory server (stdio) behind supergateway's stateful streamable
+# HTTP bridge, on port $1; its knowledge graph in $TUVL_TMP.
+tuvl_start_mcp2() {
+    local bin=$TUVL_ROOT/test/servers/peers/node_modules/.bin
+    MEMORY_FILE_PATH=$TUVL_TMP/memory.jsonl tuvl_spawn "$bin/supergateway" --stdio "$bin/mcp-server-memory" \
+        --outputTransport streamableHttp --stateful --port "$1" --logLevel none >"$TUVL_TMP/mcp2.log" 2>&1
+    tuvl_wait_port "$1"
 }
 
 tuvl_build() {
@@ -141,21 +169,30 @@ tuvl_peers() {
     tuvl_wait_port "$TUVL_HTTP_PORT"
     export TUVL_HTTP_PORT
     tuvl_start_llm
-    if tuvl_install_mcp; then
-        local port
-        port=$(tuvl_free_port)
-        PORT=$port tuvl_spawn "$TUVL_ROOT/test/servers/mcp/node_modules/.bin/mcp-server-everything" \
-            streamableHttp >"$TUVL_TMP/mcp.log" 2>&1
-        tuvl_wait_port "$port"
-        export TUVL_MCP_URL="http://127.0.0.1:$port/mcp" TUVL_MCP_PORT=$port
-    fi
-    if tuvl_install_otlp; then
-        TUVL_OTLP_PORT=$(tuvl_free_port)
-        tuvl_spawn node "$TUVL_ROOT/test/servers/otlp_receiver.js" --port "$TUVL_OTLP_PORT" 2>"$TUVL_TMP/otlp.log"
-        tuvl_wait_port "$TUVL_OTLP_PORT"
-        export TUVL_OTLP_PORT TUVL_OTLP_URL="http://127.0.0.1:$TUVL_OTLP_PORT"
-    fi
-    tuvl_log "peers: HTTP test server on $TUVL_HTTP_PORT, LLM server at $TUVL_LLM_URL, MCP server at ${TUVL_MCP_URL:-none}, OTLP receiver at ${TUVL_OTLP_URL:-none}"
+    tuvl_install_mcp || return 1
+    local port
+    port=$(tuvl_free_port)
+    PORT=$port tuvl_spawn "$TUVL_ROOT/test/servers/mcp/node_modules/.bin/mcp-server-everything" \
+        streamableHttp >"$TUVL_TMP/mcp.log" 2>&1
+    tuvl_wait_port "$port" || return 1
+    export TUVL_MCP_URL="http://127.0.0.1:$port/mcp" TUVL_MCP_PORT=$port
+    tuvl_install_otlp || return 1
+    TUVL_OTLP_PORT=$(tuvl_free_port)
+    tuvl_spawn node "$TUVL_ROOT/test/servers/otlp_receiver.js" --port "$TUVL_OTLP_PORT" 2>"$TUVL_TMP/otlp.log"
+    tuvl_wait_port "$TUVL_OTLP_PORT" || return 1
+    export TUVL_OTLP_PORT TUVL_OTLP_URL="http://127.0.0.1:$TUVL_OTLP_PORT"
+    tuvl_install_npm_peers || return 1
+    TUVL_MCP2_PORT=$(tuvl_free_port)
+    tuvl_start_mcp2 "$TUVL_MCP2_PORT" || return 1
+    export TUVL_MCP2_PORT TUVL_MCP2_URL="http://127.0.0.1:$TUVL_MCP2_PORT/mcp"
+    TUVL_OPENAI_MOCK_PORT=$(tuvl_free_port)
+    tuvl_spawn "$TUVL_ROOT/test/servers/peers/node_modules/.bin/openai-mock-api" \
+        --config "$TUVL_ROOT/test/servers/openai_mock.yaml" --port "$TUVL_OPENAI_MOCK_PORT" >"$TUVL_TMP/openai_mock.log" 2>&1
+    tuvl_wait_port "$TUVL_OPENAI_MOCK_PORT" || return 1
+    export TUVL_OPENAI_MOCK_PORT TUVL_OPENAI_MOCK_URL="http://127.0.0.1:$TUVL_OPENAI_MOCK_PORT/v1"
+    # under test/run a test whose peer is missing fails instead of skipping
+    export TUVL_REQUIRE_PEERS=1
+    tuvl_log "peers: HTTP test server on $TUVL_HTTP_PORT, LLM server at $TUVL_LLM_URL, MCP servers at $TUVL_MCP_URL and $TUVL_MCP2_URL, OTLP receiver at $TUVL_OTLP_URL, openai-mock-api at $TUVL_OPENAI_MOCK_URL"
 }
 
 # Run a server-side command as the cluster's owner (initdb refuses root).

@@ -494,3 +494,15 @@ def expected_agent_ids(step_ids):
     for s in step_ids:
         ids += [s, s, s, s]
     return ids + [None]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under test/run (TUVL_REQUIRE_PEERS) every peer server is there, so a
+    test skipped for want of one is a failure: coverage lost in silence."""
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.skipped and os.environ.get("TUVL_REQUIRE_PEERS") and not hasattr(rep, "wasxfail"):
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        rep.outcome = "failed"
+        rep.longrepr = f"skipped under test/run, where every peer server must be running: {reason}"
