@@ -49,6 +49,7 @@ def main():
     agents = load(d, "agents.json")
     fair = load(d, "fairness.json")
     tracing = load(d, "tracing.json")
+    mcp = load(d, "mcp.json")
     out = []
     p = out.append
 
@@ -141,6 +142,11 @@ def main():
         p("| autonomous agents: every run completed with the expected answer, the tool ran exactly twice per run, 3 requests per run answered 200 | %s (%d phases, %s runs) | all |"
           % ("**PASS**" if not bad else "**FAIL** in %d phases" % len(bad), len(every),
              num(sum(ph["runs"] for ph in every))))
+    if mcp and mcp.get("rounds"):
+        b = mcp["best"]
+        p("| MCP calls: %s runs at once, one tools/call each on the workers' shared sessions (reference server-everything), wall time with a 0 ms / 200 ms tool | %.3f s / %.3f s; answered %d / %d and %d / %d | every call answered, 200 ms wall <= 2 x 200 ms + the 0 ms wall (%.3f s): **%s** |"
+          % (num(mcp["runs"]), b["fast"]["wall_s"], b["slow"]["wall_s"], b["fast"]["answered"], b["fast"]["runs"],
+             b["slow"]["answered"], b["slow"]["runs"], b["limit_s"], "met" if b["met"] else "missed"))
     if tracing and tracing.get("rounds"):
         ratios = [r["ratio_on_off"] for r in tracing["rounds"]]
         cpu = [r["on"]["cpu_us_per_step_workers"] / r["off"]["cpu_us_per_step_workers"]

@@ -58,6 +58,11 @@ WHERE pg_catalog.to_regrole(pg_catalog.quote_ident(owner::pg_catalog.text)) IS N
 ALTER TABLE tuvl.llms ALTER COLUMN owner TYPE pg_catalog.regrole
     USING pg_catalog.to_regrole(pg_catalog.quote_ident(owner::pg_catalog.text));
 
+/* provider openai_responses: OpenAI's Responses API */
+ALTER TABLE tuvl.llms DROP CONSTRAINT llms_provider_check;
+ALTER TABLE tuvl.llms ADD CONSTRAINT llms_provider_check
+    CHECK (provider OPERATOR(pg_catalog.=) ANY (ARRAY['openai', 'anthropic', 'openai_responses']));
+
 COMMENT ON COLUMN tuvl.workflows.owner IS 'the role that registered version 1; only it adds versions (tuvl.transfer hands the name over)';
 COMMENT ON COLUMN tuvl.artifacts.owner IS 'the role that registered version 1; only it adds versions (tuvl.transfer hands the name over)';
 COMMENT ON COLUMN tuvl.llms.owner IS 'the role that registered the config; only it replaces it (tuvl.transfer hands the name over)';

@@ -1010,7 +1010,8 @@ model_turn(AgentLoop *l, LlmReply *reply)
 
 		if (l->cursor >= EffectCount(run))
 		{
-			EffectRequest *req = LlmBuildRequest(l->run, l->cfg, messages_jsonb(l), l->specs, -1);
+			EffectRequest *req = LlmBuildRequest(l->run, l->cfg, messages_jsonb(l), l->specs,
+												 AgentAnswerSchema(l->values), -1);
 
 			req->delay_ms = delay_ms;
 			l->result->pending = true;
@@ -1703,6 +1704,13 @@ agent_turn(AgentLoop *l)
 			trace_iteration(l, &reply, ncalls);
 	}
 	add_message(l, "assistant", reply.text, ncalls > 0 ? reply.tool_calls : NULL, NULL, false);
+	if (reply.thinking)
+	{
+		/* Anthropic's thinking blocks, to be sent back with the tool calls */
+		l->msgs.len--;
+		l->msgs.data[l->msgs.len] = '\0';
+		appendStringInfo(&l->msgs, ", \"thinking\": %s}", JsonText(reply.thinking));
+	}
 	if (ncalls == 0)
 	{
 		finalize(l, reply.text);

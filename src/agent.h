@@ -20,6 +20,7 @@ struct StepResult;
 
 extern List *AgentOutcomeEnum(Jsonb *agent);
 extern char *AgentFinalFormat(List *values);
+extern Jsonb *AgentAnswerSchema(List *values);
 extern char *AgentGateCheck(RunState *run, const StepDef *step, GuardrailGate gate,
 							char **content);
 extern char *AgentGateJudge(RunState *run, const StepDef *step, GuardrailGate gate,

@@ -49,6 +49,23 @@ AgentOutcomeEnum(Jsonb *agent)
 	return values;
 }
 
+/* The final answer's JSON Schema, for a declared enum (NULL: none). */
+Jsonb *
+AgentAnswerSchema(List *values)
+{
+	const char **v;
+	int			n = list_length(values);
+	ListCell   *lc;
+	int			i = 0;
+
+	if (n == 0)
+		return NULL;
+	v = palloc(n * sizeof(char *));
+	foreach(lc, values)
+		v[i++] = lfirst(lc);
+	return LlmEnumAnswerSchema("outcome", v, n, "result", NULL);
+}
+
 /* The strict final-answer format, for a declared enum. */
 char *
 AgentFinalFormat(List *values)

@@ -145,8 +145,15 @@ JudgeAsk(RunState *run, const char *id, const char *model, const char *instructi
 		answer->fresh = run->fresh_judge && strcmp(run->fresh_judge, id) == 0;
 		return true;
 	}
-	req = LlmBuildRequest(run, LlmConfigLoad(model), judge_messages(instructions, content, verdicts),
-						  NULL, -1);
+	{
+		int			n = 0;
+
+		while (verdicts[n])
+			n++;
+		req = LlmBuildRequest(run, LlmConfigLoad(model), judge_messages(instructions, content, verdicts),
+							  NULL, LlmEnumAnswerSchema("verdict", verdicts, n, "reason", "string"),
+							  -1);
+	}
 	/* the runtime keeps the answer under id, apart from the step's effects */
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "judge", id);

@@ -77,11 +77,13 @@ check_config(Jsonb *def)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("an LLM config needs a name made of letters, digits, _, - and ."),
 				 errhint("Write for example name: default.")));
-	if (provider == NULL || (strcmp(provider, "openai") != 0 && strcmp(provider, "anthropic") != 0))
+	if (provider == NULL || (strcmp(provider, "openai") != 0 && strcmp(provider, "anthropic") != 0 &&
+							 strcmp(provider, "openai_responses") != 0))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("LLM config \"%s\": provider must be openai or anthropic", name),
-				 errhint("Use openai for any OpenAI-compatible /chat/completions server (Ollama, vLLM, LiteLLM).")));
+				 errmsg("LLM config \"%s\": provider must be openai, openai_responses or anthropic", name),
+				 errhint("Use openai for any OpenAI-compatible /chat/completions server (Ollama, vLLM, LiteLLM), "
+						 "openai_responses for OpenAI's /responses API.")));
 	if (base_url == NULL || (strncmp(base_url, "http://", 7) != 0 && strncmp(base_url, "https://", 8) != 0))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -108,6 +110,17 @@ check_config(Jsonb *def)
 				 errmsg("LLM config \"%s\": params.stream is not available in this version of tuvl", name),
 				 errdetail("tuvl reads each model answer whole, as one durable effect."),
 				 errhint("Remove stream from params.")));
+	v = JsonGetField(def, "structured_outputs");
+	if (v && v->type != jbvBool)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("LLM config \"%s\": structured_outputs must be true or false", name)));
+	if (v && v->val.boolean && strcmp(provider, "anthropic") == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("LLM config \"%s\": structured_outputs is not available for provider anthropic", name),
+				 errdetail("The Messages API has no response format; the answer's format is in the system prompt."),
+				 errhint("Remove structured_outputs.")));
 	v = JsonGetField(def, "api_key_secret");
 	if (v && v->type != jbvString)
 		ereport(ERROR,
@@ -115,7 +128,7 @@ check_config(Jsonb *def)
 				 errmsg("LLM config \"%s\": api_key_secret must name a secret given to tuvl.set_secret", name)));
 	{
 		static const char *const keys[] = {"name", "provider", "base_url", "model", "timeout",
-		"params", "api_key_secret", "headers", "description", NULL};
+		"params", "api_key_secret", "headers", "description", "structured_outputs", NULL};
 		JsonbIterator *it = JsonbIteratorInit(&def->root);
 		char	   *key;
 		bool		known;
@@ -131,7 +144,7 @@ check_config(Jsonb *def)
 						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 						 errmsg("LLM config \"%s\": unknown key \"%s\"", name, key),
 						 errhint("A model config takes name, provider, base_url, model, timeout, params, "
-								 "api_key_secret, headers and description; request parameters such as "
+								 "api_key_secret, headers, structured_outputs and description; request parameters such as "
 								 "temperature go under params.")));
 		}
 	}
@@ -263,6 +276,7 @@ LlmConfigLoad(const char *name)
 	cfg->params = p ? JsonValueToJsonb(p) : NULL;
 	p = JsonGetField(def, "headers");
 	cfg->headers = p ? JsonValueToJsonb(p) : NULL;
+	cfg->structured_outputs = JsonGetBool(def, "structured_outputs", false);
 	return cfg;
 }
 
@@ -308,6 +322,7 @@ append_params(StringInfo buf, Jsonb *params, const char *skip)
 	while (JsonObjectNext(&it, &key, &v))
 	{
 		if (strcmp(key, "model") == 0 || strcmp(key, "messages") == 0 ||
+			strcmp(key, "input") == 0 || strcmp(key, "instructions") == 0 ||
 			(skip && strcmp(key, skip) == 0))
 			continue;
 		append_json(buf, key, JsonValueToJsonb(&v));
@@ -385,6 +400,121 @@ openai_body(LlmConfig *cfg, Jsonb *messages, Jsonb *tools)
 	return buf.data;
 }
 
+/* Append one input item of the Responses API to buf. */
+static void
+responses_item(StringInfo buf, bool *first, const char *json)
+{
+	appendStringInfoString(buf, *first ? "" : ", ");
+	appendStringInfoString(buf, json);
+	*first = false;
+}
+
+/* An assistant message as Responses input items: text, reasoning, calls. */
+static void
+responses_assistant(StringInfo buf, bool *first, Jsonb *m)
+{
+	Jsonb	   *calls = JsonGetJsonb(m, "tool_calls");
+	Jsonb	   *reasoning = JsonGetJsonb(m, "thinking");
+	char	   *text = JsonGetText(m, "content");
+	StringInfoData item;
+
+	initStringInfo(&item);
+	/* reasoning items go back as they came, first, as the answer gave them */
+	for (int j = 0; j < JsonArraySize(reasoning); j++)
+		responses_item(buf, first, JsonText(JsonArrayAt(reasoning, j)));
+	if (*text)
+	{
+		appendStringInfoString(&item, "{\"role\": \"assistant\"");
+		append_str(&item, "content", text);
+		appendStringInfoChar(&item, '}');
+		responses_item(buf, first, item.data);
+	}
+	for (int j = 0; j < JsonArraySize(calls); j++)
+	{
+		Jsonb	   *tc = JsonArrayAt(calls, j);
+
+		resetStringInfo(&item);
+		appendStringInfoString(&item, "{\"type\": \"function_call\"");
+		append_str(&item, "call_id", JsonGetText(tc, "id"));
+		append_str(&item, "name", JsonGetText(tc, "name"));
+		append_str(&item, "arguments", JsonGetText(tc, "arguments"));
+		appendStringInfoChar(&item, '}');
+		responses_item(buf, first, item.data);
+	}
+}
+
+/*
+ * OpenAI Responses: system messages become instructions; tool calls and
+ * their results are function_call and function_call_output items.
+ */
+static char *
+responses_body(LlmConfig *cfg, Jsonb *messages, Jsonb *tools)
+{
+	StringInfoData buf;
+	StringInfoData instructions;
+	StringInfoData item;
+	bool		first = true;
+
+	initStringInfo(&buf);
+	initStringInfo(&instructions);
+	initStringInfo(&item);
+	appendStringInfoString(&buf, "{\"model\": ");
+	escape_json(&buf, cfg->model);
+	appendStringInfoString(&buf, ", \"input\": [");
+	for (int i = 0; i < JsonArraySize(messages); i++)
+	{
+		Jsonb	   *m = JsonArrayAt(messages, i);
+		char	   *role = JsonGetString(m, "role");
+
+		resetStringInfo(&item);
+		if (strcmp(role, "system") == 0)
+		{
+			if (instructions.len > 0)
+				appendStringInfoString(&instructions, "\n\n");
+			appendStringInfoString(&instructions, JsonGetText(m, "content"));
+		}
+		else if (strcmp(role, "assistant") == 0)
+			responses_assistant(&buf, &first, m);
+		else if (strcmp(role, "tool") == 0)
+		{
+			appendStringInfoString(&item, "{\"type\": \"function_call_output\"");
+			append_str(&item, "call_id", JsonGetText(m, "tool_call_id"));
+			append_str(&item, "output", JsonGetText(m, "content"));
+			appendStringInfoChar(&item, '}');
+			responses_item(&buf, &first, item.data);
+		}
+		else
+		{
+			appendStringInfoString(&item, "{\"role\": \"user\"");
+			append_str(&item, "content", JsonGetText(m, "content"));
+			appendStringInfoChar(&item, '}');
+			responses_item(&buf, &first, item.data);
+		}
+	}
+	appendStringInfoChar(&buf, ']');
+	if (instructions.len > 0)
+		append_str(&buf, "instructions", instructions.data);
+	if (JsonArraySize(tools) > 0)
+	{
+		appendStringInfoString(&buf, ", \"tools\": [");
+		for (int i = 0; i < JsonArraySize(tools); i++)
+		{
+			Jsonb	   *t = JsonArrayAt(tools, i);
+
+			appendStringInfoString(&buf, i > 0 ? ", {\"type\": \"function\", \"name\": "
+								   : "{\"type\": \"function\", \"name\": ");
+			escape_json(&buf, JsonGetText(t, "name"));
+			append_str(&buf, "description", JsonGetText(t, "description"));
+			append_json(&buf, "parameters", JsonGetJsonb(t, "parameters"));
+			appendStringInfoChar(&buf, '}');
+		}
+		appendStringInfoChar(&buf, ']');
+	}
+	append_params(&buf, cfg->params, NULL);
+	appendStringInfoChar(&buf, '}');
+	return buf.data;
+}
+
 /* Append a tool message as an Anthropic tool_result block. */
 static void
 anthropic_tool_result(StringInfo pending, Jsonb *m)
@@ -419,10 +549,18 @@ static void
 anthropic_assistant(StringInfo buf, Jsonb *m)
 {
 	Jsonb	   *calls = JsonGetJsonb(m, "tool_calls");
+	Jsonb	   *thinking = JsonGetJsonb(m, "thinking");
 	bool		any = false;
 	char	   *text = JsonGetText(m, "content");
 
 	appendStringInfoString(buf, "{\"role\": \"assistant\", \"content\": [");
+	/* extended thinking: the answer's thinking blocks go back first, untouched */
+	for (int j = 0; j < JsonArraySize(thinking); j++)
+	{
+		appendStringInfoString(buf, any ? ", " : "");
+		appendStringInfoString(buf, JsonText(JsonArrayAt(thinking, j)));
+		any = true;
+	}
 	if (*text)
 	{
 		appendStringInfoString(buf, "{\"type\": \"text\", \"text\": ");
@@ -600,17 +738,81 @@ join_url(const char *base, const char *path)
 }
 
 /*
+ * The JSON Schema of an answer {key: <one of values>, other: <other_type,
+ * or anything when NULL>}, both required: the contract of an agent's
+ * outcome and of a judge's verdict.
+ */
+Jsonb *
+LlmEnumAnswerSchema(const char *key, const char *const *values, int nvalues, const char *other,
+					const char *other_type)
+{
+	StringInfoData buf;
+
+	initStringInfo(&buf);
+	appendStringInfoString(&buf, "{\"type\": \"object\", \"properties\": {");
+	escape_json(&buf, key);
+	appendStringInfoString(&buf, ": {\"type\": \"string\", \"enum\": [");
+	for (int i = 0; i < nvalues; i++)
+	{
+		if (i > 0)
+			appendStringInfoString(&buf, ", ");
+		escape_json(&buf, values[i]);
+	}
+	appendStringInfoString(&buf, "]}, ");
+	escape_json(&buf, other);
+	if (other_type)
+		appendStringInfo(&buf, ": {\"type\": \"%s\"}}", other_type);
+	else
+		appendStringInfoString(&buf, ": {}}");
+	appendStringInfoString(&buf, ", \"required\": [");
+	escape_json(&buf, key);
+	appendStringInfoString(&buf, ", ");
+	escape_json(&buf, other);
+	appendStringInfoString(&buf, "]}");
+	return JsonFromCString(buf.data);
+}
+
+/*
+ * Add the answer's schema to a request body as the provider's structured
+ * output format (OpenAI response_format, Responses text.format), unless
+ * params set one.
+ */
+static char *
+with_answer_schema(LlmConfig *cfg, char *body, Jsonb *schema)
+{
+	bool		responses = strcmp(cfg->provider, "openai_responses") == 0;
+	size_t		len = strlen(body);
+	StringInfoData buf;
+
+	if (schema == NULL || !cfg->structured_outputs || strcmp(cfg->provider, "anthropic") == 0 ||
+		(cfg->params && JsonGetField(cfg->params, responses ? "text" : "response_format")))
+		return body;
+	initStringInfo(&buf);
+	/* the body is one object: replace its closing brace */
+	appendBinaryStringInfo(&buf, body, len - 1);
+	if (responses)
+		appendStringInfo(&buf, ", \"text\": {\"format\": {\"type\": \"json_schema\", \"name\": \"tuvl_answer\", "
+						 "\"schema\": %s}}}", JsonText(schema));
+	else
+		appendStringInfo(&buf, ", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": "
+						 "{\"name\": \"tuvl_answer\", \"schema\": %s}}}", JsonText(schema));
+	return buf.data;
+}
+
+/*
  * The provider request for a conversation, as an effect tagged "llm".  The
  * key comes from tuvl.secrets into a header; the journaled request body
  * never contains it.
  */
 EffectRequest *
-LlmBuildRequest(RunState *run, LlmConfig *cfg, Jsonb *messages, Jsonb *tools, int timeout_ms)
+LlmBuildRequest(RunState *run, LlmConfig *cfg, Jsonb *messages, Jsonb *tools, Jsonb *answer_schema,
+				int timeout_ms)
 {
 	EffectRequest *req = palloc0(sizeof(EffectRequest));
 	SecretUse	use;
 	const char *key = NULL;
 	bool		anthropic = strcmp(cfg->provider, "anthropic") == 0;
+	bool		responses = strcmp(cfg->provider, "openai_responses") == 0;
 	char	   *body;
 	JsonObjBuilder b;
 
@@ -619,9 +821,12 @@ LlmBuildRequest(RunState *run, LlmConfig *cfg, Jsonb *messages, Jsonb *tools, in
 	use.named_by = psprintf("LLM config \"%s\"", cfg->name);
 	if (cfg->api_key_secret)
 		key = use.opts.secret_hook(cfg->api_key_secret, use.opts.secret_arg);
-	body = anthropic ? anthropic_body(cfg, messages, tools) : openai_body(cfg, messages, tools);
+	body = anthropic ? anthropic_body(cfg, messages, tools) :
+		responses ? responses_body(cfg, messages, tools) : openai_body(cfg, messages, tools);
+	body = with_answer_schema(cfg, body, answer_schema);
 	req->http.method = "POST";
-	req->http.url = join_url(cfg->base_url, anthropic ? "/messages" : "/chat/completions");
+	req->http.url = join_url(cfg->base_url, anthropic ? "/messages" :
+							 responses ? "/responses" : "/chat/completions");
 	req->http.body = body;
 	req->http.body_len = strlen(body);
 	req->http.timeout_ms = timeout_ms > 0 ? timeout_ms : cfg->timeout_ms;
@@ -755,6 +960,7 @@ parse_anthropic(Jsonb *body, LlmReply *r)
 	Jsonb	   *usage = JsonGetJsonb(body, "usage");
 	StringInfoData text;
 	StringInfoData calls;
+	StringInfoData thinking;
 	int			ncalls = 0;
 
 	if (content == NULL || !JB_ROOT_IS_ARRAY(content) || JB_ROOT_IS_SCALAR(content))
@@ -764,6 +970,7 @@ parse_anthropic(Jsonb *body, LlmReply *r)
 	}
 	initStringInfo(&text);
 	initStringInfo(&calls);
+	initStringInfo(&thinking);
 	appendStringInfoChar(&calls, '[');
 	for (int i = 0; i < JsonArraySize(content); i++)
 	{
@@ -772,6 +979,12 @@ parse_anthropic(Jsonb *body, LlmReply *r)
 
 		if (type && strcmp(type, "text") == 0)
 			appendStringInfoString(&text, JsonGetText(blk, "text"));
+		else if (type && (strcmp(type, "thinking") == 0 || strcmp(type, "redacted_thinking") == 0))
+		{
+			/* sent back as they came (with their signature) before the tool calls */
+			appendStringInfoString(&thinking, thinking.len > 0 ? ", " : "[");
+			appendStringInfoString(&thinking, JsonText(blk));
+		}
 		else if (type && strcmp(type, "tool_use") == 0)
 		{
 			Jsonb	   *input = JsonGetJsonb(blk, "input");
@@ -796,6 +1009,11 @@ parse_anthropic(Jsonb *body, LlmReply *r)
 	}
 	r->text = text.data;
 	r->tool_calls = ncalls > 0 ? JsonFromCString(calls.data) : NULL;
+	if (thinking.len > 0)
+	{
+		appendStringInfoChar(&thinking, ']');
+		r->thinking = JsonFromCString(thinking.data);
+	}
 	r->finish_reason = JsonGetString(body, "stop_reason");
 	if (usage && JsonIsObject(usage))
 	{
@@ -803,6 +1021,117 @@ parse_anthropic(Jsonb *body, LlmReply *r)
 		r->completion_tokens = JsonGetInt32(usage, "output_tokens", 0);
 		r->cached_tokens = JsonGetInt32(usage, "cache_read_input_tokens", 0);
 		r->total_tokens = r->prompt_tokens + r->completion_tokens;
+	}
+	r->ok = true;
+}
+
+/* The text of a Responses message item: its output_text (and refusal) parts. */
+static void
+responses_text(Jsonb *item, StringInfo text)
+{
+	Jsonb	   *parts = JsonGetJsonb(item, "content");
+
+	for (int j = 0; j < JsonArraySize(parts); j++)
+	{
+		Jsonb	   *part = JsonArrayAt(parts, j);
+		char	   *type = JsonGetString(part, "type");
+
+		if (type && strcmp(type, "output_text") == 0)
+			appendStringInfoString(text, JsonGetText(part, "text"));
+		else if (type && strcmp(type, "refusal") == 0)
+			appendStringInfoString(text, JsonGetText(part, "refusal"));
+	}
+}
+
+static void
+parse_responses(Jsonb *body, LlmReply *r)
+{
+	Jsonb	   *output = JsonGetJsonb(body, "output");
+	Jsonb	   *usage = JsonGetJsonb(body, "usage");
+	char	   *status = JsonGetString(body, "status");
+	StringInfoData text;
+	StringInfoData calls;
+	StringInfoData reasoning;
+	int			ncalls = 0;
+
+	if (status && strcmp(status, "failed") == 0)
+	{
+		char	   *type;
+		char	   *code;
+		char	   *msg = provider_message(body, &type, &code);
+
+		r->error = psprintf("the model's response failed: %s", msg ? msg : "no message");
+		return;
+	}
+	if (output == NULL || !JB_ROOT_IS_ARRAY(output) || JB_ROOT_IS_SCALAR(output))
+	{
+		r->error = "the model's response has no output";
+		return;
+	}
+	initStringInfo(&text);
+	initStringInfo(&calls);
+	initStringInfo(&reasoning);
+	appendStringInfoChar(&calls, '[');
+	for (int i = 0; i < JsonArraySize(output); i++)
+	{
+		Jsonb	   *item = JsonArrayAt(output, i);
+		char	   *type = JsonGetString(item, "type");
+
+		if (type && strcmp(type, "message") == 0)
+			responses_text(item, &text);
+		else if (type && strcmp(type, "function_call") == 0)
+		{
+			char	   *args = JsonGetText(item, "arguments");
+
+			if (ncalls++ > 0)
+				appendStringInfoString(&calls, ", ");
+			appendStringInfoString(&calls, "{\"id\": ");
+			escape_json(&calls, call_id(JsonGetString(item, "call_id"), ncalls - 1, JsonGetText(item, "name"), args));
+			append_str(&calls, "name", JsonGetText(item, "name"));
+			append_str(&calls, "arguments", args);
+			appendStringInfoChar(&calls, '}');
+		}
+		else if (type && strcmp(type, "reasoning") == 0)
+		{
+			appendStringInfoString(&reasoning, reasoning.len > 0 ? ", " : "[");
+			appendStringInfoString(&reasoning, JsonText(item));
+		}
+	}
+	appendStringInfoChar(&calls, ']');
+	if (text.len == 0 && ncalls == 0 && !(status && strcmp(status, "incomplete") == 0))
+	{
+		r->error = "the model's response has no output (no text and no tool call)";
+		return;
+	}
+	r->text = text.data;
+	r->tool_calls = ncalls > 0 ? JsonFromCString(calls.data) : NULL;
+	if (reasoning.len > 0)
+	{
+		appendStringInfoChar(&reasoning, ']');
+		r->thinking = JsonFromCString(reasoning.data);
+	}
+	if (ncalls > 0)
+		r->finish_reason = "tool_calls";
+	else if (status && strcmp(status, "incomplete") == 0)
+	{
+		Jsonb	   *why = JsonGetJsonb(body, "incomplete_details");
+		char	   *reason = why && JsonIsObject(why) ? JsonGetString(why, "reason") : NULL;
+
+		r->finish_reason = reason && strcmp(reason, "max_output_tokens") == 0 ? "length" :
+			reason ? reason : "incomplete";
+	}
+	else
+		r->finish_reason = "stop";
+	if (usage && JsonIsObject(usage))
+	{
+		Jsonb	   *in = JsonGetJsonb(usage, "input_tokens_details");
+		Jsonb	   *out = JsonGetJsonb(usage, "output_tokens_details");
+
+		r->prompt_tokens = JsonGetInt32(usage, "input_tokens", 0);
+		r->completion_tokens = JsonGetInt32(usage, "output_tokens", 0);
+		r->total_tokens = JsonGetInt32(usage, "total_tokens", r->prompt_tokens + r->completion_tokens);
+		r->cached_tokens = in && JsonIsObject(in) ? JsonGetInt32(in, "cached_tokens", 0) : 0;
+		r->reasoning_tokens = out && JsonIsObject(out) ? JsonGetInt32(out, "reasoning_tokens", 0) : 0;
 	}
 	r->ok = true;
 }
@@ -857,6 +1186,8 @@ LlmParseResult(LlmConfig *cfg, Jsonb *result, LlmReply *r)
 	}
 	if (strcmp(cfg->provider, "anthropic") == 0)
 		parse_anthropic(body, r);
+	else if (strcmp(cfg->provider, "openai_responses") == 0)
+		parse_responses(body, r);
 	else
 		parse_openai(body, r);
 }

@@ -23,6 +23,8 @@ typedef struct LlmConfig
 	int			timeout_ms;
 	Jsonb	   *params;			/* extra request fields, or NULL */
 	Jsonb	   *headers;		/* extra request headers (templates), or NULL */
+	bool		structured_outputs; /* send an answer's schema as the provider's
+									 * structured output format */
 } LlmConfig;
 
 /* A model's answer, in the provider-neutral form. */
@@ -31,6 +33,8 @@ typedef struct LlmReply
 	bool		ok;
 	char	   *text;			/* may be NULL */
 	Jsonb	   *tool_calls;		/* [{id, name, arguments (JSON text)}], or NULL */
+	Jsonb	   *thinking;		/* Anthropic thinking and redacted_thinking
+								 * blocks, as sent, or NULL */
 	char	   *finish_reason;
 	int			prompt_tokens;
 	int			completion_tokens;
@@ -48,7 +52,9 @@ typedef struct LlmReply
 extern LlmConfig *LlmConfigLoad(const char *name);
 extern bool LlmConfigExists(const char *name);
 extern EffectRequest *LlmBuildRequest(RunState *run, LlmConfig *cfg, Jsonb *messages, Jsonb *tools,
-									  int timeout_ms);
+									  Jsonb *answer_schema, int timeout_ms);
+extern Jsonb *LlmEnumAnswerSchema(const char *key, const char *const *values, int nvalues,
+								  const char *other, const char *other_type);
 extern void LlmParseResult(LlmConfig *cfg, Jsonb *result, LlmReply *reply);
 extern Jsonb *LlmTurnPayload(Jsonb *result, int *tokens);
 extern Jsonb *LlmStripRequest(Jsonb *result);

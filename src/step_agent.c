@@ -110,7 +110,7 @@ execute_completion(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 	appendStringInfoString(&msgs, "}]");
 
 	StepErrorType = "llm_error";
-	req = LlmBuildRequest(run, cfg, JsonFromCString(msgs.data), NULL, -1);
+	req = LlmBuildRequest(run, cfg, JsonFromCString(msgs.data), NULL, AgentAnswerSchema(values), -1);
 	if (n > 0)
 	{
 		LlmReply	reply;

@@ -47,7 +47,7 @@ MCP_URL = os.environ.get("TUVL_MCP_URL")
 pytestmark = pytest.mark.skipif(not LLM_URL or not HTTP_PORT,
                                 reason="TUVL_LLM_URL and TUVL_HTTP_PORT must be set (run through test/run)")
 
-PROVIDERS = ["openai", "anthropic"]
+PROVIDERS = ["openai", "anthropic", "openai_responses"]
 STEERING = "You triage support tickets."
 INSTRUCTION = ("You are an autonomous agent working on one step of a workflow. Use the tools "
                "provided to accomplish the task, one call at a time when a result informs the "
@@ -118,6 +118,26 @@ def conversation(provider, body):
     [{role: system|user|assistant|tool, content, tool_calls?, tool_call_id?, is_error?}];
     tool call arguments parsed when they are JSON."""
     out = []
+    if provider == "openai_responses":
+        if body.get("instructions"):
+            out.append({"role": "system", "content": body["instructions"]})
+        for it in body["input"]:
+            kind = it.get("type", "message")
+            if kind == "message":
+                out.append({"role": it["role"], "content": it["content"]})
+            elif kind == "function_call":
+                try:
+                    args = json.loads(it["arguments"])
+                except ValueError:
+                    args = it["arguments"]
+                call = {"id": it["call_id"], "name": it["name"], "arguments": args}
+                if out and out[-1]["role"] == "assistant":
+                    out[-1].setdefault("tool_calls", []).append(call)
+                else:
+                    out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            elif kind == "function_call_output":
+                out.append({"role": "tool", "content": it["output"], "tool_call_id": it["call_id"]})
+        return out
     if provider == "openai":
         for m in body["messages"]:
             msg = {"role": m["role"], "content": m.get("content")}
@@ -168,6 +188,8 @@ def offered(provider, body):
     if provider == "openai":
         return {t["function"]["name"]: (t["function"]["description"], t["function"]["parameters"])
                 for t in body["tools"]}
+    if provider == "openai_responses":
+        return {t["name"]: (t["description"], t["parameters"]) for t in body["tools"]}
     return {t["name"]: (t["description"], t["input_schema"]) for t in body["tools"]}
 
 
@@ -404,7 +426,7 @@ def test_tools_run_in_the_order_called_and_the_conversation_is_replayed(conn, pr
         "llm_turn", "tool_call", "tool_result",
         "llm_turn", "agent_completed", "signal", "checkpoint", "run_completed"]
     tools = agent_tool_events(conn, res["run_id"])
-    ids = ["call_0_0", "call_0_1", "call_1_0"] if provider == "openai" else \
+    ids = ["call_0_0", "call_0_1", "call_1_0"] if provider != "anthropic" else \
         ["toolu_0_0", "toolu_0_1", "toolu_1_0"]
     assert [(t, p["iteration"], p["call_id"], p["tool"]) for t, p in tools] == [
         ("tool_call", 1, ids[0], "record"), ("tool_result", 1, ids[0], "record"),
@@ -877,7 +899,8 @@ def test_private_keys_and_secrets_never_reach_the_model(conn, provider, mode):
     assert answers[2] == {}, "a private output key is not shown"
     everything = json.dumps(reqs)
     assert sentinel not in everything and secret not in everything
-    assert "_private" not in json.dumps([r["body"]["messages"][0] for r in reqs])
+    assert "_private" not in json.dumps([m for r in reqs for m in conversation(provider, r["body"])
+                                         if m["role"] in ("system", "user")])
     assert res["context"]["_private"] == sentinel
     assert secret not in json.dumps([e[3] for e in events(conn, res["run_id"])])
 
@@ -1191,6 +1214,49 @@ def test_arguments_that_do_not_match_the_servers_input_schema_are_answered_with_
     mcp_calls = [e for e in events(conn, res["run_id"], "tool_call") if "call_id" not in e[3]
                  and (e[3].get("request") or {}).get("rpc") == "tools/call"]
     assert len(mcp_calls) == 1, mcp_calls
+
+
+def test_anthropic_thinking_blocks_go_back_with_their_tool_calls(conn, mode):
+    """With extended thinking, Anthropic requires the assistant message whose
+    tool_use blocks the tool results answer to start with the thinking block
+    it came with, signature and all; the scripted server refuses the request
+    otherwise, as Anthropic does."""
+    name = new_name()
+    script(name, [calls(call("record", tag="thought"), thinking="The user wants a record; call record."),
+                  final("recorded")])
+    q(conn, "SELECT tuvl.register_llm(%s)", (
+        f"name: {name}\nprovider: anthropic\nbase_url: {LLM_URL}\nmodel: {name}\ntimeout: 10s\n"
+        "params: { max_tokens: 4096, thinking: { type: enabled, budget_tokens: 2048 } }\n",))
+    q(conn, "SELECT tuvl.register_workflow(%s)", (agent_workflow(name, name, ["record"]),))
+    res = execute(conn, name, mode=mode)
+    assert (res["end"], res["response"]) == ("done", "recorded"), res
+    second = sent(name)[1]["body"]
+    (assistant,) = [m for m in second["messages"] if m["role"] == "assistant"]
+    first_block = assistant["content"][0]
+    assert first_block["type"] == "thinking", assistant
+    assert first_block["thinking"] == "The user wants a record; call record."
+    assert first_block["signature"].startswith("sig-")
+    assert [b["type"] for b in assistant["content"]] == ["thinking", "tool_use"], assistant
+
+
+def test_responses_reasoning_items_go_back_before_their_function_calls(conn, mode):
+    """The Responses API gives reasoning items with a function call; the next
+    request must carry them, unchanged, before that call (the scripted server
+    refuses it otherwise, as the API does for reasoning models)."""
+    name = new_name()
+    script(name, [calls(call("record", tag="r1"), text="Recording.", thinking="Record first, then answer."),
+                  final("recorded")])
+    q(conn, "SELECT tuvl.register_llm(%s)", (
+        f"name: {name}\nprovider: openai_responses\nbase_url: {LLM_URL}\nmodel: {name}\ntimeout: 10s\n",))
+    q(conn, "SELECT tuvl.register_workflow(%s)", (agent_workflow(name, name, ["record"]),))
+    res = execute(conn, name, mode=mode)
+    assert (res["end"], res["response"]) == ("done", "recorded"), res
+    second = sent(name)[1]["body"]["input"]
+    kinds = [i.get("type", "message") for i in second]
+    assert kinds == ["message", "reasoning", "message", "function_call", "function_call_output"], kinds
+    reasoning = second[1]
+    assert reasoning["summary"] == [{"type": "summary_text", "text": "Record first, then answer."}]
+    assert reasoning["encrypted_content"].startswith("sig-")
 
 
 def test_mcp_server_tool_entries_are_checked(conn):

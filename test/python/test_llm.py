@@ -297,7 +297,7 @@ def test_replacing_a_model_config_takes_effect_for_the_next_run(conn, provider):
 
 def test_register_llm_rejects_bad_configs(conn):
     bad = [
-        ("name: x\nprovider: gemini\nbase_url: http://h/v1\nmodel: m\n", "provider must be openai or anthropic"),
+        ("name: x\nprovider: gemini\nbase_url: http://h/v1\nmodel: m\n", "provider must be openai, openai_responses or anthropic"),
         ("name: x\nprovider: openai\nbase_url: ftp://h/v1\nmodel: m\n", "base_url must be an http or https URL"),
         ("name: x\nprovider: openai\nbase_url: http://h/v1\n", 'missing required key "model"'),
         ("name: x\nprovider: openai\nbase_url: http://h/v1\nmodel: m\ntimeout: soon\n", "timeout must be a duration"),
@@ -1162,3 +1162,105 @@ def test_an_empty_anthropic_answer_keeps_its_finish_reason(conn):
     assert res["end"] == "oops", res
     (turn,) = turns_of(conn, res["run_id"])
     assert turn["finish_reason"] == "end_turn" and "no content" in turn["error"], turn
+
+
+# ---------------------------------------------------------------------------
+# provider: openai_responses (the OpenAI Responses API)
+
+
+def test_responses_request_is_input_items_and_the_answer_is_read_from_output(conn, mode):
+    name = make_agent(conn, "openai_responses", [{"text": "Hello, Ada.", "cached_tokens": 8,
+                                                  "reasoning_tokens": 5,
+                                                  "usage": {"prompt_tokens": 30, "completion_tokens": 12}}],
+                      key_secret=None, params={"reasoning": {"effort": "low"}})
+    res = execute(conn, name, mode=mode)
+    assert (res["end"], res["response"]) == ("done", "Hello, Ada."), res
+    (req,) = sent(name)
+    assert req["path"] == "/v1/responses"
+    body = req["body"]
+    assert "messages" not in body and body["instructions"] == SYSTEM
+    assert body["input"] == [{"role": "user", "content": "Greet Ada."}]
+    assert body["reasoning"] == {"effort": "low"}
+    (turn,) = turns_of(conn, res["run_id"])
+    assert turn["provider"] == "openai_responses" and turn["finish_reason"] == "stop"
+    assert turn["tokens"] == {"prompt": 30, "completion": 12, "total": 42, "cached": 8, "reasoning": 5}
+    assert turn["response"]["object"] == "response"
+
+
+def test_responses_cut_short_and_empty_answers(conn):
+    name = make_agent(conn, "openai_responses", [{"text": "Hello, A", "finish": "length"}])
+    res = execute(conn, name)
+    assert res["end"] == "done", res
+    (turn,) = turns_of(conn, res["run_id"])
+    assert turn["finish_reason"] == "length" and turn["response"]["status"] == "incomplete"
+    name = make_agent(conn, "openai_responses", [{"fault": "empty"}], extra=retry_yaml(attempts=1))
+    res = execute(conn, name)
+    assert error_of(res) == ("the model's response has no output (no text and no tool call)", "llm_error")
+
+
+def test_responses_sends_the_key_and_refuses_nothing_else(conn):
+    q(conn, "SELECT tuvl.set_secret('responses_key', 'sk-resp-123')")
+    name = make_agent(conn, "openai_responses", [{"text": "ok"}], key_secret="responses_key")
+    assert execute(conn, name)["end"] == "done"
+    (req,) = sent(name)
+    assert req["headers"]["authorization"] == "Bearer sk-resp-123"
+    assert "sk-resp-123" not in json.dumps(q(conn, "SELECT payload FROM tuvl.events"))
+
+
+# ---------------------------------------------------------------------------
+# structured_outputs
+
+
+@pytest.mark.parametrize("provider", ["openai", "openai_responses"])
+def test_structured_outputs_send_the_outcome_contract_as_a_json_schema(conn, provider):
+    name = new_name()
+    script(name, [{"text": '{"outcome": "refund", "result": "charged twice"}'}])
+    q(conn, "SELECT tuvl.register_llm(%s)", (
+        f"name: {name}\nprovider: {provider}\nbase_url: {LLM_URL}\nmodel: {name}\nstructured_outputs: true\n",))
+    q(conn, "SELECT tuvl.register_workflow(%s)", (agent_workflow(
+        name, name, extra="      outcome: { enum: [refund, reply] }\n",
+        routes="{ refund: done, reply: done, error: oops }"),))
+    res = execute(conn, name)
+    assert (res["end"], res["response"]) == ("done", "charged twice"), res
+    (req,) = sent(name)
+    schema = {"type": "object", "properties": {"outcome": {"type": "string", "enum": ["refund", "reply"]},
+                                               "result": {}},
+              "required": ["outcome", "result"]}
+    if provider == "openai":
+        assert req["body"]["response_format"] == {"type": "json_schema", "json_schema": {
+            "name": "tuvl_answer", "schema": schema}}
+    else:
+        assert req["body"]["text"] == {"format": {"type": "json_schema", "name": "tuvl_answer", "schema": schema}}
+    # the format is still stated in the prompt, and an answer is still checked
+    system = req["body"]["messages"][0]["content"] if provider == "openai" else req["body"]["instructions"]
+    assert '"outcome"' in system
+
+
+def test_structured_outputs_are_off_by_default_and_params_win(conn):
+    name = make_agent(conn, "openai", [{"text": '{"outcome": "reply", "result": "x"}'}],
+                      extra="      outcome: { enum: [reply] }\n", routes="{ reply: done, error: oops }")
+    assert execute(conn, name)["end"] == "done"
+    (req,) = sent(name)
+    assert "response_format" not in req["body"]
+    name = new_name()
+    script(name, [{"text": '{"outcome": "reply", "result": "x"}'}])
+    q(conn, "SELECT tuvl.register_llm(%s)", (
+        f"name: {name}\nprovider: openai\nbase_url: {LLM_URL}\nmodel: {name}\nstructured_outputs: true\n"
+        "params: { response_format: { type: json_object } }\n",))
+    q(conn, "SELECT tuvl.register_workflow(%s)", (agent_workflow(
+        name, name, extra="      outcome: { enum: [reply] }\n", routes="{ reply: done, error: oops }"),))
+    assert execute(conn, name)["end"] == "done"
+    (req,) = sent(name)
+    assert req["body"]["response_format"] == {"type": "json_object"}
+
+
+@pytest.mark.parametrize("extra,message", [
+    ("structured_outputs: true\n",
+     'LLM config "x": structured_outputs is not available for provider anthropic'),
+    ("structured_outputs: yes please\n", 'LLM config "x": structured_outputs must be true or false'),
+])
+def test_structured_outputs_are_checked_at_registration(conn, extra, message):
+    with pytest.raises(psycopg2.Error) as e:
+        q(conn, "SELECT tuvl.register_llm(%s)", (
+            f"name: x\nprovider: anthropic\nbase_url: {LLM_URL}\nmodel: m\n{extra}",))
+    assert e.value.pgerror.split("\n")[0] == "ERROR:  " + message

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A scripted LLM server for tuvl's tests, benchmarks and offline demo.
 
-It speaks the OpenAI Chat Completions and the Anthropic Messages wire formats
-on 127.0.0.1 and answers from scripts instead of a model.  Standard library
+It speaks the OpenAI Chat Completions, OpenAI Responses and Anthropic
+Messages wire formats on 127.0.0.1 and answers from scripts instead of a
+model.  Standard library
 only.
 
     python3 test/servers/llm_server.py --port N [--scripts FILE] [--latency-ms N]
@@ -14,6 +15,12 @@ Model endpoints (POST):
 
   /v1/chat/completions, /chat/completions     OpenAI format
   /v1/messages, /messages                     Anthropic format
+  /v1/responses, /responses                   OpenAI Responses format: the
+                                              request is checked and read as
+                                              the Chat Completions request it
+                                              amounts to, and answered with
+                                              output items (message,
+                                              function_call, reasoning)
   /lat/<ms>/<any of the above>                the same, with a default latency
                                               of <ms> milliseconds (for a
                                               base_url such as
@@ -79,6 +86,13 @@ A turn is an object with these keys (all optional):
                 fault is permanent.  Identical conversations share the counter
   no_ids        true: the tool calls come without ids (as some OpenAI-compatible
                 servers send them)
+  thinking      text: an Anthropic answer opens with a thinking block holding it
+                (and a signature); a request with thinking enabled must send
+                it back, unchanged, first in the assistant message of the
+                tool calls it came with, as Anthropic requires.  A Responses
+                answer opens with a reasoning item (its summary the text,
+                encrypted_content the signature), which must come back
+                before the function_call items it led to
   cached_tokens, reasoning_tokens
                 n: the usage reports that many cached prompt tokens
                 (prompt_tokens_details.cached_tokens; Anthropic
@@ -133,11 +147,14 @@ ROUTES = {
     "/chat/completions": "openai",
     "/v1/messages": "anthropic",
     "/messages": "anthropic",
+    "/v1/responses": "responses",
+    "/responses": "responses",
 }
 NAMED_FAULTS = {"429", "500", "529", "408", "quota", "bad_request", "malformed",
                 "truncated", "hang", "empty"}
 TURN_KEYS = {"text", "tool_calls", "finish", "usage", "latency_ms", "fault", "times",
-             "retry_after", "message", "comment", "no_ids", "cached_tokens", "reasoning_tokens"}
+             "retry_after", "message", "comment", "no_ids", "cached_tokens", "reasoning_tokens",
+             "thinking"}
 CALL_KEYS = {"name", "arguments", "arguments_raw"}
 HANG_SECONDS = 3600
 SWITCH_INTERVAL = 0.05
@@ -334,6 +351,8 @@ def validate(fmt, body, headers):
         if not isinstance(mt, int) or isinstance(mt, bool) or mt < 1:
             raise RequestError("max_tokens: field required (a positive integer)")
         _validate_anthropic(messages, tools or [])
+        if isinstance(body.get("thinking"), dict) and body["thinking"].get("type") == "enabled":
+            _validate_thinking(messages)
 
 
 def _validate_openai(messages, tools):
@@ -448,6 +467,170 @@ def _validate_anthropic(messages, tools):
             raise RequestError(f"tools.{k}.input_schema: field required")
 
 
+def thinking_signature(text):
+    """The signature the scripted server gives a thinking block (and checks)."""
+    return "sig-" + hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def _check_reasoning_returned(srv, chat, check):
+    """A function call that came with a reasoning item must be sent back
+    right after it (as the Responses API requires of reasoning models)."""
+    for i, m in enumerate(chat["messages"]):
+        for tc in m.get("tool_calls") or []:
+            with srv.lock:
+                want = srv.reasoned_calls.get((chat.get("model"), tc["id"]))
+            if check and want is not None and m.get("_reasoning") != want:
+                raise RequestError(f"Item of type 'function_call' with call_id '{tc['id']}' was provided "
+                                   "without its required 'reasoning' item.")
+        m.pop("_reasoning", None)
+
+
+def _validate_thinking(messages):
+    """With extended thinking on, Anthropic requires the assistant message that
+    holds tool_use blocks (the one the tool results answer) to start with the
+    thinking block it came with, unchanged."""
+    for i, m in enumerate(messages):
+        blocks = m.get("content") if isinstance(m.get("content"), list) else []
+        if m.get("role") != "assistant" or not any(b.get("type") == "tool_use" for b in blocks):
+            continue
+        first = blocks[0]
+        if first.get("type") not in ("thinking", "redacted_thinking"):
+            raise RequestError(
+                f"messages.{i}.content.0.type: Expected `thinking` or `redacted_thinking`, but found "
+                f"`{first.get('type')}`. When `thinking` is enabled, a final `assistant` message must "
+                "start with a thinking block (preceeding the lastmost set of `tool_use` and "
+                "`tool_result` blocks).")
+        if first["type"] == "thinking" and first.get("signature") != thinking_signature(first.get("thinking", "")):
+            raise RequestError(f"messages.{i}.content.0: Invalid `signature` in `thinking` block")
+
+
+def _responses_text(content, where):
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise RequestError(f"{where}.content: a string or a list of content parts")
+    parts = []
+    for k, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") not in ("input_text", "output_text") \
+                or not isinstance(part.get("text"), str):
+            raise RequestError(f"{where}.content[{k}]: an input_text or output_text part with text")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def responses_to_chat(body):
+    """The Chat Completions request a Responses request amounts to (checked
+    as the Responses API checks it); raises RequestError."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    for key in ("messages", "functions", "response_format"):
+        if key in body:
+            raise RequestError(f"Unknown parameter: '{key}'.")
+    if not isinstance(body.get("model"), str):
+        raise RequestError("Missing required parameter: 'model'.")
+    items = body.get("input")
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    if not isinstance(items, list):
+        raise RequestError("Missing required parameter: 'input'.")
+    messages = []
+    if isinstance(body.get("instructions"), str):
+        messages.append({"role": "system", "content": body["instructions"]})
+    reasoning_before = None  # the encrypted_content of the reasoning item just before
+    for i, it in enumerate(items):
+        where = f"input[{i}]"
+        if not isinstance(it, dict):
+            raise RequestError(f"{where}: must be an object")
+        kind = it.get("type", "message")
+        if kind == "message":
+            role = it.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise RequestError(f"{where}.role: one of user, assistant, system, developer")
+            messages.append({"role": "system" if role == "developer" else role,
+                             "content": _responses_text(it.get("content"), where)})
+            if role == "assistant":
+                continue  # a reasoning item before the text counts for the calls after it
+        elif kind == "reasoning":
+            if not isinstance(it.get("summary"), list):
+                raise RequestError(f"{where}.summary: required")
+            text = "".join(p.get("text", "") for p in it["summary"] if isinstance(p, dict))
+            if it.get("encrypted_content") != thinking_signature(text):
+                raise RequestError(f"{where}: the encrypted content of the reasoning item could not be verified")
+            reasoning_before = it["encrypted_content"]
+            continue
+        elif kind == "function_call":
+            for f in ("call_id", "name", "arguments"):
+                if not isinstance(it.get(f), str):
+                    raise RequestError(f"{where}.{f}: required (a string)")
+            call = {"id": it["call_id"], "type": "function",
+                    "function": {"name": it["name"], "arguments": it["arguments"]}}
+            last = messages[-1] if messages else None
+            if last and last["role"] == "assistant":
+                # the calls of one answer follow its text (and one another)
+                last.setdefault("tool_calls", []).append(call)
+                if reasoning_before is not None:
+                    last["_reasoning"] = reasoning_before
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call],
+                                 "_reasoning": reasoning_before})
+        elif kind == "function_call_output":
+            if not isinstance(it.get("call_id"), str) or not isinstance(it.get("output"), str):
+                raise RequestError(f"{where}: a function_call_output needs call_id and output (strings)")
+            messages.append({"role": "tool", "tool_call_id": it["call_id"], "content": it["output"]})
+        else:
+            raise RequestError(f"{where}.type: '{kind}' is not an input item this server knows")
+        reasoning_before = None
+    tools = []
+    for k, t in enumerate(body.get("tools") or []):
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("name"), str):
+            raise RequestError(f"tools[{k}]: a function tool needs type \"function\" and name "
+                               "(at the top level, not under function)")
+        tools.append({"type": "function", "function": {k2: t[k2] for k2 in ("name", "description", "parameters")
+                                                      if k2 in t}})
+    chat = {k: v for k, v in body.items() if k not in ("input", "instructions", "tools", "text")}
+    chat["messages"] = messages
+    if tools:
+        chat["tools"] = tools
+    fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        chat["response_format"] = {"type": "json_schema",
+                                   "json_schema": {"name": fmt.get("name"), "schema": fmt.get("schema")}}
+    return chat
+
+
+def chat_to_responses(payload, turn):
+    """A Chat Completions answer as the Responses API gives it."""
+    out = []
+    choices = payload.get("choices") or []
+    if turn.get("thinking") and choices:
+        out.append({"type": "reasoning", "id": "rs_" + new_id(),
+                    "summary": [{"type": "summary_text", "text": turn["thinking"]}],
+                    "encrypted_content": thinking_signature(turn["thinking"])})
+    status, details = "completed", None
+    for c in choices:
+        msg = c["message"]
+        if msg.get("content") is not None and (msg["content"] or not msg.get("tool_calls")):
+            out.append({"type": "message", "id": "msg_" + new_id(), "status": "completed", "role": "assistant",
+                        "content": [{"type": "output_text", "text": msg["content"], "annotations": []}]})
+        for tc in msg.get("tool_calls") or []:
+            item = {"type": "function_call", "id": "fc_" + new_id(), "status": "completed",
+                    "name": tc["function"]["name"], "arguments": tc["function"]["arguments"]}
+            if "id" in tc:
+                item["call_id"] = tc["id"]
+            out.append(item)
+        if c.get("finish_reason") == "length":
+            status, details = "incomplete", {"reason": "max_output_tokens"}
+    u = payload.get("usage") or {}
+    usage = {"input_tokens": u.get("prompt_tokens", 0), "output_tokens": u.get("completion_tokens", 0),
+             "total_tokens": u.get("total_tokens", 0),
+             "input_tokens_details": {"cached_tokens": (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)},
+             "output_tokens_details": {"reasoning_tokens":
+                                       (u.get("completion_tokens_details") or {}).get("reasoning_tokens", 0)}}
+    return {"id": "resp_" + new_id(), "object": "response", "created_at": int(time.time()),
+            "status": status, "incomplete_details": details, "model": payload.get("model"),
+            "output": out, "usage": usage}
+
+
 # ---------------------------------------------------------------- answers
 
 def render(value, last_user, turn):
@@ -508,7 +691,7 @@ def echo_answer(fmt, body, last_user):
 
 
 def error_payload(fmt, etype, message, code=None):
-    if fmt == "openai":
+    if fmt != "anthropic":
         return {"error": {"message": message, "type": etype, "param": None, "code": code}}
     return {"type": "error", "error": {"type": etype, "message": message}}
 
@@ -518,7 +701,7 @@ def status_error(fmt, status, message=None):
         status, ("server_error" if status >= 500 else "invalid_request_error", None,
                  "api_error" if status >= 500 else "invalid_request_error",
                  f"Error {status}."))
-    if fmt == "openai":
+    if fmt != "anthropic":
         return error_payload(fmt, otype, message or default, ocode)
     return error_payload(fmt, atype, message or default)
 
@@ -526,11 +709,11 @@ def status_error(fmt, status, message=None):
 def fault_error(fmt, fault, message=None):
     """(status, payload) of an error fault."""
     if fault == "529":
-        if fmt == "openai":
+        if fmt != "anthropic":
             return 503, status_error(fmt, 503, message)
         return 529, status_error(fmt, 529, message)
     if fault == "quota":
-        if fmt == "openai":
+        if fmt != "anthropic":
             return 429, error_payload(fmt, "insufficient_quota", message or (
                 "You exceeded your current quota, please check your plan and billing "
                 "details."), "insufficient_quota")
@@ -807,6 +990,16 @@ class Handler(BaseHTTPRequestHandler):
         srv.update(entry, body=body)
         if isinstance(body, dict) and isinstance(body.get("model"), str):
             srv.update(entry, model=body["model"])
+        wire = fmt
+        if fmt == "responses":
+            # read as the Chat Completions request it amounts to; errors look alike
+            fmt = "openai"
+            try:
+                body = responses_to_chat(body)
+                _check_reasoning_returned(srv, body, srv.validate)
+            except RequestError as e:
+                srv.update(entry, error=str(e))
+                return self._send(400, error_payload(fmt, "invalid_request_error", str(e)), entry=entry)
         if srv.validate:
             try:
                 validate(fmt, body, entry["headers"])
@@ -871,6 +1064,13 @@ class Handler(BaseHTTPRequestHandler):
             calls = render(turn.get("tool_calls") or [], last_user, number)
         payload = self._reply(fmt, body, len(raw), turn, number, text, calls, entry,
                               empty=(fault == "empty"))
+        if wire == "responses":
+            payload = chat_to_responses(payload, turn)
+            with srv.lock:
+                for item in payload["output"]:
+                    if item["type"] == "function_call" and turn.get("thinking"):
+                        srv.reasoned_calls[(body.get("model"), item.get("call_id"))] = \
+                            thinking_signature(turn["thinking"])
         if fault == "truncated":
             return self._send_truncated(payload, entry)
         return self._send(200, payload, self._id_header(fmt), entry=entry)
@@ -916,6 +1116,9 @@ class Handler(BaseHTTPRequestHandler):
                     "created": int(time.time()), "model": body.get("model"),
                     "choices": choices, "usage": usage_out}
         content = []
+        if turn.get("thinking"):
+            content.append({"type": "thinking", "thinking": turn["thinking"],
+                            "signature": thinking_signature(turn["thinking"])})
         if text or not calls:
             content.append({"type": "text", "text": text or ""})
         for i, c in enumerate(calls):
@@ -963,6 +1166,7 @@ class Server(ThreadingHTTPServer):
         self.validate = validate_requests
         self.log = collections.deque(maxlen=log_max)
         self.counters = {}
+        self.reasoned_calls = {}  # Responses: (model, call_id) -> the reasoning item's encrypted_content
         self.in_flight = 0
         self.peak = 0
         super().__init__(address, Handler)
@@ -1009,6 +1213,7 @@ class Server(ThreadingHTTPServer):
         with self.lock:
             self.log.clear()
             self.counters.clear()
+            self.reasoned_calls.clear()
             self.peak = self.in_flight
 
     def log_json(self, model=None):
