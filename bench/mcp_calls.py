@@ -20,7 +20,7 @@ import time
 from common import connect, log, register_workflow_once, wait_for_workers, write_json
 
 WORKFLOW = """
-name: bench_mcp_%(name)s
+name: bench_mcp_calls_%(name)s
 steps:
   - id: call
     kind: MCP
@@ -30,6 +30,7 @@ steps:
       arguments: %(args)s
       timeout: 60s
     output: res
+    routes: { default: done }
 ends:
   - { id: done, status: completed, response: "{{ res.text }}" }
 """
@@ -43,7 +44,7 @@ TOOLS = {
 def one(db, url, ms, n):
     name = "%dms" % ms
     tool, args, expect = TOOLS[ms]
-    workflow = "bench_mcp_" + name
+    workflow = "bench_mcp_calls_" + name
     conn = connect(db)
     cur = conn.cursor()
     register_workflow_once(cur, workflow, WORKFLOW % {"name": name, "url": url, "tool": tool, "args": args})
