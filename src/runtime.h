@@ -45,6 +45,7 @@ typedef struct RunState
 	TimestampTz started_at;		/* when a worker (or tuvl.run()) first took it */
 	char	   *traceparent;	/* the trace it continues (start_run()), or NULL */
 	char	   *trace_id;		/* its trace id, once computed (trace.c) */
+	uint64		trace_seed;		/* the hash of trace_id its span ids start from */
 	Jsonb	   *context;
 	RunStatus	status;			/* as of the last transition applied */
 	int			step;			/* index of the current step; -1: start */

@@ -136,11 +136,23 @@ RunTraceId(RunState *run)
 char *
 TraceSpanId(RunState *run, const char *what)
 {
-	uint64		id = hash_text(psprintf("%s/%s", RunTraceId(run), what), UINT64CONST(0x7370616e));
+	uint64		seed = run->trace_seed;
+	uint64		id;
+	char	   *out = palloc(17);
 
+	if (run->trace_id == NULL || seed == 0)
+	{
+		seed = hash_text(RunTraceId(run), UINT64CONST(0x7370616e));
+		if (seed == 0)
+			seed = 1;
+		if (run->trace_id)
+			run->trace_seed = seed;
+	}
+	id = hash_text(what, seed);
 	if (id == 0)
 		id = 1;
-	return psprintf("%016" INT64_MODIFIER "x", id);
+	snprintf(out, 17, "%016" INT64_MODIFIER "x", id);
+	return out;
 }
 
 char *
@@ -214,14 +226,36 @@ append_json_string(StringInfo buf, const char *value)
 	appendStringInfoChar(buf, '"');
 }
 
+/* Append an integer in decimal. */
+static void
+append_int(StringInfo buf, int64 value)
+{
+	char		digits[MAXINT8LEN + 1];
+	int			len = pg_lltoa(value, digits);
+
+	appendBinaryStringInfo(buf, digits, len);
+}
+
+/* Append ,{"key":"<key>","value":{"<type>": (the start of an attribute). */
+static void
+attr_start(TraceSpan *s, const char *key, const char *type)
+{
+	if (s->attrs.len > 0)
+		appendStringInfoChar(&s->attrs, ',');
+	appendBinaryStringInfo(&s->attrs, "{\"key\":\"", 8);
+	appendStringInfoString(&s->attrs, key);
+	appendBinaryStringInfo(&s->attrs, "\",\"value\":{\"", 12);
+	appendStringInfoString(&s->attrs, type);
+	appendBinaryStringInfo(&s->attrs, "\":", 2);
+}
+
 /* key: an attribute name of the code's own (a literal that needs no escaping) */
 void
 TraceAttrString(TraceSpan *s, const char *key, const char *value)
 {
 	if (value == NULL)
 		return;
-	appendStringInfo(&s->attrs, "%s{\"key\":\"%s\",\"value\":{\"stringValue\":",
-					 s->attrs.len > 0 ? "," : "", key);
+	attr_start(s, key, "stringValue");
 	append_json_string(&s->attrs, value);
 	appendBinaryStringInfo(&s->attrs, "}}", 2);
 }
@@ -229,8 +263,10 @@ TraceAttrString(TraceSpan *s, const char *key, const char *value)
 void
 TraceAttrInt(TraceSpan *s, const char *key, int64 value)
 {
-	appendStringInfo(&s->attrs, "%s{\"key\":\"%s\",\"value\":{\"intValue\":\"" INT64_FORMAT "\"}}",
-					 s->attrs.len > 0 ? "," : "", key, value);
+	attr_start(s, key, "intValue");
+	appendStringInfoChar(&s->attrs, '"');
+	append_int(&s->attrs, value);
+	appendBinaryStringInfo(&s->attrs, "\"}}", 3);
 }
 
 /* Unix nanoseconds of a timestamp, as OTLP JSON writes them (a string). */
@@ -266,14 +302,24 @@ TraceSpanEnd(TraceSpan *s, TimestampTz end, const char *error)
 	pending[n_pending].level = GetCurrentTransactionNestLevel();
 	n_pending++;
 
-	appendStringInfo(j, "{\"traceId\":\"%s\",\"spanId\":\"%s\"", RunTraceId(s->run), s->span_id);
+	appendBinaryStringInfo(j, "{\"traceId\":\"", 12);
+	appendStringInfoString(j, RunTraceId(s->run));
+	appendBinaryStringInfo(j, "\",\"spanId\":\"", 12);
+	appendStringInfoString(j, s->span_id);
 	if (s->parent_id)
-		appendStringInfo(j, ",\"parentSpanId\":\"%s\"", s->parent_id);
-	appendBinaryStringInfo(j, ",\"name\":", 8);
+	{
+		appendBinaryStringInfo(j, "\",\"parentSpanId\":\"", 18);
+		appendStringInfoString(j, s->parent_id);
+	}
+	appendBinaryStringInfo(j, "\",\"name\":", 9);
 	append_json_string(j, s->name);
-	appendStringInfo(j, ",\"kind\":%d,\"startTimeUnixNano\":\"" INT64_FORMAT "000\","
-					 "\"endTimeUnixNano\":\"" INT64_FORMAT "000\",\"attributes\":[",
-					 s->kind, unix_micros(s->start), unix_micros(Max(end, s->start)));
+	appendBinaryStringInfo(j, ",\"kind\":", 8);
+	append_int(j, s->kind);
+	appendBinaryStringInfo(j, ",\"startTimeUnixNano\":\"", 22);
+	append_int(j, unix_micros(s->start));
+	appendBinaryStringInfo(j, "000\",\"endTimeUnixNano\":\"", 24);
+	append_int(j, unix_micros(Max(end, s->start)));
+	appendBinaryStringInfo(j, "000\",\"attributes\":[", 19);
 	appendBinaryStringInfo(j, s->attrs.data, s->attrs.len);
 	if (error)
 	{
