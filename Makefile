@@ -38,6 +38,7 @@ OBJS = \
 	src/status.o \
 	src/step_agent.o \
 	src/step_http.o \
+	src/step_sleep.o \
 	src/step_sql.o \
 	src/supervisor.o \
 	src/template.o \

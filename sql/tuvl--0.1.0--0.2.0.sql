@@ -106,6 +106,16 @@ CREATE INDEX runs_queued_fair_idx
     ON tuvl.runs ((principal_id::pg_catalog.oid), (OPERATOR(pg_catalog.-) priority::pg_catalog.int8), id)
     WHERE status = 'queued';
 
+/* ------------------------------------------------------------------ timers
+ *
+ * A run whose Sleep step waits is sleeping until wake_at; the workers'
+ * maintenance queues those whose time has come, through this index.
+ */
+ALTER TABLE tuvl.runs ADD COLUMN wake_at timestamptz;
+COMMENT ON COLUMN tuvl.runs.wake_at IS 'when a sleeping run wakes (its Sleep step ends); NULL otherwise';
+CREATE INDEX runs_sleeping_idx ON tuvl.runs (wake_at) WHERE status = 'sleeping';
+COMMENT ON COLUMN tuvl.runs.status IS 'queued, running, waiting_human, waiting_approval, paused, sleeping, completed, failed, aborted, compensating or compensated; only tuvl writes this table';
+
 /* ------------------------------------------------------------------ secrets
  *
  * A run may use a secret only when its principal holds a grant for it

@@ -178,7 +178,8 @@ update_idle_run(LockedRun *r, RunStatus status, Jsonb *control, Jsonb *step_stat
 			"  step_state = CASE WHEN $4::pg_catalog.jsonb IS NULL THEN step_state ELSE $4 END, "
 			"  error = COALESCE($5, error), last_seq = $6, "
 			"  finished_at = CASE WHEN $2 OPERATOR(pg_catalog.=) ANY (" RUN_TERMINAL_STATUSES_SQL ") "
-			"                     THEN pg_catalog.clock_timestamp() END "
+			"                     THEN pg_catalog.clock_timestamp() END, "
+			"  wake_at = CASE WHEN $2 OPERATOR(pg_catalog.=) 'sleeping' THEN wake_at END "
 			"WHERE id OPERATOR(pg_catalog.=) $1", 6, types, values, nulls, SPI_OK_UPDATE);
 	(void) JournalWrite(r->id, r->last_seq, events);
 	SecurityRestore(&frame);
@@ -362,7 +363,7 @@ Datum
 tuvl_abort_run(PG_FUNCTION_ARGS)
 {
 	static const RunStatus allowed[] = {RUN_QUEUED, RUN_RUNNING, RUN_PAUSED, RUN_WAITING_HUMAN,
-	RUN_WAITING_APPROVAL, RUN_NONE};
+	RUN_WAITING_APPROVAL, RUN_SLEEPING, RUN_NONE};
 	char	   *reason = PG_ARGISNULL(1) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(1));
 	LockedRun	r;
 	JsonObjBuilder b;
@@ -642,6 +643,57 @@ StepExecuteHuman(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *res
 		result->park = RUN_WAITING_HUMAN;
 		result->park_info = JsonObjEnd(&b);
 	}
+}
+
+/*
+ * Queue the sleeping runs whose time has come (at most 1,000 at a time,
+ * those due first), each with a resumed event; their Sleep step then
+ * ends.  Called by the workers' maintenance each second; SPI connected,
+ * in a transaction.  The partial index on wake_at makes it a probe of the
+ * index's first entry while nothing is due.
+ */
+int
+ControlWakeSleepers(void)
+{
+	uint64		n;
+	SecurityFrame frame;
+
+	SecurityAsOwner(&frame);
+	n = SpiExec("UPDATE tuvl.runs r SET status = 'queued', wake_at = NULL, "
+				"  last_seq = r.last_seq OPERATOR(pg_catalog.+) 1 "
+				"WHERE r.id OPERATOR(pg_catalog.=) ANY (ARRAY( "
+				"    SELECT s.id FROM tuvl.runs s "
+				"    WHERE s.status OPERATOR(pg_catalog.=) 'sleeping' "
+				"      AND s.wake_at OPERATOR(pg_catalog.<=) pg_catalog.now() "
+				"    ORDER BY s.wake_at LIMIT 1000 FOR UPDATE SKIP LOCKED)) "
+				"RETURNING r.id, r.last_seq OPERATOR(pg_catalog.-) 1, r.current_step, r.principal_id, r.priority",
+				0, NULL, NULL, NULL, SPI_OK_UPDATE_RETURNING);
+	if (n > 0)
+	{
+		SPITupleTable *tt = SPI_tuptable;
+
+		for (uint64 i = 0; i < n; i++)
+		{
+			bool		isnull;
+			int64		id = DatumGetInt64(SPI_getbinval(tt->vals[i], tt->tupdesc, 1, &isnull));
+			int			last_seq = DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 2, &isnull));
+			char	   *step = SPI_getvalue(tt->vals[i], tt->tupdesc, 3);
+			List	   *events = NIL;
+			JsonObjBuilder b;
+
+			QueueNoteAtCommit(DatumGetObjectId(SPI_getbinval(tt->vals[i], tt->tupdesc, 4, &isnull)),
+							  DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 5, &isnull)),
+							  id);
+			JsonObjStart(&b);
+			JsonObjAddString(&b, "by", "tuvl");
+			JsonObjAddString(&b, "reason", "the Sleep step's time has come");
+			JournalAdd(&events, "resumed", step, "Sleep", JsonObjEnd(&b));
+			(void) JournalWrite(id, last_seq, events);
+		}
+		TuvlRunChangedAtCommit();
+	}
+	SecurityRestore(&frame);
+	return (int) n;
 }
 
 /*

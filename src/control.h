@@ -34,5 +34,6 @@ extern void ControlAnswer(int64 run_id, const PersonAnswer *answer);
 extern bool ControlAbortRequested(Jsonb *control, AbortDirective *abort);
 extern char *ControlAbortError(const char *by, const char *reason);
 extern int	ControlExpirePauses(void);
+extern int	ControlWakeSleepers(void);
 
 #endif							/* TUVL_CONTROL_H */

@@ -86,6 +86,7 @@ extern StepExecuteFunc StepExecuteHuman;		/* control.c */
 extern StepExecuteFunc StepExecuteMCP;			/* mcp.c */
 extern StepExecuteFunc StepExecuteFunctional;	/* step_sql.c */
 extern StepExecuteFunc StepExecuteModelOp;		/* step_sql.c */
+extern StepExecuteFunc StepExecuteSleep;		/* step_sleep.c */
 
 extern const char *const AgentReservedExits[];	/* agent.c */
 

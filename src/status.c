@@ -17,6 +17,7 @@ static const char *const status_names[] = {
 	[RUN_PAUSED] = "paused",
 	[RUN_WAITING_HUMAN] = "waiting_human",
 	[RUN_WAITING_APPROVAL] = "waiting_approval",
+	[RUN_SLEEPING] = "sleeping",
 	[RUN_COMPLETED] = "completed",
 	[RUN_FAILED] = "failed",
 	[RUN_ABORTED] = "aborted",

@@ -22,6 +22,7 @@ typedef enum RunStatus
 	RUN_PAUSED,
 	RUN_WAITING_HUMAN,
 	RUN_WAITING_APPROVAL,
+	RUN_SLEEPING,				/* a Sleep step waits for its time (wake_at) */
 	/* terminal */
 	RUN_COMPLETED,
 	RUN_FAILED,
@@ -50,7 +51,10 @@ RunStatusIsHeld(RunStatus status)
 	return status == RUN_RUNNING || status == RUN_COMPENSATING;
 }
 
-/* Does the run wait for someone (an operator, a person, an approver)? */
+/*
+ * Does the run wait for someone (an operator, a person, an approver)?
+ * A sleeping run waits for its time, and counts as still going.
+ */
 static inline bool
 RunStatusIsParked(RunStatus status)
 {

@@ -1173,6 +1173,36 @@ check_step_mapping(ValidateState *vs, Jsonb *step, const char *path, const char 
 		check(vs, JsonValueToJsonb(v), psprintf("%s.%s", path, key));
 }
 
+/*
+ * A Sleep step: for (a duration, also in days: 2d) or until (a timestamp
+ * template), exactly one; it writes no output.
+ */
+static void
+check_sleep(ValidateState *vs, Jsonb *step, const char *path)
+{
+	JsonbValue *f = JsonGetField(step, "for");
+	JsonbValue *u = JsonGetField(step, "until");
+	int64		ms;
+
+	if ((f == NULL) == (u == NULL))
+		add_finding(vs, "error", path,
+					"a Sleep step needs for: a duration such as 10m, or until: a time such as \"{{ remind_at }}\" (one of the two)");
+	if (f)
+	{
+		char	   *text = f->type == jbvString ? pnstrdup(f->val.string.val, f->val.string.len) :
+			f->type == jbvNumeric ? JsonValueToText(f) : NULL;
+
+		if (text == NULL || !DurationParseLong(text, &ms))
+			add_finding(vs, "error", psprintf("%s.for", path),
+						"for must be a duration such as 30s, 10m, 2h or 3d");
+	}
+	if (u && u->type != jbvString)
+		add_finding(vs, "error", psprintf("%s.until", path),
+					"until must be a time, such as \"2026-12-24 09:00+01\" or \"{{ remind_at }}\"");
+	if (JsonGetField(step, "output"))
+		add_finding(vs, "error", psprintf("%s.output", path), "a Sleep step writes no output");
+}
+
 /* Kind-specific fields of a step. */
 static void
 check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
@@ -1184,6 +1214,7 @@ check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
 	static const char *const mcp_keys[] = {"mcp", NULL};
 	static const char *const agent_keys[] = {"mode", "agent", "guardrails", NULL};
 	static const char *const human_keys[] = {"form", NULL};
+	static const char *const sleep_keys[] = {"for", "until", NULL};
 	const char *const *extra = NULL;
 	JsonbValue *v;
 
@@ -1242,6 +1273,10 @@ check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
 							"timeout on a Human step is not supported yet: a Human step waits until tuvl.submit() answers it");
 			check_step_mapping(vs, step, path, "form", check_schema,
 							   "a Human step needs a form: a JSON Schema of the data people submit");
+			break;
+		case STEP_SLEEP:
+			extra = sleep_keys;
+			check_sleep(vs, step, path);
 			break;
 		default:
 			break;
@@ -1427,7 +1462,7 @@ check_step(ValidateState *vs, Jsonb *step, const char *path)
 
 	if (kind && !StepKindFromName(kind, &k))
 		add_finding(vs, "error", psprintf("%s.kind", path),
-					"unknown step kind \"%s\"; use one of Functional, ModelOp, Router, APICall, MCP, Agent, Human",
+					"unknown step kind \"%s\"; use one of Functional, ModelOp, Router, APICall, MCP, Agent, Human, Sleep",
 					kind);
 	else if (kind)
 		check_step_kind(vs, step, k, path);

@@ -247,6 +247,7 @@ maintenance(bool renew)
 	async_commit();
 	n = LeaseReclaim();
 	n += ControlExpirePauses();
+	n += ControlWakeSleepers();
 	if (renew && held != NIL)
 	{
 		List	   *lost = LeaseRenew(held, tuvl_lease_timeout);

@@ -31,7 +31,7 @@
 #include "workflow.h"
 
 const char *const StepKindNames[STEP_KIND_COUNT] = {
-	"Functional", "ModelOp", "Router", "APICall", "MCP", "Agent", "Human"
+	"Functional", "ModelOp", "Router", "APICall", "MCP", "Agent", "Human", "Sleep"
 };
 
 typedef struct WorkflowCacheKey
@@ -64,6 +64,42 @@ StepKindFromName(const char *name, StepKind *kind)
 		}
 	}
 	return false;
+}
+
+/*
+ * Parse "250ms", "10s", "5m", "1h", "2d" or a plain number of seconds,
+ * into milliseconds that may exceed an int (a Sleep step's for:).
+ * Returns false when the text is not a duration.
+ */
+bool
+DurationParseLong(const char *text, int64 *ms)
+{
+	char	   *end;
+	double		v;
+	double		mult;
+
+	errno = 0;
+	v = strtod(text, &end);
+	if (end == text || errno != 0 || v < 0)
+		return false;
+	while (isspace((unsigned char) *end))
+		end++;
+	if (*end == '\0' || strcmp(end, "s") == 0)
+		mult = 1000;
+	else if (strcmp(end, "ms") == 0)
+		mult = 1;
+	else if (strcmp(end, "m") == 0 || strcmp(end, "min") == 0)
+		mult = 60000;
+	else if (strcmp(end, "h") == 0)
+		mult = 3600000;
+	else if (strcmp(end, "d") == 0)
+		mult = 86400000;
+	else
+		return false;
+	if (v * mult > (double) PG_INT64_MAX / 2)
+		return false;
+	*ms = (int64) (v * mult);
+	return true;
 }
 
 /*

@@ -19,6 +19,7 @@ typedef enum StepKind
 	STEP_MCP,
 	STEP_AGENT,
 	STEP_HUMAN,
+	STEP_SLEEP,
 	STEP_KIND_COUNT
 } StepKind;
 
@@ -67,5 +68,6 @@ extern int	WorkflowFindStep(WorkflowDef *wf, const char *id);
 extern EndDef *WorkflowFindEnd(WorkflowDef *wf, const char *id);
 extern bool DurationParse(const char *text, int *ms);
 extern bool DurationFromJson(JsonbValue *v, int *ms);
+extern bool DurationParseLong(const char *text, int64 *ms);
 
 #endif							/* TUVL_WORKFLOW_H */

@@ -1,0 +1,99 @@
+/*-------------------------------------------------------------------------
+ *
+ * step_sleep.c
+ *	  The Sleep step: a durable timer.
+ *
+ * The step's first execution works out when it ends (for: a duration from
+ * then, until: a timestamp template) and records that time in its
+ * step_state.  The run then parks as sleeping, with tuvl.runs.wake_at set
+ * by its checkpoint (checkpoint.c): no worker holds it and nothing polls
+ * it.  The workers' maintenance, each second, queues the runs whose time
+ * has come (ControlWakeSleepers), and the step, executed again, finds its
+ * time passed and ends with the default signal.  The time is in the row,
+ * so a crash or a server restart only delays the wake-up until a worker
+ * runs again.
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "postgres.h"
+
+#include "datatype/timestamp.h"
+#include "utils/builtins.h"
+#include "utils/timestamp.h"
+
+#include "effect.h"
+#include "executor.h"
+#include "jsonutil.h"
+#include "template.h"
+#include "workflow.h"
+
+/* When the step ends, from its for: or until:, as it is first executed. */
+static TimestampTz
+sleep_until(const StepDef *step, Jsonb *ctx)
+{
+	JsonbValue *v = JsonGetField(step->spec, "for");
+	int64		ms;
+
+	if (v)
+	{
+		char	   *text = v->type == jbvString ? pnstrdup(v->val.string.val, v->val.string.len)
+			: JsonValueToText(v);
+
+		if (!DurationParseLong(text, &ms))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("Sleep step \"%s\": for must be a duration such as 10m, not \"%s\"",
+							step->id, text)));
+		return TimestampTzPlusMilliseconds(GetCurrentTimestamp(), ms);
+	}
+	StepErrorType = "template_error";
+	{
+		char	   *text = TemplateRenderText(JsonGetString(step->spec, "until"), ctx, NULL);
+
+		StepErrorType = "error";
+		return DatumGetTimestampTz(DirectFunctionCall3(timestamptz_in, CStringGetDatum(text),
+													   ObjectIdGetDatum(InvalidOid),
+													   Int32GetDatum(-1)));
+	}
+}
+
+void
+StepExecuteSleep(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *result)
+{
+	TimestampTz until = 0;
+	bool		known = false;
+	JsonObjBuilder b;
+
+	for (int i = EffectCount(run) - 1; i >= 0 && !known; i--)
+	{
+		Jsonb	   *rec = EffectAt(run, i);
+		char	   *op = JsonGetString(rec, "op");
+
+		if (op && strcmp(op, "sleep") == 0)
+		{
+			until = (TimestampTz) JsonGetInt(rec, "until_us", 0);
+			known = true;
+		}
+	}
+	if (!known)
+	{
+		until = sleep_until(step, ctx);
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "op", "sleep");
+		JsonObjAddInt(&b, "until_us", until);
+		EffectRecord(run, JsonObjEnd(&b));
+	}
+	result->has_output = false;
+	/* its time has come (a replay does not wait) */
+	if (run->replay || GetCurrentTimestamp() >= until)
+		return;
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "kind", "sleep");
+	JsonObjAddString(&b, "until", timestamptz_to_str(until));
+	/* Unix seconds, for the checkpoint to set wake_at from */
+	JsonObjAddJsonb(&b, "wake_epoch",
+					JsonFromCString(psprintf("%.6f", (double) until / USECS_PER_SEC +
+											 (double) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY)));
+	result->park = RUN_SLEEPING;
+	result->park_info = JsonObjEnd(&b);
+}
