@@ -108,12 +108,16 @@ CREATE INDEX runs_queued_fair_idx
 
 /* ------------------------------------------------------------------ timers
  *
- * A run whose Sleep step waits is sleeping until wake_at; the workers'
- * maintenance queues those whose time has come, through this index.
+ * A run whose Sleep step waits (or started with not_before) is sleeping
+ * until wake_at; a Human step with a timeout waits until then.  The
+ * workers' maintenance queues those whose time has come, through this
+ * index.
  */
 ALTER TABLE tuvl.runs ADD COLUMN wake_at timestamptz;
-COMMENT ON COLUMN tuvl.runs.wake_at IS 'when a sleeping run wakes (its Sleep step ends); NULL otherwise';
+COMMENT ON COLUMN tuvl.runs.wake_at IS 'when a sleeping run wakes, or a Human step''s timeout passes; NULL otherwise';
 CREATE INDEX runs_sleeping_idx ON tuvl.runs (wake_at) WHERE status = 'sleeping';
+CREATE INDEX runs_human_timeout_idx ON tuvl.runs (wake_at)
+    WHERE status = 'waiting_human' AND wake_at IS NOT NULL;
 COMMENT ON COLUMN tuvl.runs.status IS 'queued, running, waiting_human, waiting_approval, paused, sleeping, completed, failed, aborted, compensating or compensated; only tuvl writes this table';
 
 /* ------------------------------------------------------------------ secrets

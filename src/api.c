@@ -316,16 +316,18 @@ keyed_run(const char *workflow, const char *key)
 int64
 ApiCreateRun(const RunStart *start, bool running, int *version_out)
 {
-	static const Oid types[14] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, NAMEOID,
+	static const Oid types[15] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, NAMEOID,
 		INT4OID, INT4OID, INT8OID, INTERVALOID, JSONBOID, REGROLEOID, TEXTOID, INT4OID,
-	TEXTOID};
+	TEXTOID, TIMESTAMPTZOID};
 	const char *workflow = start->workflow;
 	Jsonb	   *input = start->input;
 	int			version = start->version > 0 ? start->version : WorkflowLatestVersion(workflow, false);
 	WorkflowDef *wf = WorkflowLoad(workflow, version);
 	char	   *principal = GetUserNameFromId(GetUserId(), false);
-	Datum		values[14];
-	char		nulls[14] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Datum		values[15];
+	char		nulls[15] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	/* a run not to be claimed yet sleeps until then, out of the queue */
+	bool		sleeping = !running && start->not_before > GetCurrentTransactionStartTimestamp();
 	Jsonb	   *pins = ArtifactPinFloating(wf->definition);
 	Interval   *lease = palloc0(sizeof(Interval));
 	SecurityFrame frame;
@@ -345,7 +347,7 @@ ApiCreateRun(const RunStart *start, bool running, int *version_out)
 	lease->time = (int64) tuvl_lease_timeout * 1000;
 	values[0] = CStringGetTextDatum(workflow);
 	values[1] = Int32GetDatum(version);
-	values[2] = CStringGetTextDatum(running ? "running" : "queued");
+	values[2] = CStringGetTextDatum(running ? "running" : sleeping ? "sleeping" : "queued");
 	values[3] = JsonbPGetDatum(input);
 	values[4] = DirectFunctionCall1(namein, CStringGetDatum(principal));
 	values[5] = Int32GetDatum(running ? 1 : 0);
@@ -365,16 +367,18 @@ ApiCreateRun(const RunStart *start, bool running, int *version_out)
 	values[12] = Int32GetDatum(start->priority);
 	values[13] = start->traceparent ? CStringGetTextDatum(start->traceparent) : (Datum) 0;
 	nulls[13] = start->traceparent ? ' ' : 'n';
+	values[14] = TimestampTzGetDatum(start->not_before);
+	nulls[14] = sleeping ? ' ' : 'n';
 	SecurityAsOwner(&frame);
 	/* a key another start of this role holds: that run (the unique index decides races) */
 	if (SpiExec("INSERT INTO tuvl.runs (workflow, workflow_version, status, input, context, "
 				"  principal, attempt, lease_owner, lease_epoch, lease_expires_at, started_at, last_seq, "
-				"  artifacts, principal_id, key, priority, traceparent) "
+				"  artifacts, principal_id, key, priority, traceparent, wake_at) "
 				"VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8, pg_catalog.now() OPERATOR(pg_catalog.+) $9, "
-				"  CASE WHEN $6 OPERATOR(pg_catalog.>) 0 THEN pg_catalog.now() END, 1, $10, $11, $12, $13, $14) "
+				"  CASE WHEN $6 OPERATOR(pg_catalog.>) 0 THEN pg_catalog.now() END, 1, $10, $11, $12, $13, $14, $15) "
 				"ON CONFLICT (principal_id, workflow, key) WHERE key IS NOT NULL DO NOTHING "
 				"RETURNING id",
-				14, types, values, nulls, SPI_OK_INSERT_RETURNING) == 0)
+				15, types, values, nulls, SPI_OK_INSERT_RETURNING) == 0)
 	{
 		id = keyed_run(workflow, start->key);
 		SecurityRestore(&frame);
@@ -397,6 +401,8 @@ ApiCreateRun(const RunStart *start, bool running, int *version_out)
 		JsonObjAddInt(&b, "priority", start->priority);
 	if (start->traceparent)
 		JsonObjAddString(&b, "traceparent", start->traceparent);
+	if (sleeping)
+		JsonObjAddString(&b, "not_before", timestamptz_to_str(start->not_before));
 	{
 		List	   *events = NIL;
 
@@ -404,7 +410,7 @@ ApiCreateRun(const RunStart *start, bool running, int *version_out)
 		(void) JournalWrite(id, 0, events);
 	}
 	SecurityRestore(&frame);
-	if (!running)
+	if (!running && !sleeping)
 		QueueNoteAtCommit(GetUserId(), start->priority, id);
 
 	remember_created_run(id);
@@ -456,10 +462,14 @@ start_options(FunctionCallInfo fcinfo, RunStart *start)
 					 errhint("Pass NULL to start a run without a key.")));
 	}
 	if (!PG_ARGISNULL(3))
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("start_run(not_before => ...) is not available in this version of tuvl"),
-				 errhint("Start the run when it is due, for example from pg_cron.")));
+	{
+		start->not_before = PG_GETARG_TIMESTAMPTZ(3);
+		if (TIMESTAMP_NOT_FINITE(start->not_before))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("not_before must be a finite time"),
+					 errhint("Pass NULL to start the run at once.")));
+	}
 	start->priority = PG_ARGISNULL(4) ? 0 : PG_GETARG_INT32(4);
 	if (!PG_ARGISNULL(5))
 	{

@@ -19,6 +19,7 @@ typedef struct RunStart
 	int			priority;		/* higher first */
 	int			version;		/* 0: the latest */
 	const char *traceparent;	/* the caller's W3C trace context, or NULL */
+	TimestampTz not_before;		/* not claimed before then; 0: at once */
 } RunStart;
 
 extern int64 ApiCreateRun(const RunStart *start, bool running, int *version);

@@ -179,7 +179,8 @@ update_idle_run(LockedRun *r, RunStatus status, Jsonb *control, Jsonb *step_stat
 			"  error = COALESCE($5, error), last_seq = $6, "
 			"  finished_at = CASE WHEN $2 OPERATOR(pg_catalog.=) ANY (" RUN_TERMINAL_STATUSES_SQL ") "
 			"                     THEN pg_catalog.clock_timestamp() END, "
-			"  wake_at = CASE WHEN $2 OPERATOR(pg_catalog.=) 'sleeping' THEN wake_at END "
+			"  wake_at = CASE WHEN $2 OPERATOR(pg_catalog.=) ANY ('{sleeping,waiting_human}'::pg_catalog.text[]) "
+			"                 THEN wake_at END "
 			"WHERE id OPERATOR(pg_catalog.=) $1", 6, types, values, nulls, SPI_OK_UPDATE);
 	(void) JournalWrite(r->id, r->last_seq, events);
 	SecurityRestore(&frame);
@@ -617,11 +618,16 @@ tuvl_decide(PG_FUNCTION_ARGS)
 }
 
 /*
- * The Human step: wait for tuvl.submit(); its data is the output.
+ * The Human step: wait for tuvl.submit(); its data is the output.  With
+ * timeout:, the wait ends then (the run's wake_at, as a Sleep step's) and
+ * the step takes the timeout signal.
  */
 void
 StepExecuteHuman(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *result)
 {
+	TimestampTz until = 0;
+	JsonObjBuilder b;
+
 	for (int i = EffectCount(run) - 1; i >= 0; i--)
 	{
 		Jsonb	   *rec = EffectAt(run, i);
@@ -633,67 +639,110 @@ StepExecuteHuman(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *res
 			result->output = JsonGetJsonb(rec, "data");
 			return;
 		}
+		if (op && strcmp(op, "human_wait") == 0 && until == 0)
+			until = (TimestampTz) JsonGetInt(rec, "until_us", 0);
 	}
+	if (step->timeout_ms > 0 && until == 0)
 	{
-		JsonObjBuilder b;
-
+		until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), step->timeout_ms);
 		JsonObjStart(&b);
-		JsonObjAddString(&b, "kind", "human");
-		JsonObjAddJsonb(&b, "form", JsonGetJsonb(step->spec, "form"));
-		result->park = RUN_WAITING_HUMAN;
-		result->park_info = JsonObjEnd(&b);
+		JsonObjAddString(&b, "op", "human_wait");
+		JsonObjAddInt(&b, "until_us", until);
+		EffectRecord(run, JsonObjEnd(&b));
 	}
+	if (until != 0 && GetCurrentTimestamp() >= until)
+	{
+		result->signal = "timeout";
+		result->has_output = false;
+		return;
+	}
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "kind", "human");
+	JsonObjAddJsonb(&b, "form", JsonGetJsonb(step->spec, "form"));
+	if (until != 0)
+	{
+		JsonObjAddString(&b, "until", timestamptz_to_str(until));
+		JsonObjAddJsonb(&b, "wake_epoch",
+						JsonFromCString(psprintf("%.6f", (double) until / USECS_PER_SEC +
+												 (double) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY)));
+	}
+	result->park = RUN_WAITING_HUMAN;
+	result->park_info = JsonObjEnd(&b);
 }
 
 /*
- * Queue the sleeping runs whose time has come (at most 1,000 at a time,
- * those due first), each with a resumed event; their Sleep step then
- * ends.  Called by the workers' maintenance each second; SPI connected,
- * in a transaction.  The partial index on wake_at makes it a probe of the
- * index's first entry while nothing is due.
+ * The due runs of one status: each status has a partial index on wake_at
+ * of its own, whose predicate this query repeats, so that even the plan
+ * made while the table was small probes the index rather than scanning the
+ * runs.
+ */
+static const char wake_sleeping_sql[] =
+"UPDATE tuvl.runs r SET status = 'queued', wake_at = NULL, last_seq = r.last_seq OPERATOR(pg_catalog.+) 1 "
+"WHERE r.id OPERATOR(pg_catalog.=) ANY (ARRAY( "
+"    SELECT w.id FROM tuvl.runs w "
+"    WHERE w.status OPERATOR(pg_catalog.=) 'sleeping' AND w.wake_at OPERATOR(pg_catalog.<=) pg_catalog.now() "
+"    ORDER BY w.wake_at LIMIT 1000 FOR UPDATE SKIP LOCKED)) "
+"RETURNING r.id, r.last_seq OPERATOR(pg_catalog.-) 1, r.current_step, r.principal_id, r.priority";
+
+static const char wake_human_sql[] =
+"UPDATE tuvl.runs r SET status = 'queued', wake_at = NULL, last_seq = r.last_seq OPERATOR(pg_catalog.+) 1 "
+"WHERE r.id OPERATOR(pg_catalog.=) ANY (ARRAY( "
+"    SELECT w.id FROM tuvl.runs w "
+"    WHERE w.status OPERATOR(pg_catalog.=) 'waiting_human' AND w.wake_at IS NOT NULL "
+"      AND w.wake_at OPERATOR(pg_catalog.<=) pg_catalog.now() "
+"    ORDER BY w.wake_at LIMIT 1000 FOR UPDATE SKIP LOCKED)) "
+"RETURNING r.id, r.last_seq OPERATOR(pg_catalog.-) 1, r.current_step, r.principal_id, r.priority";
+
+/* Queue the runs wake_sql finds, each with a resumed event; returns how many. */
+static int
+wake(const char *wake_sql, bool human)
+{
+	uint64		n = SpiExec(wake_sql, 0, NULL, NULL, NULL, SPI_OK_UPDATE_RETURNING);
+	SPITupleTable *tt = SPI_tuptable;
+
+	for (uint64 i = 0; i < n; i++)
+	{
+		bool		isnull;
+		int64		id = DatumGetInt64(SPI_getbinval(tt->vals[i], tt->tupdesc, 1, &isnull));
+		int			last_seq = DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 2, &isnull));
+		char	   *step = SPI_getvalue(tt->vals[i], tt->tupdesc, 3);
+		List	   *events = NIL;
+		JsonObjBuilder b;
+
+		QueueNoteAtCommit(DatumGetObjectId(SPI_getbinval(tt->vals[i], tt->tupdesc, 4, &isnull)),
+						  DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 5, &isnull)),
+						  id);
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "by", "tuvl");
+		/* a run started with not_before has no step yet */
+		JsonObjAddString(&b, "reason", human ? "the Human step's timeout passed" :
+						 step ? "the Sleep step's time has come" : "its not_before has come");
+		JournalAdd(&events, "resumed", step, human ? "Human" : step ? "Sleep" : NULL, JsonObjEnd(&b));
+		(void) JournalWrite(id, last_seq, events);
+	}
+	return (int) n;
+}
+
+/*
+ * Queue the sleeping runs whose time has come and the runs whose Human
+ * step waited past its timeout (at most 1,000 of each at a time, those due
+ * first); their step then ends.  Called by the workers' maintenance each
+ * second; SPI connected, in a transaction.  While nothing is due, each is
+ * a probe of its index's first entry.
  */
 int
 ControlWakeSleepers(void)
 {
-	uint64		n;
 	SecurityFrame frame;
+	int			n;
 
 	SecurityAsOwner(&frame);
-	n = SpiExec("UPDATE tuvl.runs r SET status = 'queued', wake_at = NULL, "
-				"  last_seq = r.last_seq OPERATOR(pg_catalog.+) 1 "
-				"WHERE r.id OPERATOR(pg_catalog.=) ANY (ARRAY( "
-				"    SELECT s.id FROM tuvl.runs s "
-				"    WHERE s.status OPERATOR(pg_catalog.=) 'sleeping' "
-				"      AND s.wake_at OPERATOR(pg_catalog.<=) pg_catalog.now() "
-				"    ORDER BY s.wake_at LIMIT 1000 FOR UPDATE SKIP LOCKED)) "
-				"RETURNING r.id, r.last_seq OPERATOR(pg_catalog.-) 1, r.current_step, r.principal_id, r.priority",
-				0, NULL, NULL, NULL, SPI_OK_UPDATE_RETURNING);
-	if (n > 0)
-	{
-		SPITupleTable *tt = SPI_tuptable;
-
-		for (uint64 i = 0; i < n; i++)
-		{
-			bool		isnull;
-			int64		id = DatumGetInt64(SPI_getbinval(tt->vals[i], tt->tupdesc, 1, &isnull));
-			int			last_seq = DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 2, &isnull));
-			char	   *step = SPI_getvalue(tt->vals[i], tt->tupdesc, 3);
-			List	   *events = NIL;
-			JsonObjBuilder b;
-
-			QueueNoteAtCommit(DatumGetObjectId(SPI_getbinval(tt->vals[i], tt->tupdesc, 4, &isnull)),
-							  DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 5, &isnull)),
-							  id);
-			JsonObjStart(&b);
-			JsonObjAddString(&b, "by", "tuvl");
-			JsonObjAddString(&b, "reason", "the Sleep step's time has come");
-			JournalAdd(&events, "resumed", step, "Sleep", JsonObjEnd(&b));
-			(void) JournalWrite(id, last_seq, events);
-		}
-		TuvlRunChangedAtCommit();
-	}
+	n = wake(wake_sleeping_sql, false);
+	n += wake(wake_human_sql, true);
 	SecurityRestore(&frame);
-	return (int) n;
+	if (n > 0)
+		TuvlRunChangedAtCommit();
+	return n;
 }
 
 /*

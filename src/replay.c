@@ -522,7 +522,7 @@ parse_fixture(Jsonb *fixture, Replay *rp, char **workflow, Jsonb **input)
 static RunState *
 replay_run(Jsonb *fixture, const char *workflow, Jsonb *input, int *version)
 {
-	RunStart	start = {workflow, input, NULL, 0, 0, NULL};
+	RunStart	start = {workflow, input, NULL, 0, 0, NULL, 0};
 	int64		id = ApiCreateRun(&start, true, version);
 	Jsonb	   *artifacts = JsonGetField(fixture, "artifacts") ? JsonGetJsonb(fixture, "artifacts") : NULL;
 	RunState   *run;

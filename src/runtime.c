@@ -698,6 +698,9 @@ duration_text(int ms)
 static int
 step_timeout_ms(const StepDef *step)
 {
+	/* a Human step's timeout is how long it waits for a person (control.c) */
+	if (step->kind == STEP_HUMAN)
+		return 0;
 	return step->timeout_ms >= 0 ? step->timeout_ms : tuvl_step_timeout;
 }
 

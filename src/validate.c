@@ -1268,9 +1268,11 @@ check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
 			break;
 		case STEP_HUMAN:
 			extra = human_keys;
-			if (JsonGetField(step, "timeout"))
-				add_finding(vs, "error", psprintf("%s.timeout", path),
-							"timeout on a Human step is not supported yet: a Human step waits until tuvl.submit() answers it");
+			if (JsonGetField(step, "timeout") &&
+				(JsonGetField(step, "routes") == NULL || !is_mapping(JsonGetField(step, "routes")) ||
+				 JsonGetField(JsonGetJsonb(step, "routes"), "timeout") == NULL))
+				add_finding(vs, "error", psprintf("%s.routes", path),
+							"a Human step with a timeout needs routes.timeout: where the run goes when nobody answered in time");
 			check_step_mapping(vs, step, path, "form", check_schema,
 							   "a Human step needs a form: a JSON Schema of the data people submit");
 			break;

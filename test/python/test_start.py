@@ -1,10 +1,11 @@
-"""start_run()'s options (api.c): key, priority, version, traceparent; and
-not_before, refused until it works.
+"""start_run()'s options (api.c): key, not_before, priority, version and
+traceparent.
 
 A key makes starting idempotent: concurrent starts with one key, from
 separate connections, give one run, decided by a unique index.
 """
 import threading
+import time
 
 import psycopg2
 import psycopg2.errors
@@ -108,9 +109,33 @@ def test_version_runs_that_version_and_priority_is_kept(conn):
         [(2, "v2", 0)]
 
 
+def test_not_before_keeps_a_run_out_of_the_queue_until_then(conn):
+    """A run started with a not_before in the future sleeps (status sleeping,
+    wake_at = not_before): no worker claims it before then, and a worker
+    queues it within about a second after; a not_before already past starts
+    the run at once."""
+    name = workflow(conn, "later")
+    run_id = q1(conn, "SELECT tuvl.start_run(%s, '{}', not_before => now() + interval '1.5 s')", (name,))
+    status, wake_at, attempt, created = q(conn, "SELECT status, wake_at, attempt, created_at FROM tuvl.runs "
+                                                "WHERE id = %s", (run_id,))[0]
+    assert (status, attempt) == ("sleeping", 0) and (wake_at - created).total_seconds() == pytest.approx(1.5, abs=0.01)
+    time.sleep(0.8)
+    assert q1(conn, "SELECT status FROM tuvl.runs WHERE id = %s", (run_id,)) == "sleeping"
+    assert wait(conn, run_id) == "completed"
+    started, woke = q(conn, "SELECT started_at, wake_at FROM tuvl.runs WHERE id = %s", (run_id,))[0]
+    assert woke is None
+    late = (started - wake_at).total_seconds()
+    assert 0 <= late <= 1.5, late
+    evs = q(conn, "SELECT type, payload FROM tuvl.events WHERE run_id = %s ORDER BY seq", (run_id,))
+    assert [t for t, _ in evs][:3] == ["run_queued", "resumed", "run_started"], evs
+    assert "not_before" in evs[0][1] and evs[1][1]["reason"] == "its not_before has come"
+    past = q1(conn, "SELECT tuvl.start_run(%s, '{}', not_before => now() - interval '1 day')", (name,))
+    assert q1(conn, "SELECT status FROM tuvl.runs WHERE id = %s", (past,)) in ("queued", "running", "completed")
+    assert wait(conn, past) == "completed"
+
+
 @pytest.mark.parametrize("args,error,message", [
-    ("not_before => now() + interval '1 hour'", psycopg2.errors.FeatureNotSupported,
-     "start_run(not_before => ...) is not available in this version of tuvl"),
+    ("not_before => 'infinity'", psycopg2.errors.InvalidParameterValue, "not_before must be a finite time"),
     ("key => ''", psycopg2.errors.InvalidParameterValue, "key must not be empty"),
     ("version => 0", psycopg2.errors.InvalidParameterValue, "version must be 1 or more, not 0"),
     ("version => 9", psycopg2.Error, "9"),
