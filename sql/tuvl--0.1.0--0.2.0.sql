@@ -118,6 +118,8 @@ COMMENT ON COLUMN tuvl.runs.wake_at IS 'when a sleeping run wakes, or a Human st
 CREATE INDEX runs_sleeping_idx ON tuvl.runs (wake_at) WHERE status = 'sleeping';
 CREATE INDEX runs_human_timeout_idx ON tuvl.runs (wake_at)
     WHERE status = 'waiting_human' AND wake_at IS NOT NULL;
+CREATE INDEX runs_approval_timeout_idx ON tuvl.runs (wake_at)
+    WHERE status = 'waiting_approval' AND wake_at IS NOT NULL;
 COMMENT ON COLUMN tuvl.runs.status IS 'queued, running, waiting_human, waiting_approval, paused, sleeping, completed, failed, aborted, compensating or compensated; only tuvl writes this table';
 
 /* ------------------------------------------------------------------ secrets

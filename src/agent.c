@@ -99,6 +99,7 @@ typedef struct AgentTool
 	const StepDef *step;
 	bool		writes_context;
 	bool		approval;		/* ask a person before each call */
+	int			approval_timeout_ms;	/* no decision by then: rejected; 0: none */
 	Jsonb	   *input_schema;	/* the server's, when the model's arguments are
 								 * what an MCP server receives; else NULL */
 } AgentTool;
@@ -521,6 +522,7 @@ add_server_tools(AgentLoop *l, Jsonb *entry, int i, StringInfo specs)
 		tool->name = as;
 		tool->step = ts;
 		tool->approval = JsonGetBool(entry, "approval", false);
+		(void) DurationFromJson(JsonGetField(entry, "approval_timeout"), &tool->approval_timeout_ms);
 		if (schema == NULL || !JsonIsObject(schema))
 			schema = JsonFromCString("{\"type\": \"object\", \"properties\": {}}");
 		else
@@ -598,6 +600,7 @@ build_tools(AgentLoop *l)
 		tool->step = &wf->steps[idx];
 		tool->writes_context = JsonGetBool(entry, "writes_context", false);
 		tool->approval = JsonGetBool(entry, "approval", false);
+		(void) DurationFromJson(JsonGetField(entry, "approval_timeout"), &tool->approval_timeout_ms);
 		tool->input_schema = checked_schema(tool->step, entry);
 		l->tools = lappend(l->tools, tool);
 
@@ -1526,15 +1529,22 @@ refuse_tool_call(AgentLoop *l, int call, const char *id, const char *name, Agent
  */
 static ToolStatus
 ask_approval(AgentLoop *l, int call, const char *id, const char *name, Jsonb *args,
-			 bool fresh)
+			 int timeout_ms, bool fresh)
 {
 	RunState   *run = l->run;
 	JsonObjBuilder b;
 	Jsonb	   *info;
+	Jsonb	   *asked = !fresh && run->step_state ? JsonGetJsonb(run->step_state, "awaiting") : NULL;
+	TimestampTz until = 0;
 
 	/* queued again without a decision (an abort, say): abort first */
 	if (!fresh && abort_requested(l, read_control(l)))
 		return TOOL_ABORTED;
+
+	/* with approval_timeout, the decision is due by then (the first ask's time) */
+	if (timeout_ms > 0)
+		until = asked && JsonGetField(asked, "until_us") ? (TimestampTz) JsonGetInt(asked, "until_us", 0)
+			: TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
 
 	/* ask once: the run waits, holding nothing, until tuvl.decide() */
 	JsonObjStart(&b);
@@ -1543,6 +1553,15 @@ ask_approval(AgentLoop *l, int call, const char *id, const char *name, Jsonb *ar
 	JsonObjAddString(&b, "tool", name);
 	JsonObjAddInt(&b, "iteration", l->iteration);
 	JsonObjAddJsonb(&b, "arguments", args);
+	if (until != 0)
+	{
+		JsonObjAddString(&b, "until", timestamptz_to_str(until));
+		JsonObjAddInt(&b, "until_us", until);
+		JsonObjAddInt(&b, "timeout_ms", timeout_ms);
+		JsonObjAddJsonb(&b, "wake_epoch",
+						JsonFromCString(psprintf("%.6f", (double) until / USECS_PER_SEC +
+												 (double) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY)));
+	}
 	info = JsonObjEnd(&b);
 	if (fresh)
 		JournalAdd(&run->step_events, "approval_requested", l->step->id, l->step->kind_name, info);
@@ -1616,7 +1635,7 @@ tool_call(AgentLoop *l, Jsonb *tc, int index, char **content)
 	if (refuse_tool_call(l, call, id, name, tool, args, args_text, content))
 		return TOOL_DONE;
 	if (tool->approval && approval == NULL)
-		return ask_approval(l, call, id, name, args, fresh);
+		return ask_approval(l, call, id, name, args, tool->approval_timeout_ms, fresh);
 	if (approval && !JsonGetBool(approval, "approved", false))
 	{
 		char	   *note = JsonGetString(approval, "note");

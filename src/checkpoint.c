@@ -44,7 +44,7 @@ static const char fence_sql[] =
 "  lease_epoch = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY (" RUN_HELD_STATUSES_SQL ") "
 "                     THEN lease_epoch END, "
 "  compensation = CASE WHEN $14 THEN $15 ELSE compensation END, "
-"  wake_at = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY ('{sleeping,waiting_human}'::pg_catalog.text[]) "
+"  wake_at = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY ('{sleeping,waiting_human,waiting_approval}'::pg_catalog.text[]) "
 "                 THEN pg_catalog.to_timestamp(($10 OPERATOR(pg_catalog.->) 'awaiting' "
 "                      OPERATOR(pg_catalog.->>) 'wake_epoch')::pg_catalog.float8) END, "
 "  control = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY (" RUN_TERMINAL_STATUSES_SQL ") "

@@ -179,7 +179,7 @@ update_idle_run(LockedRun *r, RunStatus status, Jsonb *control, Jsonb *step_stat
 			"  error = COALESCE($5, error), last_seq = $6, "
 			"  finished_at = CASE WHEN $2 OPERATOR(pg_catalog.=) ANY (" RUN_TERMINAL_STATUSES_SQL ") "
 			"                     THEN pg_catalog.clock_timestamp() END, "
-			"  wake_at = CASE WHEN $2 OPERATOR(pg_catalog.=) ANY ('{sleeping,waiting_human}'::pg_catalog.text[]) "
+			"  wake_at = CASE WHEN $2 OPERATOR(pg_catalog.=) ANY ('{sleeping,waiting_human,waiting_approval}'::pg_catalog.text[]) "
 			"                 THEN wake_at END "
 			"WHERE id OPERATOR(pg_catalog.=) $1", 6, types, values, nulls, SPI_OK_UPDATE);
 	(void) JournalWrite(r->id, r->last_seq, events);
@@ -693,6 +693,48 @@ static const char wake_human_sql[] =
 "    ORDER BY w.wake_at LIMIT 1000 FOR UPDATE SKIP LOCKED)) "
 "RETURNING r.id, r.last_seq OPERATOR(pg_catalog.-) 1, r.current_step, r.principal_id, r.priority";
 
+/*
+ * Tool calls whose approval_timeout passed without a decision: each is
+ * rejected as tuvl.decide(run, false, ...) would, by "tuvl", and the model
+ * is told so.
+ */
+static int
+reject_late_approvals(void)
+{
+	uint64		n = SpiExec("SELECT w.id, (w.step_state OPERATOR(pg_catalog.->) 'awaiting' "
+							"    OPERATOR(pg_catalog.->>) 'timeout_ms')::pg_catalog.int4 "
+							"FROM tuvl.runs w "
+							"WHERE w.status OPERATOR(pg_catalog.=) 'waiting_approval' AND w.wake_at IS NOT NULL "
+							"  AND w.wake_at OPERATOR(pg_catalog.<=) pg_catalog.now() "
+							"ORDER BY w.wake_at LIMIT 100 FOR UPDATE SKIP LOCKED",
+							0, NULL, NULL, NULL, SPI_OK_SELECT);
+	SPITupleTable *tt = SPI_tuptable;
+	int64	   *ids = palloc(sizeof(int64) * Max(n, 1));
+	int		   *ms = palloc(sizeof(int) * Max(n, 1));
+
+	for (uint64 i = 0; i < n; i++)
+	{
+		bool		isnull;
+
+		ids[i] = DatumGetInt64(SPI_getbinval(tt->vals[i], tt->tupdesc, 1, &isnull));
+		ms[i] = DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 2, &isnull));
+		if (isnull)
+			ms[i] = 0;
+	}
+	for (uint64 i = 0; i < n; i++)
+	{
+		PersonAnswer answer;
+
+		memset(&answer, 0, sizeof(answer));
+		answer.approved = false;
+		answer.by = "tuvl";
+		answer.note = psprintf("no decision within the approval_timeout of %s",
+							   ms[i] % 1000 == 0 ? psprintf("%d s", ms[i] / 1000) : psprintf("%d ms", ms[i]));
+		ControlAnswer(ids[i], &answer);
+	}
+	return (int) n;
+}
+
 /* Queue the runs wake_sql finds, each with a resumed event; returns how many. */
 static int
 wake(const char *wake_sql, bool human)
@@ -739,6 +781,7 @@ ControlWakeSleepers(void)
 	SecurityAsOwner(&frame);
 	n = wake(wake_sleeping_sql, false);
 	n += wake(wake_human_sql, true);
+	n += reject_late_approvals();
 	SecurityRestore(&frame);
 	if (n > 0)
 		TuvlRunChangedAtCommit();

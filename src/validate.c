@@ -725,6 +725,23 @@ check_positive_int(ValidateState *vs, Jsonb *obj, const char *key, const char *p
 					"%s must be a positive integer (at most 2147483647)", key);
 }
 
+/* approval_timeout: a duration, on an entry with approval: true. */
+static void
+check_approval_timeout(ValidateState *vs, Jsonb *entry, const char *epath)
+{
+	JsonbValue *v = JsonGetField(entry, "approval_timeout");
+	int			ms;
+
+	if (v == NULL)
+		return;
+	if (!DurationFromJson(v, &ms) || ms <= 0)
+		add_finding(vs, "error", psprintf("%s.approval_timeout", epath),
+					"approval_timeout must be a duration such as 30m: how long a call waits for tuvl.decide() before it is rejected");
+	else if (!JsonGetBool(entry, "approval", false))
+		add_finding(vs, "error", psprintf("%s.approval_timeout", epath),
+					"approval_timeout needs approval: true");
+}
+
 /*
  * A tool entry naming a whole MCP server: {mcp: url, allow: [...],
  * prefix, headers, approval}.  Its tools are those tuvl.mcp_list_tools()
@@ -733,7 +750,8 @@ check_positive_int(ValidateState *vs, Jsonb *obj, const char *key, const char *p
 static void
 check_mcp_server_tools(ValidateState *vs, Jsonb *entry, const char *epath)
 {
-	static const char *const server_keys[] = {"mcp", "allow", "prefix", "headers", "approval", NULL};
+	static const char *const server_keys[] = {"mcp", "allow", "prefix", "headers", "approval",
+	"approval_timeout", NULL};
 	JsonbValue *v = JsonGetField(entry, "mcp");
 	char	   *url;
 
@@ -780,6 +798,7 @@ check_mcp_server_tools(ValidateState *vs, Jsonb *entry, const char *epath)
 	if (v && v->type != jbvBool)
 		add_finding(vs, "error", psprintf("%s.approval", epath),
 					"approval must be true (ask a person before each call) or false");
+	check_approval_timeout(vs, entry, epath);
 }
 
 /* agent.tools of an autonomous agent. */
@@ -787,7 +806,7 @@ static void
 check_agent_tools(ValidateState *vs, Jsonb *agent, const char *apath, const char *self)
 {
 	static const char *const tool_keys[] = {"ref", "description", "parameters", "writes_context",
-	"approval", NULL};
+	"approval", "approval_timeout", NULL};
 	JsonbValue *tv = JsonGetField(agent, "tools");
 	char	   *tpath = psprintf("%s.tools", apath);
 
@@ -869,6 +888,7 @@ check_agent_tools(ValidateState *vs, Jsonb *agent, const char *apath, const char
 		if (v && v->type != jbvBool)
 			add_finding(vs, "error", psprintf("%s.approval", epath),
 						"approval must be true (ask a person before each call) or false");
+		check_approval_timeout(vs, entry, epath);
 	}
 }
 

@@ -214,7 +214,7 @@ def tool_call(name, **arguments):
     return {"tool_calls": [{"name": name, "arguments": arguments}]}
 
 
-def agent(conn, turns, provider="openai", routes="{ default: done }"):
+def agent(conn, turns, provider="openai", routes="{ default: done }", approval="approval: true"):
     """A script, a model config and a workflow `triage` of the same fresh name.
 
     The agent may call `slow` (ctl.slow) freely and `refund` (ctl.refund)
@@ -234,7 +234,7 @@ steps:
       model: {name}
       tools:
         - {{ ref: slow }}
-        - {{ ref: refund, approval: true }}
+        - {{ ref: refund, {approval} }}
       max_iterations: 6
     routes: {routes}
   - id: slow
@@ -765,6 +765,46 @@ def test_a_tool_marked_approval_waits_for_decide(conn, as_role, approved):
     with pytest.raises(psycopg2.errors.ObjectNotInPrerequisiteState):
         q(carol, "SELECT tuvl.decide(%s, true)", (run_id,))
     assert journal_violations(conn, [run_id]) == []
+
+
+@needs_llm
+def test_a_call_not_decided_within_its_approval_timeout_is_rejected(conn, as_role):
+    """approval_timeout: the call waits that long for tuvl.decide(); then tuvl
+    rejects it as decide(run, false, ...) would and the model is told so."""
+    alice = as_role(ALICE)
+    tag = new_tag()
+    name = agent(conn, [tool_call("refund", tag=tag, amount=40), {"text": "{{last_user}}"}],
+                 approval="approval: true, approval_timeout: 1s")
+    run_id = start(alice, name, {"ticket": 8})
+    assert wait(alice, run_id)[0] == "waiting_approval"
+    asked = run_row(conn, run_id)
+    assert q1(conn, "SELECT wake_at FROM tuvl.runs WHERE id = %s", (run_id,)) is not None
+    wait_until(lambda: run_row(conn, run_id)["status"] == "completed", 10, interval=0.1,
+               message="the approval to time out")
+    assert calls(conn, tag) == [], "a rejected call does not run"
+    (decided,) = events(conn, run_id, "approval_decided")
+    note = "no decision within the approval_timeout of 1 s"
+    assert decided[3] == {"call": 1, "call_id": "call_0_0", "tool": "refund", "approved": False,
+                          "note": note, "by": "tuvl"}
+    assert tool_answers("openai", sent(name)[1]["body"]) == [{"error": "rejected by approver: " + note}]
+    assert q1(conn, "SELECT wake_at FROM tuvl.runs WHERE id = %s", (run_id,)) is None
+    assert journal_violations(conn, [run_id]) == []
+    assert asked["status"] == "waiting_approval"
+
+
+def test_approval_timeout_is_checked(conn):
+    def errors(entry):
+        src = (f"name: v\nsteps:\n  - id: a\n    kind: Agent\n    mode: autonomous\n    agent:\n"
+               f"      model: m\n      tools: [{entry}]\n    routes: {{ default: done }}\n"
+               "  - { id: t, kind: Functional, description: T, function: ctl.refund }\n"
+               "ends:\n  - { id: done }\n")
+        return [(r[1], r[2]) for r in q(conn, "SELECT severity, path, message FROM tuvl.validate(%s)", (src,))
+                if r[0] == "error"]
+    assert errors("{ ref: t, approval: true, approval_timeout: 30m }") == []
+    (e,) = errors("{ ref: t, approval_timeout: 30m }")
+    assert e[0] == "steps[0].agent.tools[0].approval_timeout" and "needs approval: true" in e[1]
+    (e,) = errors("{ ref: t, approval: true, approval_timeout: soon }")
+    assert e[0] == "steps[0].agent.tools[0].approval_timeout"
 
 
 @needs_llm
