@@ -33,6 +33,7 @@ OBJS = \
 	src/lease.o \
 	src/retry.o \
 	src/runtime.o \
+	src/schedule.o \
 	src/security.o \
 	src/spiutil.o \
 	src/status.o \

@@ -250,6 +250,17 @@ EXCEPTION WHEN data_exception THEN
 END
 $$;
 
+/*
+ * Missed slots: pg_cron never fires a slot it missed.  With
+ * trigger.catch_up: N, start_scheduled() also starts the last N slots of
+ * the schedule since the last slot it started (tuvl._missed_slots reads
+ * the schedule as pg_cron does), oldest first, each at most once.
+ */
+CREATE FUNCTION tuvl._missed_slots(schedule text, after timestamptz, before timestamptz, max integer)
+RETURNS timestamptz[]
+AS 'MODULE_PATHNAME', 'tuvl_missed_slots' LANGUAGE C STRICT IMMUTABLE PARALLEL SAFE;
+COMMENT ON FUNCTION tuvl._missed_slots(text, timestamptz, timestamptz, integer) IS 'the last max slots of a cron schedule strictly between after and before (UTC, at most 400 days back), oldest first';
+
 CREATE OR REPLACE FUNCTION tuvl.start_scheduled(workflow text, slot timestamptz DEFAULT pg_catalog.date_trunc('minute', pg_catalog.now()))
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
@@ -257,18 +268,36 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     id bigint;
+    trig jsonb;
+    last_slot timestamptz;
+    slots timestamptz[] := ARRAY[start_scheduled.slot];
+    one timestamptz;
 BEGIN
-    INSERT INTO tuvl.schedule_slots AS s (workflow, slot) VALUES (start_scheduled.workflow, start_scheduled.slot)
-    ON CONFLICT DO NOTHING;
-    IF NOT FOUND THEN
-        RETURN NULL;            -- this slot's run was started already
+    SELECT w.definition OPERATOR(pg_catalog.->) 'trigger' INTO trig FROM tuvl.workflows w
+    WHERE w.name OPERATOR(pg_catalog.=) start_scheduled.workflow ORDER BY w.version DESC LIMIT 1;
+    IF (trig OPERATOR(pg_catalog.->>) 'catch_up')::pg_catalog.int4 OPERATOR(pg_catalog.>) 0 THEN
+        SELECT pg_catalog.max(s.slot) INTO last_slot FROM tuvl.schedule_slots s
+        WHERE s.workflow OPERATOR(pg_catalog.=) start_scheduled.workflow
+          AND s.slot OPERATOR(pg_catalog.<) start_scheduled.slot;
+        IF last_slot IS NOT NULL THEN
+            slots := tuvl._missed_slots(trig OPERATOR(pg_catalog.->>) 'schedule', last_slot, start_scheduled.slot,
+                                        (trig OPERATOR(pg_catalog.->>) 'catch_up')::pg_catalog.int4)
+                     OPERATOR(pg_catalog.||) slots;
+        END IF;
     END IF;
-    id := tuvl.start_run(start_scheduled.workflow,
-                         pg_catalog.jsonb_build_object('_scheduled_at', start_scheduled.slot));
-    UPDATE tuvl.schedule_slots s SET run_id = id
-    WHERE s.workflow OPERATOR(pg_catalog.=) start_scheduled.workflow
-      AND s.slot OPERATOR(pg_catalog.=) start_scheduled.slot;
-    RETURN id;
+    FOREACH one IN ARRAY slots LOOP
+        INSERT INTO tuvl.schedule_slots AS s (workflow, slot) VALUES (start_scheduled.workflow, one)
+        ON CONFLICT DO NOTHING;
+        IF NOT FOUND THEN
+            id := NULL;         -- this slot's run was started already
+            CONTINUE;
+        END IF;
+        id := tuvl.start_run(start_scheduled.workflow, pg_catalog.jsonb_build_object('_scheduled_at', one));
+        UPDATE tuvl.schedule_slots s SET run_id = id
+        WHERE s.workflow OPERATOR(pg_catalog.=) start_scheduled.workflow
+          AND s.slot OPERATOR(pg_catalog.=) one;
+    END LOOP;
+    RETURN id;                  -- the run of the slot asked for
 END
 $$;
 
@@ -411,6 +440,7 @@ AS 'MODULE_PATHNAME', 'tuvl_metrics_prometheus' LANGUAGE C STRICT STABLE;
 COMMENT ON FUNCTION tuvl.metrics_prometheus() IS 'tuvl.metrics in the Prometheus text exposition format';
 REVOKE ALL ON FUNCTION tuvl._metric_series(), tuvl.metrics_prometheus() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tuvl._metric_series(), tuvl.metrics_prometheus() TO tuvl_user;
+GRANT EXECUTE ON FUNCTION tuvl._missed_slots(text, timestamptz, timestamptz, integer) TO tuvl_user;
 
 /*
  * start_run() with a key, a priority, a version and a traceparent (api.c).

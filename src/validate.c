@@ -1342,7 +1342,7 @@ valid_cron(const char *text)
 static void
 check_trigger(ValidateState *vs, JsonbValue *tv)
 {
-	static const char *const trigger_keys[] = {"input", "schedule", "sync_timeout", NULL};
+	static const char *const trigger_keys[] = {"input", "schedule", "sync_timeout", "catch_up", NULL};
 	Jsonb	   *trigger;
 	JsonbValue *input;
 	JsonbValue *schedule;
@@ -1359,6 +1359,18 @@ check_trigger(ValidateState *vs, JsonbValue *tv)
 		check_schema(vs, JsonValueToJsonb(input), "trigger.input");
 	check_duration(vs, trigger, "sync_timeout", "trigger");
 	schedule = JsonGetField(trigger, "schedule");
+	if (JsonGetField(trigger, "catch_up"))
+	{
+		JsonbValue *c = JsonGetField(trigger, "catch_up");
+		char	   *text = c->type == jbvNumeric ? JsonValueToText(c) : NULL;
+
+		if (text == NULL || strspn(text, "0123456789") != strlen(text) || strlen(text) > 4 ||
+			atoi(text) > 1000)
+			add_finding(vs, "error", "trigger.catch_up",
+						"catch_up must be how many missed slots to start late, from 0 (none, the default) to 1000");
+		else if (schedule == NULL)
+			add_finding(vs, "error", "trigger.catch_up", "catch_up needs a schedule");
+	}
 	if (schedule && (schedule->type != jbvString ||
 					 !valid_cron(pnstrdup(schedule->val.string.val, schedule->val.string.len))))
 		add_finding(vs, "error", "trigger.schedule",

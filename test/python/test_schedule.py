@@ -214,3 +214,64 @@ def test_a_schedule_with_required_input_warns(db):
     assert re.sub(r" \(line .*\)$", "", rows[0][2]) == (
         'scheduled runs start with the input {"_scheduled_at": <slot>}, which trigger.input '
         'refuses (it requires keys); each scheduled start will fail')
+
+
+def test_missed_slots_are_skipped_unless_catch_up_starts_the_last_n(cron):
+    """pg_cron never fires a slot it missed.  Without catch_up a missed slot
+    stays missed; with catch_up: 2, start_scheduled() also starts the last
+    two slots since the last one it started, oldest first, each once."""
+    name = new_name()
+    q(cron, "SELECT tuvl.register_workflow(%s)", (scheduled(name, "*/5 * * * *"),))
+    q1(cron, "SELECT tuvl.start_scheduled(%s, '2026-03-01 10:00+00')", (name,))
+    q1(cron, "SELECT tuvl.start_scheduled(%s, '2026-03-01 10:30+00')", (name,))
+    assert [r[0].isoformat() for r in q(cron, "SELECT slot FROM tuvl.schedule_slots WHERE workflow = %s "
+                                              "ORDER BY slot", (name,))] == \
+        ["2026-03-01T10:00:00+00:00", "2026-03-01T10:30:00+00:00"]
+
+    name = new_name()
+    q(cron, "SELECT tuvl.register_workflow(%s)", (scheduled(name, "*/5 * * * *").replace(
+        'trigger: { schedule: "*/5 * * * *" }', 'trigger: { schedule: "*/5 * * * *", catch_up: 2 }'),))
+    assert q1(cron, "SELECT tuvl.start_scheduled(%s, '2026-03-01 10:00+00')", (name,)) is not None
+    last = q1(cron, "SELECT tuvl.start_scheduled(%s, '2026-03-01 10:30+00')", (name,))
+    rows = q(cron, "SELECT s.slot, s.run_id, r.input ->> '_scheduled_at' FROM tuvl.schedule_slots s "
+                   "JOIN tuvl.runs r ON r.id = s.run_id WHERE s.workflow = %s ORDER BY s.slot", (name,))
+    assert [r[0].strftime("%H:%M") for r in rows] == ["10:00", "10:20", "10:25", "10:30"]
+    assert rows[-1][1] == last, "start_scheduled returns the run of the slot asked for"
+    assert all(r[2] is not None for r in rows)
+    assert rows[1][1] < rows[2][1] < rows[3][1], "the missed slots start first, oldest first"
+    # each slot once: calling again starts nothing
+    assert q1(cron, "SELECT tuvl.start_scheduled(%s, '2026-03-01 10:30+00')", (name,)) is None
+    assert q1(cron, "SELECT count(*) FROM tuvl.schedule_slots WHERE workflow = %s", (name,)) == 4
+    for run_id in [r[1] for r in rows]:
+        assert q1(cron, "SELECT tuvl.wait(%s, '20 s')", (run_id,)) == "completed"
+
+
+def test_the_schedule_is_read_as_pg_cron_reads_it(cron):
+    def slots(schedule, after, before, n=10):
+        return [t.strftime("%Y-%m-%d %H:%M %a") for t in
+                q1(cron, "SELECT tuvl._missed_slots(%s, %s, %s, %s)", (schedule, after, before, n))]
+    assert slots("0 3 * * 1-5", "2026-11-26 00:00+00", "2026-12-01 00:00+00") == [
+        "2026-11-26 03:00 Thu", "2026-11-27 03:00 Fri", "2026-11-30 03:00 Mon"]
+    # both day fields restricted: either matches (the 13th, or a Friday)
+    assert slots("0 0 13 * 5", "2026-11-01 00:00+00", "2026-12-01 00:00+00") == [
+        "2026-11-06 00:00 Fri", "2026-11-13 00:00 Fri", "2026-11-20 00:00 Fri", "2026-11-27 00:00 Fri"]
+    assert slots("@monthly", "2026-09-15 00:00+00", "2026-12-01 00:00+00") == [
+        "2026-10-01 00:00 Thu", "2026-11-01 00:00 Sun"]
+    assert slots("0 9 * jan,jul sun", "2026-07-10 00:00+00", "2026-08-01 00:00+00", 2) == [
+        "2026-07-19 09:00 Sun", "2026-07-26 09:00 Sun"]
+    assert slots("5/20 * * * *", "2026-01-01 00:00+00", "2026-01-01 01:00+00") == [
+        "2026-01-01 00:05 Thu", "2026-01-01 00:25 Thu", "2026-01-01 00:45 Thu"]
+    assert slots("not a schedule", "2026-01-01 00:00+00", "2026-01-02 00:00+00") == []
+
+
+@pytest.mark.parametrize("trigger,message", [
+    ('{ catch_up: 2 }', "catch_up needs a schedule"),
+    ('{ schedule: "@daily", catch_up: -1 }', "catch_up must be how many missed slots to start late"),
+    ('{ schedule: "@daily", catch_up: lots }', "catch_up must be how many missed slots to start late"),
+    ('{ schedule: "@daily", catch_up: 5000 }', "catch_up must be how many missed slots to start late"),
+])
+def test_catch_up_is_checked(cron, trigger, message):
+    src = scheduled("v", "@daily").replace('trigger: { schedule: "@daily" }', f"trigger: {trigger}")
+    rows = [(r[1], r[2]) for r in q(cron, "SELECT severity, path, message FROM tuvl.validate(%s)", (src,))
+            if r[0] == "error"]
+    assert [p for p, _ in rows] == ["trigger.catch_up"] and message in rows[0][1], rows
