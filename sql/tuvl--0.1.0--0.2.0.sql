@@ -235,12 +235,19 @@ RETURN (
                  WITH ORDINALITY AS y(m, i)), '[]'::pg_catalog.jsonb))
     ELSE request END);
 
-CREATE OR REPLACE FUNCTION tuvl.replay_divergence(fixture jsonb) RETURNS text
+/* replay(fixture, live): the steps named in live make their effects for real */
+DROP FUNCTION tuvl.replay_divergence(jsonb);
+DROP FUNCTION tuvl.replay(jsonb);
+CREATE FUNCTION tuvl.replay(fixture jsonb, live text[] DEFAULT NULL) RETURNS jsonb
+AS 'MODULE_PATHNAME', 'tuvl_replay' LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION tuvl.replay(jsonb, text[]) IS 'run the current workflow again with every outside result served from the fixture, except the effects of the steps named in live, which are made for real; raises at the first divergence';
+
+CREATE FUNCTION tuvl.replay_divergence(fixture jsonb, live text[] DEFAULT NULL) RETURNS text
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM tuvl.replay(fixture);
+    PERFORM tuvl.replay(fixture, live);
     RETURN NULL;
 EXCEPTION WHEN data_exception THEN
     IF SQLSTATE OPERATOR(pg_catalog.=) '22000' THEN    -- a divergence; other errors propagate
@@ -249,6 +256,7 @@ EXCEPTION WHEN data_exception THEN
     RAISE;
 END
 $$;
+COMMENT ON FUNCTION tuvl.replay_divergence(jsonb, text[]) IS 'NULL when tuvl.replay(fixture, live) succeeds, else the divergence it raised: for pgTAP, is(tuvl.replay_divergence(f), NULL)';
 
 /*
  * Missed slots: pg_cron never fires a slot it missed.  With
@@ -316,7 +324,7 @@ GRANT EXECUTE ON FUNCTION
     tuvl.start_run(text, jsonb), tuvl.run(text, jsonb, interval), tuvl.wait(bigint, interval),
     tuvl.pause_run(bigint), tuvl.resume_run(bigint), tuvl.abort_run(bigint, text),
     tuvl.steer_run(bigint, text), tuvl.submit(bigint, jsonb), tuvl.decide(bigint, boolean, text),
-    tuvl.pin_run(bigint), tuvl.replay(jsonb), tuvl.replay_divergence(jsonb),
+    tuvl.pin_run(bigint), tuvl.replay(jsonb, text[]), tuvl.replay_divergence(jsonb, text[]),
     tuvl.mcp_list_tools(text), tuvl.start_scheduled(text, timestamptz),
     tuvl.transfer(text, text, pg_catalog.regrole)
 TO tuvl_user;

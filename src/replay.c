@@ -32,6 +32,7 @@
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
 #include "utils/memutils.h"
@@ -43,6 +44,7 @@
 #include "effect.h"
 #include "journal.h"
 #include "jsonutil.h"
+#include "llm.h"
 #include "runtime.h"
 #include "security.h"
 #include "spiutil.h"
@@ -331,10 +333,55 @@ tuvl_pin_run(PG_FUNCTION_ARGS)
 typedef struct Replay
 {
 	Jsonb	   *fixture;
-	Jsonb	   *effects;
+	Jsonb	   *effects;		/* the recorded effects, those of live steps left out */
 	int			next;			/* the next effect to serve */
 	int64		recorded_run;
+	List	   *live;			/* ids of the steps whose effects are made for real */
+	int			live_effects;	/* how many were */
+	int64		live_tokens;	/* what their model calls spent */
 } Replay;
+
+static bool
+is_live(Replay *rp, const char *step)
+{
+	ListCell   *lc;
+
+	foreach(lc, rp->live)
+		if (strcmp(lfirst(lc), step) == 0)
+			return true;
+	return false;
+}
+
+/*
+ * A live step's effect: made for real, as tuvl.run() makes it (the replay
+ * lets it through for the time of the request).
+ */
+static void
+perform_live(Replay *rp, RunState *run)
+{
+	Jsonb	   *result;
+	char	   *op = run->send->tag ? JsonGetString(run->send->tag, "op") : NULL;
+
+	TuvlReplayDepth--;
+	PG_TRY();
+	{
+		result = EffectPerform(run->send);
+	}
+	PG_FINALLY();
+	{
+		TuvlReplayDepth++;
+	}
+	PG_END_TRY();
+	rp->live_effects++;
+	if (op && strcmp(op, "llm") == 0)
+	{
+		int			tokens = 0;
+
+		(void) LlmTurnPayload(result, &tokens);
+		rp->live_tokens += tokens;
+	}
+	RunKeepJsonb(run, &run->fresh_effect, result);
+}
 
 static void pg_attribute_noreturn()
 diverged(Replay *rp, const char *message, const char *detail)
@@ -415,6 +462,11 @@ serve_effect(RunState *run, void *arg)
 	Jsonb	   *e;
 	Jsonb	   *recorded;
 
+	if (is_live(rp, current_step_id(run)))
+	{
+		perform_live(rp, run);
+		return;
+	}
 	if (llm)
 	{
 		e = take_effect(rp, run, "llm", "a model call");
@@ -594,12 +646,67 @@ remove_run(int64 id)
 }
 
 /*
- * replay(fixture): see the file header.
+ * The step ids of replay()'s live argument, and the recorded effects
+ * without those of these steps (their models and requests are asked
+ * again; what people answered is still served).
+ */
+static void
+take_live(Replay *rp, ArrayType *arr)
+{
+	Datum	   *items;
+	bool	   *nulls;
+	int			n;
+	StringInfoData kept;
+
+	deconstruct_array(arr, TEXTOID, -1, false, TYPALIGN_INT, &items, &nulls, &n);
+	for (int i = 0; i < n; i++)
+		if (!nulls[i])
+			rp->live = lappend(rp->live, TextDatumGetCString(items[i]));
+	if (rp->live == NIL)
+		return;
+	initStringInfo(&kept);
+	appendStringInfoChar(&kept, '[');
+	for (int i = 0; i < JsonArraySize(rp->effects); i++)
+	{
+		Jsonb	   *e = JsonArrayAt(rp->effects, i);
+		char	   *step = JsonGetString(e, "step");
+		char	   *type = JsonGetString(e, "type");
+
+		if (step && type && is_live(rp, step) && (strcmp(type, "llm") == 0 || strcmp(type, "http") == 0))
+			continue;
+		if (kept.len > 1)
+			appendStringInfoString(&kept, ", ");
+		appendStringInfoString(&kept, JsonText(e));
+	}
+	appendStringInfoChar(&kept, ']');
+	rp->effects = JsonFromCString(kept.data);
+}
+
+/* Every live step must be a step of the workflow replayed. */
+static void
+check_live(Replay *rp, const char *workflow, int version)
+{
+	WorkflowDef *wf = rp->live ? WorkflowLoad(workflow, version) : NULL;
+	ListCell   *lc;
+
+	foreach(lc, rp->live)
+		if (WorkflowFindStep(wf, lfirst(lc)) < 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("live names step \"%s\", which workflow \"%s\" does not have",
+							(char *) lfirst(lc), workflow),
+					 errhint("Name steps of the workflow's current version, such as its Agent steps.")));
+}
+
+/*
+ * replay(fixture, live): see the file header.  The steps named in live
+ * make their effects for real (the change engine's check: the changed
+ * agent live, the rest from the recording).
  */
 Datum
 tuvl_replay(PG_FUNCTION_ARGS)
 {
-	Jsonb	   *fixture = PG_GETARG_JSONB_P(0);
+	Jsonb	   *fixture;
 	Replay		rp;
 	char	   *workflow;
 	Jsonb	   *input;
@@ -611,13 +718,19 @@ tuvl_replay(PG_FUNCTION_ARGS)
 	int			transitions = 0;
 	RunPerformer performer = {serve_effect, serve_person, NULL, &rp};
 
+	if (PG_ARGISNULL(0))
+		PG_RETURN_NULL();
+	fixture = PG_GETARG_JSONB_P(0);
 	parse_fixture(fixture, &rp, &workflow, &input);
+	if (PG_NARGS() > 1 && !PG_ARGISNULL(1))
+		take_live(&rp, PG_GETARG_ARRAYTYPE_P(1));
 	TuvlRefuseWhileReplaying("tuvl.replay()");
 	SPI_connect();
 	TuvlReplayDepth++;
 	PG_ENSURE_ERROR_CLEANUP(replay_reset, (Datum) 0);
 	{
 		run = replay_run(fixture, workflow, input, &version);
+		check_live(&rp, workflow, version);
 		status = RunDrive(run, &performer, &transitions);
 	}
 	PG_END_ENSURE_ERROR_CLEANUP(replay_reset, (Datum) 0);
@@ -633,8 +746,9 @@ tuvl_replay(PG_FUNCTION_ARGS)
 	JsonObjAddString(&b, "end", end.end_name);
 	JsonObjAddJsonb(&b, "response", end.response);
 	JsonObjAddInt(&b, "effects_served", rp.next);
+	JsonObjAddInt(&b, "effects_live", rp.live_effects);
 	JsonObjAddInt(&b, "transitions", transitions);
-	JsonObjAddInt(&b, "tokens_spent", 0);
+	JsonObjAddInt(&b, "tokens_spent", rp.live_tokens);
 	JsonObjAddJsonb(&b, "tokens_recorded", JsonGetJsonb(fixture, "tokens"));
 	JsonObjAddInt(&b, "workflow_version", version);
 	RunStateFree(run);

@@ -276,7 +276,7 @@ def test_an_agent_run_replays_with_the_model_server_stopped_and_edits_diverge(co
     result = replay(conn, fixture)
     assert len(_json(HTTP_BASE + "/_log")["requests"]) == logged, "the replay sent no HTTP request"
     assert result == {"status": "completed", "end": "done", "response": recorded["response"],
-                      "effects_served": 3, "transitions": result["transitions"],
+                      "effects_served": 3, "effects_live": 0, "transitions": result["transitions"],
                       "tokens_spent": 0, "tokens_recorded": tokens, "workflow_version": 1}
     assert result["transitions"] >= 3
     assert len(http_requests(token)) == 1
@@ -614,3 +614,42 @@ ends:
     q(conn, "DELETE FROM tuvl.secrets WHERE name = %s", (name,))
     assert replay(conn, fixture)["response"] == 200
     assert len(http_requests(token)) == 1
+
+
+def test_live_steps_make_their_effects_for_real_and_the_rest_is_served(conn):
+    """replay(fixture, live => array[...]) runs the named steps' effects for real
+    (the change engine's check: the changed step live, the rest recorded)."""
+    name = new_name()
+    token = new_name("live")
+    register(conn, f"""
+name: {name}
+steps:
+  - id: first
+    kind: APICall
+    http: {{ url: "{HTTP_BASE}/json?token={token}-first" }}
+    output: a
+    routes: {{ default: second }}
+  - id: second
+    kind: APICall
+    http: {{ url: "{HTTP_BASE}/json?token={token}-second" }}
+    output: b
+    routes: {{ default: done }}
+ends:
+  - {{ id: done, status: completed, response: [ "{{{{ a.status }}}}", "{{{{ b.status }}}}" ] }}
+""")
+    run_id = q1(conn, "SELECT tuvl.run(%s)", (name,))["run_id"]
+    assert len(http_requests(token)) == 2
+    fixture = pin(conn, run_id)
+    res = q1(conn, "SELECT tuvl.replay(%s::jsonb, live => array['second'])", (json.dumps(fixture),))
+    assert (res["status"], res["response"]) == ("completed", [200, 200]), res
+    assert (res["effects_served"], res["effects_live"]) == (1, 1), res
+    paths = [r["path"] for r in http_requests(token)]
+    assert len(paths) == 3 and f"{token}-second" in paths[-1], paths
+    # without live, nothing is sent
+    assert replay(conn, fixture)["effects_live"] == 0 and len(http_requests(token)) == 3
+    assert q1(conn, "SELECT tuvl.replay_divergence(%s::jsonb, array['first'])", (json.dumps(fixture),)) is None
+    assert len(http_requests(token)) == 4
+    with pytest.raises(psycopg2.errors.InvalidParameterValue) as e:
+        q(conn, "SELECT tuvl.replay(%s::jsonb, live => array['nope'])", (json.dumps(fixture),))
+    assert f'live names step "nope", which workflow "{name}" does not have' in str(e.value)
+    assert q1(conn, "SELECT tuvl.replay(NULL)") is None
