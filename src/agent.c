@@ -1555,12 +1555,9 @@ ask_approval(AgentLoop *l, int call, const char *id, const char *name, Jsonb *ar
 	JsonObjAddJsonb(&b, "arguments", args);
 	if (until != 0)
 	{
-		JsonObjAddString(&b, "until", timestamptz_to_str(until));
+		SleepAddWake(&b, until);
 		JsonObjAddInt(&b, "until_us", until);
 		JsonObjAddInt(&b, "timeout_ms", timeout_ms);
-		JsonObjAddJsonb(&b, "wake_epoch",
-						JsonFromCString(psprintf("%.6f", (double) until / USECS_PER_SEC +
-												 (double) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY)));
 	}
 	info = JsonObjEnd(&b);
 	if (fresh)

@@ -660,12 +660,7 @@ StepExecuteHuman(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *res
 	JsonObjAddString(&b, "kind", "human");
 	JsonObjAddJsonb(&b, "form", JsonGetJsonb(step->spec, "form"));
 	if (until != 0)
-	{
-		JsonObjAddString(&b, "until", timestamptz_to_str(until));
-		JsonObjAddJsonb(&b, "wake_epoch",
-						JsonFromCString(psprintf("%.6f", (double) until / USECS_PER_SEC +
-												 (double) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY)));
-	}
+		SleepAddWake(&b, until);
 	result->park = RUN_WAITING_HUMAN;
 	result->park_info = JsonObjEnd(&b);
 }
@@ -735,6 +730,26 @@ reject_late_approvals(void)
 	return (int) n;
 }
 
+/*
+ * Row i of a re-queue's RETURNING (id, last_seq before it, current_step,
+ * principal_id, priority): tell the queue at commit, and journal payload
+ * as its resumed event (engine kind, NULL: none).
+ */
+static void
+journal_requeued(SPITupleTable *tt, uint64 i, const char *kind, Jsonb *payload)
+{
+	bool		isnull;
+	int64		id = DatumGetInt64(SPI_getbinval(tt->vals[i], tt->tupdesc, 1, &isnull));
+	int			last_seq = DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 2, &isnull));
+	List	   *events = NIL;
+
+	QueueNoteAtCommit(DatumGetObjectId(SPI_getbinval(tt->vals[i], tt->tupdesc, 4, &isnull)),
+					  DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 5, &isnull)),
+					  id);
+	JournalAdd(&events, "resumed", SPI_getvalue(tt->vals[i], tt->tupdesc, 3), kind, payload);
+	(void) JournalWrite(id, last_seq, events);
+}
+
 /* Queue the runs wake_sql finds, each with a resumed event; returns how many. */
 static int
 wake(const char *wake_sql, bool human)
@@ -744,23 +759,15 @@ wake(const char *wake_sql, bool human)
 
 	for (uint64 i = 0; i < n; i++)
 	{
-		bool		isnull;
-		int64		id = DatumGetInt64(SPI_getbinval(tt->vals[i], tt->tupdesc, 1, &isnull));
-		int			last_seq = DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 2, &isnull));
 		char	   *step = SPI_getvalue(tt->vals[i], tt->tupdesc, 3);
-		List	   *events = NIL;
 		JsonObjBuilder b;
 
-		QueueNoteAtCommit(DatumGetObjectId(SPI_getbinval(tt->vals[i], tt->tupdesc, 4, &isnull)),
-						  DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 5, &isnull)),
-						  id);
 		JsonObjStart(&b);
 		JsonObjAddString(&b, "by", "tuvl");
 		/* a run started with not_before has no step yet */
 		JsonObjAddString(&b, "reason", human ? "the Human step's timeout passed" :
 						 step ? "the Sleep step's time has come" : "its not_before has come");
-		JournalAdd(&events, "resumed", step, human ? "Human" : step ? "Sleep" : NULL, JsonObjEnd(&b));
-		(void) JournalWrite(id, last_seq, events);
+		journal_requeued(tt, i, human ? "Human" : step ? "Sleep" : NULL, JsonObjEnd(&b));
 	}
 	return (int) n;
 }
@@ -824,23 +831,13 @@ ControlExpirePauses(void)
 		/* each is journaled: the run goes on to take its aborted exit */
 		for (uint64 i = 0; i < n; i++)
 		{
-			bool		isnull;
-			int64		id = DatumGetInt64(SPI_getbinval(tt->vals[i], tt->tupdesc, 1, &isnull));
-			int			last_seq = DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 2, &isnull));
-			char	   *step = SPI_getvalue(tt->vals[i], tt->tupdesc, 3);
-			List	   *events = NIL;
 			JsonObjBuilder b;
-
-			QueueNoteAtCommit(DatumGetObjectId(SPI_getbinval(tt->vals[i], tt->tupdesc, 4, &isnull)),
-							  DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 5, &isnull)),
-							  id);
 
 			JsonObjStart(&b);
 			JsonObjAddString(&b, "by", "tuvl");
 			JsonObjAddString(&b, "reason", reason);
 			JsonObjAddBool(&b, "abort", true);
-			JournalAdd(&events, "resumed", step, NULL, JsonObjEnd(&b));
-			(void) JournalWrite(id, last_seq, events);
+			journal_requeued(tt, i, NULL, JsonObjEnd(&b));
 		}
 		TuvlRunChangedAtCommit();
 	}

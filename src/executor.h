@@ -12,6 +12,7 @@
 #ifndef TUVL_EXECUTOR_H
 #define TUVL_EXECUTOR_H
 
+#include "jsonutil.h"
 #include "runtime.h"
 #include "workflow.h"
 
@@ -87,6 +88,7 @@ extern StepExecuteFunc StepExecuteMCP;			/* mcp.c */
 extern StepExecuteFunc StepExecuteFunctional;	/* step_sql.c */
 extern StepExecuteFunc StepExecuteModelOp;		/* step_sql.c */
 extern StepExecuteFunc StepExecuteSleep;		/* step_sleep.c */
+extern void SleepAddWake(JsonObjBuilder *b, TimestampTz until);
 
 extern const char *const AgentReservedExits[];	/* agent.c */
 

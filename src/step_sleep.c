@@ -57,6 +57,20 @@ sleep_until(const StepDef *step, Jsonb *ctx)
 	}
 }
 
+/*
+ * Add until (for people) and wake_epoch (Unix seconds, from which the
+ * checkpoint sets tuvl.runs.wake_at) to the awaiting object of a run that
+ * parks until then: a Sleep step, a Human step's or an approval's timeout.
+ */
+void
+SleepAddWake(JsonObjBuilder *b, TimestampTz until)
+{
+	JsonObjAddString(b, "until", timestamptz_to_str(until));
+	JsonObjAddJsonb(b, "wake_epoch",
+					JsonFromCString(psprintf("%.6f", (double) until / USECS_PER_SEC +
+											 (double) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY)));
+}
+
 void
 StepExecuteSleep(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *result)
 {
@@ -89,11 +103,7 @@ StepExecuteSleep(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *res
 		return;
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "kind", "sleep");
-	JsonObjAddString(&b, "until", timestamptz_to_str(until));
-	/* Unix seconds, for the checkpoint to set wake_at from */
-	JsonObjAddJsonb(&b, "wake_epoch",
-					JsonFromCString(psprintf("%.6f", (double) until / USECS_PER_SEC +
-											 (double) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY)));
+	SleepAddWake(&b, until);
 	result->park = RUN_SLEEPING;
 	result->park_info = JsonObjEnd(&b);
 }

@@ -103,35 +103,18 @@ DurationParseLong(const char *text, int64 *ms)
 }
 
 /*
- * Parse "250ms", "10s", "5m", "1h" or a plain number of seconds.
- * Returns false when the text is not a duration.
+ * Parse "250ms", "10s", "5m", "1h" or a plain number of seconds (not days:
+ * an int of milliseconds holds 24 days).  Returns false when the text is
+ * not a duration.
  */
 bool
 DurationParse(const char *text, int *ms)
 {
-	char	   *end;
-	double		v;
-	double		mult;
+	int64		v;
 
-	errno = 0;
-	v = strtod(text, &end);
-	if (end == text || errno != 0 || v < 0)
+	if (strchr(text, 'd') || !DurationParseLong(text, &v) || v > INT_MAX)
 		return false;
-	while (isspace((unsigned char) *end))
-		end++;
-	if (*end == '\0' || strcmp(end, "s") == 0)
-		mult = 1000;
-	else if (strcmp(end, "ms") == 0)
-		mult = 1;
-	else if (strcmp(end, "m") == 0 || strcmp(end, "min") == 0)
-		mult = 60000;
-	else if (strcmp(end, "h") == 0)
-		mult = 3600000;
-	else
-		return false;
-	if (v * mult > INT_MAX)
-		return false;
-	*ms = (int) (v * mult);
+	*ms = (int) v;
 	return true;
 }
 
