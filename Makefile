@@ -10,6 +10,7 @@ OBJS = \
 	src/api.o \
 	src/artifact.o \
 	src/checkpoint.o \
+	src/concurrency.o \
 	src/compensation.o \
 	src/control.o \
 	src/deadline.o \
@@ -41,6 +42,7 @@ OBJS = \
 	src/step_http.o \
 	src/step_sleep.o \
 	src/step_sql.o \
+	src/step_workflow.o \
 	src/supervisor.o \
 	src/template.o \
 	src/trace.o \

@@ -483,3 +483,47 @@ LANGUAGE C VOLATILE;
 COMMENT ON FUNCTION tuvl.mcp_list_tools(text, jsonb) IS 'the tools an MCP server offers (tools/list, every page), with their input schemas; headers may name secrets; remembered in tuvl.mcp_tools';
 REVOKE ALL ON FUNCTION tuvl.mcp_list_tools(text, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tuvl.mcp_list_tools(text, jsonb) TO tuvl_user;
+
+/* ------------------------------------------------------------------ children
+ *
+ * A Workflow step (src/step_workflow.c) starts child runs in its own
+ * transition: each names its parent (parent_run_id, as a notify hook's run
+ * does) and the step that started it (parent_step, NULL for a hook's run).
+ * The parent waits as waiting_children, held by no worker; the child whose
+ * end leaves nothing to wait for (or that failed) queues it again, through
+ * the trigger below, in the transaction that ended the child.
+ *
+ * Runs that may not start yet stay queued but held (held_by): children
+ * beyond the step's max_parallel, runs beyond their workflow's
+ * concurrency limit.  Claims take only runs nobody holds back.
+ */
+ALTER TABLE tuvl.runs ADD COLUMN parent_step text;
+ALTER TABLE tuvl.runs ADD COLUMN held_by text;
+ALTER TABLE tuvl.runs ADD COLUMN concurrency_key text;
+ALTER TABLE tuvl.runs ADD COLUMN concurrency_limit integer;
+COMMENT ON COLUMN tuvl.runs.parent_run_id IS 'the run whose Workflow step (parent_step) or notify hook started this one, or NULL';
+COMMENT ON COLUMN tuvl.runs.parent_step IS 'the parent''s Workflow step that started this run, or NULL';
+COMMENT ON COLUMN tuvl.runs.held_by IS 'why a queued run may not start yet: max_parallel (its siblings fill the parent step''s max_parallel) or concurrency (runs of its concurrency key fill the limit); NULL otherwise';
+COMMENT ON COLUMN tuvl.runs.concurrency_key IS 'the rendered concurrency.key of the workflow, or NULL';
+COMMENT ON COLUMN tuvl.runs.concurrency_limit IS 'concurrency.limit of the run''s workflow version, or NULL';
+COMMENT ON COLUMN tuvl.runs.status IS 'queued, running, waiting_human, waiting_approval, waiting_children, paused, sleeping, completed, failed, aborted, compensating or compensated; only tuvl writes this table';
+
+DROP INDEX tuvl.runs_queued_fair_idx;
+CREATE INDEX runs_queued_fair_idx
+    ON tuvl.runs ((principal_id::pg_catalog.oid), (OPERATOR(pg_catalog.-) priority::pg_catalog.int8), id)
+    WHERE status = 'queued' AND held_by IS NULL;
+CREATE INDEX runs_held_idx ON tuvl.runs (parent_run_id, id) WHERE held_by = 'max_parallel';
+CREATE INDEX runs_children_open_idx ON tuvl.runs (parent_run_id)
+    WHERE parent_step IS NOT NULL AND finished_at IS NULL;
+CREATE INDEX runs_concurrency_idx ON tuvl.runs (workflow, concurrency_key)
+    WHERE concurrency_key IS NOT NULL AND finished_at IS NULL;
+
+CREATE FUNCTION tuvl._run_ended() RETURNS trigger
+AS 'MODULE_PATHNAME', 'tuvl_run_ended' LANGUAGE C;
+COMMENT ON FUNCTION tuvl._run_ended() IS 'trigger: a child run or a run with a concurrency key ended; queue its parent or the next run held back';
+REVOKE ALL ON FUNCTION tuvl._run_ended() FROM PUBLIC;
+CREATE TRIGGER runs_ended AFTER UPDATE OF status ON tuvl.runs
+    FOR EACH ROW
+    WHEN (NEW.finished_at IS NOT NULL AND OLD.finished_at IS NULL
+          AND (NEW.parent_step IS NOT NULL OR NEW.concurrency_key IS NOT NULL))
+    EXECUTE FUNCTION tuvl._run_ended();

@@ -1212,8 +1212,8 @@ ends:
   - { id: done }
 $$);
 
--- trigger.http and concurrency are reserved: errors until they (an empty supervisor is an error too)
--- are available.  The hooks here are fine.
+-- trigger.http is reserved: an error until it is available (an empty supervisor is an error
+-- too).  The hooks and the concurrency here are fine.
 SELECT * FROM tuvl.validate($$
 name: v
 hooks: [artifact://audit@1]

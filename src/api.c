@@ -30,6 +30,7 @@
 
 #include "api.h"
 #include "artifact.h"
+#include "concurrency.h"
 #include "driver.h"
 #include "effect.h"
 #include "journal.h"
@@ -309,6 +310,46 @@ keyed_run(const char *workflow, const char *key)
 }
 
 /*
+ * The run_queued event of run id: what start set, the version, the
+ * principal, the artifact pins, not_before (0: none), the concurrency key
+ * and why it is held (or NULLs).
+ */
+static void
+journal_queued(int64 id, const RunStart *start, int version, const char *principal, Jsonb *pins,
+			   TimestampTz not_before, const char *conc_key, const char *held_by)
+{
+	JsonObjBuilder b;
+	List	   *events = NIL;
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "workflow", start->workflow);
+	JsonObjAddInt(&b, "version", version);
+	JsonObjAddString(&b, "principal", principal);
+	JsonObjAddJsonb(&b, "input", start->input);
+	if (JsonContainerSize(&pins->root) > 0)
+		JsonObjAddJsonb(&b, "artifacts", pins);
+	if (start->key)
+		JsonObjAddString(&b, "key", start->key);
+	if (start->priority != 0)
+		JsonObjAddInt(&b, "priority", start->priority);
+	if (start->traceparent)
+		JsonObjAddString(&b, "traceparent", start->traceparent);
+	if (not_before)
+		JsonObjAddString(&b, "not_before", timestamptz_to_str(not_before));
+	if (start->parent_id)
+	{
+		JsonObjAddInt(&b, "parent_run_id", start->parent_id);
+		JsonObjAddString(&b, "parent_step", start->parent_step);
+	}
+	if (conc_key)
+		JsonObjAddString(&b, "concurrency_key", conc_key);
+	if (held_by)
+		JsonObjAddString(&b, "held_by", held_by);
+	JournalAdd(&events, "run_queued", NULL, NULL, JsonObjEnd(&b));
+	(void) JournalWrite(id, 0, events);
+}
+
+/*
  * Validate input and insert a run of the latest version of workflow with
  * its run_queued event.  running = true creates it already leased by
  * this backend (the synchronous path).  SPI must be connected.
@@ -316,16 +357,18 @@ keyed_run(const char *workflow, const char *key)
 int64
 ApiCreateRun(const RunStart *start, bool running, int *version_out)
 {
-	static const Oid types[15] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, NAMEOID,
+	static const Oid types[20] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, NAMEOID,
 		INT4OID, INT4OID, INT8OID, INTERVALOID, JSONBOID, REGROLEOID, TEXTOID, INT4OID,
-	TEXTOID, TIMESTAMPTZOID};
+	TEXTOID, TIMESTAMPTZOID, INT8OID, TEXTOID, TEXTOID, TEXTOID, INT4OID};
 	const char *workflow = start->workflow;
 	Jsonb	   *input = start->input;
 	int			version = start->version > 0 ? start->version : WorkflowLatestVersion(workflow, false);
 	WorkflowDef *wf = WorkflowLoad(workflow, version);
 	char	   *principal = GetUserNameFromId(GetUserId(), false);
-	Datum		values[15];
-	char		nulls[15] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Datum		values[20];
+	char		nulls[20];
+	ConcurrencyKey conc;
+	const char *held_by;
 	/* a run not to be claimed yet sleeps until then, out of the queue */
 	bool		sleeping = !running && start->not_before > GetCurrentTransactionStartTimestamp();
 	Jsonb	   *pins = ArtifactPinFloating(wf->definition);
@@ -333,7 +376,6 @@ ApiCreateRun(const RunStart *start, bool running, int *version_out)
 	SecurityFrame frame;
 	bool		isnull;
 	int64		id;
-	JsonObjBuilder b;
 
 	if (!JsonIsObject(input))
 		ereport(ERROR,
@@ -344,6 +386,20 @@ ApiCreateRun(const RunStart *start, bool running, int *version_out)
 	if (wf->input_schema)
 		JsonSchemaValidateOrError(wf->input_schema, input, "run input");
 
+	/* a run beyond its concurrency limit, or its step's max_parallel, waits queued */
+	ConcurrencyKeyOf(wf, input, &conc);
+	held_by = start->held ? "max_parallel" : conc.key ? "concurrency" : NULL;
+	if (running && conc.key && !ConcurrencyHasRoom(workflow, &conc))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("workflow \"%s\" already has %d runs in flight with concurrency key \"%s\"",
+						workflow, conc.limit, conc.key),
+				 errdetail("Its concurrency.limit is %d.", conc.limit),
+				 errhint("Start it with tuvl.start_run(): it waits queued until one of them ends.")));
+	if (running)
+		held_by = NULL;
+
+	memset(nulls, ' ', sizeof(nulls));
 	lease->time = (int64) tuvl_lease_timeout * 1000;
 	values[0] = CStringGetTextDatum(workflow);
 	values[1] = Int32GetDatum(version);
@@ -369,16 +425,28 @@ ApiCreateRun(const RunStart *start, bool running, int *version_out)
 	nulls[13] = start->traceparent ? ' ' : 'n';
 	values[14] = TimestampTzGetDatum(start->not_before);
 	nulls[14] = sleeping ? ' ' : 'n';
+	values[15] = Int64GetDatum(start->parent_id);
+	nulls[15] = start->parent_id ? ' ' : 'n';
+	values[16] = start->parent_step ? CStringGetTextDatum(start->parent_step) : (Datum) 0;
+	nulls[16] = start->parent_step ? ' ' : 'n';
+	values[17] = held_by ? CStringGetTextDatum(held_by) : (Datum) 0;
+	nulls[17] = held_by ? ' ' : 'n';
+	values[18] = conc.key ? CStringGetTextDatum(conc.key) : (Datum) 0;
+	nulls[18] = conc.key ? ' ' : 'n';
+	values[19] = Int32GetDatum(conc.limit);
+	nulls[19] = conc.key ? ' ' : 'n';
 	SecurityAsOwner(&frame);
 	/* a key another start of this role holds: that run (the unique index decides races) */
 	if (SpiExec("INSERT INTO tuvl.runs (workflow, workflow_version, status, input, context, "
 				"  principal, attempt, lease_owner, lease_epoch, lease_expires_at, started_at, last_seq, "
-				"  artifacts, principal_id, key, priority, traceparent, wake_at) "
+				"  artifacts, principal_id, key, priority, traceparent, wake_at, parent_run_id, parent_step, "
+				"  held_by, concurrency_key, concurrency_limit) "
 				"VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8, pg_catalog.now() OPERATOR(pg_catalog.+) $9, "
-				"  CASE WHEN $6 OPERATOR(pg_catalog.>) 0 THEN pg_catalog.now() END, 1, $10, $11, $12, $13, $14, $15) "
+				"  CASE WHEN $6 OPERATOR(pg_catalog.>) 0 THEN pg_catalog.now() END, 1, $10, $11, $12, $13, $14, $15, "
+				"  $16, $17, $18, $19, $20) "
 				"ON CONFLICT (principal_id, workflow, key) WHERE key IS NOT NULL DO NOTHING "
 				"RETURNING id",
-				15, types, values, nulls, SPI_OK_INSERT_RETURNING) == 0)
+				20, types, values, nulls, SPI_OK_INSERT_RETURNING) == 0)
 	{
 		id = keyed_run(workflow, start->key);
 		SecurityRestore(&frame);
@@ -388,30 +456,14 @@ ApiCreateRun(const RunStart *start, bool running, int *version_out)
 	}
 	id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 
-	JsonObjStart(&b);
-	JsonObjAddString(&b, "workflow", workflow);
-	JsonObjAddInt(&b, "version", version);
-	JsonObjAddString(&b, "principal", principal);
-	JsonObjAddJsonb(&b, "input", input);
-	if (JsonContainerSize(&pins->root) > 0)
-		JsonObjAddJsonb(&b, "artifacts", pins);
-	if (start->key)
-		JsonObjAddString(&b, "key", start->key);
-	if (start->priority != 0)
-		JsonObjAddInt(&b, "priority", start->priority);
-	if (start->traceparent)
-		JsonObjAddString(&b, "traceparent", start->traceparent);
-	if (sleeping)
-		JsonObjAddString(&b, "not_before", timestamptz_to_str(start->not_before));
-	{
-		List	   *events = NIL;
-
-		JournalAdd(&events, "run_queued", NULL, NULL, JsonObjEnd(&b));
-		(void) JournalWrite(id, 0, events);
-	}
+	journal_queued(id, start, version, principal, pins, sleeping ? start->not_before : 0,
+				   conc.key, running ? NULL : held_by);
 	SecurityRestore(&frame);
-	if (!running && !sleeping)
+	if (!running && !sleeping && held_by == NULL)
 		QueueNoteAtCommit(GetUserId(), start->priority, id);
+	/* a run of a concurrency key starts at once when there is room */
+	if (!running && !sleeping && !start->held && conc.key)
+		ConcurrencyAdmit(workflow, conc.key, conc.limit);
 
 	remember_created_run(id);
 	if (version_out)

@@ -158,6 +158,16 @@ CheckpointWrite(RunState *run, const Checkpoint *cp)
 
 	Assert(cp->status != RUN_NONE);
 	SecurityAsOwner(&frame);
+	/* a child that ends locks its parent first (see lock_run in control.c) */
+	if (run->parent_id != 0 && RunStatusIsTerminal(cp->status))
+	{
+		static const Oid types[1] = {INT8OID};
+		Datum		values[1];
+
+		values[0] = Int64GetDatum(run->parent_id);
+		SpiExec("SELECT 1 FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1 FOR UPDATE",
+				1, types, values, NULL, SPI_OK_SELECT);
+	}
 	control = fenced_update(run, cp, next_seq);
 	(void) JournalWrite(run->id, run->last_seq, cp->events);
 	SecurityRestore(&frame);

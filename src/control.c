@@ -99,6 +99,16 @@ lock_run(int64 id, LockedRun *r, const char *action)
 	r->id = id;
 	r->by = GetUserNameFromId(me, false);
 	values[0] = Int64GetDatum(id);
+	/*
+	 * A child run's parent is locked first, as everywhere (a child's last
+	 * checkpoint, its parent's Workflow step): ancestors before
+	 * descendants, so two of them never wait for each other.
+	 */
+	SecurityExec("SELECT pg_catalog.count(*) FROM (SELECT 1 FROM tuvl.runs p "
+				  "  WHERE p.id OPERATOR(pg_catalog.=) (SELECT c.parent_run_id FROM tuvl.runs c "
+				  "    WHERE c.id OPERATOR(pg_catalog.=) $1 AND c.parent_step IS NOT NULL) "
+				  "  FOR UPDATE OF p) l",
+				  1, types, values, NULL, SPI_OK_SELECT);
 	SecurityExec("SELECT status, principal, last_seq, current_step, step_state, control, "
 				  "  workflow, workflow_version, compensation, principal_id, lease_owner, priority "
 				  "FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1 FOR UPDATE",
@@ -358,26 +368,31 @@ tuvl_resume_run(PG_FUNCTION_ARGS)
 }
 
 /*
- * abort_run(run_id, reason)
+ * Abort run id for reason (NULL: none), as role by (NULL: the caller,
+ * whose right to is checked then), and its open children with it.
  */
-Datum
-tuvl_abort_run(PG_FUNCTION_ARGS)
+void
+ControlAbortRun(int64 id, const char *reason, const char *by)
 {
 	static const RunStatus allowed[] = {RUN_QUEUED, RUN_RUNNING, RUN_PAUSED, RUN_WAITING_HUMAN,
-	RUN_WAITING_APPROVAL, RUN_SLEEPING, RUN_NONE};
-	char	   *reason = PG_ARGISNULL(1) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(1));
+	RUN_WAITING_APPROVAL, RUN_SLEEPING, RUN_WAITING_CHILDREN, RUN_NONE};
 	LockedRun	r;
 	JsonObjBuilder b;
 	Jsonb	   *directive;
 
-	if (PG_ARGISNULL(0))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("run_id must not be null")));
 	if (reason && *reason == '\0')
 		reason = NULL;
-	SPI_connect();
-	lock_run(PG_GETARG_INT64(0), &r, "abort");
+	if (by)
+	{
+		SecurityFrame frame;
+
+		SecurityAsOwner(&frame);
+		lock_run(id, &r, "abort");
+		SecurityRestore(&frame);
+		r.by = pstrdup(by);
+	}
+	else
+		lock_run(id, &r, "abort");
 	if (r.status == RUN_COMPENSATING ||
 		(r.compensation && JsonGetField(r.compensation, "cause") &&
 		 !JsonGetBool(r.compensation, "done", false) && !RunStatusIsTerminal(r.status)))
@@ -424,6 +439,54 @@ tuvl_abort_run(PG_FUNCTION_ARGS)
 						ControlAbortError(r.by, reason),
 						events);
 	}
+	ControlAbortChildren(r.id, psprintf("its parent run " INT64_FORMAT " was aborted%s%s", r.id,
+										reason ? ": " : "", reason ? reason : ""), r.by);
+}
+
+/*
+ * Abort the children of run parent_id that have not ended (the held ones
+ * too), as role by, for reason.  SPI connected.
+ */
+void
+ControlAbortChildren(int64 parent_id, const char *reason, const char *by)
+{
+	static const Oid types[1] = {INT8OID};
+	Datum		values[1];
+	uint64		n;
+	int64	   *ids;
+
+	values[0] = Int64GetDatum(parent_id);
+	n = SecurityExec("SELECT id FROM tuvl.runs WHERE parent_run_id OPERATOR(pg_catalog.=) $1 "
+					 "  AND parent_step IS NOT NULL AND finished_at IS NULL "
+					 "  AND status OPERATOR(pg_catalog.<>) 'compensating' "
+					 "  AND NOT (COALESCE(compensation OPERATOR(pg_catalog.?) 'cause', false) "
+					 "           AND NOT COALESCE((compensation OPERATOR(pg_catalog.->>) 'done')::pg_catalog.bool, false)) "
+					 "ORDER BY id",
+					 1, types, values, NULL, SPI_OK_SELECT);
+	ids = palloc(sizeof(int64) * Max(n, 1));
+	for (uint64 i = 0; i < n; i++)
+	{
+		bool		isnull;
+
+		ids[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1, &isnull));
+	}
+	for (uint64 i = 0; i < n; i++)
+		ControlAbortRun(ids[i], reason, by);
+}
+
+/*
+ * abort_run(run_id, reason): the run, and its children.
+ */
+Datum
+tuvl_abort_run(PG_FUNCTION_ARGS)
+{
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("run_id must not be null")));
+	SPI_connect();
+	ControlAbortRun(PG_GETARG_INT64(0), PG_ARGISNULL(1) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(1)),
+					NULL);
 	SPI_finish();
 	PG_RETURN_VOID();
 }
@@ -735,8 +798,8 @@ reject_late_approvals(void)
  * principal_id, priority): tell the queue at commit, and journal payload
  * as its resumed event (engine kind, NULL: none).
  */
-static void
-journal_requeued(SPITupleTable *tt, uint64 i, const char *kind, Jsonb *payload)
+void
+ControlJournalRequeued(SPITupleTable *tt, uint64 i, const char *kind, Jsonb *payload)
 {
 	bool		isnull;
 	int64		id = DatumGetInt64(SPI_getbinval(tt->vals[i], tt->tupdesc, 1, &isnull));
@@ -767,7 +830,7 @@ wake(const char *wake_sql, bool human)
 		/* a run started with not_before has no step yet */
 		JsonObjAddString(&b, "reason", human ? "the Human step's timeout passed" :
 						 step ? "the Sleep step's time has come" : "its not_before has come");
-		journal_requeued(tt, i, human ? "Human" : step ? "Sleep" : NULL, JsonObjEnd(&b));
+		ControlJournalRequeued(tt, i, human ? "Human" : step ? "Sleep" : NULL, JsonObjEnd(&b));
 	}
 	return (int) n;
 }
@@ -837,7 +900,7 @@ ControlExpirePauses(void)
 			JsonObjAddString(&b, "by", "tuvl");
 			JsonObjAddString(&b, "reason", reason);
 			JsonObjAddBool(&b, "abort", true);
-			journal_requeued(tt, i, NULL, JsonObjEnd(&b));
+			ControlJournalRequeued(tt, i, NULL, JsonObjEnd(&b));
 		}
 		TuvlRunChangedAtCommit();
 	}

@@ -35,5 +35,8 @@ extern bool ControlAbortRequested(Jsonb *control, AbortDirective *abort);
 extern char *ControlAbortError(const char *by, const char *reason);
 extern int	ControlExpirePauses(void);
 extern int	ControlWakeSleepers(void);
+extern void ControlAbortRun(int64 id, const char *reason, const char *by);
+extern void ControlAbortChildren(int64 parent_id, const char *reason, const char *by);
+extern void ControlJournalRequeued(struct SPITupleTable *tt, uint64 i, const char *kind, Jsonb *payload);
 
 #endif							/* TUVL_CONTROL_H */

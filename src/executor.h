@@ -89,6 +89,9 @@ extern StepExecuteFunc StepExecuteFunctional;	/* step_sql.c */
 extern StepExecuteFunc StepExecuteModelOp;		/* step_sql.c */
 extern StepExecuteFunc StepExecuteSleep;		/* step_sleep.c */
 extern void SleepAddWake(JsonObjBuilder *b, TimestampTz until);
+extern StepExecuteFunc StepExecuteWorkflow;	/* step_workflow.c */
+extern void WorkflowChildEnded(int64 parent_id, bool completed);
+extern Jsonb *ReplayTakeChildren(RunState *run, const char *step);	/* replay.c */
 
 extern const char *const AgentReservedExits[];	/* agent.c */
 

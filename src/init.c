@@ -53,6 +53,7 @@ static const StepExecutor step_kinds[] = {
 	{STEP_AGENT, StepExecuteAgent, false, false, AgentReservedExits, true, false},
 	{STEP_HUMAN, StepExecuteHuman, false, false, NULL, false, false},
 	{STEP_SLEEP, StepExecuteSleep, false, false, NULL, false, false},
+	{STEP_WORKFLOW, StepExecuteWorkflow, false, false, NULL, false, false},
 };
 
 StaticAssertDecl(lengthof(step_kinds) == STEP_KIND_COUNT, "every step kind has an executor");

@@ -46,11 +46,11 @@
 static const char principals_sql[] =
 "WITH RECURSIVE p(pid) AS ( "
 "  SELECT (SELECT r.principal_id::pg_catalog.oid FROM tuvl.runs r "
-"          WHERE r.status OPERATOR(pg_catalog.=) 'queued' "
+"          WHERE r.status OPERATOR(pg_catalog.=) 'queued' AND r.held_by IS NULL "
 "          ORDER BY r.principal_id::pg_catalog.oid LIMIT 1) "
 "  UNION ALL "
 "  SELECT (SELECT r.principal_id::pg_catalog.oid FROM tuvl.runs r "
-"          WHERE r.status OPERATOR(pg_catalog.=) 'queued' "
+"          WHERE r.status OPERATOR(pg_catalog.=) 'queued' AND r.held_by IS NULL "
 "            AND r.principal_id::pg_catalog.oid OPERATOR(pg_catalog.>) p.pid "
 "          ORDER BY r.principal_id::pg_catalog.oid LIMIT 1) "
 "  FROM p WHERE p.pid IS NOT NULL) "
@@ -72,7 +72,7 @@ static const char claim_sql[] =
 "                                pg_catalog.unnest($7::pg_catalog.int8[]), "
 "                                pg_catalog.unnest($8::pg_catalog.int8[])) AS q(pid, k, after_key, after_id) "
 "    CROSS JOIN LATERAL (SELECT x.id FROM tuvl.runs x "
-"                        WHERE x.status OPERATOR(pg_catalog.=) 'queued' "
+"                        WHERE x.status OPERATOR(pg_catalog.=) 'queued' AND x.held_by IS NULL "
 "                          AND x.principal_id::pg_catalog.oid OPERATOR(pg_catalog.=) q.pid "
 "                          AND ROW(OPERATOR(pg_catalog.-) x.priority::pg_catalog.int8, x.id) "
 "                              OPERATOR(pg_catalog.>) ROW(q.after_key, q.after_id) "
@@ -81,7 +81,8 @@ static const char claim_sql[] =
 "                        LIMIT q.k FOR UPDATE SKIP LOCKED) c)) "
 "RETURNING r.id, r.attempt, r.workflow, r.workflow_version, r.principal, "
 "  r.context, r.current_step, r.last_seq, r.step_state, r.control, r.compensation, "
-"  r.principal_id, r.priority, r.hook OPERATOR(pg_catalog.->>) 'step', r.started_at, r.traceparent";
+"  r.principal_id, r.priority, r.hook OPERATOR(pg_catalog.->>) 'step', r.started_at, r.traceparent, "
+"  CASE WHEN r.parent_step IS NOT NULL THEN r.parent_run_id END, r.created_at";
 
 /* The rest of a claimed run's row (claim_sql's columns 9 and on). */
 static void
@@ -105,6 +106,10 @@ load_claimed(RunState *run, HeapTuple tup, TupleDesc td)
 		run->started_at = DatumGetTimestampTz(d);
 	if (SPI_getvalue(tup, td, 16) != NULL)
 		run->traceparent = pstrdup(SPI_getvalue(tup, td, 16));
+	d = SPI_getbinval(tup, td, 17, &isnull);
+	run->parent_id = isnull ? 0 : DatumGetInt64(d);
+	d = SPI_getbinval(tup, td, 18, &isnull);
+	run->created_at = isnull ? 0 : DatumGetTimestampTz(d);
 	MemoryContextSwitchTo(old);
 	/* a notify hook's run executes one step */
 	if (SPI_getvalue(tup, td, 14) != NULL)

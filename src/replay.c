@@ -42,6 +42,7 @@
 #include "control.h"
 #include "driver.h"
 #include "effect.h"
+#include "executor.h"
 #include "journal.h"
 #include "jsonutil.h"
 #include "llm.h"
@@ -238,6 +239,16 @@ event_effect(const char *type, const char *step, Jsonb *p, const char *key,
 		JsonObjAddJsonb(&r, "by", JsonGetJsonb(p, "by"));
 		effect = fixture_effect(step, "human", NULL, JsonObjEnd(&r));
 	}
+	else if (strcmp(type, "children_ended") == 0)
+	{
+		JsonObjBuilder r;
+
+		JsonObjStart(&r);
+		JsonObjAddString(&r, "op", "children");
+		JsonObjAddJsonb(&r, "output", JsonGetJsonb(p, "output"));
+		JsonObjAddJsonb(&r, "error", JsonGetJsonb(p, "error"));
+		effect = fixture_effect(step, "children", NULL, JsonObjEnd(&r));
+	}
 	else if (strcmp(type, "approval_decided") == 0)
 	{
 		JsonObjBuilder r;
@@ -268,7 +279,7 @@ pin_effects(int64 id, Jsonb *pending_requests, int64 *tokens)
 	n = (int) select_for_run("SELECT type, agent_id, payload, COALESCE(tokens, 0) FROM tuvl.events "
 							 "WHERE run_id OPERATOR(pg_catalog.=) $1 "
 							 "  AND type OPERATOR(pg_catalog.=) ANY ('{llm_turn,tool_call,tool_result,"
-							 "decision,approval_decided}'::pg_catalog.text[]) ORDER BY seq",
+							 "decision,approval_decided,children_ended}'::pg_catalog.text[]) ORDER BY seq",
 							 id);
 	initStringInfo(&effects);
 	for (int i = 0; i < n; i++)
@@ -341,6 +352,9 @@ typedef struct Replay
 	int64		live_tokens;	/* what their model calls spent */
 } Replay;
 
+/* the replay in progress in this backend, or NULL */
+static Replay *current_replay = NULL;
+
 static bool
 is_live(Replay *rp, const char *step)
 {
@@ -402,10 +416,9 @@ current_step_id(RunState *run)
 
 /* The next recorded effect, which must be of this step and type. */
 static Jsonb *
-take_effect(Replay *rp, RunState *run, const char *type, const char *what)
+take_effect_of(Replay *rp, const char *step, const char *type, const char *what)
 {
 	Jsonb	   *e;
-	const char *step = current_step_id(run);
 	char	   *rstep;
 	char	   *rtype;
 
@@ -421,6 +434,12 @@ take_effect(Replay *rp, RunState *run, const char *type, const char *what)
 				 NULL);
 	rp->next++;
 	return e;
+}
+
+static Jsonb *
+take_effect(Replay *rp, RunState *run, const char *type, const char *what)
+{
+	return take_effect_of(rp, current_step_id(run), type, what);
 }
 
 /*
@@ -515,6 +534,19 @@ serve_effect(RunState *run, void *arg)
 }
 
 /*
+ * What the children of the current Workflow step came to, from the
+ * recording: {output} or {error}.  A replay starts no runs.
+ */
+Jsonb *
+ReplayTakeChildren(RunState *run, const char *step)
+{
+	if (current_replay == NULL)
+		elog(ERROR, "no replay in progress");
+	return JsonGetJsonb(take_effect_of(current_replay, step, "children", "the outcome of its child runs"),
+						"result");
+}
+
+/*
  * The run waits for a person: answer from the recording, as tuvl.submit()
  * or tuvl.decide() did, and take the run again.
  */
@@ -548,6 +580,7 @@ static void
 replay_reset(int code, Datum arg)
 {
 	TuvlReplayDepth--;
+	current_replay = NULL;
 }
 
 /* The fixture's parts, or a clear error when it is not a fixture. */
@@ -574,10 +607,15 @@ parse_fixture(Jsonb *fixture, Replay *rp, char **workflow, Jsonb **input)
 static RunState *
 replay_run(Jsonb *fixture, const char *workflow, Jsonb *input, int *version)
 {
-	RunStart	start = {workflow, input, NULL, 0, 0, NULL, 0};
-	int64		id = ApiCreateRun(&start, true, version);
+	RunStart	start;
+	int64		id;
 	Jsonb	   *artifacts = JsonGetField(fixture, "artifacts") ? JsonGetJsonb(fixture, "artifacts") : NULL;
 	RunState   *run;
+
+	memset(&start, 0, sizeof(start));
+	start.workflow = workflow;
+	start.input = input;
+	id = ApiCreateRun(&start, true, version);
 
 	if (artifacts && JsonIsObject(artifacts))
 	{
@@ -690,12 +728,23 @@ check_live(Replay *rp, const char *workflow, int version)
 	ListCell   *lc;
 
 	foreach(lc, rp->live)
-		if (WorkflowFindStep(wf, lfirst(lc)) < 0)
+	{
+		int			idx = WorkflowFindStep(wf, lfirst(lc));
+
+		if (idx < 0)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("live names step \"%s\", which workflow \"%s\" does not have",
 							(char *) lfirst(lc), workflow),
 					 errhint("Name steps of the workflow's current version, such as its Agent steps.")));
+		if (wf->steps[idx].kind == STEP_WORKFLOW)
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("live names step \"%s\", a Workflow step, which cannot run live in a replay",
+							(char *) lfirst(lc)),
+					 errdetail("Its child runs would run in other transactions, outside the replay."),
+					 errhint("Pin a child run and replay it with its own live steps.")));
+	}
 }
 
 /*
@@ -731,10 +780,12 @@ tuvl_replay(PG_FUNCTION_ARGS)
 	{
 		run = replay_run(fixture, workflow, input, &version);
 		check_live(&rp, workflow, version);
+		current_replay = &rp;
 		status = RunDrive(run, &performer, &transitions);
 	}
 	PG_END_ENSURE_ERROR_CLEANUP(replay_reset, (Datum) 0);
 	TuvlReplayDepth--;
+	current_replay = NULL;
 
 	RunReadEnd(run->id, true, &end);
 	end.response = end.response ? redact_private(end.response) : NULL;

@@ -44,6 +44,9 @@ typedef struct RunState
 								 * executes this step and ends (hook.c) */
 	TimestampTz started_at;		/* when a worker (or tuvl.run()) first took it */
 	char	   *traceparent;	/* the trace it continues (start_run()), or NULL */
+	int64		parent_id;		/* the run whose Workflow step started it, or 0 */
+	TimestampTz created_at;		/* when it was started: the model configs it
+								 * uses are the versions of then (0: now) */
 	char	   *trace_id;		/* its trace id, once computed (trace.c) */
 	uint64		trace_seed;		/* the hash of trace_id its span ids start from */
 	Jsonb	   *context;

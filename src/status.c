@@ -18,6 +18,7 @@ static const char *const status_names[] = {
 	[RUN_WAITING_HUMAN] = "waiting_human",
 	[RUN_WAITING_APPROVAL] = "waiting_approval",
 	[RUN_SLEEPING] = "sleeping",
+	[RUN_WAITING_CHILDREN] = "waiting_children",
 	[RUN_COMPLETED] = "completed",
 	[RUN_FAILED] = "failed",
 	[RUN_ABORTED] = "aborted",
@@ -45,6 +46,6 @@ RunStatusFromName(const char *name)
 			(errcode(ERRCODE_DATA_CORRUPTED),
 			 errmsg("\"%s\" is not a status of a tuvl run", name),
 			 errdetail("tuvl.runs.status holds one of queued, running, compensating, paused, "
-					   "waiting_human, waiting_approval, completed, failed, aborted and compensated.")));
+					   "waiting_human, waiting_approval, sleeping, waiting_children, completed, failed, aborted and compensated.")));
 	return RUN_NONE;			/* keep compiler quiet */
 }

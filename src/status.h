@@ -23,6 +23,7 @@ typedef enum RunStatus
 	RUN_WAITING_HUMAN,
 	RUN_WAITING_APPROVAL,
 	RUN_SLEEPING,				/* a Sleep step waits for its time (wake_at) */
+	RUN_WAITING_CHILDREN,		/* a Workflow step waits for its child runs */
 	/* terminal */
 	RUN_COMPLETED,
 	RUN_FAILED,

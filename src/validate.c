@@ -43,7 +43,8 @@ typedef struct ValidateState
 } ValidateState;
 
 static const char *const top_level_keys[] = {
-	"name", "description", "trigger", "start", "steps", "ends", "hooks", "supervisor", NULL
+	"name", "description", "trigger", "start", "steps", "ends", "hooks", "supervisor",
+	"concurrency", NULL
 };
 
 static const char *const step_common_keys[] = {
@@ -68,7 +69,6 @@ typedef struct ReservedKey
 static const ReservedKey reserved_keys[] = {
 	{"http", "trigger", "trigger.http is not available in this version of tuvl; remove it "
 	"and start runs with tuvl.start_run()"},
-	{"concurrency", "", "concurrency is not available in this version of tuvl; remove it"},
 	{"retry", "step", "a step-level retry is not available in this version of tuvl; "
 	"an APICall retries per http.retry, an Agent's model calls per agent.retry"},
 	{NULL, NULL, NULL}
@@ -1223,6 +1223,64 @@ check_sleep(ValidateState *vs, Jsonb *step, const char *path)
 		add_finding(vs, "error", psprintf("%s.output", path), "a Sleep step writes no output");
 }
 
+/*
+ * A Workflow step: workflow (a name), input (a mapping of templates),
+ * for_each (a template naming a list) and max_parallel (with for_each).
+ * Its wait for the children is no step time: timeout is refused.
+ */
+static void
+check_workflow_step(ValidateState *vs, Jsonb *step, const char *path)
+{
+	JsonbValue *v;
+
+	(void) require_string(vs, step, "workflow", path, "a Workflow step");
+	v = JsonGetField(step, "input");
+	if (v && !is_mapping(v))
+		add_finding(vs, "error", psprintf("%s.input", path),
+					"input must be a mapping: the child run's input, such as { order_id: \"{{ item.id }}\" }");
+	v = JsonGetField(step, "for_each");
+	if (v && (v->type != jbvString || !TemplateHasPlaceholders(pnstrdup(v->val.string.val, v->val.string.len))))
+		add_finding(vs, "error", psprintf("%s.for_each", path),
+					"for_each must be a template naming a list, such as \"{{ orders }}\"");
+	check_positive_int(vs, step, "max_parallel", path);
+	if (JsonGetField(step, "max_parallel") && v == NULL)
+		add_finding(vs, "error", psprintf("%s.max_parallel", path),
+					"max_parallel bounds a for_each fan-out; this step starts one child");
+	check_positive_int(vs, step, "version", path);
+	if (JsonGetField(step, "timeout"))
+		add_finding(vs, "error", psprintf("%s.timeout", path),
+					"a Workflow step takes no timeout: waiting for children is no step time; give the child workflow's steps timeouts, or abort the parent");
+}
+
+/* Top-level concurrency: {key: a template of the input, limit: n}. */
+static void
+check_concurrency(ValidateState *vs, JsonbValue *v)
+{
+	static const char *const keys[] = {"key", "limit", NULL};
+	Jsonb	   *c;
+	JsonbValue *k;
+
+	if (v == NULL)
+		return;
+	if (!is_mapping(v))
+	{
+		add_finding(vs, "error", "concurrency",
+					"concurrency must be a mapping, such as { key: \"{{ customer_id }}\", limit: 1 }");
+		return;
+	}
+	c = JsonValueToJsonb(v);
+	k = JsonGetField(c, "key");
+	if (k == NULL || k->type != jbvString || k->val.string.len == 0)
+		add_finding(vs, "error", "concurrency.key",
+					"concurrency needs key: a template of the run's input, such as \"{{ customer_id }}\"");
+	if (JsonGetField(c, "limit") == NULL)
+		add_finding(vs, "error", "concurrency.limit",
+					"concurrency needs limit: how many runs of one key may be in flight, such as 1");
+	else
+		check_positive_int(vs, c, "limit", "concurrency");
+	check_unknown_keys(vs, c, "concurrency", keys, NULL);
+}
+
 /* Kind-specific fields of a step. */
 static void
 check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
@@ -1235,6 +1293,8 @@ check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
 	static const char *const agent_keys[] = {"mode", "agent", "guardrails", NULL};
 	static const char *const human_keys[] = {"form", NULL};
 	static const char *const sleep_keys[] = {"for", "until", NULL};
+	static const char *const workflow_keys[] = {"workflow", "input", "for_each", "max_parallel",
+	"version", NULL};
 	const char *const *extra = NULL;
 	JsonbValue *v;
 
@@ -1299,6 +1359,10 @@ check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
 		case STEP_SLEEP:
 			extra = sleep_keys;
 			check_sleep(vs, step, path);
+			break;
+		case STEP_WORKFLOW:
+			extra = workflow_keys;
+			check_workflow_step(vs, step, path);
 			break;
 		default:
 			break;
@@ -1496,7 +1560,7 @@ check_step(ValidateState *vs, Jsonb *step, const char *path)
 
 	if (kind && !StepKindFromName(kind, &k))
 		add_finding(vs, "error", psprintf("%s.kind", path),
-					"unknown step kind \"%s\"; use one of Functional, ModelOp, Router, APICall, MCP, Agent, Human, Sleep",
+					"unknown step kind \"%s\"; use one of Functional, ModelOp, Router, APICall, MCP, Agent, Human, Sleep, Workflow",
 					kind);
 	else if (kind)
 		check_step_kind(vs, step, k, path);
@@ -1747,6 +1811,7 @@ ValidateWorkflow(Jsonb *def, Jsonb *positions, bool strict)
 		add_finding(&vs, "error", "start", "start must name a step of this workflow");
 	check_hooks(&vs, def, steps, nsteps);
 	check_supervisor(&vs, JsonGetField(def, "supervisor"));
+	check_concurrency(&vs, JsonGetField(def, "concurrency"));
 	if (!FindingsHaveErrors(vs.findings) && nsteps > 0)
 		check_reachable(&vs, def);
 	return vs.findings;

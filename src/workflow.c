@@ -31,7 +31,7 @@
 #include "workflow.h"
 
 const char *const StepKindNames[STEP_KIND_COUNT] = {
-	"Functional", "ModelOp", "Router", "APICall", "MCP", "Agent", "Human", "Sleep"
+	"Functional", "ModelOp", "Router", "APICall", "MCP", "Agent", "Human", "Sleep", "Workflow"
 };
 
 typedef struct WorkflowCacheKey

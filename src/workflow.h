@@ -20,6 +20,7 @@ typedef enum StepKind
 	STEP_AGENT,
 	STEP_HUMAN,
 	STEP_SLEEP,
+	STEP_WORKFLOW,
 	STEP_KIND_COUNT
 } StepKind;
 
