@@ -527,3 +527,31 @@ CREATE TRIGGER runs_ended AFTER UPDATE OF status ON tuvl.runs
     WHEN (NEW.finished_at IS NOT NULL AND OLD.finished_at IS NULL
           AND (NEW.parent_step IS NOT NULL OR NEW.concurrency_key IS NOT NULL))
     EXECUTE FUNCTION tuvl._run_ended();
+
+/* ------------------------------------------------------------------ model config versions
+ *
+ * register_llm() keeps every version of a config (llm.c): tuvl.llms holds
+ * the current one, tuvl.llm_versions all of them.  A run uses the
+ * versions current when it was started (its created_at), as it uses the
+ * workflow version of then: registering a config changes new runs only.
+ * The configs of before this release become version 1, current for every
+ * run that already exists.
+ */
+ALTER TABLE tuvl.llms ADD COLUMN version integer NOT NULL DEFAULT 1;
+COMMENT ON COLUMN tuvl.llms.version IS 'the current version (tuvl.llm_versions holds each)';
+CREATE TABLE tuvl.llm_versions (
+    name text NOT NULL,
+    version integer NOT NULL,
+    provider text NOT NULL,
+    source text NOT NULL,
+    definition jsonb NOT NULL,
+    registered_by pg_catalog.regrole NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (name, version)
+);
+COMMENT ON TABLE tuvl.llm_versions IS 'every version of each model config; a run uses those current when it started';
+COMMENT ON COLUMN tuvl.llm_versions.created_at IS 'when it was registered: runs created from then on use it';
+INSERT INTO tuvl.llm_versions (name, version, provider, source, definition, registered_by, created_at)
+    SELECT name, 1, provider, source, definition, owner, '-infinity' FROM tuvl.llms;
+GRANT SELECT ON tuvl.llm_versions TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('tuvl.llm_versions', '');

@@ -1801,7 +1801,8 @@ StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 	initStringInfo(&l.msgs);
 
 	StepErrorType = "llm_error";
-	l.cfg = LlmConfigLoad(JsonGetString(l.agent, "model") ? JsonGetString(l.agent, "model") : "default");
+	l.cfg = LlmConfigLoad(JsonGetString(l.agent, "model") ? JsonGetString(l.agent, "model") : "default",
+						  run->created_at);
 	StepErrorType = "error";
 	build_tools(&l);
 	{

@@ -42,6 +42,7 @@
 #include "journal.h"
 #include "jsonschema.h"
 #include "jsonutil.h"
+#include "concurrency.h"
 #include "control.h"
 #include "queue.h"
 #include "runtime.h"
@@ -740,7 +741,8 @@ static const char wake_sleeping_sql[] =
 "    SELECT w.id FROM tuvl.runs w "
 "    WHERE w.status OPERATOR(pg_catalog.=) 'sleeping' AND w.wake_at OPERATOR(pg_catalog.<=) pg_catalog.now() "
 "    ORDER BY w.wake_at LIMIT 1000 FOR UPDATE SKIP LOCKED)) "
-"RETURNING r.id, r.last_seq OPERATOR(pg_catalog.-) 1, r.current_step, r.principal_id, r.priority";
+"RETURNING r.id, r.last_seq OPERATOR(pg_catalog.-) 1, r.current_step, r.principal_id, r.priority, "
+"  r.workflow, r.concurrency_key, r.concurrency_limit, r.held_by";
 
 static const char wake_human_sql[] =
 "UPDATE tuvl.runs r SET status = 'queued', wake_at = NULL, last_seq = r.last_seq OPERATOR(pg_catalog.+) 1 "
@@ -831,6 +833,11 @@ wake(const char *wake_sql, bool human)
 		JsonObjAddString(&b, "reason", human ? "the Human step's timeout passed" :
 						 step ? "the Sleep step's time has come" : "its not_before has come");
 		ControlJournalRequeued(tt, i, human ? "Human" : step ? "Sleep" : NULL, JsonObjEnd(&b));
+		/* a run of a concurrency key that waited for not_before now asks for a place */
+		if (!human && SPI_getvalue(tt->vals[i], tt->tupdesc, 9) != NULL)
+			(void) ConcurrencyAdmit(SPI_getvalue(tt->vals[i], tt->tupdesc, 6),
+									SPI_getvalue(tt->vals[i], tt->tupdesc, 7),
+									pg_strtoint32(SPI_getvalue(tt->vals[i], tt->tupdesc, 8)));
 	}
 	return (int) n;
 }

@@ -150,7 +150,7 @@ JudgeAsk(RunState *run, const char *id, const char *model, const char *instructi
 
 		while (verdicts[n])
 			n++;
-		req = LlmBuildRequest(run, LlmConfigLoad(model), judge_messages(instructions, content, verdicts),
+		req = LlmBuildRequest(run, LlmConfigLoad(model, run->created_at), judge_messages(instructions, content, verdicts),
 							  NULL, LlmEnumAnswerSchema("verdict", verdicts, n, "reason", "string"),
 							  -1);
 	}

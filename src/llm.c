@@ -207,13 +207,20 @@ tuvl_register_llm(PG_FUNCTION_ARGS)
 	{
 		static const Oid types[5] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID, REGROLEOID};
 
-		SecurityExecArgs("INSERT INTO tuvl.llms (name, provider, source, definition, owner) "
-						 "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (name) DO UPDATE SET "
+		/* a new version: the row of the name (locked by the upsert) numbers it */
+		SecurityExecArgs("INSERT INTO tuvl.llms (name, provider, source, definition, owner, version) "
+						 "VALUES ($1, $2, $3, $4, $5, 1) ON CONFLICT (name) DO UPDATE SET "
 						 "provider = excluded.provider, source = excluded.source, "
-						 "definition = excluded.definition, updated_at = pg_catalog.now()",
+						 "definition = excluded.definition, updated_at = pg_catalog.now(), "
+						 "version = tuvl.llms.version OPERATOR(pg_catalog.+) 1",
 						 SPI_OK_INSERT, 5, types, CStringGetTextDatum(name),
 						 CStringGetTextDatum(provider), CStringGetTextDatum(source),
 						 JsonbPGetDatum(def), ObjectIdGetDatum(GetUserId()));
+		SecurityExecArgs("INSERT INTO tuvl.llm_versions (name, version, provider, source, definition, registered_by) "
+						 "SELECT l.name, l.version, l.provider, l.source, l.definition, $2 "
+						 "FROM tuvl.llms l WHERE l.name OPERATOR(pg_catalog.=) $1",
+						 SPI_OK_INSERT, 2, (Oid[]) {TEXTOID, REGROLEOID}, CStringGetTextDatum(name),
+						 ObjectIdGetDatum(GetUserId()));
 	}
 	SPI_finish();
 	PG_RETURN_VOID();
@@ -243,10 +250,10 @@ LlmConfigExists(const char *name)
  * connected.
  */
 LlmConfig *
-LlmConfigLoad(const char *name)
+LlmConfigLoad(const char *name, TimestampTz as_of)
 {
-	static const Oid types[1] = {TEXTOID};
-	Datum		values[1];
+	static const Oid types[2] = {TEXTOID, TIMESTAMPTZOID};
+	Datum		values[2];
 	bool		isnull;
 	Jsonb	   *def;
 	LlmConfig  *cfg = palloc0(sizeof(LlmConfig));
@@ -255,9 +262,24 @@ LlmConfigLoad(const char *name)
 	uint64		n;
 
 	values[0] = CStringGetTextDatum(name);
+	values[1] = TimestampTzGetDatum(as_of);
 	SecurityAsOwner(&frame);
-	n = SpiExec("SELECT definition FROM tuvl.llms WHERE name OPERATOR(pg_catalog.=) $1", 1, types, values,
-				NULL, SPI_OK_SELECT);
+	if (as_of == 0)
+		n = SpiExec("SELECT definition, version FROM tuvl.llms WHERE name OPERATOR(pg_catalog.=) $1",
+					1, types, values, NULL, SPI_OK_SELECT);
+	else
+	{
+		/*
+		 * The newest version registered by then; a config first registered
+		 * later than the run started: its first version.
+		 */
+		n = SpiExec("SELECT definition, version FROM tuvl.llm_versions "
+					"WHERE name OPERATOR(pg_catalog.=) $1 "
+					"ORDER BY created_at OPERATOR(pg_catalog.<=) $2 DESC, "
+					"  CASE WHEN created_at OPERATOR(pg_catalog.<=) $2 THEN OPERATOR(pg_catalog.-) version "
+					"       ELSE version END "
+					"LIMIT 1", 2, types, values, NULL, SPI_OK_SELECT);
+	}
 	SecurityRestore(&frame);
 	if (n != 1)
 		ereport(ERROR,
@@ -266,6 +288,7 @@ LlmConfigLoad(const char *name)
 				 errhint("Register it with tuvl.register_llm().")));
 	def = DatumGetJsonbPCopy(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	cfg->name = pstrdup(name);
+	cfg->version = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
 	cfg->provider = JsonGetString(def, "provider");
 	cfg->base_url = JsonGetString(def, "base_url");
 	cfg->model = JsonGetString(def, "model");
@@ -852,6 +875,8 @@ LlmBuildRequest(RunState *run, LlmConfig *cfg, Jsonb *messages, Jsonb *tools, Js
 	JsonObjAddString(&b, "op", "llm");
 	JsonObjAddString(&b, "provider", cfg->provider);
 	JsonObjAddString(&b, "model", cfg->model);
+	JsonObjAddString(&b, "config", cfg->name);
+	JsonObjAddInt(&b, "config_version", cfg->version);
 	JsonObjAddJsonb(&b, "request", SecretScrubJsonb(JsonFromCString(body), use.values));
 	req->tag = JsonObjEnd(&b);
 	return req;
@@ -1213,6 +1238,11 @@ LlmTurnPayload(Jsonb *result, int *tokens)
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "provider", cfg.provider);
 	JsonObjAddString(&b, "model", JsonGetString(result, "model"));
+	if (JsonGetField(result, "config"))
+	{
+		JsonObjAddString(&b, "config", JsonGetString(result, "config"));
+		JsonObjAddJsonb(&b, "config_version", JsonGetJsonb(result, "config_version"));
+	}
 	JsonObjAddJsonb(&b, "status", JsonGetJsonb(result, "status"));
 	JsonObjAddString(&b, "finish_reason", r.finish_reason);
 	JsonObjStart(&t);

@@ -9,6 +9,7 @@
 #ifndef TUVL_LLM_H
 #define TUVL_LLM_H
 
+#include "datatype/timestamp.h"
 #include "utils/jsonb.h"
 
 #include "effect.h"
@@ -16,6 +17,7 @@
 typedef struct LlmConfig
 {
 	char	   *name;
+	int			version;		/* of tuvl.llm_versions */
 	char	   *provider;		/* "openai" or "anthropic" */
 	char	   *base_url;
 	char	   *model;
@@ -49,7 +51,7 @@ typedef struct LlmReply
 	int			retry_after_ms; /* -1: none */
 } LlmReply;
 
-extern LlmConfig *LlmConfigLoad(const char *name);
+extern LlmConfig *LlmConfigLoad(const char *name, TimestampTz as_of);
 extern bool LlmConfigExists(const char *name);
 extern EffectRequest *LlmBuildRequest(RunState *run, LlmConfig *cfg, Jsonb *messages, Jsonb *tools,
 									  Jsonb *answer_schema, int timeout_ms);

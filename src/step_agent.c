@@ -66,7 +66,7 @@ execute_completion(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 	char	   *why;
 
 	StepErrorType = "llm_error";
-	cfg = LlmConfigLoad(model ? model : "default");
+	cfg = LlmConfigLoad(model ? model : "default", run->created_at);
 
 	StepErrorType = "error";
 	if (system)

@@ -1264,3 +1264,42 @@ def test_structured_outputs_are_checked_at_registration(conn, extra, message):
         q(conn, "SELECT tuvl.register_llm(%s)", (
             f"name: x\nprovider: anthropic\nbase_url: {LLM_URL}\nmodel: m\n{extra}",))
     assert e.value.pgerror.split("\n")[0] == "ERROR:  " + message
+
+
+# ---------------------------------------------------------------------------
+# Versions of a model config
+
+
+def test_a_run_keeps_the_model_config_it_started_with(conn):
+    """register_llm() makes a new version; a run in flight goes on with the
+    version current when it started, a run started after uses the new one."""
+    cfg, first, second = new_name("cfg"), new_name(), new_name()
+    script(first, [{"text": "from the first version"}] * 2)
+    script(second, [{"text": "from the second version"}])
+    register_llm(conn, cfg, "openai", model=first)
+    wf = new_name("w")
+    q(conn, "SELECT tuvl.register_workflow(%s)", (f"""
+name: {wf}
+steps:
+  - {{ id: nap, kind: Sleep, for: 2s, routes: {{ default: ask }} }}
+  - {{ id: ask, kind: Agent, mode: completion, agent: {{ model: {cfg}, prompt: Hello }},
+      routes: {{ default: done }} }}
+ends:
+  - {{ id: done, status: completed, response: "{{{{ ask_result }}}}" }}
+""",))
+    old = q1(conn, "SELECT tuvl.start_run(%s)", (wf,))
+    wait_until(lambda: q1(conn, "SELECT status FROM tuvl.runs WHERE id = %s", (old,)) == "sleeping", 10,
+               message="the run to sleep")
+    register_llm(conn, cfg, "openai", model=second)
+    assert q(conn, "SELECT version, definition ->> 'model' FROM tuvl.llm_versions WHERE name = %s ORDER BY 1",
+             (cfg,)) == [(1, first), (2, second)]
+    assert q1(conn, "SELECT version FROM tuvl.llms WHERE name = %s", (cfg,)) == 2
+    new = q1(conn, "SELECT tuvl.start_run(%s)", (wf,))
+    for run_id in (old, new):
+        assert q1(conn, "SELECT tuvl.wait(%s, '30 s')", (run_id,)) == "completed"
+    assert q1(conn, "SELECT response FROM tuvl.runs WHERE id = %s", (old,)) == "from the first version"
+    assert q1(conn, "SELECT response FROM tuvl.runs WHERE id = %s", (new,)) == "from the second version"
+    assert len(sent(first)) == 1 and len(sent(second)) == 1
+    versions = q(conn, "SELECT run_id, payload ->> 'config_version' FROM tuvl.events "
+                       "WHERE run_id = ANY(%s) AND type = 'llm_turn' ORDER BY run_id", ([old, new],))
+    assert versions == [(old, "1"), (new, "2")], versions
