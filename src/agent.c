@@ -767,10 +767,14 @@ static bool
 control_checkpoint(AgentLoop *l)
 {
 	Jsonb	   *control = read_control(l);
-	Jsonb	   *steer = control ? JsonGetJsonb(control, "steer") : NULL;
+	Jsonb	   *steer;
 
+	/* a replay takes the operators' actions of the recording here */
+	if (l->run->replay)
+		control = ReplayControl(l->run, l->step->id, control);
 	if (control == NULL)
 		return true;
+	steer = JsonGetJsonb(control, "steer");
 	if (abort_requested(l, control))
 	{
 		agent_exit(l, "aborted", "aborted", l->abort_reason);

@@ -92,6 +92,7 @@ extern void SleepAddWake(JsonObjBuilder *b, TimestampTz until);
 extern StepExecuteFunc StepExecuteWorkflow;	/* step_workflow.c */
 extern void WorkflowChildEnded(int64 parent_id, bool completed);
 extern Jsonb *ReplayTakeChildren(RunState *run, const char *step);	/* replay.c */
+extern Jsonb *ReplayControl(RunState *run, const char *step, Jsonb *control);
 
 extern const char *const AgentReservedExits[];	/* agent.c */
 

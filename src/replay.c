@@ -9,7 +9,9 @@
  * resolved, its end and response, and every result that came from outside
  * the database, in order: model answers (llm_turn), HTTP and MCP
  * responses (tool_call/tool_result with a position), data submitted to a
- * Human step and decisions on tool approvals.  Private "_" keys of the
+ * Human step, decisions on tool approvals, what child runs came to, and
+ * the operators' actions: steer messages where an agent took them in, and
+ * aborts, in an agent's turn or between steps.  Private "_" keys of the
  * input and response are redacted; secrets never reached the journal.
  *
  * tuvl.replay(fixture) runs the current version of the workflow in this
@@ -19,7 +21,10 @@
  * for.  SQL steps execute for real, so a test can replay and roll back.
  * The replay raises at the first divergence: an effect the recording does
  * not hold, one asked by another step or with other arguments, or a
- * different end, status or response.  Idempotency keys are those of the
+ * different end, status or response.  An operator's action is applied
+ * where the recording took it: a steer or an abort at the top of the agent
+ * turn that took it, an abort between steps before the transition that
+ * followed it, or instead of a person's answer.  Idempotency keys are those of the
  * recorded run.  Replay is recovery in which every effect is served from
  * the journal: the same code path as the workers'.
  *
@@ -170,21 +175,6 @@ read_pinnable_run(int64 id, HeapTuple *tup, TupleDesc *td, char **workflow, int 
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("run " INT64_FORMAT " has not ended: its status is %s", id, *status),
 				 errhint("Pin a run once it has ended.")));
-
-	/* operators' actions are not in the recording's effects: refuse */
-	if (select_for_run("SELECT type FROM tuvl.events WHERE run_id OPERATOR(pg_catalog.=) $1 "
-					   "  AND (type OPERATOR(pg_catalog.=) 'run_aborted' OR "
-					   "       (type OPERATOR(pg_catalog.=) 'decision' "
-					   "        AND payload OPERATOR(pg_catalog.->>) 'action' OPERATOR(pg_catalog.=) 'steer')) "
-					   "LIMIT 1",
-					   id) == 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("run " INT64_FORMAT " cannot be pinned: an operator %s it", id,
-						strcmp(SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1), "run_aborted") == 0
-						? "aborted" : "steered"),
-				 errdetail("A replay serves results from outside the database; it cannot repeat an operator's action."),
-				 errhint("Pin a run that no operator aborted or steered.")));
 }
 
 /* Add the run's own fields, from its row tup, to the fixture b. */
@@ -239,6 +229,40 @@ event_effect(const char *type, const char *step, Jsonb *p, const char *key,
 		JsonObjAddJsonb(&r, "by", JsonGetJsonb(p, "by"));
 		effect = fixture_effect(step, "human", NULL, JsonObjEnd(&r));
 	}
+	else if (strcmp(type, "decision") == 0 && JsonGetString(p, "action") &&
+			 strcmp(JsonGetString(p, "action"), "steer") == 0)
+	{
+		JsonObjBuilder r;
+
+		JsonObjStart(&r);
+		JsonObjAddJsonb(&r, "message", JsonGetJsonb(p, "message"));
+		JsonObjAddJsonb(&r, "by", JsonGetJsonb(p, "by"));
+		effect = fixture_effect(step, "steer", NULL, JsonObjEnd(&r));
+	}
+	else if (strcmp(type, "run_aborted") == 0 && JsonGetField(p, "by"))
+	{
+		/* an operator's abort between steps, or of a run nobody held */
+		JsonObjBuilder r;
+
+		JsonObjStart(&r);
+		JsonObjAddString(&r, "at", "between");
+		JsonObjAddJsonb(&r, "reason", JsonGetJsonb(p, "reason"));
+		JsonObjAddJsonb(&r, "by", JsonGetJsonb(p, "by"));
+		effect = fixture_effect(JsonGetString(p, "step") ? JsonGetString(p, "step") : "", "abort", NULL,
+								JsonObjEnd(&r));
+	}
+	else if (strcmp(type, "agent_completed") == 0 && JsonGetString(p, "signal") &&
+			 strcmp(JsonGetString(p, "signal"), "aborted") == 0 && JsonGetString(p, "error") &&
+			 strncmp(JsonGetString(p, "error"), "aborted by ", 11) == 0)
+	{
+		/* an operator's abort an agent took at the top of a turn */
+		JsonObjBuilder r;
+
+		JsonObjStart(&r);
+		JsonObjAddString(&r, "at", "turn");
+		JsonObjAddJsonb(&r, "error", JsonGetJsonb(p, "error"));
+		effect = fixture_effect(step, "abort", NULL, JsonObjEnd(&r));
+	}
 	else if (strcmp(type, "children_ended") == 0)
 	{
 		JsonObjBuilder r;
@@ -276,10 +300,13 @@ pin_effects(int64 id, Jsonb *pending_requests, int64 *tokens)
 	StringInfoData effects;
 	int			n;
 
-	n = (int) select_for_run("SELECT type, agent_id, payload, COALESCE(tokens, 0) FROM tuvl.events "
+	n = (int) select_for_run("SELECT type, agent_id, payload, "
+							 "  CASE WHEN type OPERATOR(pg_catalog.=) 'llm_turn' THEN COALESCE(tokens, 0) ELSE 0 END "
+							 "FROM tuvl.events "
 							 "WHERE run_id OPERATOR(pg_catalog.=) $1 "
 							 "  AND type OPERATOR(pg_catalog.=) ANY ('{llm_turn,tool_call,tool_result,"
-							 "decision,approval_decided,children_ended}'::pg_catalog.text[]) ORDER BY seq",
+							 "decision,approval_decided,children_ended,run_aborted,agent_completed}'::pg_catalog.text[]) "
+							 "ORDER BY seq",
 							 id);
 	initStringInfo(&effects);
 	for (int i = 0; i < n; i++)
@@ -546,6 +573,88 @@ ReplayTakeChildren(RunState *run, const char *step)
 						"result");
 }
 
+/* The next recorded effect if it is an operator's action of type at (NULL: any). */
+static Jsonb *
+next_action(Replay *rp, const char *type, const char *at)
+{
+	Jsonb	   *e;
+	char	   *etype;
+
+	if (rp == NULL || rp->next >= JsonArraySize(rp->effects))
+		return NULL;
+	e = JsonArrayAt(rp->effects, rp->next);
+	etype = JsonGetString(e, "type");
+	if (etype == NULL || strcmp(etype, type) != 0)
+		return NULL;
+	if (at && (JsonGetString(JsonGetJsonb(e, "result"), "at") == NULL ||
+			   strcmp(JsonGetString(JsonGetJsonb(e, "result"), "at"), at) != 0))
+		return NULL;
+	return JsonGetJsonb(e, "result");
+}
+
+/* The abort directive {reason, by} of error "aborted by <by>[: <reason>]". */
+static Jsonb *
+abort_from_error(const char *error)
+{
+	const char *by = error + strlen("aborted by ");
+	const char *colon = strstr(by, ": ");
+	JsonObjBuilder b;
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "by", colon ? pnstrdup(by, colon - by) : by);
+	JsonObjAddString(&b, "reason", colon ? colon + 2 : NULL);
+	return JsonObjEnd(&b);
+}
+
+/*
+ * An agent of step at the top of a turn, in a replay: the operator's steer
+ * messages and abort the recording applied here, merged into control as
+ * tuvl.steer_run() and tuvl.abort_run() wrote them.
+ */
+Jsonb *
+ReplayControl(RunState *run, const char *step, Jsonb *control)
+{
+	Replay	   *rp = current_replay;
+	Jsonb	   *r;
+
+	while ((r = next_action(rp, "steer", NULL)) != NULL ||
+		   (r = next_action(rp, "abort", "turn")) != NULL)
+	{
+		bool		steer = JsonGetField(r, "message") != NULL;
+		Jsonb	   *queue;
+
+		(void) take_effect_of(rp, step, steer ? "steer" : "abort", "an operator's action");
+		if (control == NULL)
+			control = JsonEmptyObject();
+		if (!steer)
+			return JsonSetKey(control, "abort", abort_from_error(JsonGetString(r, "error")));
+		queue = JsonGetField(control, "steer") ? JsonGetJsonb(control, "steer") : JsonEmptyObject();
+		control = JsonSetKey(control, "steer",
+							 JsonSetKey(queue, psprintf("%020d", rp->next), JsonRemoveKey(r, "at")));
+	}
+	return control;
+}
+
+/*
+ * Before a transition: an operator's abort that the recording applied
+ * between steps here becomes the run's abort directive.
+ */
+static bool
+serve_between(RunState *run, void *arg)
+{
+	Replay	   *rp = arg;
+	Jsonb	   *r = next_action(rp, "abort", "between");
+
+	if (r)
+	{
+		Jsonb	   *control = run->control ? run->control : JsonEmptyObject();
+
+		rp->next++;
+		RunKeepJsonb(run, &run->control, JsonSetKey(control, "abort", JsonRemoveKey(r, "at")));
+	}
+	return true;
+}
+
 /*
  * The run waits for a person: answer from the recording, as tuvl.submit()
  * or tuvl.decide() did, and take the run again.
@@ -561,6 +670,16 @@ serve_person(RunState *run, void *arg)
 
 	if (run->status == RUN_PAUSED)
 		return false;
+	/* the recording was aborted while it waited */
+	if (next_action(rp, "abort", "between"))
+	{
+		Jsonb	   *r = next_action(rp, "abort", "between");
+
+		rp->next++;
+		ControlAbortRun(run->id, JsonGetString(r, "reason"), JsonGetString(r, "by"));
+		run->status = RUN_ABORTED;
+		return false;
+	}
 	e = take_effect(rp, run, human ? "human" : "approval",
 					human ? "data for a Human step" : "a decision on a tool call");
 	record = JsonGetJsonb(e, "result");
@@ -765,7 +884,7 @@ tuvl_replay(PG_FUNCTION_ARGS)
 	RunEnd		end;
 	JsonObjBuilder b;
 	int			transitions = 0;
-	RunPerformer performer = {serve_effect, serve_person, NULL, &rp};
+	RunPerformer performer = {serve_effect, serve_person, serve_between, &rp};
 
 	if (PG_ARGISNULL(0))
 		PG_RETURN_NULL();

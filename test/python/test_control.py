@@ -601,6 +601,15 @@ def test_steer_reaches_the_next_model_request(conn, as_role, provider):
         ("triage", {"action": "steer", "iteration": 2, "by": CAROL, "message": m}) for m in messages]
     assert run_row(conn, run_id)["control"] is None
     assert journal_violations(conn, [run_id]) == []
+    # the steer messages are part of the fixture: the replay takes them in at the same turn
+    # and so asks the model exactly what the recording asked
+    alice = as_role(ALICE)
+    fixture = q1(alice, "SELECT tuvl.pin_run(%s)", (run_id,))
+    steers = [e for e in fixture["effects"] if e["type"] == "steer"]
+    assert [e["result"] for e in steers] == [{"message": m, "by": CAROL} for m in messages]
+    result = q1(alice, "SELECT tuvl.replay(%s)", (json.dumps(fixture),))
+    assert result["status"] == "completed" and result["effects_served"] == len(fixture["effects"]), result
+    assert len(sent(name)) == 3, "a replay asks the model nothing"
 
 
 @needs_llm
@@ -682,6 +691,12 @@ def test_abort_of_a_paused_agent_takes_its_aborted_route(conn, as_role):
     assert (row["end_name"], row["response"]) == ("stopped", {"stopped": f"aborted by {ALICE}: stale"})
     assert len(sent(name)) == 1
     assert events(conn, run_id, "agent_completed")[0][3]["signal"] == "aborted"
+    # the abort is part of the fixture: the replayed agent takes its aborted exit at the same turn
+    fixture = q1(alice, "SELECT tuvl.pin_run(%s)", (run_id,))
+    assert fixture["effects"][-1]["type"] == "abort"
+    result = q1(alice, "SELECT tuvl.replay(%s)", (json.dumps(fixture),))
+    assert (result["status"], result["end"], result["response"]) == \
+        ("completed", "stopped", {"stopped": f"aborted by {ALICE}: stale"}), result
 
 
 @needs_llm
