@@ -12,6 +12,11 @@
  * have had, and each transition runs the compensator of the top entry
  * and pops it, so a crash never runs a finished compensator again.
  *
+ * A Workflow step is remembered too, with the child runs it started
+ * ("runs"), as its own compensator: compensating it reopens each child
+ * that completed with steps to compensate (step_workflow.c), and waits
+ * until they are compensated.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -20,6 +25,8 @@
 #include "utils/fmgrprotos.h"
 #include "utils/memutils.h"
 
+#include "effect.h"
+#include "executor.h"
 #include "journal.h"
 #include "jsonutil.h"
 #include "transition.h"
@@ -69,18 +76,40 @@ stage_compensation(RunState *run, Jsonb *comp)
 	MemoryContextSwitchTo(old);
 }
 
-/* A completed step that declares a compensator is remembered. */
+/* The child runs a Workflow step started (its effect "children"), or NULL. */
+static Jsonb *
+step_children(RunState *run)
+{
+	for (int i = EffectCount(run) - 1; i >= 0; i--)
+	{
+		Jsonb	   *rec = EffectAt(run, i);
+		char	   *op = JsonGetString(rec, "op");
+
+		if (op && strcmp(op, "children") == 0)
+			return JsonGetJsonb(rec, "runs");
+	}
+	return NULL;
+}
+
+/*
+ * A completed step that declares a compensator is remembered; so is a
+ * Workflow step, whose children compensate.
+ */
 void
 CompensationRemember(RunState *run, const StepDef *step, StepResult *result)
 {
 	Jsonb	   *comp = comp_current(run);
 	JsonObjBuilder b;
+	Jsonb	   *children = step->kind == STEP_WORKFLOW ? step_children(run) : NULL;
 
-	if (JsonGetString(step->spec, "compensate") == NULL)
+	if (JsonGetString(step->spec, "compensate") == NULL && children == NULL)
 		return;
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "step", step->id);
-	JsonObjAddString(&b, "compensate", JsonGetString(step->spec, "compensate"));
+	/* a Workflow step's compensator is itself: its children compensate */
+	JsonObjAddString(&b, "compensate", children ? step->id : JsonGetString(step->spec, "compensate"));
+	if (children)
+		JsonObjAddJsonb(&b, "runs", children);
 	JsonObjAddString(&b, "output_key", step->output_key);
 	JsonObjAddJsonb(&b, "output", result->has_output ? result->output : NULL);
 	JsonObjAddJsonb(&b, "input", run->context);

@@ -47,6 +47,7 @@
 #include "security.h"
 #include "spiutil.h"
 #include "template.h"
+#include "transition.h"
 #include "tuvl.h"
 
 PG_FUNCTION_INFO_V1(tuvl_run_ended);
@@ -280,27 +281,138 @@ replay_children(RunState *run, const StepDef *step, StepResult *result)
 	}
 }
 
-void
-StepExecuteWorkflow(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *result)
+/* The runs of the step's effect op (the ids it recorded), or NULL. */
+static Jsonb *
+recorded_runs(RunState *run, const char *op)
 {
-	Jsonb	   *ids = NULL;
-	int32		priority;
+	for (int i = EffectCount(run) - 1; i >= 0; i--)
+	{
+		Jsonb	   *rec = EffectAt(run, i);
+		char	   *o = JsonGetString(rec, "op");
+
+		if (o && strcmp(o, op) == 0)
+			return JsonGetJsonb(rec, "runs");
+	}
+	return NULL;
+}
+
+/*
+ * Reopen for compensation the children of ids that completed and have
+ * completed steps to compensate: each is queued compensating, with the end
+ * it had as the cause, and ends compensated (or failed) in its turn.
+ * Returns their ids.
+ */
+static Jsonb *
+reopen_children(RunState *run, Jsonb *ids)
+{
+	static const Oid types[2] = {INT8ARRAYOID, TEXTOID};
+	Datum		values[2];
+	StringInfoData out;
+	uint64		n;
+	SPITupleTable *tt;
+	SecurityFrame frame;
+
+	values[0] = id_array(ids);
+	values[1] = CStringGetTextDatum(psprintf("compensated: its parent run " INT64_FORMAT " compensates", run->id));
+	SecurityAsOwner(&frame);
+	n = SpiExec("UPDATE tuvl.runs c SET status = 'queued', finished_at = NULL, step_state = NULL, "
+				"  current_step = c.compensation OPERATOR(pg_catalog.->) 'stack' OPERATOR(pg_catalog.->) -1 "
+				"                 OPERATOR(pg_catalog.->>) 'compensate', "
+				"  compensation = c.compensation OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object("
+				"    'cause', pg_catalog.jsonb_build_object('status', 'completed', 'end', c.end_name, "
+				"                                           'response', c.response, 'error', $2), "
+				"    'failed', '[]'::pg_catalog.jsonb), "
+				"  last_seq = c.last_seq OPERATOR(pg_catalog.+) 1 "
+				"WHERE c.id OPERATOR(pg_catalog.=) ANY ($1) AND c.status OPERATOR(pg_catalog.=) 'completed' "
+				"  AND pg_catalog.jsonb_array_length(COALESCE(c.compensation OPERATOR(pg_catalog.->) 'stack', "
+				"                                              '[]'::pg_catalog.jsonb)) OPERATOR(pg_catalog.>) 0 "
+				"RETURNING c.id, c.last_seq OPERATOR(pg_catalog.-) 1, c.current_step, c.principal_id, c.priority",
+				2, types, values, NULL, SPI_OK_UPDATE_RETURNING);
+	tt = SPI_tuptable;
+	initStringInfo(&out);
+	appendStringInfoChar(&out, '[');
+	for (uint64 i = 0; i < n; i++)
+	{
+		JsonObjBuilder b;
+
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "by", "tuvl");
+		JsonObjAddString(&b, "reason", TextDatumGetCString(values[1]));
+		appendStringInfo(&out, "%s%s", i ? "," : "", SPI_getvalue(tt->vals[i], tt->tupdesc, 1));
+		/* journals, with SPI: tt stays, SPI_tuptable does not */
+		ControlJournalRequeued(tt, i, "Workflow", JsonObjEnd(&b));
+	}
+	SecurityRestore(&frame);
+	appendStringInfoChar(&out, ']');
+	if (n > 0)
+		TuvlWakeWorkersAtCommit();
+	return JsonFromCString(out.data);
+}
+
+/*
+ * The step as the compensator of its own entry: its children that
+ * completed compensate their completed steps, and it waits for them.
+ */
+static void
+compensate_children(RunState *run, const StepDef *step, Jsonb *entry, StepResult *result)
+{
+	Jsonb	   *ids = recorded_runs(run, "compensating");
 	ChildrenState cs;
 	JsonObjBuilder b;
 
+	result->has_output = false;
+	if (run->replay)
+		return;
+	(void) lock_self(run);
+	if (ids == NULL)
+	{
+		ids = reopen_children(run, JsonGetJsonb(entry, "runs"));
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "op", "compensating");
+		JsonObjAddJsonb(&b, "runs", ids);
+		EffectRecord(run, JsonObjEnd(&b));
+		journal_children(run, step, "children_compensating", ids, NULL, NULL);
+	}
+	read_children(ids, &cs);
+	if (cs.open > 0)
+	{
+		park(step, ids, result);
+		return;
+	}
+	/* a child whose compensation failed ended failed */
+	{
+		static const Oid types[1] = {INT8ARRAYOID};
+		Datum		values[1];
+
+		values[0] = id_array(ids);
+		if (SecurityExec("SELECT pg_catalog.format('the compensation of child run %s failed: %s', id, error) "
+						 "FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) ANY ($1) "
+						 "  AND status OPERATOR(pg_catalog.=) 'failed' ORDER BY id LIMIT 1",
+						 1, types, values, NULL, SPI_OK_SELECT) == 1)
+			child_failed(result, SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1));
+	}
+}
+
+void
+StepExecuteWorkflow(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *result)
+{
+	Jsonb	   *ids;
+	int32		priority;
+	ChildrenState cs;
+	JsonObjBuilder b;
+	Jsonb	   *top = CompensationActive(run) ? CompensationTop(run->compensation) : NULL;
+
+	if (top && JsonGetField(top, "runs") && strcmp(JsonGetString(top, "step"), step->id) == 0)
+	{
+		compensate_children(run, step, top, result);
+		return;
+	}
 	if (run->replay)
 	{
 		replay_children(run, step, result);
 		return;
 	}
-	for (int i = EffectCount(run) - 1; i >= 0 && ids == NULL; i--)
-	{
-		Jsonb	   *rec = EffectAt(run, i);
-		char	   *op = JsonGetString(rec, "op");
-
-		if (op && strcmp(op, "children") == 0)
-			ids = JsonGetJsonb(rec, "runs");
-	}
+	ids = recorded_runs(run, "children");
 	priority = lock_self(run);
 	if (ids == NULL)
 	{

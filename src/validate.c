@@ -1247,6 +1247,9 @@ check_workflow_step(ValidateState *vs, Jsonb *step, const char *path)
 		add_finding(vs, "error", psprintf("%s.max_parallel", path),
 					"max_parallel bounds a for_each fan-out; this step starts one child");
 	check_positive_int(vs, step, "version", path);
+	if (JsonGetField(step, "compensate"))
+		add_finding(vs, "error", psprintf("%s.compensate", path),
+					"a Workflow step takes no compensate: when the run compensates, its children compensate their own completed steps; give the child workflow's steps compensators");
 	if (JsonGetField(step, "timeout"))
 		add_finding(vs, "error", psprintf("%s.timeout", path),
 					"a Workflow step takes no timeout: waiting for children is no step time; give the child workflow's steps timeouts, or abort the parent");

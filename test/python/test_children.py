@@ -366,3 +366,77 @@ def test_concurrency_is_checked(conn, block, path, message):
               "ends:\n  - { id: done, status: completed }\n")
     findings = q(conn, "SELECT path, message FROM tuvl.validate(%s) WHERE severity = 'error'", (source,))
     assert any(p == path and message in m for p, m in findings), findings
+
+
+# ---------------------------------------------------------------------------
+# A parent's compensation runs its children's
+
+BOOKING = """
+name: booking
+steps:
+  - { id: book, kind: ModelOp, sql: "INSERT INTO kids.bookings (n) VALUES ($1::int) RETURNING n",
+      params: ["{{ n }}"], output: b, compensate: unbook, routes: { default: done } }
+  - { id: unbook, kind: ModelOp, sql: "INSERT INTO kids.undone (n) VALUES ($1::int)", params: ["{{ n }}"] }
+ends:
+  - { id: done, status: completed, response: "{{ b.0.n }}" }
+"""
+
+TRIP = """
+name: trip
+steps:
+  - id: book_all
+    kind: Workflow
+    workflow: booking
+    for_each: "{{ items }}"
+    max_parallel: 2
+    input: { n: "{{ item }}" }
+    output: booked
+    routes: { default: pay }
+  - { id: pay, kind: ModelOp, sql: "SELECT 1 / $1::int AS ok", params: ["{{ pay }}"], output: paid,
+      routes: { default: done, error: refund } }
+ends:
+  - { id: done, status: completed, response: "{{ booked }}" }
+  - { id: refund, status: failed, rollback: true }
+"""
+
+
+@pytest.fixture(scope="module")
+def trips(wf):
+    conn = connect(wf)
+    q(conn, "CREATE SCHEMA IF NOT EXISTS kids; "
+            "CREATE TABLE IF NOT EXISTS kids.bookings (n int); CREATE TABLE IF NOT EXISTS kids.undone (n int); "
+            "GRANT USAGE ON SCHEMA kids TO PUBLIC; GRANT ALL ON kids.bookings, kids.undone TO PUBLIC")
+    q(conn, "SELECT tuvl.register_workflow(%s)", (BOOKING,))
+    q(conn, "SELECT tuvl.register_workflow(%s)", (TRIP,))
+    conn.close()
+    return wf
+
+
+def test_a_parents_compensation_compensates_its_children(trips, conns):
+    conn = conns(trips)
+    q(conn, "TRUNCATE kids.bookings, kids.undone")
+    run_id = q1(conn, "SELECT tuvl.start_run('trip', %s)", (json.dumps({"items": [1, 2, 3], "pay": 0}),))
+    assert q1(conn, "SELECT tuvl.wait(%s, '30 s')", (run_id,)) == "compensated"
+    kids = children(conn, run_id)
+    assert [k[1] for k in kids] == ["compensated"] * 3
+    assert [k[3] for k in kids] == [1, 2, 3], "a compensated child keeps the response it had"
+    assert sorted(r[0] for r in q(conn, "SELECT n FROM kids.undone")) == [1, 2, 3]
+    types = [r[0] for r in q(conn, "SELECT type FROM tuvl.events WHERE run_id = %s ORDER BY seq", (run_id,))]
+    assert "children_compensating" in types and types[-1] == "run_completed", types
+    child_types = [r[0] for r in q(conn, "SELECT type FROM tuvl.events WHERE run_id = %s ORDER BY seq",
+                                   (kids[0][0],))]
+    assert child_types.count("run_completed") == 2, child_types
+    assert child_types.index("compensation_completed") > child_types.index("run_completed"), child_types
+    assert journal_violations(conn, [run_id] + [k[0] for k in kids]) == []
+    # and when it goes through, nothing is undone
+    run_id = q1(conn, "SELECT tuvl.start_run('trip', %s)", (json.dumps({"items": [7], "pay": 1}),))
+    assert q1(conn, "SELECT tuvl.wait(%s, '30 s')", (run_id,)) == "completed"
+    assert [k[1] for k in children(conn, run_id)] == ["completed"]
+    assert q1(conn, "SELECT count(*) FROM kids.undone WHERE n = 7") == 0
+
+
+def test_a_workflow_step_takes_no_compensate(conn):
+    source = ("name: bad\nsteps:\n  - { id: w, kind: Workflow, workflow: double, compensate: x }\n"
+              "  - { id: x, kind: Router, on: a, routes: { a: done } }\nends:\n  - { id: done, status: completed }\n")
+    findings = q(conn, "SELECT path, message FROM tuvl.validate(%s) WHERE severity = 'error'", (source,))
+    assert any(p == "steps[0].compensate" and "takes no compensate" in m for p, m in findings), findings
