@@ -122,13 +122,19 @@ def children(conn, parent):
 
 
 def most_in_flight(conn, ids):
-    """The largest number of runs of ids in flight at once (from started_at
-    to finished_at), taken at every start."""
+    """The largest number of runs of ids in flight at once, taken at every
+    start: from the run_started event (journaled when the first step's
+    transition begins, in real time) to finished_at (set as the last
+    transition writes, before it commits).  A run admitted by another's end
+    can only begin after that end committed."""
     return q1(conn, """
-        SELECT coalesce(max((SELECT count(*) FROM tuvl.runs o
-                             WHERE o.id = ANY(%(ids)s) AND o.started_at <= r.started_at
-                               AND o.finished_at > r.started_at)), 0)
-        FROM tuvl.runs r WHERE r.id = ANY(%(ids)s)""", {"ids": ids})
+        WITH s AS (SELECT r.id, r.finished_at,
+                          (SELECT min(e.ts) FROM tuvl.events e
+                           WHERE e.run_id = r.id AND e.type = 'run_started') AS began
+                   FROM tuvl.runs r WHERE r.id = ANY(%(ids)s))
+        SELECT coalesce(max((SELECT count(*) FROM s o
+                             WHERE o.began <= x.began AND o.finished_at > x.began)), 0)
+        FROM s x""", {"ids": ids})
 
 
 def test_children_respond_in_order_and_name_their_parent(conn):
