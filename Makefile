@@ -31,6 +31,7 @@ OBJS = \
 	src/metrics.o \
 	src/queue.o \
 	src/replay.o \
+	src/retention.o \
 	src/lease.o \
 	src/retry.o \
 	src/runtime.o \

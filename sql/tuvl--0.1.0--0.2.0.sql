@@ -555,3 +555,206 @@ INSERT INTO tuvl.llm_versions (name, version, provider, source, definition, regi
     SELECT name, 1, provider, source, definition, owner, '-infinity' FROM tuvl.llms;
 GRANT SELECT ON tuvl.llm_versions TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('tuvl.llm_versions', '');
+
+/* ------------------------------------------------------------------ retention
+ *
+ * tuvl.purge() (retention.c) deletes finished runs older than its argument
+ * or tuvl.retention, with their journals, in batches that lock only
+ * finished runs.  Members of tuvl_admin may call it.
+ */
+CREATE FUNCTION tuvl.purge(older_than interval DEFAULT NULL) RETURNS bigint
+AS 'MODULE_PATHNAME', 'tuvl_purge' LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION tuvl.purge(interval) IS 'delete the runs that finished longer ago than older_than (default tuvl.retention), with their journals; returns how many runs';
+REVOKE ALL ON FUNCTION tuvl.purge(interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tuvl.purge(interval) TO tuvl_admin;
+CREATE INDEX runs_finished_idx ON tuvl.runs (finished_at) WHERE finished_at IS NOT NULL;
+
+/* ------------------------------------------------------------------ views
+ *
+ * What tuvl is doing, for psql.  Each reads tuvl.runs as the caller: a role
+ * sees its own runs, tuvl_operator every run.
+ */
+CREATE VIEW tuvl.runs_in_flight WITH (security_invoker = true) AS
+    SELECT r.id, r.workflow, r.workflow_version AS version, r.status, r.current_step AS step,
+           CASE
+               WHEN r.status OPERATOR(pg_catalog.=) 'queued' AND r.held_by OPERATOR(pg_catalog.=) 'concurrency'
+                   THEN pg_catalog.format('held: %s runs of concurrency key %s are in flight',
+                                          r.concurrency_limit, r.concurrency_key)
+               WHEN r.status OPERATOR(pg_catalog.=) 'queued' AND r.held_by OPERATOR(pg_catalog.=) 'max_parallel'
+                   THEN pg_catalog.format('held: its siblings fill max_parallel of run %s', r.parent_run_id)
+               WHEN r.status OPERATOR(pg_catalog.=) 'queued' THEN 'waiting for a worker'
+               WHEN r.status OPERATOR(pg_catalog.=) 'running'
+                   THEN pg_catalog.format('held by process %s', r.lease_owner)
+               WHEN r.status OPERATOR(pg_catalog.=) 'waiting_human' THEN 'waiting for tuvl.submit()'
+               WHEN r.status OPERATOR(pg_catalog.=) 'waiting_approval' THEN 'waiting for tuvl.decide()'
+               WHEN r.status OPERATOR(pg_catalog.=) 'paused' THEN 'paused: waiting for tuvl.resume_run()'
+               WHEN r.status OPERATOR(pg_catalog.=) 'sleeping' THEN pg_catalog.format('sleeping until %s', r.wake_at)
+               WHEN r.status OPERATOR(pg_catalog.=) 'waiting_children'
+                   THEN pg_catalog.format('waiting for %s child runs',
+                                          (SELECT pg_catalog.count(*) FROM tuvl.runs c
+                                           WHERE c.parent_run_id OPERATOR(pg_catalog.=) r.id
+                                             AND c.parent_step IS NOT NULL AND c.finished_at IS NULL))
+               WHEN r.status OPERATOR(pg_catalog.=) 'compensating' THEN 'undoing its completed steps'
+           END AS waiting_for,
+           r.principal, r.priority, r.parent_run_id, r.created_at,
+           pg_catalog.now() OPERATOR(pg_catalog.-) r.created_at AS age,
+           r.wake_at
+    FROM tuvl.runs r
+    WHERE r.finished_at IS NULL;
+COMMENT ON VIEW tuvl.runs_in_flight IS 'runs that have not ended, with what each waits for and its age';
+
+CREATE VIEW tuvl.people_queue WITH (security_invoker = true) AS
+    SELECT r.id AS run_id, r.workflow, r.status, r.current_step AS step, r.principal,
+           CASE WHEN r.status OPERATOR(pg_catalog.=) 'waiting_human' THEN 'tuvl.submit()' ELSE 'tuvl.decide()' END AS answer_with,
+           r.step_state OPERATOR(pg_catalog.->) 'awaiting' AS awaiting,
+           c.since, pg_catalog.now() OPERATOR(pg_catalog.-) c.since AS age,
+           r.wake_at AS deadline
+    FROM tuvl.runs r
+    CROSS JOIN LATERAL (SELECT pg_catalog.max(e.ts) AS since FROM tuvl.events e
+                        WHERE e.run_id OPERATOR(pg_catalog.=) r.id
+                          AND e.seq OPERATOR(pg_catalog.>) (r.last_seq OPERATOR(pg_catalog.-) 20)
+                          AND e.type OPERATOR(pg_catalog.=) 'checkpoint') c
+    WHERE r.status OPERATOR(pg_catalog.=) ANY ('{waiting_human,waiting_approval}'::pg_catalog.text[]);
+COMMENT ON VIEW tuvl.people_queue IS 'runs waiting for a person: data for a Human step (tuvl.submit) or a decision on a tool call (tuvl.decide), oldest first by age, with the deadline of a timeout';
+
+CREATE VIEW tuvl.slow_steps WITH (security_invoker = true) AS
+    SELECT r.id AS run_id, r.workflow, r.current_step AS step, r.status,
+           pg_catalog.to_timestamp(((r.step_state OPERATOR(pg_catalog.->>) 'entered')::pg_catalog.float8
+                                    OPERATOR(pg_catalog./) 1000000) OPERATOR(pg_catalog.+) 946684800) AS entered_at,
+           pg_catalog.now() OPERATOR(pg_catalog.-)
+           pg_catalog.to_timestamp(((r.step_state OPERATOR(pg_catalog.->>) 'entered')::pg_catalog.float8
+                                    OPERATOR(pg_catalog./) 1000000) OPERATOR(pg_catalog.+) 946684800) AS in_step
+    FROM tuvl.runs r
+    WHERE r.finished_at IS NULL AND r.step_state OPERATOR(pg_catalog.?) 'entered'
+      AND r.status OPERATOR(pg_catalog.=) ANY ('{running,queued,compensating}'::pg_catalog.text[]);
+COMMENT ON VIEW tuvl.slow_steps IS 'runs in the middle of a step that waits for a request, a model or an agent''s next turn: how long they have been in it (ORDER BY in_step DESC)';
+
+CREATE VIEW tuvl.workers AS
+    SELECT w.pid, d.datname AS database, w.worker, w.runs_held, w.transfers_in_flight,
+           w.peak_transfers_in_flight, w.heartbeat,
+           pg_catalog.now() OPERATOR(pg_catalog.-) w.heartbeat AS since_heartbeat,
+           a.state, a.query AS activity
+    FROM tuvl.worker_status() w
+    LEFT JOIN pg_catalog.pg_database d ON d.oid OPERATOR(pg_catalog.=) w.database
+    LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) w.pid;
+COMMENT ON VIEW tuvl.workers IS 'each tuvl worker of the server: its database, the runs it holds, its HTTP transfers, its last heartbeat and what it does now';
+
+CREATE VIEW tuvl.queue_depth WITH (security_invoker = true) AS
+    SELECT r.workflow,
+           pg_catalog.count(*) FILTER (WHERE r.held_by IS NULL) AS ready,
+           pg_catalog.count(*) FILTER (WHERE r.held_by IS NOT NULL) AS held,
+           pg_catalog.min(r.created_at) FILTER (WHERE r.held_by IS NULL) AS oldest_ready,
+           pg_catalog.now() OPERATOR(pg_catalog.-) pg_catalog.min(r.created_at) FILTER (WHERE r.held_by IS NULL) AS oldest_ready_age
+    FROM tuvl.runs r
+    WHERE r.status OPERATOR(pg_catalog.=) 'queued'
+    GROUP BY r.workflow;
+COMMENT ON VIEW tuvl.queue_depth IS 'queued runs per workflow: ready for a worker, held back (max_parallel, concurrency), and the age of the oldest ready one';
+
+GRANT SELECT ON tuvl.runs_in_flight, tuvl.people_queue, tuvl.slow_steps, tuvl.workers, tuvl.queue_depth TO tuvl_user;
+
+/* ------------------------------------------------------------------ graph
+ *
+ * tuvl.graph(workflow, format) draws the newest version's steps, routes
+ * and ends as Mermaid or Graphviz dot text.  A step's default signal with
+ * no route flows to the next main-line step (or the implicit end); a
+ * compensator hangs off its step by a dashed edge.
+ */
+CREATE FUNCTION tuvl.graph(workflow text, format text DEFAULT 'mermaid') RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $graph$
+DECLARE
+    def jsonb;
+    steps jsonb;
+    n int;
+    off_line text[] := '{}';
+    main text[] := '{}';
+    lines text[] := '{}';
+    s jsonb;
+    sid text;
+    kv record;
+    nxt text;
+    idx int;
+    dot boolean;
+    implicit boolean := false;
+BEGIN
+    IF format IS NULL OR format NOT IN ('mermaid', 'dot') THEN
+        RAISE EXCEPTION 'format must be mermaid or dot, not %', coalesce(format, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    dot := format = 'dot';
+    SELECT w.definition INTO def FROM tuvl.workflows w
+     WHERE w.name = graph.workflow ORDER BY w.version DESC LIMIT 1;
+    IF def IS NULL THEN
+        RAISE EXCEPTION 'workflow "%" does not exist', graph.workflow
+            USING ERRCODE = 'undefined_object', HINT = 'Register it with tuvl.register_workflow().';
+    END IF;
+    steps := coalesce(def -> 'steps', '[]');
+    n := jsonb_array_length(steps);
+    -- steps off the main line: compensators and agent tools named by ref
+    FOR s IN SELECT value FROM jsonb_array_elements(steps) LOOP
+        IF s ? 'compensate' THEN off_line := off_line || (s ->> 'compensate'); END IF;
+        IF jsonb_typeof(s -> 'agent' -> 'tools') = 'array' THEN
+            off_line := off_line || ARRAY(SELECT t ->> 'ref' FROM jsonb_array_elements(s -> 'agent' -> 'tools') t
+                                          WHERE jsonb_typeof(t) = 'object' AND t ? 'ref');
+        END IF;
+    END LOOP;
+    FOR s IN SELECT value FROM jsonb_array_elements(steps) LOOP
+        IF NOT (s ->> 'id') = ANY (off_line) THEN main := main || (s ->> 'id'); END IF;
+    END LOOP;
+
+    lines := lines || CASE WHEN dot THEN format('digraph %s {', to_json(graph.workflow)::text)
+                           ELSE 'flowchart TD' END;
+    IF dot THEN lines := lines || '  rankdir=TB;'::text; END IF;
+    FOR s IN SELECT value FROM jsonb_array_elements(steps) LOOP
+        sid := s ->> 'id';
+        lines := lines || CASE WHEN dot
+            THEN format('  %s [shape=box, label=%s];', to_json('s_' || sid)::text, to_json(sid || E'\n' || (s ->> 'kind'))::text)
+            ELSE format('  s_%s["%s<br/><i>%s</i>"]', sid, replace(sid, '"', '#quot;'), s ->> 'kind') END;
+    END LOOP;
+    FOR s IN SELECT value FROM jsonb_array_elements(coalesce(def -> 'ends', '[]')) LOOP
+        lines := lines || CASE WHEN dot
+            THEN format('  %s [shape=oval, label=%s];', to_json('e_' || (s ->> 'id'))::text,
+                        to_json((s ->> 'id') || E'\n' || coalesce(s ->> 'status', 'completed'))::text)
+            ELSE format('  e_%s(["%s: %s"])', s ->> 'id', s ->> 'id', coalesce(s ->> 'status', 'completed')) END;
+    END LOOP;
+
+    FOR s IN SELECT value FROM jsonb_array_elements(steps) LOOP
+        sid := s ->> 'id';
+        FOR kv IN SELECT key, value #>> '{}' AS target FROM jsonb_each(coalesce(s -> 'routes', '{}')) LOOP
+            nxt := CASE WHEN EXISTS (SELECT 1 FROM jsonb_array_elements(steps) x WHERE x ->> 'id' = kv.target)
+                        THEN 's_' || kv.target ELSE 'e_' || kv.target END;
+            lines := lines || CASE WHEN dot
+                THEN format('  %s -> %s [label=%s];', to_json('s_' || sid)::text, to_json(nxt)::text, to_json(kv.key)::text)
+                ELSE format('  s_%s -->|%s| %s', sid, kv.key, nxt) END;
+        END LOOP;
+        -- the default signal without a route flows down the main line
+        IF sid = ANY (main) AND NOT coalesce(s -> 'routes', '{}') ? 'default' THEN
+            idx := array_position(main, sid);
+            IF idx < array_length(main, 1) THEN
+                nxt := 's_' || main[idx + 1];
+            ELSE
+                nxt := 'implicit_end';
+                implicit := true;
+            END IF;
+            lines := lines || CASE WHEN dot
+                THEN format('  %s -> %s [label="default"];', to_json('s_' || sid)::text, to_json(nxt)::text)
+                ELSE format('  s_%s -->|default| %s', sid, nxt) END;
+        END IF;
+        IF s ? 'compensate' THEN
+            lines := lines || CASE WHEN dot
+                THEN format('  %s -> %s [style=dashed, label="compensate"];', to_json('s_' || sid)::text,
+                            to_json('s_' || (s ->> 'compensate'))::text)
+                ELSE format('  s_%s -.->|compensate| s_%s', sid, s ->> 'compensate') END;
+        END IF;
+    END LOOP;
+    IF implicit THEN
+        lines := lines || CASE WHEN dot THEN '  "implicit_end" [shape=oval, label="(end)\ncompleted"];'
+                               ELSE '  implicit_end(["(end): completed"])' END;
+    END IF;
+    IF dot THEN lines := lines || '}'::text; END IF;
+    RETURN array_to_string(lines, E'\n') || E'\n';
+END
+$graph$;
+COMMENT ON FUNCTION tuvl.graph(text, text) IS 'the newest version of a workflow drawn as Mermaid (flowchart) or Graphviz dot text: steps, routes, the default flow, compensators and ends';
+GRANT EXECUTE ON FUNCTION tuvl.graph(text, text) TO tuvl_user;

@@ -64,6 +64,7 @@ int			tuvl_http_max_redirects = 5;
 bool		tuvl_http_verify_tls = true;
 bool		tuvl_log_agent_events = false;
 char	   *tuvl_otlp_endpoint = NULL;
+char	   *tuvl_retention = NULL;
 
 
 /* Backend-local wake-ups to deliver at commit. */
@@ -537,6 +538,41 @@ define_int_gucs(const IntGuc *gucs, int n)
 	}
 }
 
+/* tuvl.retention: empty, or an interval that is not negative. */
+static bool
+check_retention(char **newval, void **extra, GucSource source)
+{
+	Interval   *volatile iv = NULL;
+	Interval	zero;
+	MemoryContext cxt = CurrentMemoryContext;
+
+	if (*newval == NULL || (*newval)[0] == '\0')
+		return true;
+	PG_TRY();
+	{
+		iv = DatumGetIntervalP(DirectFunctionCall3(interval_in, CStringGetDatum(*newval),
+												   ObjectIdGetDatum(InvalidOid), Int32GetDatum(-1)));
+	}
+	PG_CATCH();
+	{
+		MemoryContextSwitchTo(cxt);
+		FlushErrorState();
+	}
+	PG_END_TRY();
+	if (iv == NULL)
+	{
+		GUC_check_errdetail("tuvl.retention must be an interval, such as 30 days.");
+		return false;
+	}
+	memset(&zero, 0, sizeof(zero));
+	if (DatumGetBool(DirectFunctionCall2(interval_lt, IntervalPGetDatum(iv), IntervalPGetDatum(&zero))))
+	{
+		GUC_check_errdetail("tuvl.retention must not be negative.");
+		return false;
+	}
+	return true;
+}
+
 void
 TuvlDefineGucs(void)
 {
@@ -553,6 +589,11 @@ TuvlDefineGucs(void)
 							 "Turn off only for testing.",
 							 &tuvl_http_verify_tls, true,
 							 PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomStringVariable("tuvl.retention",
+							   "How long tuvl.purge() keeps finished runs, by default.",
+							   "An interval such as 30 days; empty (the default): tuvl.purge() needs its argument. Nothing is deleted unless tuvl.purge() is called (from pg_cron, say).",
+							   &tuvl_retention, "",
+							   PGC_SUSET, 0, check_retention, NULL, NULL);
 	DefineCustomStringVariable("tuvl.otlp_endpoint",
 							   "Where to export spans of runs, over OTLP/HTTP (JSON).",
 							   "For example http://127.0.0.1:4318/v1/traces; empty: no traces. The host must be in tuvl.http_allowed_hosts.",

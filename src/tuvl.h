@@ -123,6 +123,7 @@ extern int	tuvl_http_max_redirects;
 extern bool tuvl_http_verify_tls;
 extern bool tuvl_log_agent_events;
 extern char *tuvl_otlp_endpoint;
+extern char *tuvl_retention;
 
 /*
  * How many tuvl.replay() calls this backend is inside.  A replay serves

@@ -180,6 +180,36 @@ extension_present(void)
 	return OidIsValid(get_extension_oid("tuvl", true));
 }
 
+/*
+ * Is the extension's SQL at the library's version?  A library newer (or
+ * older) than the schema installed here would read tables that are not
+ * there yet: the worker does nothing until ALTER EXTENSION tuvl UPDATE,
+ * saying so once.  Inside a transaction, SPI connected.
+ */
+static bool schema_behind = false;
+
+static bool
+schema_matches_library(void)
+{
+	char	   *installed = NULL;
+	bool		match;
+
+	if (SPI_execute("SELECT extversion FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'tuvl'",
+					true, 1) == SPI_OK_SELECT && SPI_processed == 1)
+		installed = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+	match = installed != NULL && strcmp(installed, TUVL_VERSION) == 0;
+	if (!match && !schema_behind)
+		ereport(LOG,
+				(errmsg("tuvl worker waiting: extension tuvl is at version %s in this database, the library at %s",
+						installed ? installed : "?", TUVL_VERSION),
+				 errdetail("The worker runs nothing until the two agree."),
+				 errhint("Run ALTER EXTENSION tuvl UPDATE in this database.")));
+	else if (match && schema_behind)
+		ereport(LOG, (errmsg("tuvl worker resuming: extension tuvl is at version %s", installed)));
+	schema_behind = !match;
+	return match;
+}
+
 /* The extension is gone: tell the launcher and leave quietly. */
 static void
 exit_extension_dropped(void)
@@ -245,6 +275,11 @@ maintenance(bool renew)
 		exit_extension_dropped();
 	}
 	async_commit();
+	if (!schema_matches_library())
+	{
+		commit_tx();
+		return;
+	}
 	n = LeaseReclaim();
 	n += ControlExpirePauses();
 	n += ControlWakeSleepers();
@@ -388,7 +423,7 @@ claim(void)
 	List	   *runs;
 	bool		more;
 
-	if (room <= 0 || memory_full())
+	if (room <= 0 || memory_full() || schema_behind)
 		return 0;
 	begin_tx("tuvl claiming runs");
 	/* a lost claim only means the run is claimed again */

@@ -1,6 +1,6 @@
 -- The public SQL surface of the contract exists with the documented signatures.
 BEGIN;
-SELECT plan(32);
+SELECT plan(45);
 
 SELECT has_schema('tuvl');
 SELECT has_table('tuvl', 'workflows', 'tuvl.workflows exists');
@@ -24,5 +24,15 @@ SELECT columns_are('tuvl', 'metrics', ARRAY['name', 'kind', 'labels', 'value'],
     'tuvl.metrics has the contract''s columns');
 SELECT has_column('tuvl', 'runs', 'parent_run_id', 'tuvl.runs has parent_run_id');
 SELECT has_role('tuvl_operator');
+SELECT has_function('tuvl', 'replay', ARRAY['jsonb', 'text[]']);
+SELECT has_function('tuvl', 'purge', ARRAY['interval']);
+SELECT function_returns('tuvl', 'purge', ARRAY['interval'], 'bigint');
+SELECT has_function('tuvl', 'graph', ARRAY['text', 'text']);
+SELECT function_returns('tuvl', 'graph', ARRAY['text', 'text'], 'text');
+SELECT has_view('tuvl', v, 'tuvl.' || v || ' exists')
+FROM unnest(ARRAY['runs_in_flight', 'people_queue', 'slow_steps', 'workers', 'queue_depth']) AS v;
+SELECT has_column('tuvl', 'runs', c, 'tuvl.runs has ' || c)
+FROM unnest(ARRAY['parent_step', 'held_by']) AS c;
+SELECT has_table('tuvl', 'llm_versions', 'tuvl.llm_versions exists');
 SELECT * FROM finish();
 ROLLBACK;
