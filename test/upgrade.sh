@@ -36,6 +36,10 @@ check() {
 }
 sql() { psql -X -At -v ON_ERROR_STOP=1 -d "${DB:-up}" "$@"; }
 
+# a shallow clone lacks the history: deepen it (origin is where it came from)
+if ! git -C "$TUVL_ROOT" cat-file -e "$TUVL_V010^{commit}" 2>/dev/null; then
+    git -C "$TUVL_ROOT" fetch -q --unshallow 2>/dev/null || true
+fi
 old_src=$(mktemp -d /tmp/tuvl-v010.XXXXXX)
 cleanup_old() { rm -rf "$old_src"; }
 if ! git -C "$TUVL_ROOT" archive "$TUVL_V010" | tar -x -C "$old_src"; then
