@@ -50,6 +50,7 @@ def main():
     fair = load(d, "fairness.json")
     tracing = load(d, "tracing.json")
     mcp = load(d, "mcp.json")
+    ret = load(d, "retention.json")
     out = []
     p = out.append
 
@@ -168,6 +169,13 @@ def main():
         p("| fairness: ratio loaded / idle at p50 / p99 | %.1f / %.1f | <= 2 at p99: **%s** |"
           % (fair["ratio_p50"], fair["ratio_p99"], "met" if fair["ratio_p99"] <= 2 else "missed"))
         m = fair.get("memory")
+        if ret:
+            p("| retention: tuvl.purge() of %s runs and %s events: time, WAL (bytes per event) | %.1f s, %.0f MB (%.0f) | |"
+              % (num(ret["history_runs"]), num(ret["history_events"]), ret["purge_s"],
+                 ret["purge_wal_bytes"] / 1e6, ret["purge_wal_bytes_per_event"]))
+            p("| retention: five-step runs while it purges, steps/s and ratio to the same load without it | %.0f / %.0f (%.2f); %d lost | nothing lost: **%s** |"
+              % (ret["during_purge_steps_per_s"], ret["baseline_steps_per_s"], ret["ratio"],
+                 ret["load_runs_not_completed"], "met" if ret["load_runs_not_completed"] == 0 and ret["history_left"] == 0 else "missed"))
         if m and m.get("responses"):
             g = m["growth_mb"]
             p("| memory: %d runs fetching 10 MB each, tuvl.max_worker_memory = %s: peak private memory growth per worker | %s MB (%.1f s) | bounded: limit + one result's working copies |"

@@ -40,6 +40,7 @@
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
+#include "utils/varlena.h"
 
 #include "http.h"
 #include "launcher.h"
@@ -52,11 +53,38 @@
 static BackgroundWorkerHandle **handles = NULL;
 
 /*
- * Databases that accept connections and are not templates, as a List in
- * the caller's memory context.
+ * Is the database named name one tuvl.databases lets workers run in?
+ * Empty: every database.  The list is split as search_path is (names
+ * folded to lower case unless quoted).
+ */
+static bool
+database_allowed(const char *name)
+{
+	char	   *raw;
+	List	   *names;
+	ListCell   *lc;
+	bool		found = false;
+
+	if (tuvl_databases == NULL || tuvl_databases[0] == '\0')
+		return true;
+	raw = pstrdup(tuvl_databases);
+	if (!SplitIdentifierString(raw, ',', &names))
+		return false;			/* the check hook refused such a value */
+	foreach(lc, names)
+		if (strcmp(lfirst(lc), name) == 0)
+			found = true;
+	list_free(names);
+	pfree(raw);
+	return found;
+}
+
+/*
+ * Databases that accept connections, are not templates and are allowed by
+ * tuvl.databases, as a List in the caller's memory context; *all gets
+ * every database that exists.
  */
 static List *
-list_databases(void)
+list_databases(List **all)
 {
 	List	   *dbs = NIL;
 	Relation	rel;
@@ -72,14 +100,13 @@ list_databases(void)
 	{
 		Form_pg_database db = (Form_pg_database) GETSTRUCT(tup);
 
-		if (db->datallowconn && !db->datistemplate)
-		{
-			/* the list must outlive the transaction */
-			MemoryContext old = MemoryContextSwitchTo(caller);
+		/* the lists must outlive the transaction */
+		MemoryContext old = MemoryContextSwitchTo(caller);
 
+		*all = lappend_oid(*all, db->oid);
+		if (db->datallowconn && !db->datistemplate && database_allowed(NameStr(db->datname)))
 			dbs = lappend_oid(dbs, db->oid);
-			MemoryContextSwitchTo(old);
-		}
+		MemoryContextSwitchTo(old);
 	}
 	table_endscan(scan);
 	table_close(rel, AccessShareLock);
@@ -187,15 +214,56 @@ start_worker(Oid dboid, int number)
 }
 
 /*
+ * Entries of databases not in dbs (dropped, or left out of
+ * tuvl.databases): their workers are asked to stop; the entry of a
+ * database that no longer exists (not in all) is freed once none runs, so
+ * that a server whose databases come and go never runs out of entries.
+ * Caller holds the lock.
+ */
+static void
+forget_unlisted(List *dbs, List *all)
+{
+	for (int e = 0; e < TUVL_MAX_DATABASES; e++)
+	{
+		TuvlDbEntry *entry = &TuvlShmem->dbs[e];
+		bool		busy = false;
+
+		if (entry->dboid == InvalidOid || list_member_oid(dbs, entry->dboid))
+			continue;
+		for (int i = 0; i < TuvlShmem->nslots; i++)
+		{
+			TuvlWorkerSlot *s = &TuvlShmem->slots[i];
+
+			if (!s->in_use || s->dboid != entry->dboid)
+				continue;
+			busy = true;
+			if (!s->stop_requested)
+			{
+				s->stop_requested = true;
+				if (s->latch)
+					SetLatch(s->latch);
+			}
+		}
+		if (!busy && !list_member_oid(all, entry->dboid))
+			memset(entry, 0, sizeof(TuvlDbEntry));
+	}
+}
+
+/*
  * Bring every database's pool to the configured size: probe unknown
  * databases with one worker, fill or trim pools where tuvl is present.
  */
 static void
 balance_pools(void)
 {
-	List	   *dbs = list_databases();
+	List	   *all = NIL;
+	List	   *dbs = list_databases(&all);
 	ListCell   *lc;
 	TimestampTz now = GetCurrentTimestamp();
+
+	LWLockAcquire(TuvlShmem->lock, LW_EXCLUSIVE);
+	forget_unlisted(dbs, all);
+	LWLockRelease(TuvlShmem->lock);
 
 	foreach(lc, dbs)
 	{
@@ -253,6 +321,7 @@ balance_pools(void)
 		}
 	}
 	list_free(dbs);
+	list_free(all);
 }
 
 static bool extension_created_pending = false;

@@ -34,6 +34,7 @@
 #include "utils/guc.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
+#include "utils/varlena.h"
 
 #include "deadline.h"
 #include "tuvl.h"
@@ -65,6 +66,7 @@ bool		tuvl_http_verify_tls = true;
 bool		tuvl_log_agent_events = false;
 char	   *tuvl_otlp_endpoint = NULL;
 char	   *tuvl_retention = NULL;
+char	   *tuvl_databases = NULL;
 
 
 /* Backend-local wake-ups to deliver at commit. */
@@ -573,6 +575,25 @@ check_retention(char **newval, void **extra, GucSource source)
 	return true;
 }
 
+/* tuvl.databases: a list of database names, as search_path is written. */
+static bool
+check_databases(char **newval, void **extra, GucSource source)
+{
+	char	   *raw;
+	List	   *names;
+	bool		ok;
+
+	if (*newval == NULL)
+		return true;
+	raw = pstrdup(*newval);
+	ok = SplitIdentifierString(raw, ',', &names);
+	list_free(names);
+	pfree(raw);
+	if (!ok)
+		GUC_check_errdetail("tuvl.databases must be a comma-separated list of database names.");
+	return ok;
+}
+
 void
 TuvlDefineGucs(void)
 {
@@ -589,6 +610,11 @@ TuvlDefineGucs(void)
 							 "Turn off only for testing.",
 							 &tuvl_http_verify_tls, true,
 							 PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomStringVariable("tuvl.databases",
+							   "The databases tuvl workers run in.",
+							   "A comma-separated list of database names (folded to lower case unless double-quoted); empty (the default): every database that has the extension.",
+							   &tuvl_databases, "",
+							   PGC_SIGHUP, GUC_LIST_INPUT, check_databases, NULL, NULL);
 	DefineCustomStringVariable("tuvl.retention",
 							   "How long tuvl.purge() keeps finished runs, by default.",
 							   "An interval such as 30 days; empty (the default): tuvl.purge() needs its argument. Nothing is deleted unless tuvl.purge() is called (from pg_cron, say).",

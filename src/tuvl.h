@@ -124,6 +124,7 @@ extern bool tuvl_http_verify_tls;
 extern bool tuvl_log_agent_events;
 extern char *tuvl_otlp_endpoint;
 extern char *tuvl_retention;
+extern char *tuvl_databases;
 
 /*
  * How many tuvl.replay() calls this backend is inside.  A replay serves

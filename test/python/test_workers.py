@@ -381,3 +381,52 @@ $$)""")
                    message="every worker idle again")
     finally:
         conn.close()
+
+
+# ---------------------------------------------------------------------------
+# Which databases get workers
+
+
+def test_tuvl_databases_limits_where_workers_run(fresh_databases, set_gucs):
+    kept = fresh_databases("tuvl_workers_kept")
+    left = fresh_databases("tuvl_workers_left")
+    for name in (kept, left):
+        query(name, "CREATE EXTENSION tuvl")
+    wait_until(lambda: len(worker_pids(kept)) == 2 and len(worker_pids(left)) == 2, 20,
+               message="workers in both databases")
+    set_gucs({"tuvl.databases": (f"postgres, {kept}", f"postgres, {kept}")})
+    wait_until(lambda: len(worker_pids(left)) == 0, 30, message="the workers of the left-out database to stop")
+    assert len(worker_pids(kept)) == 2
+    # a run started there waits queued until the database is listed again
+    query(left, "SELECT tuvl.register_workflow($$\nname: w\nsteps:\n  - { id: s, kind: Router, on: a, routes: { a: done } }\n"
+                "ends:\n  - { id: done, status: completed }\n$$)")
+    run_id = query(left, "SELECT tuvl.start_run('w')")[0][0]
+    time.sleep(1)
+    assert query(left, "SELECT status FROM tuvl.runs WHERE id = %s", (run_id,))[0][0] == "queued"
+    set_gucs({"tuvl.databases": ("", "")})
+    wait_until(lambda: len(worker_pids(left)) == 2, 30, message="the workers to come back")
+    wait_until(lambda: query(left, "SELECT status FROM tuvl.runs WHERE id = %s", (run_id,))[0][0] == "completed",
+               20, message="the run to complete")
+
+
+def test_dropped_databases_free_their_launcher_entries(fresh_databases, set_gucs):
+    """The launcher keeps 64 database entries; databases that come and go
+    must not use them up."""
+    set_gucs({"tuvl.launcher_naptime": ("100ms", "100ms")})
+    admin = connect("postgres")
+    names = [f"tuvl_workers_gone_{i}" for i in range(70)]
+    try:
+        for name in names:
+            q(admin, f'DROP DATABASE IF EXISTS "{name}"')
+            q(admin, f'CREATE DATABASE "{name}"')
+        # the launcher has seen them all (each probed by a worker that found no extension)
+        time.sleep(3)
+        for name in names:
+            q(admin, f'DROP DATABASE "{name}" WITH (FORCE)')
+    finally:
+        for name in names:
+            q(admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.close()
+    late = fresh_databases("tuvl_workers_late")
+    query(late, "CREATE EXTENSION tuvl")
+    wait_until(lambda: len(worker_pids(late)) == 2, 30, message="workers in a database created after 70 were dropped")
