@@ -89,7 +89,7 @@ def load_window(db, seconds, during=None):
         alive = during.is_alive() if during else False
         if not alive and time.time() - t0 >= seconds:
             break
-        cur.execute("SELECT count(*) FROM tuvl.runs WHERE status = 'queued' AND id > %s", (first_id,))
+        cur.execute("SELECT count(*) FROM tuvl.runs WHERE status = 'queued' AND held_by IS NULL AND id > %s", (first_id,))
         if cur.fetchone()[0] < 1000:
             cur.execute("SELECT count(tuvl.start_run('five')) FROM generate_series(1, 2000)")
         time.sleep(0.05)

@@ -629,7 +629,7 @@ CREATE VIEW tuvl.slow_steps WITH (security_invoker = true) AS
       AND r.status OPERATOR(pg_catalog.=) ANY ('{running,queued,compensating}'::pg_catalog.text[]);
 COMMENT ON VIEW tuvl.slow_steps IS 'runs in the middle of a step that waits for a request, a model or an agent''s next turn: how long they have been in it (ORDER BY in_step DESC)';
 
-CREATE VIEW tuvl.workers AS
+CREATE VIEW tuvl.workers WITH (security_invoker = true) AS
     SELECT w.pid, d.datname AS database, w.worker, w.runs_held, w.transfers_in_flight,
            w.peak_transfers_in_flight, w.heartbeat,
            pg_catalog.now() OPERATOR(pg_catalog.-) w.heartbeat AS since_heartbeat,

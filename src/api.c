@@ -389,7 +389,7 @@ ApiCreateRun(const RunStart *start, bool running, int *version_out)
 	/* a run beyond its concurrency limit, or its step's max_parallel, waits queued */
 	ConcurrencyKeyOf(wf, input, &conc);
 	held_by = start->held ? "max_parallel" : conc.key ? "concurrency" : NULL;
-	if (running && conc.key && !ConcurrencyHasRoom(workflow, &conc))
+	if (running && conc.key && !ConcurrencyHasRoom(workflow, &conc, GetUserId()))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("workflow \"%s\" already has %d runs in flight with concurrency key \"%s\"",
@@ -463,7 +463,7 @@ ApiCreateRun(const RunStart *start, bool running, int *version_out)
 		QueueNoteAtCommit(GetUserId(), start->priority, id);
 	/* a run of a concurrency key starts at once when there is room */
 	if (!running && !sleeping && !start->held && conc.key)
-		ConcurrencyAdmit(workflow, conc.key, conc.limit);
+		ConcurrencyAdmit(workflow, conc.key, conc.limit, GetUserId());
 
 	remember_created_run(id);
 	if (version_out)

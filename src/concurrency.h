@@ -20,7 +20,7 @@ typedef struct ConcurrencyKey
 } ConcurrencyKey;
 
 extern void ConcurrencyKeyOf(WorkflowDef *wf, Jsonb *input, ConcurrencyKey *conc);
-extern bool ConcurrencyHasRoom(const char *workflow, const ConcurrencyKey *conc);
-extern int	ConcurrencyAdmit(const char *workflow, const char *key, int limit);
+extern bool ConcurrencyHasRoom(const char *workflow, const ConcurrencyKey *conc, Oid principal);
+extern int	ConcurrencyAdmit(const char *workflow, const char *key, int limit, Oid principal);
 
 #endif							/* TUVL_CONCURRENCY_H */

@@ -826,6 +826,7 @@ wake(const char *wake_sql, bool human)
 	{
 		char	   *step = SPI_getvalue(tt->vals[i], tt->tupdesc, 3);
 		JsonObjBuilder b;
+		bool		null;
 
 		JsonObjStart(&b);
 		JsonObjAddString(&b, "by", "tuvl");
@@ -837,7 +838,8 @@ wake(const char *wake_sql, bool human)
 		if (!human && SPI_getvalue(tt->vals[i], tt->tupdesc, 9) != NULL)
 			(void) ConcurrencyAdmit(SPI_getvalue(tt->vals[i], tt->tupdesc, 6),
 									SPI_getvalue(tt->vals[i], tt->tupdesc, 7),
-									pg_strtoint32(SPI_getvalue(tt->vals[i], tt->tupdesc, 8)));
+									pg_strtoint32(SPI_getvalue(tt->vals[i], tt->tupdesc, 8)),
+									DatumGetObjectId(SPI_getbinval(tt->vals[i], tt->tupdesc, 4, &null)));
 	}
 	return (int) n;
 }

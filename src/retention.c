@@ -4,8 +4,9 @@
  *	  How long finished runs are kept: tuvl.retention and tuvl.purge().
  *
  * tuvl.purge(older_than) deletes the runs that finished longer ago than
- * older_than (default tuvl.retention) with their journals, in batches of
- * PURGE_BATCH runs, oldest first.  It touches only finished runs, which no
+ * older_than (default tuvl.retention, counted from the start of the
+ * transaction) with their journals, in batches of PURGE_BATCH runs,
+ * oldest first.  It touches only finished runs, which no
  * worker holds or waits for; a batch takes their row locks with SKIP
  * LOCKED, so a purge never waits for a session reading one FOR UPDATE
  * either.  A child run stays while its parent has not finished (the
@@ -20,6 +21,7 @@
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 
@@ -31,19 +33,27 @@ PG_FUNCTION_INFO_V1(tuvl_purge);
 
 #define PURGE_BATCH 1000
 
-/* The events of a batch of runs, then the runs: how many runs went. */
-static const char purge_sql[] =
-"WITH doomed AS ( "
+/*
+ * A batch: the ids of the oldest runs finished before $1 (none whose
+ * parent still runs), locked; then their events and the runs themselves,
+ * by id.  The batch size is a constant and the cutoff a timestamp, so that
+ * even a generic plan walks runs_finished_idx and the journal's primary
+ * key rather than scanning either table.
+ */
+static const char batch_sql[] =
+"SELECT pg_catalog.array_agg(id) FROM ( "
 "    SELECT r.id FROM tuvl.runs r "
-"    WHERE r.finished_at OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) $1) "
+"    WHERE r.finished_at OPERATOR(pg_catalog.<) $1 "
 "      AND NOT EXISTS (SELECT 1 FROM tuvl.runs p "
 "                      WHERE p.id OPERATOR(pg_catalog.=) r.parent_run_id AND r.parent_step IS NOT NULL "
 "                        AND p.finished_at IS NULL) "
-"    ORDER BY r.finished_at LIMIT $2 FOR UPDATE OF r SKIP LOCKED), "
-"  gone_events AS (DELETE FROM tuvl.events e USING doomed d "
-"                  WHERE e.run_id OPERATOR(pg_catalog.=) d.id RETURNING 1) "
-"DELETE FROM tuvl.runs r USING doomed d WHERE r.id OPERATOR(pg_catalog.=) d.id "
-"RETURNING (SELECT pg_catalog.count(*) FROM gone_events)";
+"    ORDER BY r.finished_at LIMIT " CppAsString2(PURGE_BATCH) " FOR UPDATE OF r SKIP LOCKED) b";
+
+static const char delete_events_sql[] =
+"DELETE FROM tuvl.events WHERE run_id OPERATOR(pg_catalog.=) ANY ($1)";
+
+static const char delete_runs_sql[] =
+"DELETE FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) ANY ($1)";
 
 /* tuvl.retention as an interval, or NULL when it is empty. */
 static Interval *
@@ -62,9 +72,8 @@ retention_interval(void)
 Datum
 tuvl_purge(PG_FUNCTION_ARGS)
 {
-	static const Oid types[2] = {INTERVALOID, INT4OID};
 	Interval   *older = PG_ARGISNULL(0) ? retention_interval() : PG_GETARG_INTERVAL_P(0);
-	Datum		values[2];
+	TimestampTz cutoff;
 	int64		runs = 0;
 	int64		events = 0;
 	SecurityFrame frame;
@@ -86,20 +95,28 @@ tuvl_purge(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("older_than must not be negative")));
-	values[0] = IntervalPGetDatum(older);
-	values[1] = Int32GetDatum(PURGE_BATCH);
+	cutoff = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_mi_interval,
+													 TimestampTzGetDatum(GetCurrentTransactionStartTimestamp()),
+													 IntervalPGetDatum(older)));
 	SPI_connect();
 	SecurityAsOwner(&frame);
 	for (;;)
 	{
-		uint64		n = SpiExec(purge_sql, 2, types, values, NULL, SPI_OK_DELETE_RETURNING);
+		static const Oid ts_type[1] = {TIMESTAMPTZOID};
+		static const Oid ids_type[1] = {INT8ARRAYOID};
+		Datum		value = TimestampTzGetDatum(cutoff);
+		Datum		ids;
 		bool		isnull;
+		int			n;
 
 		CHECK_FOR_INTERRUPTS();
-		if (n == 0)
+		SpiExec(batch_sql, 1, ts_type, &value, NULL, SPI_OK_SELECT);
+		ids = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+		if (isnull)
 			break;
-		runs += (int64) n;
-		events += DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+		n = ArrayGetNItems(ARR_NDIM(DatumGetArrayTypeP(ids)), ARR_DIMS(DatumGetArrayTypeP(ids)));
+		events += (int64) SpiExec(delete_events_sql, 1, ids_type, &ids, NULL, SPI_OK_DELETE);
+		runs += (int64) SpiExec(delete_runs_sql, 1, ids_type, &ids, NULL, SPI_OK_DELETE);
 		if (n < PURGE_BATCH)
 			break;
 	}

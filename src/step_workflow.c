@@ -486,7 +486,8 @@ WorkflowChildEnded(int64 parent_id, bool completed)
 
 			if (SPI_getvalue(tup, td, 5) != NULL)
 				(void) ConcurrencyAdmit(SPI_getvalue(tup, td, 4), SPI_getvalue(tup, td, 5),
-											 DatumGetInt32(SPI_getbinval(tup, td, 6, &isnull)));
+										DatumGetInt32(SPI_getbinval(tup, td, 6, &isnull)),
+										DatumGetObjectId(SPI_getbinval(tup, td, 2, &isnull)));
 			else
 			{
 				QueueNoteAtCommit(DatumGetObjectId(SPI_getbinval(tup, td, 2, &isnull)),
@@ -547,6 +548,7 @@ tuvl_run_ended(PG_FUNCTION_ARGS)
 	char	   *status;
 	char	   *workflow;
 	char	   *limit;
+	Oid			principal;
 
 	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(trigdata->tg_event) ||
 		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) || !TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event))
@@ -560,10 +562,16 @@ tuvl_run_ended(PG_FUNCTION_ARGS)
 	status = column_text(tup, td, "status");
 	workflow = column_text(tup, td, "workflow");
 	limit = column_text(tup, td, "concurrency_limit");
+	{
+		bool		isnull;
+
+		principal = DatumGetObjectId(SPI_getbinval(tup, td, SPI_fnumber(td, "principal_id"), &isnull));
+	}
 
 	SPI_connect();
 	if (key)
-		(void) ConcurrencyAdmit(workflow, key, limit ? pg_strtoint32(limit) : 1);
+		(void) ConcurrencyAdmit(workflow, key, limit ? pg_strtoint32(limit) : 1,
+								principal);
 	if (parent)
 		WorkflowChildEnded(pg_strtoint64(parent), strcmp(status, "completed") == 0);
 	SPI_finish();

@@ -446,3 +446,19 @@ def test_a_workflow_step_takes_no_compensate(conn):
               "  - { id: x, kind: Router, on: a, routes: { a: done } }\nends:\n  - { id: done, status: completed }\n")
     findings = q(conn, "SELECT path, message FROM tuvl.validate(%s) WHERE severity = 'error'", (source,))
     assert any(p == "steps[0].compensate" and "takes no compensate" in m for p, m in findings), findings
+
+
+def test_a_role_cannot_hold_back_anothers_runs_by_filling_a_key(wf, conns):
+    """The limit holds per role: any tuvl_user may start any workflow, and
+    must not be able to block another role's runs of a key."""
+    admin = conns(wf)
+    q(admin, "DROP ROLE IF EXISTS key_squatter")
+    q(admin, "CREATE ROLE key_squatter LOGIN IN ROLE tuvl_user")
+    squatter = conns(wf, user="key_squatter")
+    theirs = q1(squatter, "SELECT tuvl.start_run('keyed', '{\"customer\": \"wayne\"}')")
+    mine = q1(admin, "SELECT tuvl.start_run('keyed', '{\"customer\": \"wayne\"}')")
+    assert q1(admin, "SELECT held_by FROM tuvl.runs WHERE id = %s", (mine,)) is None
+    second = q1(admin, "SELECT tuvl.start_run('keyed', '{\"customer\": \"wayne\"}')")
+    assert q1(admin, "SELECT held_by FROM tuvl.runs WHERE id = %s", (second,)) == "concurrency"
+    for run_id in (theirs, mine, second):
+        assert q1(admin, "SELECT tuvl.wait(%s, '20 s')", (run_id,)) == "completed"
