@@ -76,21 +76,6 @@ stage_compensation(RunState *run, Jsonb *comp)
 	MemoryContextSwitchTo(old);
 }
 
-/* The child runs a Workflow step started (its effect "children"), or NULL. */
-static Jsonb *
-step_children(RunState *run)
-{
-	for (int i = EffectCount(run) - 1; i >= 0; i--)
-	{
-		Jsonb	   *rec = EffectAt(run, i);
-		char	   *op = JsonGetString(rec, "op");
-
-		if (op && strcmp(op, "children") == 0)
-			return JsonGetJsonb(rec, "runs");
-	}
-	return NULL;
-}
-
 /*
  * A completed step that declares a compensator is remembered; so is a
  * Workflow step, whose children compensate.
@@ -100,7 +85,8 @@ CompensationRemember(RunState *run, const StepDef *step, StepResult *result)
 {
 	Jsonb	   *comp = comp_current(run);
 	JsonObjBuilder b;
-	Jsonb	   *children = step->kind == STEP_WORKFLOW ? step_children(run) : NULL;
+	Jsonb	   *rec = step->kind == STEP_WORKFLOW ? EffectFindOp(run, "children") : NULL;
+	Jsonb	   *children = rec ? JsonGetJsonb(rec, "runs") : NULL;
 
 	if (JsonGetString(step->spec, "compensate") == NULL && children == NULL)
 		return;

@@ -202,6 +202,21 @@ EffectAt(RunState *run, int position)
 														  position));
 }
 
+/* The step's latest effect record whose "op" is op, or NULL. */
+Jsonb *
+EffectFindOp(RunState *run, const char *op)
+{
+	for (int i = EffectCount(run) - 1; i >= 0; i--)
+	{
+		Jsonb	   *rec = EffectAt(run, i);
+		char	   *o = JsonGetString(rec, "op");
+
+		if (o && strcmp(o, op) == 0)
+			return rec;
+	}
+	return NULL;
+}
+
 /*
  * What tells this installation of tuvl apart from every other: the
  * cluster's system identifier, the database and the extension's OID

@@ -48,6 +48,7 @@ extern Jsonb *SecretScrubJsonb(Jsonb *j, List *secrets);
 
 extern int	EffectCount(RunState *run);
 extern Jsonb *EffectAt(RunState *run, int position);
+extern Jsonb *EffectFindOp(RunState *run, const char *op);
 extern char *EffectKey(RunState *run, int logical);
 extern char *EffectKeyBase(RunState *run);
 extern void EffectRecord(RunState *run, Jsonb *record);

@@ -74,22 +74,11 @@ SleepAddWake(JsonObjBuilder *b, TimestampTz until)
 void
 StepExecuteSleep(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *result)
 {
-	TimestampTz until = 0;
-	bool		known = false;
+	Jsonb	   *rec = EffectFindOp(run, "sleep");
+	TimestampTz until = rec ? (TimestampTz) JsonGetInt(rec, "until_us", 0) : 0;
 	JsonObjBuilder b;
 
-	for (int i = EffectCount(run) - 1; i >= 0 && !known; i--)
-	{
-		Jsonb	   *rec = EffectAt(run, i);
-		char	   *op = JsonGetString(rec, "op");
-
-		if (op && strcmp(op, "sleep") == 0)
-		{
-			until = (TimestampTz) JsonGetInt(rec, "until_us", 0);
-			known = true;
-		}
-	}
-	if (!known)
+	if (rec == NULL)
 	{
 		until = sleep_until(step, ctx);
 		JsonObjStart(&b);

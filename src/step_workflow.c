@@ -285,15 +285,9 @@ replay_children(RunState *run, const StepDef *step, StepResult *result)
 static Jsonb *
 recorded_runs(RunState *run, const char *op)
 {
-	for (int i = EffectCount(run) - 1; i >= 0; i--)
-	{
-		Jsonb	   *rec = EffectAt(run, i);
-		char	   *o = JsonGetString(rec, "op");
+	Jsonb	   *rec = EffectFindOp(run, op);
 
-		if (o && strcmp(o, op) == 0)
-			return JsonGetJsonb(rec, "runs");
-	}
-	return NULL;
+	return rec ? JsonGetJsonb(rec, "runs") : NULL;
 }
 
 /*
