@@ -38,15 +38,22 @@ PG_FUNCTION_INFO_V1(tuvl_purge);
  * parent still runs), locked; then their events and the runs themselves,
  * by id.  The batch size is a constant and the cutoff a timestamp, so that
  * even a generic plan walks runs_finished_idx and the journal's primary
- * key rather than scanning either table.
+ * key rather than scanning either table.  $2 is where the previous batch
+ * ended: the runs this transaction deleted stay in the index until vacuum,
+ * and a scan from the start would step over all of them again in every
+ * batch (a purge of n runs would cost n squared).  The parent is looked
+ * up by a subquery per candidate, not an anti-join: the planner, told by
+ * the statistics that hardly any run is unfinished, would otherwise read
+ * the whole table for the unfinished parents in every batch.
  */
 static const char batch_sql[] =
-"SELECT pg_catalog.array_agg(id) FROM ( "
-"    SELECT r.id FROM tuvl.runs r "
+"SELECT pg_catalog.array_agg(id), pg_catalog.max(finished_at) FROM ( "
+"    SELECT r.id, r.finished_at FROM tuvl.runs r "
 "    WHERE r.finished_at OPERATOR(pg_catalog.<) $1 "
-"      AND NOT EXISTS (SELECT 1 FROM tuvl.runs p "
-"                      WHERE p.id OPERATOR(pg_catalog.=) r.parent_run_id AND r.parent_step IS NOT NULL "
-"                        AND p.finished_at IS NULL) "
+"      AND r.finished_at OPERATOR(pg_catalog.>=) $2 "
+"      AND (r.parent_step IS NULL "
+"           OR (SELECT p.finished_at IS NULL FROM tuvl.runs p "
+"               WHERE p.id OPERATOR(pg_catalog.=) r.parent_run_id) IS NOT TRUE) "
 "    ORDER BY r.finished_at LIMIT " CppAsString2(PURGE_BATCH) " FOR UPDATE OF r SKIP LOCKED) b";
 
 static const char delete_events_sql[] =
@@ -74,6 +81,7 @@ tuvl_purge(PG_FUNCTION_ARGS)
 {
 	Interval   *older = PG_ARGISNULL(0) ? retention_interval() : PG_GETARG_INTERVAL_P(0);
 	TimestampTz cutoff;
+	TimestampTz from = DT_NOBEGIN;
 	int64		runs = 0;
 	int64		events = 0;
 	SecurityFrame frame;
@@ -102,18 +110,19 @@ tuvl_purge(PG_FUNCTION_ARGS)
 	SecurityAsOwner(&frame);
 	for (;;)
 	{
-		static const Oid ts_type[1] = {TIMESTAMPTZOID};
+		static const Oid ts_types[2] = {TIMESTAMPTZOID, TIMESTAMPTZOID};
 		static const Oid ids_type[1] = {INT8ARRAYOID};
-		Datum		value = TimestampTzGetDatum(cutoff);
+		Datum		values[2] = {TimestampTzGetDatum(cutoff), TimestampTzGetDatum(from)};
 		Datum		ids;
 		bool		isnull;
 		int			n;
 
 		CHECK_FOR_INTERRUPTS();
-		SpiExec(batch_sql, 1, ts_type, &value, NULL, SPI_OK_SELECT);
+		SpiExec(batch_sql, 2, ts_types, values, NULL, SPI_OK_SELECT);
 		ids = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 		if (isnull)
 			break;
+		from = DatumGetTimestampTz(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
 		n = ArrayGetNItems(ARR_NDIM(DatumGetArrayTypeP(ids)), ARR_DIMS(DatumGetArrayTypeP(ids)));
 		events += (int64) SpiExec(delete_events_sql, 1, ids_type, &ids, NULL, SPI_OK_DELETE);
 		runs += (int64) SpiExec(delete_runs_sql, 1, ids_type, &ids, NULL, SPI_OK_DELETE);
