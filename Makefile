@@ -27,6 +27,7 @@ OBJS = \
 	src/jsonutil.o \
 	src/launcher.o \
 	src/llm.o \
+	src/llm_request.o \
 	src/mcp.o \
 	src/metrics.o \
 	src/queue.o \

@@ -567,7 +567,19 @@ AS 'MODULE_PATHNAME', 'tuvl_purge' LANGUAGE C VOLATILE;
 COMMENT ON FUNCTION tuvl.purge(interval) IS 'delete the runs that finished longer ago than older_than (default tuvl.retention), with their journals; returns how many runs';
 REVOKE ALL ON FUNCTION tuvl.purge(interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tuvl.purge(interval) TO tuvl_admin;
+
 CREATE INDEX runs_finished_idx ON tuvl.runs (finished_at) WHERE finished_at IS NOT NULL;
+
+/*
+ * An llm_turn after a step's first journals its request as a delta from
+ * the turn before (llm_request.c); tuvl.llm_request() rebuilds it whole,
+ * from the journal the caller can read.
+ */
+CREATE FUNCTION tuvl.llm_request(run_id bigint, seq integer) RETURNS jsonb
+AS 'MODULE_PATHNAME', 'tuvl_llm_request' LANGUAGE C STRICT STABLE;
+COMMENT ON FUNCTION tuvl.llm_request(bigint, integer) IS 'the whole request of an llm_turn event, rebuilt from the deltas of the step''s turns; NULL when the event is not an llm_turn';
+REVOKE ALL ON FUNCTION tuvl.llm_request(bigint, integer) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tuvl.llm_request(bigint, integer) TO tuvl_user;
 
 /* ------------------------------------------------------------------ views
  *

@@ -61,4 +61,10 @@ extern void LlmParseResult(LlmConfig *cfg, Jsonb *result, LlmReply *reply);
 extern Jsonb *LlmTurnPayload(Jsonb *result, int *tokens);
 extern Jsonb *LlmStripRequest(Jsonb *result);
 
+/* llm_request.c: an llm_turn's request journaled as a delta */
+extern Jsonb *LlmRequestDelta(Jsonb *prev, Jsonb *next);
+extern Jsonb *LlmRequestRebuild(List *payloads);
+extern Jsonb *LlmRequestNext(Jsonb *prev, Jsonb *payload);
+extern Jsonb *LlmTurnCompact(int64 run_id, const char *agent_id, Jsonb *payload);
+
 #endif							/* TUVL_LLM_H */

@@ -207,12 +207,25 @@ add_run_fields(JsonObjBuilder *b, int64 id, HeapTuple tup, TupleDesc td,
  */
 static Jsonb *
 event_effect(const char *type, const char *step, Jsonb *p, const char *key,
-			 Jsonb **pending_requests)
+			 Jsonb **pending_requests, Jsonb **llm_requests)
 {
 	Jsonb	   *effect = NULL;
 
 	if (strcmp(type, "llm_turn") == 0)
-		effect = fixture_effect(step, "llm", JsonGetJsonb(p, "request"), llm_result(p));
+	{
+		Jsonb	   *request = JsonGetField(p, "request") ? JsonGetJsonb(p, "request") : NULL;
+
+		/* a step's turns after its first carry what changed (llm_request.c) */
+		if (step && JsonGetField(p, "judge") == NULL)
+		{
+			Jsonb	   *prev = JsonGetField(*llm_requests, step) ? JsonGetJsonb(*llm_requests, step) : NULL;
+
+			request = LlmRequestNext(prev, p);
+			if (request)
+				*llm_requests = JsonSetKey(*llm_requests, step, request);
+		}
+		effect = fixture_effect(step, "llm", request, llm_result(p));
+	}
 	else if (strcmp(type, "tool_call") == 0 && JsonGetField(p, "position"))
 		*pending_requests = JsonSetKey(*pending_requests, key, JsonGetJsonb(p, "request"));
 	else if (strcmp(type, "tool_result") == 0 && JsonGetField(p, "position"))
@@ -292,12 +305,15 @@ event_effect(const char *type, const char *step, Jsonb *p, const char *key,
  * Every result from outside the database in run id's journal, in order,
  * as the fixture's array of effects; *tokens gets the tokens it used.
  * pending_requests maps "step:position" to the requests of HTTP tool_calls.
+ * A step's model calls after its first are journaled as deltas and
+ * rebuilt here, in order.
  */
 static Jsonb *
 pin_effects(int64 id, Jsonb *pending_requests, int64 *tokens)
 {
 	bool		isnull;
 	StringInfoData effects;
+	Jsonb	   *llm_requests = JsonEmptyObject();	/* step -> its last request */
 	int			n;
 
 	n = (int) select_for_run("SELECT type, agent_id, payload, "
@@ -320,7 +336,7 @@ pin_effects(int64 id, Jsonb *pending_requests, int64 *tokens)
 		char	   *key = psprintf("%s:%s", step ? step : "", JsonGetField(p, "position") ? JsonText(JsonGetJsonb(p, "position")) : "");
 
 		*tokens += DatumGetInt32(SPI_getbinval(et, etd, 4, &isnull));
-		effect = event_effect(type, step, p, key, &pending_requests);
+		effect = event_effect(type, step, p, key, &pending_requests, &llm_requests);
 		if (effect)
 			appendStringInfo(&effects, "%s%s", effects.len ? ", " : "", JsonText(effect));
 	}

@@ -1075,7 +1075,11 @@ take_fresh_effect(Transition *t)
 		Jsonb	   *payload = LlmTurnPayload(run->fresh_effect, &tokens);
 
 		if (judge == NULL)
+		{
 			payload = JsonSetKey(payload, "position", JsonFromCString(psprintf("%d", EffectCount(run))));
+			/* what is new since the step's previous turn */
+			payload = LlmTurnCompact(run->id, t->step->id, payload);
+		}
 		ev = JournalAdd(&t->events, "llm_turn", t->step->id, t->step->kind_name, payload);
 		ev->tokens = tokens;
 		count_tokens(t, payload);

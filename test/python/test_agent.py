@@ -702,6 +702,56 @@ def test_a_200_turn_agent_through_tuvl_run_keeps_its_memory_flat(conn):
     assert_clean(conn, res)
 
 
+def test_a_50_turn_agent_journals_each_request_as_what_is_new(conn, provider):
+    """Each model request carries the whole conversation, but the journal
+    keeps only the first whole: every later llm_turn holds what changed
+    (request_delta), so its size stays flat over 50 turns, and
+    tuvl.llm_request() and tuvl.pin_run() rebuild every request exactly as
+    the server received it."""
+    tag = new_name("t")
+    name = make_agent(conn, provider, [calls(call("record", tag=tag))], ["record", "insert"],
+                      agent="      max_iterations: 50\n",
+                      routes="{ default: done, error: oops, max_iterations: gave_up }",
+                      ends="  - { id: gave_up, status: completed }\n")
+    res = execute(conn, name, {"topic": "x"}, "worker", timeout=120)
+    assert res["status"] == "completed", res
+    reqs = sent(name)
+    assert len(reqs) == 50
+    turns = q(conn, "SELECT seq, payload, length(payload::text), tuvl.llm_request(run_id, seq) "
+                    "FROM tuvl.events WHERE run_id = %s AND type = 'llm_turn' ORDER BY seq",
+              (res["run_id"],))
+    assert len(turns) == 50
+    assert "request" in turns[0][1] and "request_delta" not in turns[0][1]
+    assert all("request" not in p and "request_delta" in p for _, p, _, _ in turns[1:])
+    # the tools and settings are sent every turn and journaled once
+    assert all(set(p["request_delta"]) == {"append"} for _, p, _, _ in turns[1:]), turns[1][1]
+    for (seq, _, _, rebuilt), r in zip(turns, reqs):
+        assert rebuilt == r["body"], f"llm_turn {seq} rebuilt differs from what the server received"
+    sizes = [n for _, _, n, _ in turns]
+    report(f"50-turn {provider} agent: llm_turn payloads {sizes[0]} bytes (turn 1), "
+           f"{sizes[1]}..{max(sizes[1:])} bytes (turns 2-50); the last request is "
+           f"{len(json.dumps(reqs[-1]['body']))} bytes")
+    # flat: a late turn costs what an early one did (the tool's result ids grow by a digit)
+    assert max(sizes[40:]) < 1.2 * min(sizes[1:10]), sizes
+    whole = sum(len(json.dumps(r["body"])) for r in reqs)
+    assert sum(sizes) < whole / 4, ("journaled", sum(sizes), "requests whole", whole)
+    fixture = q1(conn, "SELECT tuvl.pin_run(%s)", (res["run_id"],))
+    pinned = [e["request"] for e in fixture["effects"] if e["type"] == "llm"]
+    assert pinned == [r["body"] for r in reqs]
+    # not an llm_turn, or no such event: NULL
+    assert q1(conn, "SELECT tuvl.llm_request(%s, 1)", (res["run_id"],)) is None
+    assert q1(conn, "SELECT tuvl.llm_request(%s, 100000)", (res["run_id"],)) is None
+    # another role reads the journal through its own visibility: nothing
+    q(conn, "DO $$ BEGIN CREATE ROLE ag_outsider IN ROLE tuvl_user; "
+            "EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+    last = turns[-1][0]
+    try:
+        q(conn, "SET ROLE ag_outsider")
+        assert q1(conn, "SELECT tuvl.llm_request(%s, %s)", (res["run_id"], last)) is None
+    finally:
+        q(conn, "RESET ROLE")
+
+
 def test_max_iterations_without_a_route_fails_the_run(conn, provider, mode):
     name = make_agent(conn, provider, [calls(call("record", tag="x"))], ["record"],
                       agent="      max_iterations: 1\n")
