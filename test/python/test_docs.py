@@ -71,3 +71,106 @@ def test_the_retention_example_runs(fresh):
     # ALTER SYSTEM cannot run in the test's shared cluster for good: set it for the session
     block = block.replace("ALTER SYSTEM SET tuvl.retention = '30 days';", "SET tuvl.retention = '30 days';")
     psql(fresh, block)
+
+
+# ---------------------------------------------------------------------------
+# Every page against the schema
+
+PAGES = sorted(os.path.join("docs", f) for f in os.listdir(os.path.join(ROOT, "docs"))
+               if f.endswith(".md")) + ["README.md"]
+
+
+def split_statements(block):
+    """The SQL statements of a block, split at semicolons outside quotes,
+    dollar quotes and comments."""
+    out, buf, i, quote = [], [], 0, None
+    while i < len(block):
+        if quote:
+            if block.startswith(quote, i):
+                buf.append(quote)
+                i += len(quote)
+                quote = None
+            else:
+                buf.append(block[i])
+                i += 1
+            continue
+        m = re.match(r"'|\$[A-Za-z_]*\$", block[i:])
+        if m:
+            quote = m.group(0)
+            buf.append(quote)
+            i += len(quote)
+        elif block.startswith("--", i):
+            i = block.find("\n", i) if "\n" in block[i:] else len(block)
+        elif block[i] == ";":
+            out.append("".join(buf).strip())
+            buf = []
+            i += 1
+        else:
+            buf.append(block[i])
+            i += 1
+    out.append("".join(buf).strip())
+    return [s for s in out if s]
+
+
+def all_blocks():
+    for page in PAGES:
+        for block in re.findall(r"```sql\n(.*?)```", open(os.path.join(ROOT, page)).read(), re.S):
+            yield page, block
+
+
+def test_every_query_in_the_docs_plans_against_the_schema(fresh):
+    """Each SELECT, WITH, INSERT, UPDATE and DELETE in a ```sql block of any
+    page is planned (EXPLAIN, nothing executed) in a fresh database: a
+    column, view, function or argument type of tuvl that a page names and
+    the code does not have fails here.  Statements that use psql variables
+    are left out, and so are those that fail only on the reader's own
+    objects (a table outside tuvl, such as shop.orders)."""
+    conn = connect(fresh, autocommit=False)
+    cur = conn.cursor()
+    planned, theirs, wrong = 0, 0, []
+    for page, block in all_blocks():
+        for st in split_statements(block):
+            if not re.match(r"(?is)^(select|with|insert|update|delete)\b", st) \
+                    or re.search(r"(^|\s)\\|:'|:\"|(?<![:\w]):[a-z_]+\b", st):
+                continue
+            try:
+                cur.execute("EXPLAIN " + st)
+                planned += 1
+            except Exception as e:  # noqa: BLE001 -- psycopg2.Error, reported below
+                message = (getattr(e, "pgerror", None) or str(e)).splitlines()[0]
+                if getattr(e, "pgcode", None) in ("42P01", "42883", "3F000", "42704") \
+                        and "tuvl" not in message:
+                    theirs += 1
+                else:
+                    wrong.append(f"{page}: {message}\n    {st[:200]}")
+            conn.rollback()
+    conn.close()
+    assert not wrong, "\n".join(wrong)
+    assert planned > 200 and theirs < planned / 4, (planned, theirs)
+
+
+def test_every_tuvl_name_the_docs_use_exists(fresh):
+    """tuvl.<name>( is a function of the extension, or a setting; a bare
+    tuvl.<name> a function, table, view or setting, or a name the C code
+    spells out (a metric such as tuvl.steps, a span attribute such as
+    tuvl.workflow), or a file of src/ (dotted names such as tuvl.llm.tokens
+    are left to the metrics tests)."""
+    conn = connect(fresh)
+    cur = conn.cursor()
+    cur.execute("SELECT proname FROM pg_proc WHERE pronamespace = 'tuvl'::regnamespace "
+                "UNION SELECT relname FROM pg_class WHERE relnamespace = 'tuvl'::regnamespace "
+                "UNION SELECT substr(name, 6) FROM pg_settings WHERE name LIKE 'tuvl.%'")
+    known = {r[0] for r in cur.fetchall()}
+    conn.close()
+    for f in os.listdir(os.path.join(ROOT, "src")):
+        if f.endswith((".c", ".h")):
+            known.add(f.split(".")[0] if f.startswith("tuvl.") else "")
+            code = open(os.path.join(ROOT, "src", f)).read()
+            known |= set(re.findall(r'"tuvl\.([a-z_][a-z0-9_]*)', code))
+    unknown = set()
+    for page in PAGES:
+        text = open(os.path.join(ROOT, page)).read()
+        for m in re.finditer(r"(?<![/\w])tuvl\.([a-z_][a-z0-9_]*)(?![a-z0-9_.])", text):
+            if m.group(1) not in known | {"so", "control", "c", "h"}:
+                unknown.add(f"{page}: tuvl.{m.group(1)}")
+    assert not unknown, sorted(unknown)
