@@ -62,7 +62,7 @@ REGRESS = version workflow validation template runs steps permissions cleanup
 REGRESS_OPTS = --load-extension=tuvl
 
 # pg_isolation_regress: sessions racing on the same run (specs/*.spec).
-ISOLATION = start_key submit_abort pause_resume abort_step zz_drop
+ISOLATION = start_key submit_abort pause_resume abort_step claim_locked zz_drop
 ISOLATION_OPTS = --load-extension=tuvl
 
 

@@ -84,6 +84,71 @@ static const char claim_sql[] =
 "  r.principal_id, r.priority, r.hook OPERATOR(pg_catalog.->>) 'step', r.started_at, r.traceparent, "
 "  CASE WHEN r.parent_step IS NOT NULL THEN r.parent_run_id END, r.created_at";
 
+/*
+ * For each role of a claim, the first queued run between where the claim
+ * started and the last run it took (to the end when it took none): one
+ * its SKIP LOCKED passed over, because another transaction held the row.
+ * The claim's own runs are 'running' by now, so they do not count.
+ */
+static const char skipped_sql[] =
+"SELECT q.pid, s.key, s.id "
+"FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.oid[]), "
+"                pg_catalog.unnest($2::pg_catalog.int8[]), pg_catalog.unnest($3::pg_catalog.int8[]), "
+"                pg_catalog.unnest($4::pg_catalog.int8[]), pg_catalog.unnest($5::pg_catalog.int8[])) "
+"     AS q(pid, after_key, after_id, last_key, last_id) "
+"CROSS JOIN LATERAL (SELECT OPERATOR(pg_catalog.-) x.priority::pg_catalog.int8 AS key, x.id "
+"                    FROM tuvl.runs x "
+"                    WHERE x.status OPERATOR(pg_catalog.=) 'queued' AND x.held_by IS NULL "
+"                      AND x.principal_id::pg_catalog.oid OPERATOR(pg_catalog.=) q.pid "
+"                      AND ROW(OPERATOR(pg_catalog.-) x.priority::pg_catalog.int8, x.id) "
+"                          OPERATOR(pg_catalog.>) ROW(q.after_key, q.after_id) "
+"                      AND ROW(OPERATOR(pg_catalog.-) x.priority::pg_catalog.int8, x.id) "
+"                          OPERATOR(pg_catalog.<) ROW(q.last_key, q.last_id) "
+"                    ORDER BY x.principal_id::pg_catalog.oid, "
+"                             OPERATOR(pg_catalog.-) x.priority::pg_catalog.int8, x.id "
+"                    LIMIT 1) s";
+
+/*
+ * Find, for each role claimed for, the first queued run the claim passed
+ * over (see queue.c: the cursor must not move past it).  As the owner.
+ */
+static void
+find_skipped(QueueClaim *claims, int nq)
+{
+	static const Oid types[5] = {OIDARRAYOID, INT8ARRAYOID, INT8ARRAYOID, INT8ARRAYOID, INT8ARRAYOID};
+	Datum		values[5];
+	Datum		cols[5][MAX_CLAIM_PRINCIPALS];
+	uint64		n;
+
+	for (int i = 0; i < nq; i++)
+	{
+		cols[0][i] = ObjectIdGetDatum(claims[i].role);
+		cols[1][i] = Int64GetDatum(claims[i].after.key);
+		cols[2][i] = Int64GetDatum(claims[i].after.id);
+		cols[3][i] = Int64GetDatum(claims[i].got > 0 ? claims[i].last.key : PG_INT64_MAX);
+		cols[4][i] = Int64GetDatum(claims[i].got > 0 ? claims[i].last.id : PG_INT64_MAX);
+	}
+	values[0] = PointerGetDatum(construct_array(cols[0], nq, OIDOID, sizeof(Oid), true, TYPALIGN_INT));
+	for (int c = 1; c < 5; c++)
+		values[c] = PointerGetDatum(construct_array(cols[c], nq, INT8OID, 8, true, TYPALIGN_DOUBLE));
+	n = SpiExec(skipped_sql, 5, types, values, NULL, SPI_OK_SELECT);
+	for (uint64 i = 0; i < n; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	td = SPI_tuptable->tupdesc;
+		bool		isnull;
+		Oid			pid = DatumGetObjectId(SPI_getbinval(tup, td, 1, &isnull));
+
+		for (int j = 0; j < nq; j++)
+			if (claims[j].role == pid)
+			{
+				claims[j].skipped = true;
+				claims[j].first_skipped.key = DatumGetInt64(SPI_getbinval(tup, td, 2, &isnull));
+				claims[j].first_skipped.id = DatumGetInt64(SPI_getbinval(tup, td, 3, &isnull));
+			}
+	}
+}
+
 /* The rest of a claimed run's row (claim_sql's columns 9 and on). */
 static void
 load_claimed(RunState *run, HeapTuple tup, TupleDesc td)
@@ -280,6 +345,9 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, bool
 		runs = lappend(runs, run);
 		MemoryContextSwitchTo(old);
 	}
+	SecurityAsOwner(&frame);
+	find_skipped(claims, nq);
+	SecurityRestore(&frame);
 	QueueClaimEnd(claims, np);
 	return runs;
 }

@@ -14,7 +14,11 @@
  *	 every queued run of the role at or before the cursor (in claim order:
  *	 higher priority, then older) is claimed or being claimed.
  *
- * A claim scans from the cursor on and moves it to the last run it took.
+ * A claim scans from the cursor on and moves it to the last run it took,
+ * or to just before the first run it passed over: SKIP LOCKED passes over
+ * a queued run whose row another transaction holds (an operator's
+ * steer_run() or an abort that rolls back), and that run must be claimed
+ * once it is free.
  * Whatever makes a run queued (start_run, a run handed back, a lease
  * reclaimed, a resume) registers the run's position when its transaction
  * commits: a position at or before the cursor moves the cursor back to
@@ -375,9 +379,12 @@ QueueClaimEnd(QueueClaim *claims, int n)
 		{
 			if (c->got > 0 && pos_cmp(c->last, r->cursor) > 0)
 				r->cursor = c->last;
-			if (c->got == 0 && r->gen == c->gen)
+			if (c->got == 0 && !c->skipped && r->gen == c->gen)
 				r->queued = false;
 		}
+		/* a run it passed over, locked by someone else: not past it */
+		if (c->skipped && pos_cmp(c->first_skipped, r->cursor) <= 0)
+			r->cursor = pos_before(c->first_skipped);
 		/* queued while we scanned, maybe invisible to us: not past it */
 		if (pos_cmp(r->low, no_pos) != 0 && pos_cmp(r->low, r->cursor) <= 0)
 			r->cursor = pos_before(r->low);

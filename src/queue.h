@@ -57,6 +57,9 @@ typedef struct QueueClaim
 	int			quota;			/* set by the caller: how many to take */
 	int			got;			/* set by the caller: how many it took */
 	QueuePos	last;			/* set by the caller: the last one taken */
+	bool		skipped;		/* set by the caller: a queued run it passed
+								 * over (locked by another transaction) */
+	QueuePos	first_skipped;	/* set by the caller: the first of them */
 } QueueClaim;
 
 /* Any backend: a run of role became queued; registered at commit. */
