@@ -62,7 +62,9 @@ REGRESS = version workflow validation template runs steps permissions cleanup
 REGRESS_OPTS = --load-extension=tuvl
 
 # pg_isolation_regress: sessions racing on the same run (specs/*.spec).
-ISOLATION = start_key submit_abort pause_resume abort_step claim_locked zz_drop
+# decide_abort talks to the scripted LLM server: test/run passes its URL as
+# PGOPTIONS="-c tuvl_test.llm_url=http://127.0.0.1:PORT/v1".
+ISOLATION = start_key submit_abort pause_resume abort_step claim_locked decide_abort zz_drop
 ISOLATION_OPTS = --load-extension=tuvl
 
 
