@@ -89,7 +89,9 @@ class ActivitySampler(threading.Thread):
         conn.close()
 
 
-def tuvl_round(dbname, runs, poll_s, sample_s, timeout_s):
+def tuvl_round(dbname, runs, poll_s, sample_s, timeout_s, workflow="five", steps_per_run=STEPS):
+    """One round of `runs` runs of `workflow` (five, or any workflow of
+    steps_per_run steps that setup() or another script registered)."""
     conn = connect(dbname)
     conn.cursor().execute("TRUNCATE tuvl.events, tuvl.runs")
     conn.cursor().execute("CHECKPOINT")
@@ -105,7 +107,7 @@ def tuvl_round(dbname, runs, poll_s, sample_s, timeout_s):
     conn = connect(dbname, autocommit=False)
     cur = conn.cursor()
     t_enqueue = time.time()
-    cur.execute("SELECT count(tuvl.start_run('five')) FROM generate_series(1, %s)", (runs,))
+    cur.execute("SELECT count(tuvl.start_run(%s)) FROM generate_series(1, %s)", (workflow, runs))
     assert cur.fetchone()[0] == runs
     t0 = time.time()
     conn.commit()
@@ -143,11 +145,11 @@ def tuvl_round(dbname, runs, poll_s, sample_s, timeout_s):
                 "  extract(epoch FROM max(finished_at) - min(started_at))::float8, "
                 "  extract(epoch FROM max(finished_at))::float8, "
                 "  extract(epoch FROM min(started_at))::float8 "
-                "FROM tuvl.runs WHERE workflow = 'five'")
+                "FROM tuvl.runs WHERE workflow = %s", (workflow,))
     completed, total, span, last_finish, first_start = cur.fetchone()
     conn.close()
 
-    steps = STEPS * runs
+    steps = steps_per_run * runs
     delta = {k: after[k] - before[k] for k in after}
     worker_commits = delta["xact_commit"] - client_tx
     res = {
