@@ -22,6 +22,7 @@ OBJS = \
 	src/http.o \
 	src/init.o \
 	src/journal.o \
+	src/journal_block.o \
 	src/judge.o \
 	src/jsonschema.o \
 	src/jsonutil.o \
@@ -58,7 +59,7 @@ DATA = $(wildcard sql/tuvl--*.sql)
 DOCS = README.md
 
 # pg_regress: one file per area, inputs in sql/, outputs in expected/.
-REGRESS = version workflow validation template runs steps permissions cleanup
+REGRESS = version workflow validation template runs steps journal permissions cleanup
 REGRESS_OPTS = --load-extension=tuvl
 
 # pg_isolation_regress: sessions racing on the same run (specs/*.spec).

@@ -290,7 +290,7 @@ def runs_scans(cur):
 
 
 def clean(cur, workflow):
-    cur.execute("DELETE FROM tuvl.events WHERE run_id IN (SELECT id FROM tuvl.runs WHERE workflow = %s)",
+    cur.execute("DELETE FROM tuvl.journal WHERE run_id IN (SELECT id FROM tuvl.runs WHERE workflow = %s)",
                 (workflow,))
     cur.execute("DELETE FROM tuvl.runs WHERE workflow = %s", (workflow,))
     cur.execute("TRUNCATE bench_agents.tool_calls")

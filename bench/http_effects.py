@@ -87,7 +87,7 @@ def one(db, port, ms, n):
                 "WHERE workflow = %s", ("bench_http_" + name,))
     span = float(cur.fetchone()[0])
     log_ = server(port)
-    cur.execute("DELETE FROM tuvl.events WHERE run_id IN (SELECT id FROM tuvl.runs WHERE workflow = %s)",
+    cur.execute("DELETE FROM tuvl.journal WHERE run_id IN (SELECT id FROM tuvl.runs WHERE workflow = %s)",
                 ("bench_http_" + name,))
     cur.execute("DELETE FROM tuvl.runs WHERE workflow = %s", ("bench_http_" + name,))
     conn.close()

@@ -78,7 +78,7 @@ def main():
         cur.execute(sql)
     register_workflow_once(cur, "iso", WORKFLOW)
     cur.execute("TRUNCATE bench.iso_side")
-    cur.execute("DELETE FROM tuvl.events WHERE run_id IN (SELECT id FROM tuvl.runs WHERE workflow = 'iso')")
+    cur.execute("DELETE FROM tuvl.journal WHERE run_id IN (SELECT id FROM tuvl.runs WHERE workflow = 'iso')")
     cur.execute("DELETE FROM tuvl.runs WHERE workflow = 'iso'")
     wait_for_workers(args.db)
 
@@ -114,7 +114,7 @@ def main():
     # Fresh statistics: the tables may have been truncated and refilled
     # since autovacuum last looked, and a stale estimate of one row turns
     # the journal check into a nested loop over every event.
-    cur.execute("ANALYZE tuvl.runs, tuvl.events")
+    cur.execute("ANALYZE tuvl.runs, tuvl.journal")
     cur.execute("""
         WITH r AS (SELECT id, last_seq FROM tuvl.runs WHERE workflow = 'iso'),
              e AS (SELECT run_id, count(*) AS n, min(seq) AS minseq, max(seq) AS maxseq,

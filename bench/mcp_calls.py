@@ -71,7 +71,7 @@ def one(db, url, ms, n):
                 "AND NOT (status = 'completed' AND response::text LIKE %s) LIMIT 3",
                 (workflow, "%" + expect + "%"))
     wrong = [r[0] for r in cur.fetchall()]
-    cur.execute("DELETE FROM tuvl.events WHERE run_id IN (SELECT id FROM tuvl.runs WHERE workflow = %s)",
+    cur.execute("DELETE FROM tuvl.journal WHERE run_id IN (SELECT id FROM tuvl.runs WHERE workflow = %s)",
                 (workflow,))
     cur.execute("DELETE FROM tuvl.runs WHERE workflow = %s", (workflow,))
     conn.close()

@@ -4,8 +4,9 @@ does to runs executing meanwhile.
 
   1. Builds a history of --history-runs finished runs (default 1,000,000)
      with --events-per-run journal events each (default 5: 5,000,000
-     events), finished 40 days ago, by plain INSERTs (a superuser's
-     shortcut: a real history would come from runs).
+     events, in blocks of up to 4 as a run's transitions write them),
+     finished 40 days ago, by plain INSERTs (a superuser's shortcut: a
+     real history would come from runs).
   2. Baseline: for --seconds, keeps the two workers busy with five-step
      runs (queued in batches of 2,000 whenever fewer than 1,000 wait) and
      counts the steps of the runs that finished in the window.
@@ -48,15 +49,23 @@ def build_history(db, runs, per_run, chunk=100_000):
                      now() - interval '40 days' + g * interval '1 ms', 'done', '{"ok": true}'
               FROM generate_series(1, %(n)s) g
               RETURNING id)
-            INSERT INTO tuvl.events (run_id, seq, ts, type, agent_id, engine, payload)
-            SELECT r.id, s, now() - interval '40 days', 'checkpoint', 's', 'Router',
-                   jsonb_build_object('step', 's', 'status', 'running', 'n', s)
-            FROM r, generate_series(1, %(per)s) s""", {"n": n, "per": per_run})
+            INSERT INTO tuvl.journal (run_id, seq, n, events)
+            SELECT r.id, b.first, b.n,
+                   tuvl._journal_block(array_fill(now() - interval '40 days', ARRAY[b.n]),
+                                       array_fill('checkpoint'::text, ARRAY[b.n]),
+                                       array_fill('s'::text, ARRAY[b.n]),
+                                       array_fill('Router'::text, ARRAY[b.n]),
+                                       array_fill(NULL::int, ARRAY[b.n]),
+                                       array_fill(NULL::float8, ARRAY[b.n]),
+                                       (SELECT array_agg(jsonb_build_object('step', 's', 'status', 'running', 'n', s))
+                                        FROM generate_series(b.first, b.first + b.n - 1) s))
+            FROM r, LATERAL (SELECT f AS first, least(4, %(per)s - f + 1) AS n
+                             FROM generate_series(1, %(per)s, 4) f) b""", {"n": n, "per": per_run})
         log("history: %d of %d runs" % (start + n, runs))
     cur.execute("VACUUM ANALYZE tuvl.runs")
-    cur.execute("VACUUM ANALYZE tuvl.events")
+    cur.execute("VACUUM ANALYZE tuvl.journal")
     cur.execute("CHECKPOINT")
-    cur.execute("SELECT pg_size_pretty(pg_total_relation_size('tuvl.events')), "
+    cur.execute("SELECT pg_size_pretty(pg_total_relation_size('tuvl.journal')), "
                 "pg_size_pretty(pg_total_relation_size('tuvl.runs'))")
     sizes = cur.fetchone()
     conn.close()
@@ -154,7 +163,7 @@ def main():
     cur = conn.cursor()
     cur.execute("SELECT count(*) FROM tuvl.runs WHERE workflow = 'hist'")
     left = cur.fetchone()[0]
-    cur.execute("SELECT count(*) FROM tuvl.events e WHERE NOT EXISTS (SELECT 1 FROM tuvl.runs r WHERE r.id = e.run_id)")
+    cur.execute("SELECT coalesce(sum(j.n), 0) FROM tuvl.journal j WHERE NOT EXISTS (SELECT 1 FROM tuvl.runs r WHERE r.id = j.run_id)")
     orphans = cur.fetchone()[0]
     conn.close()
     out = {

@@ -93,7 +93,7 @@ def tuvl_round(dbname, runs, poll_s, sample_s, timeout_s, workflow="five", steps
     """One round of `runs` runs of `workflow` (five, or any workflow of
     steps_per_run steps that setup() or another script registered)."""
     conn = connect(dbname)
-    conn.cursor().execute("TRUNCATE tuvl.events, tuvl.runs")
+    conn.cursor().execute("TRUNCATE tuvl.journal, tuvl.runs")
     conn.cursor().execute("CHECKPOINT")
     conn.close()
     time.sleep(STATS_SETTLE_S)

@@ -52,6 +52,7 @@ $$);
 SELECT count(*) AS bob_sees FROM tuvl.runs;
 SELECT count(*) AS bob_sees_events FROM tuvl.events;
 -- Bob cannot write tuvl's tables directly.
+INSERT INTO tuvl.journal (run_id, seq, n, events) VALUES (1, 99, 1, '\x0100');
 INSERT INTO tuvl.events (run_id, seq, type) VALUES (1, 99, 'run_completed');
 UPDATE tuvl.runs SET status = 'completed';
 RESET ROLE;

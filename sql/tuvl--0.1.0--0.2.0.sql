@@ -76,6 +76,8 @@ COMMENT ON COLUMN tuvl.runs.principal IS 'name of the role that started the run,
 COMMENT ON COLUMN tuvl.runs.principal_id IS 'the role that started the run: its steps execute as this role';
 
 DROP POLICY runs_visible ON tuvl.runs;
+/* text, not name: 64 bytes in every version of every row, for a few */
+ALTER TABLE tuvl.runs ALTER COLUMN principal TYPE text;
 CREATE POLICY runs_visible ON tuvl.runs FOR SELECT
     USING (principal_id::pg_catalog.oid OPERATOR(pg_catalog.=)
                (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER)
@@ -615,20 +617,6 @@ CREATE VIEW tuvl.runs_in_flight WITH (security_invoker = true) AS
     WHERE r.finished_at IS NULL;
 COMMENT ON VIEW tuvl.runs_in_flight IS 'runs that have not ended, with what each waits for and its age';
 
-CREATE VIEW tuvl.people_queue WITH (security_invoker = true) AS
-    SELECT r.id AS run_id, r.workflow, r.status, r.current_step AS step, r.principal,
-           CASE WHEN r.status OPERATOR(pg_catalog.=) 'waiting_human' THEN 'tuvl.submit()' ELSE 'tuvl.decide()' END AS answer_with,
-           r.step_state OPERATOR(pg_catalog.->) 'awaiting' AS awaiting,
-           c.since, pg_catalog.now() OPERATOR(pg_catalog.-) c.since AS age,
-           r.wake_at AS deadline
-    FROM tuvl.runs r
-    CROSS JOIN LATERAL (SELECT pg_catalog.max(e.ts) AS since FROM tuvl.events e
-                        WHERE e.run_id OPERATOR(pg_catalog.=) r.id
-                          AND e.seq OPERATOR(pg_catalog.>) (r.last_seq OPERATOR(pg_catalog.-) 20)
-                          AND e.type OPERATOR(pg_catalog.=) 'checkpoint') c
-    WHERE r.status OPERATOR(pg_catalog.=) ANY ('{waiting_human,waiting_approval}'::pg_catalog.text[]);
-COMMENT ON VIEW tuvl.people_queue IS 'runs waiting for a person: data for a Human step (tuvl.submit) or a decision on a tool call (tuvl.decide), oldest first by age, with the deadline of a timeout';
-
 CREATE VIEW tuvl.slow_steps WITH (security_invoker = true) AS
     SELECT r.id AS run_id, r.workflow, r.current_step AS step, r.status,
            pg_catalog.to_timestamp(((r.step_state OPERATOR(pg_catalog.->>) 'entered')::pg_catalog.float8
@@ -662,7 +650,7 @@ CREATE VIEW tuvl.queue_depth WITH (security_invoker = true) AS
     GROUP BY r.workflow;
 COMMENT ON VIEW tuvl.queue_depth IS 'queued runs per workflow: ready for a worker, held back (max_parallel, concurrency), and the age of the oldest ready one';
 
-GRANT SELECT ON tuvl.runs_in_flight, tuvl.people_queue, tuvl.slow_steps, tuvl.workers, tuvl.queue_depth TO tuvl_user;
+GRANT SELECT ON tuvl.runs_in_flight, tuvl.slow_steps, tuvl.workers, tuvl.queue_depth TO tuvl_user;
 
 /* ------------------------------------------------------------------ graph
  *
@@ -770,3 +758,91 @@ END
 $graph$;
 COMMENT ON FUNCTION tuvl.graph(text, text) IS 'the newest version of a workflow drawn as Mermaid (flowchart) or Graphviz dot text: steps, routes, the default flow, compensators and ends';
 GRANT EXECUTE ON FUNCTION tuvl.graph(text, text) TO tuvl_user;
+
+/*
+ * The journal, packed: one row of tuvl.journal per transition (a block
+ * of its events, src/journal_block.c) instead of one row of tuvl.events
+ * per event; tuvl.events is now a view showing one row per event, as
+ * before.  One row and one index entry per transition is most of what
+ * keeps a step's WAL small.  The events of 0.1.0 move into blocks of at
+ * most 100.
+ */
+CREATE FUNCTION tuvl._journal_events(seq integer, events bytea,
+    OUT seq integer, OUT ts timestamptz, OUT type text, OUT agent_id text, OUT engine text,
+    OUT tokens integer, OUT latency_ms double precision, OUT payload jsonb)
+    RETURNS SETOF record
+    AS 'MODULE_PATHNAME', 'tuvl_journal_events' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE ROWS 5;
+COMMENT ON FUNCTION tuvl._journal_events(integer, bytea) IS 'the events of a block of tuvl.journal whose first event is seq, one row each (read them in tuvl.events)';
+GRANT EXECUTE ON FUNCTION tuvl._journal_events(integer, bytea) TO tuvl_user;
+
+CREATE FUNCTION tuvl._journal_block(ts timestamptz[], type text[], agent_id text[], engine text[],
+    tokens integer[], latency_ms double precision[], payload jsonb[]) RETURNS bytea
+    AS 'MODULE_PATHNAME', 'tuvl_journal_block' LANGUAGE C IMMUTABLE PARALLEL SAFE;
+COMMENT ON FUNCTION tuvl._journal_block(timestamptz[], text[], text[], text[], integer[], double precision[], jsonb[]) IS 'events given as parallel arrays, packed as one block of tuvl.journal';
+REVOKE ALL ON FUNCTION tuvl._journal_block(timestamptz[], text[], text[], text[], integer[], double precision[], jsonb[]) FROM PUBLIC;
+
+CREATE TABLE tuvl.journal (
+    run_id bigint NOT NULL,
+    seq integer NOT NULL,
+    n integer NOT NULL,
+    events bytea NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+COMMENT ON TABLE tuvl.journal IS 'the journal of every run, as blocks of events (one per transition); read it in the view tuvl.events';
+COMMENT ON COLUMN tuvl.journal.seq IS 'the seq of the block''s first event';
+COMMENT ON COLUMN tuvl.journal.n IS 'how many events the block holds: seq to seq + n - 1';
+COMMENT ON COLUMN tuvl.journal.events IS 'the events, packed (tuvl._journal_events unpacks them)';
+ALTER TABLE tuvl.journal ENABLE ROW LEVEL SECURITY;
+CREATE POLICY journal_visible ON tuvl.journal FOR SELECT
+    USING (EXISTS (SELECT 1 FROM tuvl.runs r WHERE r.id OPERATOR(pg_catalog.=) run_id));
+GRANT SELECT ON tuvl.journal TO tuvl_user;
+SELECT pg_catalog.pg_extension_config_dump('tuvl.journal', '');
+
+INSERT INTO tuvl.journal (run_id, seq, n, events)
+    SELECT e.run_id, pg_catalog.min(e.seq), pg_catalog.count(*)::integer,
+           tuvl._journal_block(pg_catalog.array_agg(e.ts ORDER BY e.seq),
+                               pg_catalog.array_agg(e.type ORDER BY e.seq),
+                               pg_catalog.array_agg(e.agent_id ORDER BY e.seq),
+                               pg_catalog.array_agg(e.engine ORDER BY e.seq),
+                               pg_catalog.array_agg(e.tokens ORDER BY e.seq),
+                               pg_catalog.array_agg(e.latency_ms ORDER BY e.seq),
+                               pg_catalog.array_agg(e.payload ORDER BY e.seq))
+    FROM tuvl.events e
+    GROUP BY e.run_id, (e.seq OPERATOR(pg_catalog.-) 1) OPERATOR(pg_catalog./) 100;
+
+ALTER EXTENSION tuvl DROP TABLE tuvl.events;   -- forgets it as a table pg_dump keeps
+DROP TABLE tuvl.events;
+
+CREATE VIEW tuvl.events WITH (security_invoker = true) AS
+    SELECT j.run_id, e.seq, e.ts, e.type, e.agent_id, e.engine, e.tokens, e.latency_ms, e.payload
+    FROM tuvl.journal j
+    CROSS JOIN LATERAL tuvl._journal_events(j.seq, j.events) e;
+COMMENT ON VIEW tuvl.events IS 'the journal of every run, one row per event: seq is 1, 2, ... without gaps within a run; tuvl announces every event with NOTIFY on tuvl_events';
+GRANT SELECT ON tuvl.events TO tuvl_user;
+
+CREATE VIEW tuvl.people_queue WITH (security_invoker = true) AS
+    SELECT r.id AS run_id, r.workflow, r.status, r.current_step AS step, r.principal,
+           CASE WHEN r.status OPERATOR(pg_catalog.=) 'waiting_human' THEN 'tuvl.submit()' ELSE 'tuvl.decide()' END AS answer_with,
+           r.step_state OPERATOR(pg_catalog.->) 'awaiting' AS awaiting,
+           c.since, pg_catalog.now() OPERATOR(pg_catalog.-) c.since AS age,
+           r.wake_at AS deadline
+    FROM tuvl.runs r
+    CROSS JOIN LATERAL (SELECT pg_catalog.max(e.ts) AS since
+                        FROM (SELECT j.seq, j.events FROM tuvl.journal j
+                              WHERE j.run_id OPERATOR(pg_catalog.=) r.id
+                              ORDER BY j.seq DESC LIMIT 5) j
+                        CROSS JOIN LATERAL tuvl._journal_events(j.seq, j.events) e
+                        WHERE e.type OPERATOR(pg_catalog.=) 'checkpoint') c
+    WHERE r.status OPERATOR(pg_catalog.=) ANY ('{waiting_human,waiting_approval}'::pg_catalog.text[]);
+COMMENT ON VIEW tuvl.people_queue IS 'runs waiting for a person: data for a Human step (tuvl.submit) or a decision on a tool call (tuvl.decide), oldest first by age, with the deadline of a timeout';
+GRANT SELECT ON tuvl.people_queue TO tuvl_user;
+
+/*
+ * Room on every page of tuvl.runs for the next versions of its rows: a
+ * run's row is written at every step, and a new version that fits on
+ * the same page is a HOT update (no index entries, a smaller WAL
+ * record).  Half of each page stays free when rows are inserted; the
+ * versions of the previous batch can be pruned only once no snapshot of
+ * another worker sees them, so one free version per row is not enough.
+ */
+ALTER TABLE tuvl.runs SET (fillfactor = 50);

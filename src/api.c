@@ -34,6 +34,7 @@
 #include "driver.h"
 #include "effect.h"
 #include "journal.h"
+#include "journal_block.h"
 #include "jsonschema.h"
 #include "jsonutil.h"
 #include "launcher.h"
@@ -58,6 +59,8 @@ PG_FUNCTION_INFO_V1(tuvl_extension_created);
 PG_FUNCTION_INFO_V1(tuvl_lease_holder_alive);
 PG_FUNCTION_INFO_V1(tuvl_worker_status);
 PG_FUNCTION_INFO_V1(tuvl_transfer);
+PG_FUNCTION_INFO_V1(tuvl_journal_events);
+PG_FUNCTION_INFO_V1(tuvl_journal_block);
 
 /* Runs created by the current transaction: waiting for them would hang. */
 static List *runs_created_here = NIL;
@@ -350,6 +353,19 @@ journal_queued(int64 id, const RunStart *start, int version, const char *princip
 }
 
 /*
+ * A new run's row.  Only a start with a key goes through ON CONFLICT: a
+ * speculative insertion costs two more WAL records.
+ */
+#define INSERT_RUN_SQL \
+	"INSERT INTO tuvl.runs (workflow, workflow_version, status, input, context, " \
+	"  principal, attempt, lease_owner, lease_epoch, lease_expires_at, started_at, last_seq, " \
+	"  artifacts, principal_id, key, priority, traceparent, wake_at, parent_run_id, parent_step, " \
+	"  held_by, concurrency_key, concurrency_limit) " \
+	"VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8, pg_catalog.now() OPERATOR(pg_catalog.+) $9, " \
+	"  CASE WHEN $6 OPERATOR(pg_catalog.>) 0 THEN pg_catalog.now() END, 1, $10, $11, $12, $13, $14, $15, " \
+	"  $16, $17, $18, $19, $20) "
+
+/*
  * Validate input and insert a run of the latest version of workflow with
  * its run_queued event.  running = true creates it already leased by
  * this backend (the synchronous path).  SPI must be connected.
@@ -357,7 +373,7 @@ journal_queued(int64 id, const RunStart *start, int version, const char *princip
 int64
 ApiCreateRun(const RunStart *start, bool running, int *version_out)
 {
-	static const Oid types[20] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, NAMEOID,
+	static const Oid types[20] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, TEXTOID,
 		INT4OID, INT4OID, INT8OID, INTERVALOID, JSONBOID, REGROLEOID, TEXTOID, INT4OID,
 	TEXTOID, TIMESTAMPTZOID, INT8OID, TEXTOID, TEXTOID, TEXTOID, INT4OID};
 	const char *workflow = start->workflow;
@@ -405,7 +421,7 @@ ApiCreateRun(const RunStart *start, bool running, int *version_out)
 	values[1] = Int32GetDatum(version);
 	values[2] = CStringGetTextDatum(running ? "running" : sleeping ? "sleeping" : "queued");
 	values[3] = JsonbPGetDatum(input);
-	values[4] = DirectFunctionCall1(namein, CStringGetDatum(principal));
+	values[4] = CStringGetTextDatum(principal);
 	values[5] = Int32GetDatum(running ? 1 : 0);
 	values[6] = Int32GetDatum(MyProcPid);
 	values[7] = Int64GetDatum(TuvlShmem ? TuvlShmem->epoch : 0);
@@ -437,15 +453,8 @@ ApiCreateRun(const RunStart *start, bool running, int *version_out)
 	nulls[19] = conc.key ? ' ' : 'n';
 	SecurityAsOwner(&frame);
 	/* a key another start of this role holds: that run (the unique index decides races) */
-	if (SpiExec("INSERT INTO tuvl.runs (workflow, workflow_version, status, input, context, "
-				"  principal, attempt, lease_owner, lease_epoch, lease_expires_at, started_at, last_seq, "
-				"  artifacts, principal_id, key, priority, traceparent, wake_at, parent_run_id, parent_step, "
-				"  held_by, concurrency_key, concurrency_limit) "
-				"VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8, pg_catalog.now() OPERATOR(pg_catalog.+) $9, "
-				"  CASE WHEN $6 OPERATOR(pg_catalog.>) 0 THEN pg_catalog.now() END, 1, $10, $11, $12, $13, $14, $15, "
-				"  $16, $17, $18, $19, $20) "
-				"ON CONFLICT (principal_id, workflow, key) WHERE key IS NOT NULL DO NOTHING "
-				"RETURNING id",
+	if (SpiExec(start->key ? INSERT_RUN_SQL "ON CONFLICT (principal_id, workflow, key) WHERE key IS NOT NULL DO NOTHING RETURNING id"
+				: INSERT_RUN_SQL "RETURNING id",
 				20, types, values, nulls, SPI_OK_INSERT_RETURNING) == 0)
 	{
 		id = keyed_run(workflow, start->key);
@@ -866,4 +875,105 @@ tuvl_transfer(PG_FUNCTION_ARGS)
 						 text_to_cstring(PG_GETARG_TEXT_PP(1)), PG_GETARG_OID(2));
 	SPI_finish();
 	PG_RETURN_VOID();
+}
+
+/*
+ * _journal_events(seq, events): the events of a block of tuvl.journal,
+ * one row each (seq, ts, type, agent_id, engine, tokens, latency_ms,
+ * payload): the view tuvl.events.  Any bytea is safe to pass (see
+ * journal_block.c); one that is not a block raises data_corrupted.
+ */
+Datum
+tuvl_journal_events(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	int32		seq = PG_GETARG_INT32(0);
+	List	   *events;
+	ListCell   *lc;
+
+	InitMaterializedSRF(fcinfo, 0);
+	events = JournalBlockUnpack(PG_GETARG_BYTEA_PP(1));
+	foreach(lc, events)
+	{
+		JournalEvent *ev = lfirst(lc);
+		Datum		values[8];
+		bool		nulls[8] = {false, false, false, false, false, false, false, false};
+
+		values[0] = Int32GetDatum(seq++);
+		values[1] = TimestampTzGetDatum(ev->ts);
+		values[2] = CStringGetTextDatum(ev->type);
+		nulls[3] = ev->agent_id == NULL;
+		values[3] = ev->agent_id ? CStringGetTextDatum(ev->agent_id) : (Datum) 0;
+		nulls[4] = ev->engine == NULL;
+		values[4] = ev->engine ? CStringGetTextDatum(ev->engine) : (Datum) 0;
+		nulls[5] = ev->tokens < 0;
+		values[5] = Int32GetDatum(ev->tokens);
+		nulls[6] = ev->latency_ms < 0;
+		values[6] = Float8GetDatum(ev->latency_ms);
+		values[7] = JsonbPGetDatum(ev->payload);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
+}
+
+/* Element i of a one-dimensional array's deconstructed values, or NULL. */
+static Datum *
+array_values(ArrayType *a, Oid type, bool **nulls, int *n)
+{
+	Datum	   *values;
+	int16		len;
+	bool		byval;
+	char		align;
+
+	get_typlenbyvalalign(type, &len, &byval, &align);
+	deconstruct_array(a, type, len, byval, align, &values, nulls, n);
+	return values;
+}
+
+/*
+ * _journal_block(ts[], type[], agent_id[], engine[], tokens[],
+ * latency_ms[], payload[]): events given as parallel arrays (of one
+ * length; NULL elements where a field is NULL), packed as one block of
+ * tuvl.journal.  The update from 0.1.0 moves the journal with it.
+ */
+Datum
+tuvl_journal_block(PG_FUNCTION_ARGS)
+{
+	static const Oid types[7] = {TIMESTAMPTZOID, TEXTOID, TEXTOID, TEXTOID, INT4OID,
+	FLOAT8OID, JSONBOID};
+	Datum	   *cols[7];
+	bool	   *nulls[7];
+	int			n[7];
+	List	   *events = NIL;
+
+	for (int c = 0; c < 7; c++)
+	{
+		if (PG_ARGISNULL(c))
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("the arrays of a journal block must not be null")));
+		cols[c] = array_values(PG_GETARG_ARRAYTYPE_P(c), types[c], &nulls[c], &n[c]);
+		if (n[c] != n[0])
+			ereport(ERROR,
+					(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+					 errmsg("the arrays of a journal block must have one length")));
+	}
+	for (int i = 0; i < n[0]; i++)
+	{
+		JournalEvent *ev = palloc0(sizeof(JournalEvent));
+
+		if (nulls[0][i] || nulls[1][i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("an event of a journal block has no time or no type")));
+		ev->ts = DatumGetTimestampTz(cols[0][i]);
+		ev->type = TextDatumGetCString(cols[1][i]);
+		ev->agent_id = nulls[2][i] ? NULL : TextDatumGetCString(cols[2][i]);
+		ev->engine = nulls[3][i] ? NULL : TextDatumGetCString(cols[3][i]);
+		ev->tokens = nulls[4][i] ? -1 : DatumGetInt32(cols[4][i]);
+		ev->latency_ms = nulls[5][i] ? -1 : DatumGetFloat8(cols[5][i]);
+		ev->payload = nulls[6][i] ? NULL : DatumGetJsonbP(cols[6][i]);
+		events = lappend(events, ev);
+	}
+	PG_RETURN_BYTEA_P(JournalBlockPack(events));
 }

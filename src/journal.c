@@ -13,6 +13,10 @@
  * NOTIFYs on tuvl_events.  Every event goes through JournalWrite.  SPI
  * must be connected.
  *
+ * A transition's events are stored as one row of tuvl.journal, a block
+ * whose seq is its first event's (journal_block.c); the view tuvl.events
+ * shows one row per event.
+ *
  * A notify-only event (an agent's progress) is not stored and takes no
  * seq: it is announced in its place among the others, carrying the seq of
  * the stored event before it.
@@ -32,6 +36,7 @@
 #include "utils/rel.h"
 
 #include "journal.h"
+#include "journal_block.h"
 #include "jsonutil.h"
 #include "spiutil.h"
 
@@ -58,15 +63,9 @@ JournalAdd(List **events, const char *type, const char *agent_id,
 	return ev;
 }
 
-static const char insert_events_sql[] =
-"INSERT INTO tuvl.events (run_id, seq, ts, type, agent_id, engine, tokens, latency_ms, payload) "
-"SELECT $1, $2 OPERATOR(pg_catalog.+) e.n, e.ts, e.type, e.agent_id, e.engine, e.tokens, "
-"       e.latency_ms, e.payload "
-"FROM ROWS FROM (pg_catalog.unnest($3::pg_catalog.timestamptz[]), pg_catalog.unnest($4::pg_catalog.text[]), "
-"               pg_catalog.unnest($5::pg_catalog.text[]), pg_catalog.unnest($6::pg_catalog.text[]), "
-"               pg_catalog.unnest($7::pg_catalog.int4[]), pg_catalog.unnest($8::pg_catalog.float8[]), "
-"               pg_catalog.unnest($9::pg_catalog.jsonb[])) WITH ORDINALITY "
-"     AS e(ts, type, agent_id, engine, tokens, latency_ms, payload, n)";
+/* One row per transition: its events packed (journal_block.c). */
+static const char insert_block_sql[] =
+"INSERT INTO tuvl.journal (run_id, seq, n, events) VALUES ($1, $2, $3, $4)";
 
 /*
  * NOTIFY tuvl_events with {"run_id", "seq", "type", "agent_id"}; a
@@ -110,89 +109,28 @@ JournalCount(List *events)
 }
 
 /*
- * Write events with seq last_seq+1, last_seq+2, ... in one statement, and
+ * Write events with seq last_seq+1, last_seq+2, ... as one row of
+ * tuvl.journal (journal_block.c), and
  * announce each with NOTIFY (delivered at commit, discarded on abort).
  * Returns the new last seq.  Callers hold an owner frame (security.c).
  */
 int
 JournalWrite(int64 run_id, int last_seq, List *events)
 {
-	static const Oid types[9] = {INT8OID, INT4OID, TIMESTAMPTZARRAYOID, TEXTARRAYOID,
-		TEXTARRAYOID, TEXTARRAYOID, INT4ARRAYOID, FLOAT8ARRAYOID, JSONBARRAYOID};
+	static const Oid types[4] = {INT8OID, INT4OID, INT4OID, BYTEAOID};
 	int			n = JournalCount(events);
-	Datum	   *ts,
-			   *type,
-			   *agent,
-			   *engine,
-			   *tokens,
-			   *latency,
-			   *payload;
-	bool	   *agent_null,
-			   *engine_null,
-			   *tokens_null,
-			   *latency_null;
-	Datum		values[9];
-	int			dims[1];
-	int			lbs[1] = {1};
+	Datum		values[4];
 	int			i = 0;
 	ListCell   *lc;
 
-	if (n == 0)
+	if (n > 0)
 	{
-		foreach(lc, events)
-			notify_event(run_id, last_seq, lfirst(lc));
-		return last_seq;
+		values[0] = Int64GetDatum(run_id);
+		values[1] = Int32GetDatum(last_seq + 1);
+		values[2] = Int32GetDatum(n);
+		values[3] = PointerGetDatum(JournalBlockPack(events));
+		SpiExec(insert_block_sql, 4, types, values, NULL, SPI_OK_INSERT);
 	}
-	ts = palloc(sizeof(Datum) * n);
-	type = palloc(sizeof(Datum) * n);
-	agent = palloc(sizeof(Datum) * n);
-	engine = palloc(sizeof(Datum) * n);
-	tokens = palloc(sizeof(Datum) * n);
-	latency = palloc(sizeof(Datum) * n);
-	payload = palloc(sizeof(Datum) * n);
-	agent_null = palloc0(sizeof(bool) * n);
-	engine_null = palloc0(sizeof(bool) * n);
-	tokens_null = palloc0(sizeof(bool) * n);
-	latency_null = palloc0(sizeof(bool) * n);
-	foreach(lc, events)
-	{
-		JournalEvent *ev = lfirst(lc);
-
-		if (ev->notify_only)
-			continue;
-		ts[i] = TimestampTzGetDatum(ev->ts);
-		type[i] = CStringGetTextDatum(ev->type);
-		agent_null[i] = ev->agent_id == NULL;
-		agent[i] = ev->agent_id ? CStringGetTextDatum(ev->agent_id) : (Datum) 0;
-		engine_null[i] = ev->engine == NULL;
-		engine[i] = ev->engine ? CStringGetTextDatum(ev->engine) : (Datum) 0;
-		tokens_null[i] = ev->tokens < 0;
-		tokens[i] = Int32GetDatum(ev->tokens);
-		latency_null[i] = ev->latency_ms < 0;
-		latency[i] = Float8GetDatum(ev->latency_ms);
-		payload[i] = JsonbPGetDatum(ev->payload ? ev->payload : JsonEmptyObject());
-		i++;
-	}
-	dims[0] = n;
-	values[0] = Int64GetDatum(run_id);
-	values[1] = Int32GetDatum(last_seq);
-	values[2] = PointerGetDatum(construct_md_array(ts, NULL, 1, dims, lbs, TIMESTAMPTZOID,
-												   8, true, TYPALIGN_DOUBLE));
-	values[3] = PointerGetDatum(construct_md_array(type, NULL, 1, dims, lbs, TEXTOID,
-												   -1, false, TYPALIGN_INT));
-	values[4] = PointerGetDatum(construct_md_array(agent, agent_null, 1, dims, lbs, TEXTOID,
-												   -1, false, TYPALIGN_INT));
-	values[5] = PointerGetDatum(construct_md_array(engine, engine_null, 1, dims, lbs, TEXTOID,
-												   -1, false, TYPALIGN_INT));
-	values[6] = PointerGetDatum(construct_md_array(tokens, tokens_null, 1, dims, lbs, INT4OID,
-												   4, true, TYPALIGN_INT));
-	values[7] = PointerGetDatum(construct_md_array(latency, latency_null, 1, dims, lbs, FLOAT8OID,
-												   8, true, TYPALIGN_DOUBLE));
-	values[8] = PointerGetDatum(construct_md_array(payload, NULL, 1, dims, lbs, JSONBOID,
-												   -1, false, TYPALIGN_INT));
-	SpiExec(insert_events_sql, 9, types, values, NULL, SPI_OK_INSERT);
-
-	i = 0;
 	foreach(lc, events)
 	{
 		JournalEvent *ev = lfirst(lc);

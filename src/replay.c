@@ -811,7 +811,7 @@ remove_run(int64 id)
 
 	values[0] = Int64GetDatum(id);
 	SecurityAsOwner(&frame);
-	SpiExec("DELETE FROM tuvl.events WHERE run_id OPERATOR(pg_catalog.=) $1", 1, types, values,
+	SpiExec("DELETE FROM tuvl.journal WHERE run_id OPERATOR(pg_catalog.=) $1", 1, types, values,
 			NULL, SPI_OK_DELETE);
 	SpiExec("DELETE FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1", 1, types, values,
 			NULL, SPI_OK_DELETE);

@@ -57,7 +57,7 @@ static const char batch_sql[] =
 "    ORDER BY r.finished_at LIMIT " CppAsString2(PURGE_BATCH) " FOR UPDATE OF r SKIP LOCKED) b";
 
 static const char delete_events_sql[] =
-"DELETE FROM tuvl.events WHERE run_id OPERATOR(pg_catalog.=) ANY ($1)";
+"DELETE FROM tuvl.journal WHERE run_id OPERATOR(pg_catalog.=) ANY ($1)";
 
 static const char delete_runs_sql[] =
 "DELETE FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) ANY ($1)";

@@ -1,11 +1,12 @@
 -- The public SQL surface of the contract exists with the documented signatures.
 BEGIN;
-SELECT plan(45);
+SELECT plan(46);
 
 SELECT has_schema('tuvl');
 SELECT has_table('tuvl', 'workflows', 'tuvl.workflows exists');
 SELECT has_table('tuvl', 'runs', 'tuvl.runs exists');
-SELECT has_table('tuvl', 'events', 'tuvl.events exists');
+SELECT has_view('tuvl', 'events', 'tuvl.events exists (a view of tuvl.journal)');
+SELECT has_table('tuvl', 'journal', 'tuvl.journal exists');
 SELECT columns_are('tuvl', 'events',
     ARRAY['run_id', 'seq', 'ts', 'type', 'agent_id', 'engine', 'tokens', 'latency_ms', 'payload'],
     'the journal has the contract''s columns');

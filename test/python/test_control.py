@@ -347,15 +347,22 @@ def test_a_failure_after_the_fenced_update_at_a_boundary_keeps_checkpoint_and_jo
     """The journal write of a boundary stop (pause, abort) fails after the
     fenced UPDATE of tuvl.runs: the UPDATE rolls back with it, so the run
     never shows a checkpoint whose events are missing.  The failure is
-    injected by a trigger on tuvl.events that refuses the boundary's event;
-    the worker then fails the run, journaling run_failed in order."""
+    injected by a trigger on tuvl.journal that refuses a block holding the
+    boundary's event; the worker then fails the run, journaling run_failed
+    in order."""
     alice, carol = as_role(ALICE), as_role(CAROL)
     tag = new_tag()
     q(conn, f"""
         CREATE FUNCTION ctl.refuse_event() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN RAISE EXCEPTION 'injected: the journal refuses %', NEW.type; END $$;
-        CREATE TRIGGER refuse_{event} BEFORE INSERT ON tuvl.events FOR EACH ROW
-            WHEN (NEW.type = '{event}' AND NEW.run_id IS NOT NULL) EXECUTE FUNCTION ctl.refuse_event();
+            BEGIN
+                IF EXISTS (SELECT 1 FROM tuvl._journal_events(NEW.seq, NEW.events) e
+                           WHERE e.type = '{event}') THEN
+                    RAISE EXCEPTION 'injected: the journal refuses {event}';
+                END IF;
+                RETURN NEW;
+            END $$;
+        CREATE TRIGGER refuse_{event} BEFORE INSERT ON tuvl.journal FOR EACH ROW
+            EXECUTE FUNCTION ctl.refuse_event();
     """)
     try:
         run_id = start(alice, "slow3", {"tag": tag, "secs": 0.5})
@@ -372,7 +379,7 @@ def test_a_failure_after_the_fenced_update_at_a_boundary_keeps_checkpoint_and_jo
         assert "paused" not in [e[3].get("status") for e in events(conn, run_id, "checkpoint")]
         assert journal_violations(conn, [run_id]) == []
     finally:
-        q(conn, f"DROP TRIGGER refuse_{event} ON tuvl.events; DROP FUNCTION ctl.refuse_event()")
+        q(conn, f"DROP TRIGGER refuse_{event} ON tuvl.journal; DROP FUNCTION ctl.refuse_event()")
 
 
 def test_abort_of_a_paused_run_ends_it_at_once(conn, as_role):

@@ -222,7 +222,11 @@ def stall(schema):
     log = ServerLog()
     gucs = GucSetter()
     try:
-        gucs({"tuvl.lease_timeout": ("2s", "2s"), "tuvl.heartbeat_interval": ("500ms", "500ms")})
+        # a batch long enough for the 4 s step: the worker is stopped inside
+        # a batch, not after the budget sent the step to run alone (which,
+        # on a loaded machine, could happen between the check and the stop)
+        gucs({"tuvl.lease_timeout": ("2s", "2s"), "tuvl.heartbeat_interval": ("500ms", "500ms"),
+              "tuvl.max_batch_time": ("10s", "10s")})
         wait_until(lambda: len(worker_pids(db)) == 2, 10, message="two workers",
                    ignore=(psycopg2.OperationalError,))
         conn = connect(db)

@@ -62,7 +62,8 @@ CREATE FUNCTION rp.nap(ctx jsonb) RETURNS jsonb LANGUAGE sql AS $$
 CREATE TABLE rp.seen (run_id bigint, seq int, type text, agent_id text, payload jsonb);
 CREATE FUNCTION rp.see() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN
-        INSERT INTO rp.seen VALUES (NEW.run_id, NEW.seq, NEW.type, NEW.agent_id, NEW.payload);
+        INSERT INTO rp.seen SELECT NEW.run_id, e.seq, e.type, e.agent_id, e.payload
+            FROM tuvl._journal_events(NEW.seq, NEW.events) e;
         RETURN NULL;
     END $$;
 """
@@ -389,12 +390,12 @@ ends:
     assert [(e["step"], e["type"]) for e in fixture["effects"]] == [("charge", "http"), ("refund", "http")]
 
     # the replay's requests (journaled, never sent) carry the recorded run's keys
-    q(conn, "CREATE TRIGGER see AFTER INSERT ON tuvl.events FOR EACH ROW EXECUTE FUNCTION rp.see()")
+    q(conn, "CREATE TRIGGER see AFTER INSERT ON tuvl.journal FOR EACH ROW EXECUTE FUNCTION rp.see()")
     try:
         q(conn, "TRUNCATE rp.seen")
         result = replay(conn, fixture)
     finally:
-        q(conn, "DROP TRIGGER see ON tuvl.events")
+        q(conn, "DROP TRIGGER see ON tuvl.journal")
     assert (result["status"], result["response"], result["effects_served"]) == \
         ("compensated", {"key": f"{base}-{started['mark']}-0"}, 2)
     seen = q(conn, "SELECT run_id, agent_id, payload -> 'request' FROM rp.seen "

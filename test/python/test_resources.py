@@ -59,7 +59,7 @@ def res(db):
     conn.close()
     yield db
     conn = connect(db)
-    q(conn, "DELETE FROM tuvl.events WHERE run_id IN (SELECT id FROM tuvl.runs "
+    q(conn, "DELETE FROM tuvl.journal WHERE run_id IN (SELECT id FROM tuvl.runs "
             "WHERE principal_id::text = ANY (%s))", ([SLOWPOKE, QUICK, PRIO],))
     q(conn, "DELETE FROM tuvl.runs WHERE principal_id::text = ANY (%s)", ([SLOWPOKE, QUICK, PRIO],))
     conn.close()

@@ -77,7 +77,7 @@ def sec(db):
     yield db
     conn = connect(db)
     q(conn, f"DROP SCHEMA IF EXISTS mal, {VICTIM} CASCADE")
-    q(conn, "DELETE FROM tuvl.events WHERE run_id IN (SELECT id FROM tuvl.runs "
+    q(conn, "DELETE FROM tuvl.journal WHERE run_id IN (SELECT id FROM tuvl.runs "
             "WHERE principal_id::text = ANY (%s))", (ROLES,))
     q(conn, "DELETE FROM tuvl.runs WHERE principal_id::text = ANY (%s)", (ROLES,))
     for table in ("workflows", "artifacts", "llms"):
@@ -633,8 +633,9 @@ def test_a_role_without_tuvl_user_can_do_nothing(as_role):
 def test_mallory_cannot_write_tuvls_tables(as_role):
     mal = as_role(MALLORY)
     for sql in ("UPDATE tuvl.runs SET principal_id = 'postgres'",
-                "INSERT INTO tuvl.events (run_id, seq, type) VALUES (1, 999, 'run_completed')",
-                "DELETE FROM tuvl.events",
+                "INSERT INTO tuvl.journal (run_id, seq, n, events) VALUES (1, 999, 1, '\\x0100')",
+                "UPDATE tuvl.journal SET events = '\\x0100'",
+                "DELETE FROM tuvl.journal",
                 "UPDATE tuvl.workflows SET owner = current_user::regrole",
                 "INSERT INTO tuvl.artifacts (name, version, type, definition, source, owner) "
                 "VALUES ('x', 1, 'prompt', '{}', 'x', current_user::regrole)",
@@ -642,6 +643,11 @@ def test_mallory_cannot_write_tuvls_tables(as_role):
                 "DELETE FROM tuvl.mcp_tools"):
         code, _, _, _ = sqlerror(mal, sql)
         assert code == "42501", sql
+    # the view of the journal takes no writes at all
+    for sql in ("INSERT INTO tuvl.events (run_id, seq, type) VALUES (1, 999, 'run_completed')",
+                "DELETE FROM tuvl.events"):
+        code, message, _, _ = sqlerror(mal, sql)
+        assert code in ("42501", "55000") and "events" in message, (sql, code, message)
 
 
 def test_a_step_cannot_switch_roles_or_keep_session_state(as_role):
@@ -820,7 +826,7 @@ def test_the_least_privilege_example_of_the_docs(sec, as_role):
         assert res["status"] == "failed" and "shop_payments_token" in res["error"]
         q(deploy, "RESET ROLE")
     finally:
-        q(admin, "DELETE FROM tuvl.events WHERE run_id IN (SELECT id FROM tuvl.runs "
+        q(admin, "DELETE FROM tuvl.journal WHERE run_id IN (SELECT id FROM tuvl.runs "
                  "WHERE workflow = 'shop_refund')")
         q(admin, "DELETE FROM tuvl.runs WHERE workflow = 'shop_refund'")
         q(admin, "DELETE FROM tuvl.workflows WHERE name = 'shop_refund'")
