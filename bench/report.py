@@ -2,7 +2,7 @@
 """Print the Markdown results block of bench/run from the JSON the benchmarks wrote.
 
 usage: report.py DIR   (DIR holds wakeup.json, throughput.json, isolation.json, http.json,
-                       agents.json, env.json)
+                       agents.json, env.json, and peers.json with bench/run --peers)
 """
 import json
 import os
@@ -39,6 +39,107 @@ def mb(kb):
     return "n/a" if kb is None else "%.1f" % (kb / 1024.0)
 
 
+PEER_NAMES = {"tuvl": "tuvl", "pgboss": "pg-boss", "graphile": "graphile-worker"}
+
+
+def span(xs, fmt):
+    """median (min - max) of the rounds' values; fmt is a format string or a function"""
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "n/a"
+    f = fmt if callable(fmt) else (lambda x: fmt % x)
+    return "%s (%s - %s)" % (f(median(xs)), f(min(xs)), f(max(xs)))
+
+
+def peers_section(peers, p):
+    """The Peers section: bench/peers.py's JSON, tuvl against pg-boss and graphile-worker."""
+    cfg = peers["config"]
+    rounds = peers["rounds"]
+    names = cfg["peers"]
+    systems = ["tuvl"] + names
+    n = cfg["n"]
+    p("### Peers: tuvl against %s on the same cluster" % " and ".join(PEER_NAMES[x] for x in names))
+    p("")
+    p("%s on Node %s; %d round%s; in each round every measure ran tuvl and each peer in turn (the order "
+      "reversed every round); each peer with %s. "
+      "tuvl / peer > 1 means tuvl is better (wake-up: peer latency / tuvl latency)."
+      % (", ".join("%s %s" % (PEER_NAMES[x], cfg["versions"][x]) for x in names), cfg["node"], len(rounds),
+         "" if len(rounds) == 1 else "s",
+         "its best setting from a search over its grid (%s wake-up jobs, %s trivial jobs, %s chains)" % (
+             num(cfg["search_n"]["wakeup"]), num(cfg["search_n"]["trivial"]), num(cfg["search_n"]["chains"]))
+         if cfg.get("searched") else "the first setting of its grid (no search)"))
+    p("")
+    measures = [
+        ("wakeup", "wake-up latency from before commit, median of %s jobs (ms)" % num(n["wakeup"]),
+         lambda r: r["before_commit_ms"]["median"], "%.3f", "ratio_"),
+        ("trivial", "trivial jobs, %s in one transaction: jobs/s, commit -> all complete" % num(n["trivial"]),
+         lambda r: r["jobs_per_s"], num, "ratio_"),
+        ("chains", "%s chains x %d steps, each step's result recorded: steps/s, first step's start -> last completion"
+         % (num(n["chains"]), cfg["steps_per_chain"]), lambda r: r["steps_per_s"], num, "ratio_"),
+        ("chains", "the same chains: steps/s, commit -> all complete (wall)",
+         lambda r: r["steps_per_s_wall"], num, "ratio_wall_"),
+    ]
+    p("| measure | system (setting) | median (range) over rounds | tuvl / peer, median (range) | WAL bytes / step | commits / step |")
+    p("|---|---|---|---|---|---|")
+    for m, label, value, fmt, rkey in measures:
+        if m not in cfg["measures"]:
+            continue
+        for system in systems:
+            res = [r[m][system] for r in rounds if "error" not in r[m][system]]
+            setting = "" if system == "tuvl" else " `%s`" % peers["best"][system][m]
+            cost = ["", ""]
+            if m != "wakeup" and rkey == "ratio_":
+                cost = [span([x.get("wal_bytes_per_step") for x in res], num),
+                        span([x.get("commits_per_step") for x in res], "%.3f")]
+            failed = len(rounds) - len(res)
+            p("| %s | %s%s | %s%s | %s | %s | %s |"
+              % (label if system == "tuvl" else "", PEER_NAMES[system], setting,
+                 span([value(x) for x in res], fmt), " (%d failed)" % failed if failed else "",
+                 "" if system == "tuvl" else span([r[m].get(rkey + system) for r in rounds], "%.2f"),
+                 cost[0], cost[1]))
+    p("")
+    p("Peers, every round:")
+    p("")
+    p("| round (first) | measure | %s | %s |"
+      % (" | ".join(PEER_NAMES[x] for x in systems), " | ".join("tuvl / " + PEER_NAMES[x] for x in names)))
+    p("|---|---|%s%s" % ("---|" * len(systems), "---|" * len(names)))
+
+    def cell(m, res):
+        if "error" in res:
+            return "failed: %s" % res["error"]
+        if m == "wakeup":
+            return ms4(res["before_commit_ms"])
+        if m == "trivial":
+            return "%s jobs/s" % num(res["jobs_per_s"])
+        return "%s steps/s (wall %s)" % (num(res["steps_per_s"]), num(res["steps_per_s_wall"]))
+
+    for i, r in enumerate(rounds):
+        for m in cfg["measures"]:
+            ratios = []
+            for x in names:
+                v = r[m].get("ratio_" + x)
+                w = r[m].get("ratio_wall_" + x)
+                ratios.append("n/a" if v is None else "%.2f%s" % (v, " (wall %.2f)" % w if w is not None else ""))
+            p("| %d (%s) | %s | %s | %s |" % (i + 1, PEER_NAMES[r["order"][0]], m,
+                                             " | ".join(cell(m, r[m][x]) for x in systems), " | ".join(ratios)))
+    p("")
+    if not cfg.get("searched"):
+        return
+    p("Settings tried (search runs: median ms for wake-up, jobs/s or steps/s otherwise; the %d best ran twice, "
+      "and the winner, in bold, has the better mean):" % cfg.get("finalists", 1))
+    p("")
+    for x in names:
+        for m in cfg["measures"]:
+            cells = []
+            for e in peers["search"][x][m]:
+                runs = ["failed" if r.get("score") is None else
+                        "%.3f" % r["score"] if m == "wakeup" else num(r["score"]) for r in e["runs"]]
+                text = "`%s` %s" % (e["setting"], " / ".join(runs))
+                cells.append("**%s**" % text if e["setting"] == peers["best"][x][m] else text)
+            p("- %s, %s: %s" % (PEER_NAMES[x], m, "; ".join(cells)))
+    p("")
+
+
 def main():
     d = sys.argv[1]
     env = load(d, "env.json") or {}
@@ -51,6 +152,7 @@ def main():
     tracing = load(d, "tracing.json")
     mcp = load(d, "mcp.json")
     ret = load(d, "retention.json")
+    peers = load(d, "peers.json")
     out = []
     p = out.append
 
@@ -250,6 +352,8 @@ def main():
                  "%s / %s" % (f1(r["on"].get("cpu_us_per_step_launcher")), f1(r["on"].get("cpu_us_per_step_receiver"))),
                  num(r["on"].get("spans_accepted"))))
         p("")
+    if peers and peers.get("rounds"):
+        peers_section(peers, p)
     if iso:
         p("Batch isolation checks:")
         p("")
