@@ -215,9 +215,8 @@ def worker_memory(cur):
 
 # ------------------------------------------------------------ setup
 
-def setup(db, root):
-    conn = connect(db)
-    cur = conn.cursor()
+def setup_tool(cur):
+    """The tool `note` (bench_agents.note) and the table it writes."""
     cur.execute("CREATE SCHEMA IF NOT EXISTS bench_agents")
     cur.execute("CREATE TABLE IF NOT EXISTS bench_agents.tool_calls ("
                 "k integer NOT NULL, turn integer, at timestamptz NOT NULL DEFAULT clock_timestamp())")
@@ -231,6 +230,12 @@ def setup(db, root):
     # Make the tool callable by whichever role the workers run it as.
     cur.execute("GRANT USAGE ON SCHEMA bench_agents TO PUBLIC")
     cur.execute("GRANT INSERT ON bench_agents.tool_calls TO PUBLIC")
+
+
+def setup(db, root):
+    conn = connect(db)
+    cur = conn.cursor()
+    setup_tool(cur)
     llm("POST", "/_script", {"name": SCRIPT, "turns": TURN_SCRIPT})
     cur.execute("SELECT count(*) FROM tuvl.artifacts WHERE name = 'bench_no_card_numbers'")
     if cur.fetchone()[0] == 0:

@@ -26,6 +26,7 @@
 #include <unistd.h>
 #include <curl/curl.h>
 
+#include "lib/ilist.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "portability/instr_time.h"
@@ -36,6 +37,14 @@
 
 #include "http.h"
 #include "tuvl.h"
+
+/* Which list a transfer is on. */
+typedef enum HttpList
+{
+	HTTP_LISTED_NOWHERE,
+	HTTP_IN_FLIGHT,
+	HTTP_DONE
+} HttpList;
 
 struct HttpTransfer
 {
@@ -70,15 +79,16 @@ struct HttpTransfer
 	char	  **secrets;		/* values of the secrets in the request */
 	int			nsecrets;
 	bool		done;
-	HttpTransfer *next;
+	HttpList	list;			/* the list node is in */
+	dlist_node	node;
 };
 
 static CURLM *multi = NULL;
 static int	epfd = -1;
 static WaitEventSet *wait_set = NULL;
 static TimestampTz curl_deadline = 0;	/* 0: no timer */
-static HttpTransfer *in_flight = NULL;
-static HttpTransfer *done_list = NULL;
+static dlist_head in_flight = DLIST_STATIC_INIT(in_flight);
+static dlist_head done_list = DLIST_STATIC_INIT(done_list);	/* oldest first */
 static int	n_in_flight = 0;
 
 /*
@@ -398,8 +408,6 @@ engine_init(void)
 	curl_multi_setopt(multi, CURLMOPT_SOCKETFUNCTION, socket_cb);
 	curl_multi_setopt(multi, CURLMOPT_TIMERFUNCTION, timer_cb);
 	curl_multi_setopt(multi, CURLMOPT_MAX_HOST_CONNECTIONS, 0L);
-	/* keep a bounded number of idle connections for reuse */
-	curl_multi_setopt(multi, CURLMOPT_MAXCONNECTS, 64L);
 
 	wait_set = CreateWaitEventSet(TopMemoryContext, 3);
 	AddWaitEventToSet(wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
@@ -408,9 +416,12 @@ engine_init(void)
 	AddWaitEventToSet(wait_set, WL_SOCKET_READABLE, epfd, NULL, NULL);
 }
 
+static void unlink_transfer(HttpTransfer *t);
+
 static void
 transfer_free(HttpTransfer *t)
 {
+	unlink_transfer(t);
 	buffered -= Min(t->cap, buffered);
 	if (t == exempt)
 		exempt = NULL;
@@ -495,6 +506,26 @@ transfer_submit(HttpTransfer *t)
 }
 
 /*
+ * Keep as many idle connections as there may be transfers at once (a
+ * worker's runs, tuvl.runs_per_worker, or 64 at least): a run's next
+ * request then finds its connection open.  Fewer would close most of
+ * them after every burst and open them again for the next (a connect, an
+ * accept and a TIME_WAIT socket per request, thousands a second).
+ */
+static void
+keep_connections(void)
+{
+	static long kept = 0;
+	long		want = Max(64, tuvl_runs_per_worker);
+
+	if (want != kept)
+	{
+		curl_multi_setopt(multi, CURLMOPT_MAXCONNECTS, want);
+		kept = want;
+	}
+}
+
+/*
  * Start a request; the returned transfer is collected by HttpCollectDone
  * once finished.  secrets are the values of the secrets the request
  * holds: a redirect to another origin carries none of them.  Raises when
@@ -510,6 +541,7 @@ HttpStart(const HttpRequest *req, List *secrets, void *owner)
 	HttpCheckAllowed(req->url);
 	engine_init();
 
+	keep_connections();
 	t = calloc(1, sizeof(HttpTransfer));
 	if (t == NULL)
 		ereport(ERROR, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("out of memory")));
@@ -554,8 +586,8 @@ HttpStart(const HttpRequest *req, List *secrets, void *owner)
 	}
 	INSTR_TIME_SET_CURRENT(t->start);
 	transfer_submit(t);
-	t->next = in_flight;
-	in_flight = t;
+	dlist_push_head(&in_flight, &t->node);
+	t->list = HTTP_IN_FLIGHT;
 	n_in_flight++;
 	return t;
 }
@@ -579,18 +611,14 @@ HttpTimeoutMs(void)
 }
 
 static void
-unlink_in_flight(HttpTransfer *t)
+unlink_transfer(HttpTransfer *t)
 {
-	HttpTransfer **pp = &in_flight;
-
-	while (*pp && *pp != t)
-		pp = &(*pp)->next;
-	if (*pp)
-	{
-		*pp = t->next;
+	if (t->list == HTTP_LISTED_NOWHERE)
+		return;
+	dlist_delete(&t->node);
+	if (t->list == HTTP_IN_FLIGHT)
 		n_in_flight--;
-	}
-	t->next = NULL;
+	t->list = HTTP_LISTED_NOWHERE;
 }
 
 /* scheme://host:port of a URL, malloc'd; NULL when it does not parse. */
@@ -776,9 +804,9 @@ drain_messages(void)
 		/* latency ends here, not when a busy worker gets to the result */
 		INSTR_TIME_SET_CURRENT(t->finish);
 		t->finished = true;
-		unlink_in_flight(t);
-		t->next = done_list;
-		done_list = t;
+		unlink_transfer(t);
+		dlist_push_tail(&done_list, &t->node);
+		t->list = HTTP_DONE;
 	}
 }
 
@@ -786,15 +814,21 @@ drain_messages(void)
 static void
 resume_paused(void)
 {
+	dlist_iter	it;
+
 	if (n_paused == 0 || buffered >= budget)
 		return;
-	for (HttpTransfer *t = in_flight; t; t = t->next)
+	dlist_foreach(it, &in_flight)
+	{
+		HttpTransfer *t = dlist_container(HttpTransfer, node, it.cur);
+
 		if (t->paused)
 		{
 			t->paused = false;
 			n_paused--;
 			curl_easy_pause(t->easy, CURLPAUSE_CONT);
 		}
+	}
 }
 
 /* How much the response bodies in flight may hold, in bytes. */
@@ -878,12 +912,11 @@ HttpCollectDone(void)
 {
 	List	   *done = NIL;
 
-	while (done_list)
+	while (!dlist_is_empty(&done_list))
 	{
-		HttpTransfer *t = done_list;
+		HttpTransfer *t = dlist_head_element(HttpTransfer, node, &done_list);
 
-		done_list = t->next;
-		t->next = NULL;
+		unlink_transfer(t);
 		done = lappend(done, t);
 	}
 	return done;
@@ -899,20 +932,9 @@ HttpTransferOwner(HttpTransfer *t)
 void
 HttpCancel(HttpTransfer *t)
 {
-	if (t->done)
-	{
-		HttpTransfer **pp = &done_list;
-
-		while (*pp && *pp != t)
-			pp = &(*pp)->next;
-		if (*pp)
-			*pp = t->next;
-	}
-	else
-	{
-		unlink_in_flight(t);
+	if (!t->done)
 		curl_multi_remove_handle(multi, t->easy);
-	}
+	unlink_transfer(t);
 	transfer_free(t);
 }
 
@@ -1054,22 +1076,21 @@ HttpSendAtExit(const char *method, const char *url, List *headers, long timeout_
 void
 HttpAbortAll(void)
 {
-	while (in_flight)
+	while (!dlist_is_empty(&in_flight))
 	{
-		HttpTransfer *t = in_flight;
+		HttpTransfer *t = dlist_head_element(HttpTransfer, node, &in_flight);
 
-		in_flight = t->next;
+		unlink_transfer(t);
 		curl_multi_remove_handle(multi, t->easy);
 		transfer_free(t);
 	}
-	while (done_list)
+	while (!dlist_is_empty(&done_list))
 	{
-		HttpTransfer *t = done_list;
+		HttpTransfer *t = dlist_head_element(HttpTransfer, node, &done_list);
 
-		done_list = t->next;
+		unlink_transfer(t);
 		transfer_free(t);
 	}
-	n_in_flight = 0;
 }
 
 /*
@@ -1093,33 +1114,14 @@ HttpPerform(const HttpRequest *req, List *secrets)
 	PG_CATCH();
 	{
 		if (!t->done)
-		{
-			unlink_in_flight(t);
 			curl_multi_remove_handle(multi, t->easy);
-		}
-		else
-		{
-			HttpTransfer **pp = &done_list;
-
-			while (*pp && *pp != t)
-				pp = &(*pp)->next;
-			if (*pp)
-				*pp = t->next;
-		}
+		unlink_transfer(t);
 		transfer_free(t);
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
 
-	/* take it off the done list */
-	{
-		HttpTransfer **pp = &done_list;
-
-		while (*pp && *pp != t)
-			pp = &(*pp)->next;
-		if (*pp)
-			*pp = t->next;
-	}
+	unlink_transfer(t);			/* off the done list */
 	res = HttpTakeResult(t);
 	return res;
 }

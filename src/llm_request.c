@@ -349,23 +349,33 @@ chain_request(int64 run_id, const char *agent_id, int32 seq)
 }
 
 /*
- * The llm_turn payload of a step's model call as journaled: its request
- * replaced by the delta from the step's previous turn when there is one.
- * Called in the transition that journals it, SPI connected.
+ * The last request agent_id's model calls in run_id journaled, rebuilt
+ * from the journal; NULL when it made none.  For a run whose worker does
+ * not know it (see RunState.llm_prev_request).  SPI connected.
  */
 Jsonb *
-LlmTurnCompact(int64 run_id, const char *agent_id, Jsonb *payload)
+LlmPrevRequest(int64 run_id, const char *agent_id)
 {
-	Jsonb	   *request = JsonGetField(payload, "request") ? JsonGetJsonb(payload, "request") : NULL;
-	Jsonb	   *prev;
 	SecurityFrame frame;
+	Jsonb	   *prev;
 
-	if (request == NULL || !JsonIsObject(request) || agent_id == NULL)
-		return payload;
 	SecurityAsOwner(&frame);
 	prev = chain_request(run_id, agent_id, PG_INT32_MAX);
 	SecurityRestore(&frame);
-	if (prev == NULL || !JsonIsObject(prev))
+	return prev;
+}
+
+/*
+ * The llm_turn payload of a step's model call as journaled: its request
+ * replaced by the delta from prev, the step's previous request, when
+ * there is one (and both are objects).
+ */
+Jsonb *
+LlmTurnCompact(Jsonb *prev, Jsonb *payload)
+{
+	Jsonb	   *request = JsonGetField(payload, "request") ? JsonGetJsonb(payload, "request") : NULL;
+
+	if (request == NULL || !JsonIsObject(request) || prev == NULL || !JsonIsObject(prev))
 		return payload;
 	return JsonSetKey(JsonRemoveKey(payload, "request"), "request_delta",
 					  LlmRequestDelta(prev, request));

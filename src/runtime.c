@@ -1047,6 +1047,31 @@ trace_effect(Transition *t, JournalEvent *ev, bool llm, const char *judge)
 }
 
 /*
+ * An llm_turn's payload with its request replaced by what changed since
+ * the step's previous request, which the worker keeps (read from the
+ * journal only when it does not know it, after a claim); the whole
+ * request is staged as the next one's previous.
+ */
+static Jsonb *
+compact_llm_turn(RunState *run, const char *step_id, Jsonb *payload)
+{
+	Jsonb	   *request = JsonGetField(payload, "request") ? JsonGetJsonb(payload, "request") : NULL;
+	Jsonb	   *prev;
+
+	if (request == NULL || !JsonIsObject(request))
+		return payload;
+	if (run->llm_prev_step && strcmp(run->llm_prev_step, step_id) == 0)
+		prev = run->llm_prev_request;
+	else
+		prev = LlmPrevRequest(run->id, step_id);
+	if (run->next_llm_prev_step)
+		pfree(run->next_llm_prev_step);
+	run->next_llm_prev_step = MemoryContextStrdup(run->cxt, step_id);
+	RunKeepJsonb(run, &run->next_llm_prev_request, request);
+	return LlmTurnCompact(prev, payload);
+}
+
+/*
  * Journal the result of the effect the step was waiting for and make it
  * visible to the step (run->working_effects).
  */
@@ -1078,7 +1103,7 @@ take_fresh_effect(Transition *t)
 		{
 			payload = JsonSetKey(payload, "position", JsonFromCString(psprintf("%d", EffectCount(run))));
 			/* what is new since the step's previous turn */
-			payload = LlmTurnCompact(run->id, t->step->id, payload);
+			payload = compact_llm_turn(run, t->step->id, payload);
 		}
 		ev = JournalAdd(&t->events, "llm_turn", t->step->id, t->step->kind_name, payload);
 		ev->tokens = tokens;
@@ -1131,6 +1156,12 @@ RunAdvance(RunState *run)
 	memset(&t, 0, sizeof(t));
 	t.run = run;
 	/* what the last transition left there may be gone with its memory */
+	if (run->next_llm_prev_step)
+	{
+		pfree(run->next_llm_prev_step);
+		run->next_llm_prev_step = NULL;
+	}
+	RunKeepJsonb(run, &run->next_llm_prev_request, NULL);
 	run->working_effects = NULL;
 	run->working_judged = NULL;
 	run->fresh_judge = NULL;
@@ -1248,6 +1279,17 @@ RunForgetSend(RunState *run)
 void
 RunApplyTransition(RunState *run)
 {
+	if (run->next_llm_prev_step)
+	{
+		if (run->llm_prev_step)
+			pfree(run->llm_prev_step);
+		if (run->llm_prev_request)
+			pfree(run->llm_prev_request);
+		run->llm_prev_step = run->next_llm_prev_step;
+		run->llm_prev_request = run->next_llm_prev_request;
+		run->next_llm_prev_step = NULL;
+		run->next_llm_prev_request = NULL;
+	}
 	pfree(run->context);
 	run->context = run->next_context;
 	run->next_context = NULL;

@@ -83,7 +83,17 @@ typedef struct RunState
 	WorkflowDef *wf;			/* the run's workflow version */
 	Jsonb	   *artifacts;		/* pinned artifact versions, loaded on use */
 
+	/*
+	 * The last model request a step journaled, whole: the next turn
+	 * journals what changed since (llm_request.c).  llm_prev_step NULL:
+	 * not known in memory (read the journal).
+	 */
+	char	   *llm_prev_step;
+	Jsonb	   *llm_prev_request;
+
 	/* staged by RunAdvance, applied by RunApplyTransition */
+	char	   *next_llm_prev_step;
+	Jsonb	   *next_llm_prev_request;
 	Jsonb	   *next_context;
 	Jsonb	   *next_step_state;
 	Jsonb	   *next_control;

@@ -1188,7 +1188,7 @@ create_worker_memory(void)
 	 * heap, which is not trimmed after every batch (the next one would
 	 * fault its pages in again); an idle worker trims it (maintenance).
 	 */
-	mallopt(M_MMAP_THRESHOLD, 1024 * 1024);
+	mallopt(M_MMAP_THRESHOLD, 8 * 1024 * 1024);
 	mallopt(M_TRIM_THRESHOLD, 32 * 1024 * 1024);
 #endif
 	runs_cxt = AllocSetContextCreate(TopMemoryContext, "tuvl runs", ALLOCSET_DEFAULT_SIZES);
