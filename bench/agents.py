@@ -220,13 +220,18 @@ def setup_tool(cur):
     cur.execute("CREATE SCHEMA IF NOT EXISTS bench_agents")
     cur.execute("CREATE TABLE IF NOT EXISTS bench_agents.tool_calls ("
                 "k integer NOT NULL, turn integer, at timestamptz NOT NULL DEFAULT clock_timestamp())")
+    # PL/pgSQL: its INSERT is planned once per session; a LANGUAGE sql
+    # function with an INSERT is planned again at every call
     cur.execute("""
         CREATE OR REPLACE FUNCTION bench_agents.note(ctx jsonb) RETURNS jsonb
-        LANGUAGE sql AS $$
+        LANGUAGE plpgsql AS $$
+        DECLARE t int;
+        BEGIN
             INSERT INTO bench_agents.tool_calls (k, turn)
             VALUES ((ctx->>'k')::int, (ctx->>'turn')::int)
-            RETURNING jsonb_build_object('noted', turn)
-        $$""")
+            RETURNING turn INTO t;
+            RETURN jsonb_build_object('noted', t);
+        END $$""")
     # Make the tool callable by whichever role the workers run it as.
     cur.execute("GRANT USAGE ON SCHEMA bench_agents TO PUBLIC")
     cur.execute("GRANT INSERT ON bench_agents.tool_calls TO PUBLIC")

@@ -199,6 +199,18 @@ class Sampler(threading.Thread):
         self.conn.close()
 
 
+def db_counters(db):
+    """The database's commits and the cluster's WAL bytes, read from database postgres."""
+    conn = connect("postgres")
+    cur = conn.cursor()
+    cur.execute("SELECT pg_stat_clear_snapshot()")
+    cur.execute("SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = %s), "
+                "pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint", (db,))
+    commits, wal = cur.fetchone()
+    conn.close()
+    return commits, wal
+
+
 def clean(cur, workflow):
     cur.execute("DELETE FROM tuvl.journal WHERE run_id IN (SELECT id FROM tuvl.runs WHERE workflow = %s)",
                 (workflow,))
@@ -217,6 +229,7 @@ def batch(db, lg, name, n, timeout=600):
     lg.call("DELETE", "/_stats")
     cpu0 = {pid: cpu_seconds(pid) for pid in pids}
     busy0, total0 = machine_cpu()
+    commits0, wal0 = db_counters(db)
     sampler = Sampler(db, pids)
     sampler.start()
     conn.autocommit = False
@@ -237,6 +250,8 @@ def batch(db, lg, name, n, timeout=600):
     wall = time.time() - t0
     busy1, total1 = machine_cpu()
     cpu1 = {pid: cpu_seconds(pid) for pid in pids}
+    time.sleep(1.5)             # the workers flush their statistics at most once a second
+    commits1, wal1 = db_counters(db)
     stats = lg.call("GET", "/_stats")
     seen = lg.call("GET", "/_log?model=" + SCRIPT)
     sampler.stop.set()
@@ -277,6 +292,8 @@ def batch(db, lg, name, n, timeout=600):
         "in_flight_at_peak_anon": sampler.in_flight_at_peak_anon,
         "worker_kb_per_agent": sampler.per_agent_kb,
         "worker_cpu_s": sum((cpu1[p] or 0) - (cpu0[p] or 0) for p in pids),
+        "commits": commits1 - commits0,
+        "wal_bytes_per_run": (wal1 - wal0) / float(n),
         "machine_cpu_busy": (busy1 - busy0) / float(max(1, total1 - total0)),
         "loadgen": {
             "cpu_s": stats["cpu_since_reset"]["total_s"],
@@ -297,12 +314,14 @@ def batch(db, lg, name, n, timeout=600):
 def describe(b):
     lg = b["loadgen"]
     return ("%s: %d runs in %.2f s (%d not completed), run median %.2f s max %.2f s; peak %d runs held, "
-            "%d requests in flight (server: %d, %d connections); worker CPU %.1f s, machine %.0f%% busy; "
+            "%d requests in flight (server: %d, %d connections); worker CPU %.1f s, %d commits, "
+            "%.0f bytes of WAL per run, machine %.0f%% busy; "
             "workers' RssAnon %.0f -> %.0f MB, %s kB per agent in flight; "
             "load generator %.2f CPU s (%.2f CPUs, %.0f%% event loop), answers late p99 %s ms"
             % (b["workflow"], b["runs"], b["wall_s"], b["not_completed"], b["run_duration_median_s"] or 0,
                b["run_duration_max_s"] or 0, b["peak_runs_held"], b["peak_in_flight_workers"],
-               lg["peak_in_flight"], lg["peak_connections"], b["worker_cpu_s"], 100 * b["machine_cpu_busy"],
+               lg["peak_in_flight"], lg["peak_connections"], b["worker_cpu_s"], b["commits"],
+               b["wal_bytes_per_run"], 100 * b["machine_cpu_busy"],
                b["worker_anon_before_kb"] / 1024.0, b["worker_anon_peak_kb"] / 1024.0,
                "%.1f" % b["worker_kb_per_agent"] if b["worker_kb_per_agent"] is not None else "n/a",
                lg["cpu_s"], lg["cpus"], 100 * lg["event_loop_utilization"],

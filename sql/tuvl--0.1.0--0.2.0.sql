@@ -846,3 +846,13 @@ GRANT SELECT ON tuvl.people_queue TO tuvl_user;
  * another worker sees them, so one free version per row is not enough.
  */
 ALTER TABLE tuvl.runs SET (fillfactor = 50);
+
+/*
+ * The runs under lease, by holder rather than by lease_expires_at: a
+ * renewal, which rewrites lease_expires_at of every run a worker holds
+ * (thousands, every tuvl.heartbeat_interval), then changes no indexed
+ * column and can be a HOT update.  The maintenance that reclaims runs
+ * asks which holders are alive, never for an order of expiry.
+ */
+DROP INDEX tuvl.runs_leased_idx;
+CREATE INDEX runs_leased_idx ON tuvl.runs (lease_owner) WHERE status IN ('running', 'compensating');

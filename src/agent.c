@@ -699,13 +699,19 @@ count_agent(AgentLoop *l, const char *metric, const char *tool, const char *sign
 
 /* ---------------------------------------------------------------- control */
 
-/* The run's operator directives now (tuvl.runs.control), or NULL. */
+/*
+ * The run's operator directives now (tuvl.runs.control), or NULL: the
+ * ones the run's row had at its last checkpoint, unless a change of some
+ * run's directives has committed since (TuvlControlGen), which is rare.
+ */
 static Jsonb *
 read_control(AgentLoop *l)
 {
 	static const Oid types[1] = {INT8OID};
 	Datum		d;
 
+	if (l->run->control_gen != 0 && TuvlControlGen() == l->run->control_gen)
+		return l->run->control ? JsonCopyTo(l->run->control, CurrentMemoryContext) : NULL;
 	if (SecurityExecArgs("SELECT control FROM tuvl.runs "
 						 "WHERE id OPERATOR(pg_catalog.=) $1 AND control IS NOT NULL",
 						 SPI_OK_SELECT, 1, types, Int64GetDatum(l->run->id)) == 1 &&

@@ -168,6 +168,7 @@ CheckpointWrite(RunState *run, const Checkpoint *cp)
 		SpiExec("SELECT 1 FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1 FOR UPDATE",
 				1, types, values, NULL, SPI_OK_SELECT);
 	}
+	run->next_control_gen = TuvlControlGen();
 	control = fenced_update(run, cp, next_seq);
 	(void) JournalWrite(run->id, run->last_seq, cp->events);
 	SecurityRestore(&frame);

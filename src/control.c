@@ -185,6 +185,7 @@ update_idle_run(LockedRun *r, RunStatus status, Jsonb *control, Jsonb *step_stat
 		nulls[4] = 'n';
 	values[5] = Int32GetDatum(r->last_seq + n);
 	SecurityAsOwner(&frame);
+	TuvlControlChangedAtCommit();
 	SpiExec("UPDATE tuvl.runs SET status = $2, control = $3, "
 			"  step_state = CASE WHEN $4::pg_catalog.jsonb IS NULL THEN step_state ELSE $4 END, "
 			"  error = COALESCE($5, error), last_seq = $6, "
@@ -216,6 +217,8 @@ add_directive(LockedRun *r, Jsonb *directive)
 				  "SET control = COALESCE(control, '{}'::pg_catalog.jsonb) OPERATOR(pg_catalog.||) $2 "
 				  "WHERE id OPERATOR(pg_catalog.=) $1",
 				  2, types, values, NULL, SPI_OK_UPDATE);
+	/* the holder reads it at its next turn boundary */
+	TuvlControlChangedAtCommit();
 }
 
 static Jsonb *
@@ -357,6 +360,7 @@ tuvl_resume_run(PG_FUNCTION_ARGS)
 					  "                     '{}'::pg_catalog.jsonb) "
 					  "WHERE id OPERATOR(pg_catalog.=) $1",
 					  1, types, values, NULL, SPI_OK_UPDATE);
+		TuvlControlChangedAtCommit();
 		ereport(NOTICE,
 				(errmsg("run " INT64_FORMAT " had not paused yet; its pause request was withdrawn", r.id)));
 	}
@@ -883,6 +887,7 @@ ControlExpirePauses(void)
 
 	values[0] = Int32GetDatum(tuvl_agent_pause_max);
 	SecurityAsOwner(&frame);
+	TuvlControlChangedAtCommit();
 	n = SpiExec("UPDATE tuvl.runs SET status = 'queued', last_seq = last_seq OPERATOR(pg_catalog.+) 1, "
 				"  control = (control OPERATOR(pg_catalog.-) '{paused_at,pause_max,pause}'::pg_catalog.text[]) "
 				"    OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object('abort', "

@@ -23,6 +23,7 @@
 #include "postgres.h"
 
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <curl/curl.h>
 
@@ -30,6 +31,7 @@
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "portability/instr_time.h"
+#include "storage/fd.h"
 #include "storage/latch.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
@@ -84,6 +86,7 @@ struct HttpTransfer
 };
 
 static CURLM *multi = NULL;
+static long sockets = 0;		/* connections at most (0: no limit) */
 static int	epfd = -1;
 static WaitEventSet *wait_set = NULL;
 static TimestampTz curl_deadline = 0;	/* 0: no timer */
@@ -383,6 +386,37 @@ timer_cb(CURLM *m, long timeout_ms, void *userp)
 
 /* ---- the engine ---- */
 
+/*
+ * How many sockets the transfers may hold at once.  Each connection is a
+ * file descriptor, and a worker holding thousands of runs keeps thousands
+ * open, beside the files PostgreSQL opens (up to max_files_per_process,
+ * counted from the limit the postmaster started with).  So the process's
+ * soft limit is raised to its hard limit, and the connections get what
+ * the files leave; beyond that libcurl queues transfers until a
+ * connection is free.
+ */
+static long
+socket_budget(void)
+{
+	struct rlimit rl;
+	long		budget;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+		return 0;				/* unknown: no limit of ours */
+	if (rl.rlim_cur < rl.rlim_max)
+	{
+		rlim_t		was = rl.rlim_cur;
+
+		rl.rlim_cur = rl.rlim_max == RLIM_INFINITY ? Max(was, 1 << 20) : rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+			rl.rlim_cur = was;
+	}
+	if (rl.rlim_cur == RLIM_INFINITY)
+		return 0;
+	budget = (long) rl.rlim_cur - max_files_per_process - 64;
+	return Max(budget, 16);
+}
+
 /* Create the multi handle, the epoll set and the wait set once. */
 static void
 engine_init(void)
@@ -405,6 +439,8 @@ engine_init(void)
 	multi = curl_multi_init();
 	if (multi == NULL)
 		elog(ERROR, "could not create a libcurl multi handle");
+	sockets = socket_budget();
+	curl_multi_setopt(multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, sockets);
 	curl_multi_setopt(multi, CURLMOPT_SOCKETFUNCTION, socket_cb);
 	curl_multi_setopt(multi, CURLMOPT_TIMERFUNCTION, timer_cb);
 	curl_multi_setopt(multi, CURLMOPT_MAX_HOST_CONNECTIONS, 0L);
@@ -474,6 +510,8 @@ transfer_submit(HttpTransfer *t)
 	curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long) Min(t->timeout_ms, 30000));
 	curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, tuvl_http_verify_tls ? 1L : 0L);
 	curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, tuvl_http_verify_tls ? 2L : 0L);
+	/* libcurl's receive buffer, 16 kB by default, per transfer in flight */
+	curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 8192L);
 	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, write_cb);
 	curl_easy_setopt(e, CURLOPT_WRITEDATA, t);
 	curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, header_cb);
@@ -517,6 +555,9 @@ keep_connections(void)
 {
 	static long kept = 0;
 	long		want = Max(64, tuvl_runs_per_worker);
+
+	if (sockets > 0)
+		want = Min(want, sockets);
 
 	if (want != kept)
 	{

@@ -31,6 +31,7 @@
 #include "runtime.h"
 #include "security.h"
 #include "spiutil.h"
+#include "tuvl.h"
 
 /*
  * Fairness.  Claims share the queue among the roles that have runs in
@@ -272,6 +273,7 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, bool
 	Datum		after_id[MAX_CLAIM_PRINCIPALS];
 	int			np;
 	int			nq;
+	uint64		control_gen;
 
 	*more = false;
 	SecurityAsOwner(&frame);
@@ -302,6 +304,7 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, bool
 	values[5] = PointerGetDatum(construct_array(quota, nq, INT4OID, 4, true, TYPALIGN_INT));
 	values[6] = PointerGetDatum(construct_array(after_key, nq, INT8OID, 8, true, TYPALIGN_DOUBLE));
 	values[7] = PointerGetDatum(construct_array(after_id, nq, INT8OID, 8, true, TYPALIGN_DOUBLE));
+	control_gen = TuvlControlGen();
 	n = SpiExec(claim_sql, 8, types, values, NULL, SPI_OK_UPDATE_RETURNING);
 	SecurityRestore(&frame);
 	tt = SPI_tuptable;
@@ -341,6 +344,7 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, bool
 							 DatumGetInt32(SPI_getbinval(tup, td, 8, &isnull)),
 							 NULL);
 		load_claimed(run, tup, td);
+		run->control_gen = control_gen;
 		old = MemoryContextSwitchTo(runs_cxt);
 		runs = lappend(runs, run);
 		MemoryContextSwitchTo(old);

@@ -31,6 +31,9 @@
 #include "utils/builtins.h"
 #include "utils/json.h"
 #include "utils/jsonb.h"
+#include "utils/hsearch.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
 
 #include "jsonutil.h"
 #include "llm.h"
@@ -246,49 +249,155 @@ LlmConfigExists(const char *name)
 }
 
 /*
- * The stored config of a model; raises when there is none.  SPI must be
- * connected.
+ * Model config versions, cached per process.  A run uses the versions
+ * current when it was created, and a version never changes once
+ * registered, so a process reads a name's versions once and resolves its
+ * runs' from memory, not with a statement per model call.  The versions
+ * are read again for a run created after they were read (one registered
+ * in between would be missing), and every VERSIONS_TTL_MS.
+ */
+#define VERSIONS_TTL_MS 10000
+
+typedef struct LlmVersions
+{
+	char		name[NAMEDATALEN];	/* hash key (longer names are not cached) */
+	TimestampTz loaded_at;
+	int			n;
+	int		   *versions;		/* ascending */
+	TimestampTz *created;
+	Jsonb	  **defs;
+	MemoryContext cxt;			/* owns the arrays */
+} LlmVersions;
+
+static HTAB *versions_cache = NULL;
+
+/* name's versions, read now, into entry e (its old arrays freed). */
+static void
+versions_load(LlmVersions *e, const char *name)
+{
+	static const Oid types[1] = {TEXTOID};
+	Datum		values[1] = {CStringGetTextDatum(name)};
+	uint64		n;
+	MemoryContext old;
+	SecurityFrame frame;
+
+	/* empty until read whole: an error leaves it to be read next time */
+	e->n = 0;
+	e->loaded_at = 0;
+	if (e->cxt)
+		MemoryContextReset(e->cxt);
+	else
+		e->cxt = AllocSetContextCreate(CacheMemoryContext, "tuvl model configs", ALLOCSET_SMALL_SIZES);
+	SecurityAsOwner(&frame);
+	n = SpiExec("SELECT version, created_at, definition FROM tuvl.llm_versions "
+				"WHERE name OPERATOR(pg_catalog.=) $1 ORDER BY version", 1, types, values, NULL,
+				SPI_OK_SELECT);
+	SecurityRestore(&frame);
+	old = MemoryContextSwitchTo(e->cxt);
+	e->n = (int) n;
+	e->versions = palloc(sizeof(int) * (n + 1));
+	e->created = palloc(sizeof(TimestampTz) * (n + 1));
+	e->defs = palloc(sizeof(Jsonb *) * (n + 1));
+	for (uint64 i = 0; i < n; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	td = SPI_tuptable->tupdesc;
+		bool		isnull;
+
+		e->versions[i] = DatumGetInt32(SPI_getbinval(tup, td, 1, &isnull));
+		e->created[i] = DatumGetTimestampTz(SPI_getbinval(tup, td, 2, &isnull));
+		e->defs[i] = DatumGetJsonbPCopy(SPI_getbinval(tup, td, 3, &isnull));
+	}
+	MemoryContextSwitchTo(old);
+	e->loaded_at = GetCurrentTimestamp();
+}
+
+/*
+ * The version of e a run created at as_of uses: the newest registered by
+ * then; for a config first registered later, its first version.  -1 when
+ * e has none.
+ */
+static int
+version_as_of(LlmVersions *e, TimestampTz as_of)
+{
+	for (int i = e->n - 1; i >= 0; i--)
+		if (e->created[i] <= as_of)
+			return i;
+	return e->n > 0 ? 0 : -1;
+}
+
+/* The definition and version of name that a run created at as_of uses. */
+static Jsonb *
+versions_lookup(const char *name, TimestampTz as_of, int *version)
+{
+	LlmVersions *e;
+	bool		found;
+	int			i;
+
+	if (versions_cache == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = NAMEDATALEN;
+		ctl.entrysize = sizeof(LlmVersions);
+		ctl.hcxt = CacheMemoryContext;
+		versions_cache = hash_create("tuvl model configs", 16, &ctl,
+									 HASH_ELEM | HASH_STRINGS | HASH_CONTEXT);
+	}
+	e = hash_search(versions_cache, name, HASH_ENTER, &found);
+	if (!found)
+	{
+		e->cxt = NULL;
+		e->n = 0;
+		e->loaded_at = 0;
+	}
+	/* read before the run was created: a version may have come since */
+	if (!found || as_of > e->loaded_at ||
+		TimestampDifferenceExceeds(e->loaded_at, GetCurrentTimestamp(), VERSIONS_TTL_MS))
+		versions_load(e, name);
+	i = version_as_of(e, as_of);
+	if (i < 0)
+		return NULL;
+	*version = e->versions[i];
+	return e->defs[i];
+}
+
+/*
+ * The stored config of a model, as a run created at as_of uses it (0:
+ * the current one); raises when there is none.  SPI must be connected.
+ * The result is in the caller's memory context.
  */
 LlmConfig *
 LlmConfigLoad(const char *name, TimestampTz as_of)
 {
-	static const Oid types[2] = {TEXTOID, TIMESTAMPTZOID};
-	Datum		values[2];
+	static const Oid types[1] = {TEXTOID};
+	Datum		values[1];
 	bool		isnull;
-	Jsonb	   *def;
+	Jsonb	   *def = NULL;
 	LlmConfig  *cfg = palloc0(sizeof(LlmConfig));
 	JsonbValue *p;
 	SecurityFrame frame;
-	uint64		n;
 
-	values[0] = CStringGetTextDatum(name);
-	values[1] = TimestampTzGetDatum(as_of);
-	SecurityAsOwner(&frame);
-	if (as_of == 0)
-		n = SpiExec("SELECT definition, version FROM tuvl.llms WHERE name OPERATOR(pg_catalog.=) $1",
-					1, types, values, NULL, SPI_OK_SELECT);
+	if (as_of != 0 && strlen(name) < NAMEDATALEN)
+		def = versions_lookup(name, as_of, &cfg->version);
 	else
 	{
-		/*
-		 * The newest version registered by then; a config first registered
-		 * later than the run started: its first version.
-		 */
-		n = SpiExec("SELECT definition, version FROM tuvl.llm_versions "
-					"WHERE name OPERATOR(pg_catalog.=) $1 "
-					"ORDER BY created_at OPERATOR(pg_catalog.<=) $2 DESC, "
-					"  CASE WHEN created_at OPERATOR(pg_catalog.<=) $2 THEN OPERATOR(pg_catalog.-) version "
-					"       ELSE version END "
-					"LIMIT 1", 2, types, values, NULL, SPI_OK_SELECT);
+		values[0] = CStringGetTextDatum(name);
+		SecurityAsOwner(&frame);
+		if (SpiExec("SELECT definition, version FROM tuvl.llms WHERE name OPERATOR(pg_catalog.=) $1",
+					1, types, values, NULL, SPI_OK_SELECT) == 1)
+		{
+			def = DatumGetJsonbPCopy(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+			cfg->version = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
+		}
+		SecurityRestore(&frame);
 	}
-	SecurityRestore(&frame);
-	if (n != 1)
+	if (def == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("LLM config \"%s\" does not exist", name),
 				 errhint("Register it with tuvl.register_llm().")));
-	def = DatumGetJsonbPCopy(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 	cfg->name = pstrdup(name);
-	cfg->version = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
 	cfg->provider = JsonGetString(def, "provider");
 	cfg->base_url = JsonGetString(def, "base_url");
 	cfg->model = JsonGetString(def, "model");

@@ -321,7 +321,7 @@ finish_pending(Transition *t, StepResult *result)
 		effect->http.headers = lappend(effect->http.headers, h);
 	}
 	RunForgetSend(run);
-	run->send_cxt = AllocSetContextCreate(run->cxt, "tuvl effect", ALLOCSET_DEFAULT_SIZES);
+	run->send_cxt = AllocSetContextCreate(run->cxt, "tuvl effect", ALLOCSET_SMALL_SIZES);
 	run->send = EffectRequestCopy(effect, run->send_cxt);
 }
 
@@ -1048,19 +1048,24 @@ trace_effect(Transition *t, JournalEvent *ev, bool llm, const char *judge)
 
 /*
  * An llm_turn's payload with its request replaced by what changed since
- * the step's previous request, which the worker keeps (read from the
- * journal only when it does not know it, after a claim); the whole
- * request is staged as the next one's previous.
+ * the step's previous request.  The first model call of a step's visit
+ * (position 0: the step has recorded no effect yet) journals its request
+ * whole; later ones the change since the one before, which the worker
+ * keeps in memory (after a claim in the middle of a step, it reads it
+ * from the journal once).  The whole request is staged as the next one's
+ * previous.
  */
 static Jsonb *
-compact_llm_turn(RunState *run, const char *step_id, Jsonb *payload)
+compact_llm_turn(RunState *run, const char *step_id, int position, Jsonb *payload)
 {
 	Jsonb	   *request = JsonGetField(payload, "request") ? JsonGetJsonb(payload, "request") : NULL;
 	Jsonb	   *prev;
 
 	if (request == NULL || !JsonIsObject(request))
 		return payload;
-	if (run->llm_prev_step && strcmp(run->llm_prev_step, step_id) == 0)
+	if (position == 0)
+		prev = NULL;
+	else if (run->llm_prev_step && strcmp(run->llm_prev_step, step_id) == 0)
 		prev = run->llm_prev_request;
 	else
 		prev = LlmPrevRequest(run->id, step_id);
@@ -1101,9 +1106,11 @@ take_fresh_effect(Transition *t)
 
 		if (judge == NULL)
 		{
-			payload = JsonSetKey(payload, "position", JsonFromCString(psprintf("%d", EffectCount(run))));
+			int			position = EffectCount(run);
+
+			payload = JsonSetKey(payload, "position", JsonFromCString(psprintf("%d", position)));
 			/* what is new since the step's previous turn */
-			payload = compact_llm_turn(run, t->step->id, payload);
+			payload = compact_llm_turn(run, t->step->id, position, payload);
 		}
 		ev = JournalAdd(&t->events, "llm_turn", t->step->id, t->step->kind_name, payload);
 		ev->tokens = tokens;
@@ -1236,6 +1243,7 @@ RunRefreshControl(RunState *run)
 
 	values[0] = Int64GetDatum(run->id);
 	values[1] = Int32GetDatum(run->attempt);
+	run->control_gen = TuvlControlGen();
 	SecurityAsOwner(&frame);
 	if (SpiExec("SELECT control FROM tuvl.runs "
 				"WHERE id OPERATOR(pg_catalog.=) $1 AND attempt OPERATOR(pg_catalog.=) $2",
@@ -1306,6 +1314,7 @@ RunApplyTransition(RunState *run)
 	if (run->control)
 		pfree(run->control);
 	run->control = run->next_control;
+	run->control_gen = run->next_control_gen;
 	run->next_control = NULL;
 	if (run->compensation_changed)
 	{

@@ -58,6 +58,7 @@ typedef struct RunState
 	Jsonb	   *compensation;	/* tuvl.runs.compensation, or NULL */
 	Jsonb	   *control;		/* operator directives seen at the last
 								 * checkpoint (tuvl.runs.control), or NULL */
+	uint64		control_gen;	/* TuvlControlGen() before control was read */
 	MemoryContext cxt;			/* "tuvl run": owns the fields above */
 
 	/* effects (see effect.c), owned by cxt */
@@ -97,6 +98,7 @@ typedef struct RunState
 	Jsonb	   *next_context;
 	Jsonb	   *next_step_state;
 	Jsonb	   *next_control;
+	uint64		next_control_gen;
 	Jsonb	   *next_compensation;
 	bool		compensation_changed;
 	char	   *key_base;		/* replay: idempotency keys of the recording */
@@ -109,6 +111,8 @@ typedef struct RunState
 	RunCancel	cancelled;
 	bool		solo;			/* its next transition runs alone (a worker
 								 * found its step slow) */
+	bool		advanced;		/* worker.c: made a transition this batch */
+	bool		released;		/* worker.c: ... and is let go */
 } RunState;
 
 extern RunState *RunStateCreate(MemoryContext parent, int64 id, int attempt,

@@ -85,6 +85,7 @@ static int	n_pending_interrupts = 0;
 static void deliver_interrupts(void);
 static void wake_one(Oid dboid, Oid principal);
 static bool run_changed_pending = false;
+static bool control_changed_pending = false;
 
 Size
 TuvlShmemSize(void)
@@ -119,6 +120,7 @@ TuvlShmemStartup(void)
 		TuvlShmem->epoch = (int64) GetCurrentTimestamp();
 		TuvlShmem->nslots = tuvl_max_workers;
 		ConditionVariableInit(&TuvlShmem->run_cv);
+		pg_atomic_init_u64(&TuvlShmem->control_gen, 1);	/* 0: never read */
 	}
 	LWLockRelease(AddinShmemInitLock);
 }
@@ -138,6 +140,8 @@ TuvlXactCallback(XactEvent event, void *arg)
 				wake_one(MyDatabaseId, wake_principal);
 			if (run_changed_pending)
 				TuvlRunChangedNow();
+			if (control_changed_pending && TuvlShmem)
+				pg_atomic_fetch_add_u64(&TuvlShmem->control_gen, 1);
 			deliver_interrupts();
 			/* FALLTHROUGH */
 		case XACT_EVENT_ABORT:
@@ -145,6 +149,7 @@ TuvlXactCallback(XactEvent event, void *arg)
 			wake_workers_pending = false;
 			wake_principal = InvalidOid;
 			run_changed_pending = false;
+			control_changed_pending = false;
 			n_pending_interrupts = 0;
 			break;
 		default:
@@ -164,6 +169,28 @@ void
 TuvlRunChangedAtCommit(void)
 {
 	run_changed_pending = true;
+}
+
+/*
+ * This transaction changes the operator directives of a run
+ * (tuvl.runs.control): at commit, the workers learn that their copies
+ * may be stale (TuvlControlGen).
+ */
+void
+TuvlControlChangedAtCommit(void)
+{
+	control_changed_pending = true;
+}
+
+/*
+ * A number that changes whenever a change of some run's directives has
+ * committed.  Read it before reading a run's control: while it stays the
+ * same, what was read is current.
+ */
+uint64
+TuvlControlGen(void)
+{
+	return TuvlShmem ? pg_atomic_read_u64(&TuvlShmem->control_gen) : 0;
 }
 
 /*

@@ -14,6 +14,7 @@
 #define TUVL_H
 
 #include "access/xact.h"
+#include "port/atomics.h"
 #include "storage/condition_variable.h"
 #include "storage/latch.h"
 #include "storage/lwlock.h"
@@ -86,6 +87,8 @@ typedef struct TuvlSharedState
 	Latch	   *launcher_latch;
 	ConditionVariable run_cv;	/* broadcast when a run becomes terminal or
 								 * waiting; tuvl.wait() sleeps on it */
+	pg_atomic_uint64 control_gen;	/* bumped when a transaction that changed
+									 * some run's tuvl.runs.control commits */
 	TuvlDbEntry dbs[TUVL_MAX_DATABASES];
 	int			nslots;
 	TuvlWorkerSlot slots[FLEXIBLE_ARRAY_MEMBER];
@@ -140,6 +143,8 @@ extern void TuvlRefuseWhileReplaying(const char *what);
 extern void TuvlWakeWorkersAtCommit(void);
 extern void TuvlXactCallback(XactEvent event, void *arg);
 extern void TuvlRunChangedAtCommit(void);
+extern void TuvlControlChangedAtCommit(void);
+extern uint64 TuvlControlGen(void);
 extern void TuvlWakeWorkers(Oid dboid);
 extern void TuvlWakeOneWorker(Oid dboid);
 extern void TuvlRunChangedNow(void);

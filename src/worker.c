@@ -336,13 +336,26 @@ worker_memory_limit(void)
  */
 #define RESULT_WORKING_COPIES 10
 
-/* Bytes the held runs take, and give the rest to the transfers. */
+/*
+ * Bytes the held runs take, and give the rest to the transfers.  Summing
+ * them walks every held run's memory contexts, thousands of them, so the
+ * sum is taken at most every HELD_BYTES_MS (the loop asks every time
+ * round); the bodies in flight are counted live by http.c.
+ */
+#define HELD_BYTES_MS 20
+
 static int64
 held_bytes(void)
 {
-	int64		total = 0;
+	static int64 total = 0;
+	static TimestampTz at = 0;
+	TimestampTz now = GetCurrentTimestamp();
 	ListCell   *lc;
 
+	if (!TimestampDifferenceExceeds(at, now, HELD_BYTES_MS))
+		return total;
+	at = now;
+	total = 0;
 	foreach(lc, held)
 	{
 		RunState   *run = lfirst(lc);
@@ -677,15 +690,19 @@ static void
 apply_advanced(List *advanced)
 {
 	ListCell   *lc;
+	List	   *kept = NIL;
+	List	   *moved = NIL;
+	MemoryContext old;
 
 	foreach(lc, advanced)
 	{
 		RunState   *run = lfirst(lc);
 
+		run->advanced = true;
 		switch (RunNextAfter(run))
 		{
 			case RUN_NEXT_RELEASE:
-				forget_run(run);
+				run->released = true;
 				continue;
 			case RUN_NEXT_EFFECT:
 				/* started by start_due_sends on the curl multi handle */
@@ -695,10 +712,40 @@ apply_advanced(List *advanced)
 			case RUN_NEXT_TRANSITION:
 				break;
 		}
-		/* move to the back so every held run gets its turn */
-		held = list_delete_ptr(held, run);
-		hold_runs(list_make1(run));
 	}
+
+	/*
+	 * The advanced runs go to the back, so every held run gets its turn,
+	 * and the released ones go: one pass over the held runs, not one per
+	 * run advanced (a worker may hold thousands).
+	 */
+	old = MemoryContextSwitchTo(runs_cxt);
+	foreach(lc, held)
+	{
+		RunState   *run = lfirst(lc);
+
+		if (!run->advanced)
+			kept = lappend(kept, run);
+	}
+	foreach(lc, advanced)
+	{
+		RunState   *run = lfirst(lc);
+
+		run->advanced = false;
+		if (run->released)
+		{
+			if (run->transfer)
+				HttpDisown(run->transfer);
+			RunStateFree(run);
+		}
+		else
+			moved = lappend(moved, run);
+	}
+	list_free(held);
+	held = list_concat(kept, moved);
+	list_free(moved);
+	MemoryContextSwitchTo(old);
+	TuvlShmem->slots[my_slot].nheld = list_length(held);
 }
 
 /*
@@ -1111,8 +1158,8 @@ collect_done(void)
 		/* one result at a time: its copies are freed before the next */
 		MemoryContextSwitchTo(step_cxt);
 		res = HttpTakeResult(t);
-		/* the run may have been dropped (lost lease) meanwhile */
-		if (run != NULL && list_member_ptr(held, run) && run->transfer == t)
+		/* a run dropped meanwhile (lost lease) disowned its transfer */
+		if (run != NULL && run->transfer == t)
 			effect_done(run, EffectFinish(run->send, res));
 		MemoryContextSwitchTo(old);
 		MemoryContextReset(step_cxt);
