@@ -36,16 +36,12 @@ restored at the end) so that two workers may hold 10,000 runs.
 import argparse
 import json
 import os
-import subprocess
 import threading
 import time
-import urllib.request
 
 from agents import (SCRIPT, TURN_SCRIPT, ANSWER, TOOL_TURNS, TURNS, GUARDRAIL, GUARD,
                     cpu_seconds, machine_cpu, memory_kb, workers, setup_tool)
-from common import connect, log, summarize_ms, wait_for_workers, write_json
-
-HERE = os.path.dirname(os.path.abspath(__file__))
+from common import Loadgen, connect, log, wait_for_workers, write_json
 
 WORKFLOW = """\
 name: bench_scale_%(name)s
@@ -84,35 +80,6 @@ def workflow_source(name, ms, features):
         "hooks": "hooks: [artifact://bench_count_tools@1]\n" if features else "",
         "guard": GUARD if features else "",
         "guard_route": ", guardrail_violation: finish" if features else ""}
-
-
-# ------------------------------------------------------------ the load generator
-
-class Loadgen:
-    """bench/servers/loadgen.mjs: the one at url, or one started here."""
-
-    def __init__(self, url=None):
-        self.proc = None
-        if url is None:
-            self.proc = subprocess.Popen(["node", os.path.join(HERE, "servers", "loadgen.mjs"), "--port", "0"],
-                                         stderr=subprocess.PIPE, text=True)
-            line = self.proc.stderr.readline()
-            if "load generator on" not in line:
-                raise SystemExit("the load generator did not start: %s" % line.strip())
-            url = "http://" + line.split()[-1]
-        self.url = url.rstrip("/")
-
-    def call(self, method, path, body=None):
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return json.load(r)
-
-    def stop(self):
-        if self.proc:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
 
 
 # ------------------------------------------------------------ settings

@@ -5,8 +5,11 @@ test/lib.sh's tuvl_start exports; only the database name is passed.
 """
 import json
 import math
+import os
+import subprocess
 import sys
 import time
+import urllib.request
 
 import psycopg2
 
@@ -75,3 +78,32 @@ def write_json(path, data):
     if path:
         with open(path, "w") as f:
             json.dump(data, f, indent=2, default=str)
+
+
+class Loadgen:
+    """bench/servers/loadgen.mjs, the load generator: the one at url, or one
+    started here (with the machine's node) and stopped by stop()."""
+
+    def __init__(self, url=None):
+        self.proc = None
+        if url is None:
+            here = os.path.dirname(os.path.abspath(__file__))
+            self.proc = subprocess.Popen(["node", os.path.join(here, "servers", "loadgen.mjs"), "--port", "0"],
+                                         stderr=subprocess.PIPE, text=True)
+            line = self.proc.stderr.readline()
+            if "load generator on" not in line:
+                raise SystemExit("the load generator did not start: %s" % line.strip())
+            url = "http://" + line.split()[-1]
+        self.url = url.rstrip("/")
+
+    def call(self, method, path, body=None):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.load(r)
+
+    def stop(self):
+        if self.proc:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)

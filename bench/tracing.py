@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Tracing's cost: throughput of 10,000 five-step runs with tuvl.otlp_endpoint
-off and on, in alternating rounds on the same cluster.
+"""The cost of this release's features: throughput of 10,000 five-step runs
+with tracing (tuvl.otlp_endpoint) and a metric hook on every step off and
+on, in alternating rounds on the same cluster.  (Metrics are always on; the
+guardrails apply to agents: bench/agents_scale.py --features.)
 
 With tracing on, every run sends six spans (the run and its five steps) to the
 OTLP receiver test/run starts (TUVL_OTLP_URL), told only to count them (a
@@ -16,7 +18,37 @@ import time
 import urllib.request
 
 import throughput
-from common import connect, log, write_json
+from common import connect, log, register_workflow_once, write_json
+
+# the features-on workflow: `five` with a metric hook on each of its steps
+HOOK = """\
+name: bench_count_steps
+type: hook
+events: [after_step]
+action: metric
+metric: tuvl.hook.events
+"""
+HOOKED = throughput.WORKFLOW.replace("name: five\n", "name: five_hooked\nhooks: [artifact://bench_count_steps@1]\n")
+
+
+def setup(db):
+    throughput.setup(db)
+    conn = connect(db)
+    cur = conn.cursor()
+    cur.execute("SELECT count(*) FROM tuvl.artifacts WHERE name = 'bench_count_steps'")
+    if cur.fetchone()[0] == 0:
+        cur.execute("SELECT tuvl.register_artifact(%s)", (HOOK,))
+    register_workflow_once(cur, "five_hooked", HOOKED)
+    conn.close()
+
+
+def hook_events(db):
+    conn = connect(db)
+    cur = conn.cursor()
+    cur.execute("SELECT coalesce(sum(value), 0) FROM tuvl.metrics WHERE name = 'tuvl.hook.events'")
+    n = float(cur.fetchone()[0])
+    conn.close()
+    return n
 
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -90,7 +122,7 @@ def main():
     args = ap.parse_args()
     if not os.environ.get("TUVL_OTLP_URL"):
         raise SystemExit("TUVL_OTLP_URL is not set: bench/run starts the OTLP receiver")
-    throughput.setup(args.db)
+    setup(args.db)
     endpoint = os.environ["TUVL_OTLP_URL"] + "/v1/traces"
     # a collector runs elsewhere: here it only counts, to take little of the CPUs
     receiver("POST", "/_mode?count_only=1")
@@ -104,8 +136,11 @@ def main():
                 set_endpoint(endpoint if mode == "on" else "")
                 receiver("DELETE", "/spans")
                 cpu0 = tuvl_cpu(args.db)
-                res = throughput.tuvl_round(args.db, args.runs, 0.05, 0.0, 300.0)
+                hooks0 = hook_events(args.db)
+                res = throughput.tuvl_round(args.db, args.runs, 0.05, 0.0, 300.0,
+                                            workflow="five_hooked" if mode == "on" else "five")
                 cpu1 = tuvl_cpu(args.db)
+                res["hook_events"] = hook_events(args.db) - hooks0
                 # CPU per step (µs), the settling pauses of tuvl_round included
                 for k in cpu0:
                     res["cpu_us_per_step_" + k] = (cpu1[k] - cpu0[k]) * 1e6 / res["steps"]
@@ -115,9 +150,11 @@ def main():
                     res["spans_accepted"] = got["counted"]
                     receiver("DELETE", "/spans")
                 pair[mode] = res
-                log("tracing %s, round %d: %.0f steps/s, CPU per step: workers %.1f µs, launcher %.1f µs, "
-                    "receiver %.1f µs" % (mode, r + 1, res["steps_per_s"], res["cpu_us_per_step_workers"],
-                                          res["cpu_us_per_step_launcher"], res["cpu_us_per_step_receiver"]))
+                log("features %s, round %d: %.0f steps/s, CPU per step: workers %.1f µs, launcher %.1f µs, "
+                    "receiver %.1f µs; %d hook events, %s spans"
+                    % (mode, r + 1, res["steps_per_s"], res["cpu_us_per_step_workers"],
+                       res["cpu_us_per_step_launcher"], res["cpu_us_per_step_receiver"], res["hook_events"],
+                       res.get("spans_accepted", 0)))
             pair["ratio_on_off"] = pair["on"]["steps_per_s"] / pair["off"]["steps_per_s"]
             rounds.append(pair)
     finally:

@@ -370,35 +370,6 @@ SELECT pg_catalog.pg_extension_config_dump('tuvl.mcp_tools', '');
 SELECT pg_catalog.pg_extension_config_dump('tuvl.secret_grants', '');
 
 /*
- * Counters of metric hooks (src/hook.c), incremented in the transaction of
- * the transition that fired them: a transition that rolls back counts
- * nothing.  Each backend counts in a row of its own (shard), so that
- * workers never wait for each other's row locks; tuvl.metrics sums them.
- * A role sees its own runs' counts; tuvl_operator sees all.
- */
-CREATE TABLE tuvl.metric_counters (
-    name text NOT NULL,
-    labels jsonb NOT NULL,
-    principal_id pg_catalog.regrole NOT NULL,
-    shard integer NOT NULL,
-    value bigint NOT NULL DEFAULT 0,
-    PRIMARY KEY (name, labels, principal_id, shard)
-);
-ALTER TABLE tuvl.metric_counters ENABLE ROW LEVEL SECURITY;
-CREATE POLICY metric_counters_visible ON tuvl.metric_counters FOR SELECT
-    USING (principal_id::pg_catalog.oid OPERATOR(pg_catalog.=)
-               (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER)
-           OR pg_catalog.pg_has_role('tuvl_operator', 'USAGE'));
-COMMENT ON TABLE tuvl.metric_counters IS 'counters of metric hooks, by name and labels (read them in tuvl.metrics)';
-
-CREATE VIEW tuvl.metrics WITH (security_invoker = true) AS
-    SELECT c.name, 'counter'::text AS kind, c.labels, pg_catalog.sum(c.value)::pg_catalog.float8 AS value
-    FROM tuvl.metric_counters c
-    GROUP BY c.name, c.labels;
-COMMENT ON VIEW tuvl.metrics IS 'metrics: name, kind (counter), labels, value';
-GRANT SELECT ON tuvl.metric_counters, tuvl.metrics TO tuvl_user;
-
-/*
  * Notify hooks (src/hook.c): a hook with action notify starts a run of the
  * same workflow version that executes one APICall step on the hook's
  * payload and ends.  It is created in the transaction of the transition
@@ -413,9 +384,9 @@ CREATE INDEX runs_parent_idx ON tuvl.runs (parent_run_id) WHERE parent_run_id IS
 
 /*
  * Metrics (src/metrics.c): counters and histograms of steps, agents,
- * tokens and the supervisor in shared memory (one series per name, labels
- * and role; tuvl._metric_series() returns those the caller may see), the
- * hooks' counters, and gauges read from tuvl.runs.  Nothing here reads
+ * tokens, the supervisor and the metric hooks in shared memory (one
+ * series per name, labels and role; tuvl._metric_series() returns those
+ * the caller may see), and gauges read from tuvl.runs.  Nothing here reads
  * the journal.
  */
 CREATE FUNCTION tuvl._metric_series(OUT name text, OUT kind text, OUT labels jsonb, OUT value float8)
@@ -424,11 +395,7 @@ AS 'MODULE_PATHNAME', 'tuvl_metric_series' LANGUAGE C STRICT VOLATILE PARALLEL R
 COMMENT ON FUNCTION tuvl._metric_series() IS 'the shared-memory series of this database the caller may see, one row per role (read tuvl.metrics)';
 
 CREATE OR REPLACE VIEW tuvl.metrics WITH (security_invoker = true) AS
-    SELECT c.name, 'counter'::text AS kind, c.labels, pg_catalog.sum(c.value)::pg_catalog.float8 AS value
-    FROM tuvl.metric_counters c
-    GROUP BY c.name, c.labels
-    UNION ALL
-    SELECT s.name, s.kind, s.labels, pg_catalog.sum(s.value)::pg_catalog.float8
+    SELECT s.name, s.kind, s.labels, pg_catalog.sum(s.value)::pg_catalog.float8 AS value
     FROM tuvl._metric_series() s
     GROUP BY s.name, s.kind, s.labels
     UNION ALL
@@ -444,6 +411,7 @@ CREATE OR REPLACE VIEW tuvl.metrics WITH (security_invoker = true) AS
            COALESCE(EXTRACT(epoch FROM pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) pg_catalog.min(r.created_at)), 0)::pg_catalog.float8
     FROM tuvl.runs r WHERE r.status OPERATOR(pg_catalog.=) 'queued';
 COMMENT ON VIEW tuvl.metrics IS 'metrics: name, kind (counter, gauge or histogram_bucket), labels, value; a role sees its own runs'', tuvl_operator all';
+GRANT SELECT ON tuvl.metrics TO tuvl_user;
 
 CREATE FUNCTION tuvl.metrics_prometheus() RETURNS text
 AS 'MODULE_PATHNAME', 'tuvl_metrics_prometheus' LANGUAGE C STRICT STABLE;

@@ -25,12 +25,15 @@
 #include "lib/stringinfo.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
+#include "utils/hsearch.h"
 #include "utils/jsonb.h"
 #include "utils/memutils.h"
+#include "utils/timestamp.h"
 
 #include "artifact.h"
 #include "guardrail.h"
 #include "jsonutil.h"
+#include "metrics.h"
 #include "security.h"
 #include "spiutil.h"
 #include "tuvl.h"
@@ -125,9 +128,94 @@ ArtifactSiteTypes(ArtifactSite site)
 }
 
 /*
+ * Artifact versions, cached per process: a version never changes once
+ * registered, and runs resolve the versions they pinned at every use (a
+ * hook at every step, a guardrail at every gate).  An entry is read again
+ * after PINNED_TTL_MS, so that a version deleted by hand goes away.
+ */
+#define PINNED_TTL_MS 60000
+
+typedef struct PinnedKey
+{
+	char		name[NAMEDATALEN];
+	int			version;
+} PinnedKey;
+
+typedef struct PinnedArtifact
+{
+	PinnedKey	key;
+	TimestampTz loaded_at;
+	char	   *type;			/* in pinned_cxt; NULL: being filled */
+	char	   *body;
+	Jsonb	   *definition;
+} PinnedArtifact;
+
+static HTAB *pinned_cache = NULL;
+static MemoryContext pinned_cxt = NULL;
+
+static PinnedArtifact *
+pinned_entry(const char *name, int version, bool create)
+{
+	PinnedKey	key;
+	PinnedArtifact *e;
+	bool		found;
+
+	if (version <= 0 || strlen(name) >= NAMEDATALEN)
+		return NULL;
+	if (pinned_cache == NULL)
+	{
+		HASHCTL		ctl;
+
+		if (!create)
+			return NULL;
+		pinned_cxt = AllocSetContextCreate(CacheMemoryContext, "tuvl artifacts", ALLOCSET_DEFAULT_SIZES);
+		ctl.keysize = sizeof(PinnedKey);
+		ctl.entrysize = sizeof(PinnedArtifact);
+		ctl.hcxt = pinned_cxt;
+		pinned_cache = hash_create("tuvl artifacts", 64, &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	memset(&key, 0, sizeof(key));
+	strlcpy(key.name, name, NAMEDATALEN);
+	key.version = version;
+	e = hash_search(pinned_cache, &key, create ? HASH_ENTER : HASH_FIND, &found);
+	if (e && !found)
+		e->type = NULL;
+	if (e && found && e->type &&
+		TimestampDifferenceExceeds(e->loaded_at, GetCurrentTimestamp(), PINNED_TTL_MS))
+	{
+		/* stale: read it again */
+		pfree(e->type);
+		if (e->body)
+			pfree(e->body);
+		if (e->definition)
+			pfree(e->definition);
+		e->type = NULL;
+		e->body = NULL;
+		e->definition = NULL;
+		if (!create)
+			return NULL;
+	}
+	return e;
+}
+
+/* Copy a cached version out, as ArtifactLookup returns it. */
+static void
+pinned_copy(PinnedArtifact *e, char **type, char **body, Jsonb **definition)
+{
+	if (type)
+		*type = pstrdup(e->type);
+	if (body)
+		*body = e->body ? pstrdup(e->body) : NULL;
+	if (definition)
+		*definition = JsonCopyTo(e->definition, CurrentMemoryContext);
+}
+
+/*
  * Look up version `version` of artifact name (0: the latest).  Returns
  * false when there is none; else sets what is asked for (palloc'd in the
- * caller's context).  Connects to SPI itself.
+ * caller's context).  Connects to SPI itself; a given version (with
+ * neither version_out nor latest asked for) comes from the process's
+ * cache once read.
  */
 bool
 ArtifactLookup(const char *name, int version, char **type, char **body, int *version_out,
@@ -138,6 +226,13 @@ ArtifactLookup(const char *name, int version, char **type, char **body, int *ver
 	MemoryContext cxt = CurrentMemoryContext;
 	SecurityFrame frame;
 	bool		found = false;
+	PinnedArtifact *pinned = version_out || latest ? NULL : pinned_entry(name, version, true);
+
+	if (pinned && pinned->type)
+	{
+		pinned_copy(pinned, type, body, definition);
+		return true;
+	}
 
 	values[0] = CStringGetTextDatum(name);
 	values[1] = Int32GetDatum(version);
@@ -172,6 +267,15 @@ ArtifactLookup(const char *name, int version, char **type, char **body, int *ver
 			Datum		d = SPI_getbinval(tup, td, 5, &isnull);
 
 			*definition = isnull ? NULL : JsonCopyTo(DatumGetJsonbP(d), cxt);
+		}
+		if (pinned)
+		{
+			Datum		d = SPI_getbinval(tup, td, 5, &isnull);
+
+			pinned->definition = isnull ? NULL : JsonCopyTo(DatumGetJsonbP(d), pinned_cxt);
+			pinned->body = b ? MemoryContextStrdup(pinned_cxt, b) : NULL;
+			pinned->loaded_at = GetCurrentTimestamp();
+			pinned->type = MemoryContextStrdup(pinned_cxt, t);	/* last: complete */
 		}
 		found = true;
 	}
@@ -389,6 +493,45 @@ ArtifactResolveText(RunState *run, const char *text, ArtifactSite site, const ch
 }
 
 /*
+ * ArtifactResolve from memory only: true when text is a reference whose
+ * pinned version the run and the process's cache already hold (ref set,
+ * nothing read, nothing raised), false otherwise (call ArtifactResolve).
+ * ref's type, body and definition point into the cache: read them before
+ * the next lookup, and never change them.
+ */
+bool
+ArtifactResolveCached(RunState *run, const char *text, ArtifactSite site, ArtifactRef *ref)
+{
+	char	   *name;
+	int			version;
+	PinnedArtifact *e;
+
+	memset(ref, 0, sizeof(ArtifactRef));
+	if (!ArtifactParseRef(text, &name, &version) || name == NULL)
+		return false;
+	if (version == 0)
+	{
+		JsonbValue *pin;
+
+		if (run->artifacts == NULL)
+			return false;
+		pin = JsonGetField(run->artifacts, name);
+		if (pin == NULL || pin->type != jbvNumeric)
+			return false;
+		version = JsonGetInt32(run->artifacts, name, 0);
+	}
+	e = pinned_entry(name, version, false);
+	if (e == NULL || e->type == NULL || !ArtifactSiteAccepts(site, e->type))
+		return false;
+	ref->type = e->type;
+	ref->body = e->body;
+	ref->definition = e->definition;
+	ref->name = name;
+	ref->version = version;
+	return true;
+}
+
+/*
  * The artifact a reference names (for guardrails and hooks, whose
  * definitions matter), as the run pinned it.  Raises for text that is not
  * a reference.
@@ -510,6 +653,10 @@ check_hook(Jsonb *def, const char *name)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("hook \"%s\": metric names the counter of a metric hook, such as tuvl.hook.events", name)));
+	if (JsonGetString(def, "metric") && strlen(JsonGetString(def, "metric")) >= METRIC_NAME_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("hook \"%s\": metric is longer than %d bytes", name, METRIC_NAME_LEN - 1)));
 	if (strcmp(action, "metric") == 0 && JsonGetField(def, "step"))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),

@@ -42,6 +42,8 @@ extern bool ArtifactLookup(const char *name, int version, char **type, char **bo
 extern Jsonb *ArtifactPinFloating(Jsonb *definition);
 extern char *ArtifactResolveText(RunState *run, const char *text, ArtifactSite site,
 								 const char *what);
+extern bool ArtifactResolveCached(RunState *run, const char *text, ArtifactSite site,
+								  ArtifactRef *ref);
 extern void ArtifactResolve(RunState *run, const char *text, ArtifactSite site,
 							const char *what, ArtifactRef *ref);
 

@@ -12,9 +12,9 @@
  * tuvl.run() and tuvl.replay() behave alike.
  *
  * A hook never changes the context or the flow.  The metric action adds 1
- * to a counter (tuvl.metric_counters, read through tuvl.metrics) in the
- * transition's own transaction: a transition that rolls back, or runs
- * again after a crash, counts once.  A replay counts nothing: it only
+ * to a counter in shared memory (metrics.c, read through tuvl.metrics)
+ * when the transition's transaction commits: a transition that rolls
+ * back, or runs again after a crash, counts once.  A replay counts nothing: it only
  * checks a recording.  A hook that fails is logged and swallowed; its
  * work is rolled back in a subtransaction of its own.  A cancel that
  * reaches a hook (a step's timeout, a batch's time budget, an abort) is
@@ -34,6 +34,7 @@
 #include "hook.h"
 #include "journal.h"
 #include "jsonutil.h"
+#include "metrics.h"
 #include "queue.h"
 #include "security.h"
 #include "spiutil.h"
@@ -64,32 +65,25 @@ fires_on(Jsonb *definition, HookEvent event)
 	return false;
 }
 
-/* Add 1 to the counter of a metric hook, labelled with where it fired. */
+/*
+ * Add 1 to the counter of a metric hook, labelled with where it fired, in
+ * shared memory (metrics.c): it is added when the transaction commits.
+ */
 static void
 count(RunState *run, const StepDef *step, const char *hook, Jsonb *definition, HookEvent event,
 	  const char *tool, const char *signal)
 {
-	static const Oid types[4] = {TEXTOID, JSONBOID, REGROLEOID, INT4OID};
 	char	   *metric = JsonGetString(definition, "metric");
-	JsonObjBuilder b;
+	MetricLabel labels[6] = {
+		{"event", event_names[event]},
+		{"hook", hook},
+		{"workflow", run->workflow},
+		{"step", step->id},
+		{"tool", tool},
+		{"signal", signal},
+	};
 
-	JsonObjStart(&b);
-	JsonObjAddString(&b, "event", event_names[event]);
-	JsonObjAddString(&b, "hook", hook);
-	JsonObjAddString(&b, "workflow", run->workflow);
-	JsonObjAddString(&b, "step", step->id);
-	if (tool)
-		JsonObjAddString(&b, "tool", tool);
-	if (signal)
-		JsonObjAddString(&b, "signal", signal);
-	/* this backend's own row: concurrent workers never wait for each other */
-	SecurityExecArgs("INSERT INTO tuvl.metric_counters AS c (name, labels, principal_id, shard, value) "
-					 "VALUES ($1, $2, $3, $4, 1) ON CONFLICT (name, labels, principal_id, shard) "
-					 "DO UPDATE SET value = c.value OPERATOR(pg_catalog.+) 1",
-					 SPI_OK_INSERT, 4, types,
-					 CStringGetTextDatum(metric ? metric : HOOK_DEFAULT_METRIC),
-					 JsonbPGetDatum(JsonObjEnd(&b)), ObjectIdGetDatum(run->principal),
-					 Int32GetDatum(MyBackendId));
+	MetricCount(metric ? metric : HOOK_DEFAULT_METRIC, run->principal, labels, lengthof(labels), 1);
 }
 
 /*
@@ -185,13 +179,25 @@ hook_refs(RunState *run, const StepDef *step)
 	return refs;
 }
 
-/* Fire one hook, in a subtransaction: a failure is logged and forgotten. */
+/*
+ * Fire one hook, in a subtransaction: a failure is logged and forgotten.
+ * A metric hook whose definition is in memory needs none: it reads
+ * nothing and only adds to a pending count.
+ */
 static void
 fire_one(RunState *run, const StepDef *step, const char *ref, HookEvent event,
 		 const char *tool, const char *signal, const char *error)
 {
 	SpiSubxact	sub;
+	ArtifactRef cached;
 
+	if (ArtifactResolveCached(run, ref, SITE_HOOK, &cached) &&
+		strcmp(JsonGetString(cached.definition, "action"), "metric") == 0)
+	{
+		if (fires_on(cached.definition, event))
+			count(run, step, cached.name, cached.definition, event, tool, signal);
+		return;
+	}
 	SpiSubxactBegin(&sub);
 	PG_TRY();
 	{

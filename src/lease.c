@@ -26,6 +26,7 @@
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 
+#include "jsonutil.h"
 #include "lease.h"
 #include "queue.h"
 #include "runtime.h"
@@ -83,7 +84,7 @@ static const char claim_sql[] =
 "RETURNING r.id, r.attempt, r.workflow, r.workflow_version, r.principal, "
 "  r.context, r.current_step, r.last_seq, r.step_state, r.control, r.compensation, "
 "  r.principal_id, r.priority, r.hook OPERATOR(pg_catalog.->>) 'step', r.started_at, r.traceparent, "
-"  CASE WHEN r.parent_step IS NOT NULL THEN r.parent_run_id END, r.created_at";
+"  CASE WHEN r.parent_step IS NOT NULL THEN r.parent_run_id END, r.created_at, r.artifacts";
 
 /*
  * For each role of a claim, the first queued run between where the claim
@@ -176,6 +177,9 @@ load_claimed(RunState *run, HeapTuple tup, TupleDesc td)
 	run->parent_id = isnull ? 0 : DatumGetInt64(d);
 	d = SPI_getbinval(tup, td, 18, &isnull);
 	run->created_at = isnull ? 0 : DatumGetTimestampTz(d);
+	/* the artifact versions it pinned (artifact.c reads them otherwise) */
+	d = SPI_getbinval(tup, td, 19, &isnull);
+	run->artifacts = isnull ? JsonEmptyObject() : DatumGetJsonbPCopy(d);
 	MemoryContextSwitchTo(old);
 	/* a notify hook's run executes one step */
 	if (SPI_getvalue(tup, td, 14) != NULL)

@@ -51,7 +51,6 @@
 PG_FUNCTION_INFO_V1(tuvl_metric_series);
 
 #define TUVL_METRIC_SERIES 8192
-#define METRIC_NAME_LEN 48
 #define METRIC_LABELS_LEN 384
 #define METRIC_VALUE_MAX 63
 

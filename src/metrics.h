@@ -11,6 +11,9 @@
 #include "access/xact.h"
 
 /* One label of a series: both strings, value clipped to 63 bytes. */
+/* A series name's room, its terminating NUL included. */
+#define METRIC_NAME_LEN 48
+
 typedef struct MetricLabel
 {
 	const char *name;

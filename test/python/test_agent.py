@@ -35,7 +35,7 @@ import uuid
 import psycopg2
 import pytest
 
-from conftest import connect, journal_violations, q, q1, report, wait_until
+from conftest import ServerLog, connect, journal_violations, q, q1, report, wait_until
 from httputil import HTTP_BASE, requests_with
 
 LLM_URL = os.environ.get("TUVL_LLM_URL")
@@ -1935,20 +1935,19 @@ def test_tool_hooks_count_every_tool_call_of_an_agent(conn, mode):
     assert sum(counts(conn, h, "support.tool_calls").values()) == 4
 
 
-def test_a_failing_hook_is_logged_and_swallowed(conn):
+def test_a_failing_hook_is_logged_and_swallowed(conn, conns, agdb):
     h = hook(conn, ["after_step"])
     wf = steps_workflow(conn, f"hooks: [artifact://{h}@1]\n",
                         "  - { id: one, kind: Functional, function: ag.record }\n")
-    assert execute(conn, wf, {"tag": "f"})["status"] == "completed"
-    # from now on the counter cannot grow: every increment fails
-    q(conn, "ALTER TABLE tuvl.metric_counters ADD CONSTRAINT test_no_more CHECK (value < 2) NOT VALID")
-    try:
-        res = execute(conn, wf, {"tag": "f"})
-        assert res["status"] == "completed", res
-        assert types_of(conn, res["run_id"])[-1] == "run_completed"
-    finally:
-        q(conn, "ALTER TABLE tuvl.metric_counters DROP CONSTRAINT test_no_more")
-    assert counts(conn, h) == {("after_step", "one", None, "default"): 1}
+    # the hook's version is deleted by hand: a process that has not read it
+    # yet (a new session) cannot resolve it
+    q(conn, "DELETE FROM tuvl.artifacts WHERE name = %s", (h,))
+    mark = ServerLog().mark()
+    res = execute(conns(agdb), wf, {"tag": "f"})
+    assert res["status"] == "completed", res
+    assert types_of(conn, res["run_id"])[-1] == "run_completed"
+    assert counts(conn, h) == {}
+    ServerLog().wait_for(mark, rf"hook artifact://{h}@1 of step \"one\" failed on after_step", 10)
 
 
 # notify hooks: an APICall step run on the hook's payload, in a run of its own
@@ -2116,8 +2115,8 @@ def test_a_role_sees_the_counts_of_its_own_runs_and_an_operator_all(conn, agdb, 
                                            "WHERE labels ->> 'hook' = %s", (h,)) == []
         assert q(conns(agdb, user=operator), "SELECT value FROM tuvl.metrics "
                                              "WHERE labels ->> 'hook' = %s", (h,)) == [(1.0,)]
-        with pytest.raises(psycopg2.errors.InsufficientPrivilege):
-            q(conns(agdb, user=reader), "UPDATE tuvl.metric_counters SET value = 0")
+        with pytest.raises(psycopg2.Error):
+            q(conns(agdb, user=reader), "UPDATE tuvl.metrics SET value = 0")
     finally:
         for role in (reader, operator):
             q(admin, f"DROP ROLE IF EXISTS {role}")
