@@ -20,7 +20,7 @@ the runs the workers hold and the transfers they have in flight
 (tuvl.worker_status()) and each worker's private memory (RssAnon from
 /proc): worker memory per agent in flight = the growth of the workers'
 RssAnon from before the batch to its peak, divided by the agents in
-flight at that moment (target <= 50 kB).  The load generator's own CPU,
+flight at the batch's peak (target <= 50 kB).  The load generator's own CPU,
 event-loop utilization and how late its answers left (GET /_stats) show
 that it was not the bottleneck.
 
@@ -141,7 +141,6 @@ class Sampler(threading.Thread):
         self.peak_held = 0
         self.peak_anon_kb = 0          # the workers' RssAnon, summed
         self.in_flight_at_peak_anon = 0
-        self.per_agent_kb = None       # max over samples of growth / in flight
         self.base_anon_kb = sum((memory_kb(p) or {}).get("RssAnon", 0) for p in pids)
 
     def run(self):
@@ -157,11 +156,6 @@ class Sampler(threading.Thread):
             if anon > self.peak_anon_kb:
                 self.peak_anon_kb = anon
                 self.in_flight_at_peak_anon = in_flight
-            # only once most agents are in flight: a few agents and a
-            # grown heap say little about the cost of one
-            if in_flight >= 1000:
-                per = (anon - self.base_anon_kb) / float(in_flight)
-                self.per_agent_kb = per if self.per_agent_kb is None else max(self.per_agent_kb, per)
             time.sleep(0.02)
         self.conn.close()
 
@@ -257,7 +251,10 @@ def batch(db, lg, name, n, timeout=600):
         "worker_anon_before_kb": sampler.base_anon_kb,
         "worker_anon_peak_kb": sampler.peak_anon_kb,
         "in_flight_at_peak_anon": sampler.in_flight_at_peak_anon,
-        "worker_kb_per_agent": sampler.per_agent_kb,
+        # the workers' private memory at its peak over what it was before
+        # the batch, per agent in flight at the batch's peak
+        "worker_kb_per_agent_at_peak": (sampler.peak_anon_kb - sampler.base_anon_kb) / float(max(1, sampler.peak_in_flight))
+        if sampler.peak_in_flight >= 1000 else None,
         "worker_cpu_s": sum((cpu1[p] or 0) - (cpu0[p] or 0) for p in pids),
         "commits": commits1 - commits0,
         "wal_bytes_per_run": (wal1 - wal0) / float(n),
@@ -290,7 +287,7 @@ def describe(b):
                lg["peak_in_flight"], lg["peak_connections"], b["worker_cpu_s"], b["commits"],
                b["wal_bytes_per_run"], 100 * b["machine_cpu_busy"],
                b["worker_anon_before_kb"] / 1024.0, b["worker_anon_peak_kb"] / 1024.0,
-               "%.1f" % b["worker_kb_per_agent"] if b["worker_kb_per_agent"] is not None else "n/a",
+               "%.1f" % b["worker_kb_per_agent_at_peak"] if b["worker_kb_per_agent_at_peak"] is not None else "n/a",
                lg["cpu_s"], lg["cpus"], 100 * lg["event_loop_utilization"],
                (lg["late_ms"] or {}).get("p99")))
 
@@ -329,8 +326,11 @@ def main():
             log("round %d: wall %.2f s with the 1 s model, limit 1.2 x 3 s + %.2f s = %.2f s: %s"
                 % (r + 1, slow["wall_s"], fast["wall_s"], limit, "met" if round_["met"] else "MISSED"))
             if args.features:
-                tracing = set_gucs({"tuvl.otlp_endpoint": args.otlp_url.rstrip("/") + "/v1/traces"}) \
-                    if args.otlp_url else None
+                tracing = None
+                if args.otlp_url:
+                    # a collector runs elsewhere: here the receiver only counts
+                    Loadgen(args.otlp_url).call("POST", "/_mode?count_only=1")
+                    tracing = set_gucs({"tuvl.otlp_endpoint": args.otlp_url.rstrip("/") + "/v1/traces"})
                 try:
                     feat = batch(args.db, lg, "1s_features", args.runs)
                 finally:
