@@ -154,6 +154,7 @@ def main():
     mcp = load(d, "mcp.json")
     ret = load(d, "retention.json")
     peers = load(d, "peers.json")
+    wal = load(d, "wal.json")
     out = []
     p = out.append
 
@@ -313,6 +314,18 @@ def main():
             p("| memory: %d runs fetching 10 MB each, tuvl.max_worker_memory = %s: peak private memory growth per worker | %s MB (%.1f s) | bounded: limit + one result's working copies |"
               % (m["responses"], m["limit"], ", ".join("%.0f" % v for v in g.values()), m["wall_s"]))
     p("")
+
+    if wal:
+        p("Where a step's WAL goes (`bench/wal.py`: %s five-step runs, their queueing included, read back with pg_waldump): %.0f bytes and %.2f records per step, %.0f bytes of them full-page images."
+          % (num(wal["runs"]), wal["bytes_per_step"], wal["records_per_step"], wal["fpi_bytes_per_step"]))
+        p("")
+        p("| relation | record | bytes per step | records per step |")
+        p("|---|---|---|---|")
+        for r in wal["rows"][:14]:
+            p("| %s | %s | %.1f | %.2f |" % (r["relation"], r["record"], r["bytes_per_step"], r["records_per_step"]))
+        rest = wal["bytes_per_step"] - sum(r["bytes_per_step"] for r in wal["rows"][:14])
+        p("| everything else | | %.1f | |" % rest)
+        p("")
 
     if wake or thr:
         p("All rounds:")
