@@ -156,14 +156,21 @@ hold_runs(List *runs)
 	TuvlShmem->slots[my_slot].nheld = list_length(held);
 }
 
+/* Free a run no longer held; its transfer in flight, if any, is orphaned. */
+static void
+free_run(RunState *run)
+{
+	if (run->transfer)
+		HttpDisown(run->transfer);
+	RunStateFree(run);
+}
+
 static void
 forget_run(RunState *run)
 {
 	held = list_delete_ptr(held, run);
 	TuvlShmem->slots[my_slot].nheld = list_length(held);
-	if (run->transfer)
-		HttpDisown(run->transfer);
-	RunStateFree(run);
+	free_run(run);
 }
 
 static void
@@ -733,11 +740,7 @@ apply_advanced(List *advanced)
 
 		run->advanced = false;
 		if (run->released)
-		{
-			if (run->transfer)
-				HttpDisown(run->transfer);
-			RunStateFree(run);
-		}
+			free_run(run);
 		else
 			moved = lappend(moved, run);
 	}
@@ -1229,11 +1232,13 @@ create_worker_memory(void)
 #ifdef __GLIBC__
 
 	/*
-	 * Large blocks (responses, contexts of big runs) in mappings of their
-	 * own: freed, they go back to the system at once, instead of raising
-	 * glibc's threshold and staying in the heap.  Smaller ones stay in the
-	 * heap, which is not trimmed after every batch (the next one would
-	 * fault its pages in again); an idle worker trims it (maintenance).
+	 * Blocks larger than a memory context's largest block (8 MB: large
+	 * responses) in mappings of their own: freed, they go back to the
+	 * system at once, instead of raising glibc's threshold and staying in
+	 * the heap.  Contexts' blocks stay in the heap, which is not trimmed
+	 * after every batch: a batch's transaction contexts, mapped and
+	 * unmapped in every transaction, made a third of an agent turn's CPU
+	 * page faults.  An idle worker trims the heap (maintenance).
 	 */
 	mallopt(M_MMAP_THRESHOLD, 8 * 1024 * 1024);
 	mallopt(M_TRIM_THRESHOLD, 32 * 1024 * 1024);
