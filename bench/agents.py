@@ -68,14 +68,14 @@ STATS_SETTLE_S = 1.5
 ANSWER = "done"
 
 WORKFLOW = """\
-name: bench_agent_%(ms)dms%(suffix)s
-description: one autonomous Agent step, three model turns at %(ms)d ms, two tool calls (bench/agents.py)
-steps:
+name: %(name)s
+description: one autonomous Agent step, three model turns at %(ms)d ms, two tool calls (%(script)s)
+%(hooks)ssteps:
   - id: work
     kind: Agent
     mode: autonomous
     agent:
-      model: bench_agents_%(ms)dms
+      model: %(model)s
       steering: "Record two notes, then answer done."
       tools:
         - ref: note
@@ -103,8 +103,12 @@ GUARD = ("      guardrails:\n"
          "        output: [artifact://bench_no_card_numbers@1]\n")
 
 
-def workflow_source(ms, guarded):
-    return WORKFLOW % {"ms": ms, "suffix": "_guarded" if guarded else "",
+def workflow_source(ms, guarded, name=None, model=None, hooks=None, script="bench/agents.py"):
+    """The agent's workflow: name and model default to this script's, and
+    hooks is a top-level hooks line."""
+    return WORKFLOW % {"ms": ms, "script": script,
+                       "name": name or "bench_agent_%dms%s" % (ms, "_guarded" if guarded else ""),
+                       "model": model or "bench_agents_%dms" % ms, "hooks": hooks or "",
                        "guard": GUARD if guarded else "",
                        "guard_route": ", guardrail_violation: finish" if guarded else ""}
 

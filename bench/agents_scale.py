@@ -39,31 +39,10 @@ import os
 import threading
 import time
 
-from agents import (SCRIPT, TURN_SCRIPT, ANSWER, TOOL_TURNS, TURNS, GUARDRAIL, GUARD,
+import agents
+from agents import (SCRIPT, TURN_SCRIPT, ANSWER, TOOL_TURNS, TURNS, GUARDRAIL,
                     cpu_seconds, machine_cpu, memory_kb, workers, setup_tool)
-from common import Loadgen, connect, log, wait_for_workers, write_json
-
-WORKFLOW = """\
-name: bench_scale_%(name)s
-description: one autonomous Agent step, three model turns at %(ms)d ms (bench/agents_scale.py)
-%(hooks)ssteps:
-  - id: work
-    kind: Agent
-    mode: autonomous
-    agent:
-      model: bench_scale_%(ms)dms
-      steering: "Record two notes, then answer done."
-      tools:
-        - ref: note
-      max_iterations: 8
-%(guard)s    routes: { default: finish%(guard_route)s }
-  - id: note
-    kind: Functional
-    description: Record a note about the current turn.
-    function: bench_agents.note
-ends:
-  - { id: finish, status: completed, response: "{{ work_result }}" }
-"""
+from common import Loadgen, connect, log, wait_for_workers, wait_runs_done, write_json
 
 HOOK = """\
 name: bench_count_tools
@@ -75,11 +54,10 @@ metric: tuvl.hook.events
 
 
 def workflow_source(name, ms, features):
-    return WORKFLOW % {
-        "name": name, "ms": ms,
-        "hooks": "hooks: [artifact://bench_count_tools@1]\n" if features else "",
-        "guard": GUARD if features else "",
-        "guard_route": ", guardrail_violation: finish" if features else ""}
+    """bench/agents.py's agent, with the guardrail and the hook when features."""
+    return agents.workflow_source(ms, features, name="bench_scale_" + name, model="bench_scale_%dms" % ms,
+                                  hooks="hooks: [artifact://bench_count_tools@1]\n" if features else None,
+                                  script="bench/agents_scale.py")
 
 
 # ------------------------------------------------------------ settings
@@ -199,15 +177,7 @@ def batch(db, lg, name, n, timeout=600):
     t0 = time.time()
     conn.commit()
     conn.autocommit = True
-    while True:
-        cur.execute("SELECT EXISTS (SELECT 1 FROM tuvl.runs WHERE status = 'queued' AND workflow = %s) "
-                    "OR EXISTS (SELECT 1 FROM tuvl.runs WHERE status = 'running' AND workflow = %s)",
-                    (workflow, workflow))
-        if not cur.fetchone()[0]:
-            break
-        if time.time() - t0 > timeout:
-            raise SystemExit("%s: runs still unfinished after %d s" % (workflow, timeout))
-        time.sleep(0.02)
+    wait_runs_done(cur, workflow, timeout)
     wall = time.time() - t0
     busy1, total1 = machine_cpu()
     cpu1 = {pid: cpu_seconds(pid) for pid in pids}

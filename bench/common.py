@@ -52,6 +52,22 @@ def register_workflow_once(cur, name, source):
         cur.execute("SELECT tuvl.register_workflow(%s)", (source,))
 
 
+def wait_runs_done(cur, workflow=None, timeout=600.0, poll_s=0.02):
+    """Poll until no run (of workflow, when given) is queued or running,
+    through the partial indexes; raises after timeout seconds."""
+    t0 = time.time()
+    where = " AND workflow = %(w)s" if workflow else ""
+    while True:
+        cur.execute("SELECT EXISTS (SELECT 1 FROM tuvl.runs WHERE status = 'queued'" + where + ") "
+                    "OR EXISTS (SELECT 1 FROM tuvl.runs WHERE status = 'running'" + where + ")",
+                    {"w": workflow})
+        if not cur.fetchone()[0]:
+            return
+        if time.time() - t0 > timeout:
+            raise SystemExit("%s: runs still unfinished after %d s" % (workflow or "the runs", timeout))
+        time.sleep(poll_s)
+
+
 def wait_for_workers(dbname, want=None, timeout=30.0):
     """Wait until the database's tuvl workers are connected (all of them by default)."""
     conn = connect("postgres")

@@ -25,7 +25,7 @@ import os
 import threading
 import time
 
-from common import Loadgen, connect, log, register_workflow_once, wait_for_workers, write_json
+from common import Loadgen, connect, log, register_workflow_once, wait_for_workers, wait_runs_done, write_json
 
 WORKFLOW = """
 name: bench_http_%(name)s
@@ -85,13 +85,7 @@ def one(db, lg, ms, n):
     conn.commit()
     t0 = time.time()
     conn.autocommit = True
-    while True:
-        cur.execute("SELECT EXISTS (SELECT 1 FROM tuvl.runs WHERE status = 'queued' AND workflow = %s) "
-                    "OR EXISTS (SELECT 1 FROM tuvl.runs WHERE status = 'running' AND workflow = %s)",
-                    (workflow, workflow))
-        if not cur.fetchone()[0]:
-            break
-        time.sleep(0.01)
+    wait_runs_done(cur, workflow, poll_s=0.01)
     wall = time.time() - t0
     stats = lg.call("GET", "/_stats")
     seen = lg.call("GET", "/_log")

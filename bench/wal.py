@@ -19,7 +19,7 @@ import subprocess
 import time
 
 import throughput
-from common import connect, log, wait_for_workers, write_json
+from common import connect, log, wait_for_workers, wait_runs_done, write_json
 
 PGBIN = os.environ.get("PGBIN", "/usr/lib/postgresql/15/bin")
 
@@ -76,12 +76,7 @@ def main():
     cur.execute("SELECT pg_current_wal_lsn()")
     start = cur.fetchone()[0]
     cur.execute("SELECT count(tuvl.start_run('five')) FROM generate_series(1, %s)", (args.runs,))
-    while True:
-        cur.execute("SELECT EXISTS (SELECT 1 FROM tuvl.runs WHERE status = 'queued') "
-                    "OR EXISTS (SELECT 1 FROM tuvl.runs WHERE status = 'running')")
-        if not cur.fetchone()[0]:
-            break
-        time.sleep(0.02)
+    wait_runs_done(cur)
     cur.execute("SELECT pg_current_wal_lsn()")
     end = cur.fetchone()[0]
     names = relation_names(cur)
