@@ -46,9 +46,12 @@ def summarize_ms(values):
 
 
 def register_workflow_once(cur, name, source):
-    """Register a workflow unless a version of it exists already."""
-    cur.execute("SELECT 1 FROM tuvl.workflows WHERE name = %s", (name,))
-    if cur.fetchone() is None:
+    """Register a workflow unless its latest version has this source (a
+    benchmark run again on the same database, against a server on another
+    port, gets a new version)."""
+    cur.execute("SELECT source FROM tuvl.workflows WHERE name = %s ORDER BY version DESC LIMIT 1", (name,))
+    row = cur.fetchone()
+    if row is None or row[0] != source:
         cur.execute("SELECT tuvl.register_workflow(%s)", (source,))
 
 

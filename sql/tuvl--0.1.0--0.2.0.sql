@@ -498,6 +498,15 @@ CREATE TRIGGER runs_ended AFTER UPDATE OF status ON tuvl.runs
           AND (NEW.parent_step IS NOT NULL OR NEW.concurrency_key IS NOT NULL))
     EXECUTE FUNCTION tuvl._run_ended();
 
+CREATE FUNCTION tuvl._control_changed() RETURNS trigger
+AS 'MODULE_PATHNAME', 'tuvl_control_changed' LANGUAGE C;
+COMMENT ON FUNCTION tuvl._control_changed() IS 'trigger: a run''s operator directives changed; the workers read their copies again after this commits';
+REVOKE ALL ON FUNCTION tuvl._control_changed() FROM PUBLIC;
+CREATE TRIGGER runs_control AFTER UPDATE OF control ON tuvl.runs
+    FOR EACH ROW
+    WHEN (OLD.control IS DISTINCT FROM NEW.control)
+    EXECUTE FUNCTION tuvl._control_changed();
+
 /* ------------------------------------------------------------------ model config versions
  *
  * register_llm() keeps every version of a config (llm.c): tuvl.llms holds

@@ -32,29 +32,66 @@
 #include "transition.h"
 #include "tuvl.h"
 
-static const char fence_sql[] =
-"UPDATE tuvl.runs SET status = $3, context = $4, current_step = $5, last_seq = $6, "
-"  end_name = $7, response = $8, error = $9, step_state = $10, "
-"  finished_at = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY (" RUN_TERMINAL_STATUSES_SQL ") "
-"                     THEN pg_catalog.clock_timestamp() END, "
-"  lease_expires_at = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY (" RUN_HELD_STATUSES_SQL ") "
-"                          THEN lease_expires_at END, "
-"  lease_owner = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY (" RUN_HELD_STATUSES_SQL ") "
-"                     THEN lease_owner END, "
-"  lease_epoch = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY (" RUN_HELD_STATUSES_SQL ") "
-"                     THEN lease_epoch END, "
-"  compensation = CASE WHEN $14 THEN $15 ELSE compensation END, "
-"  wake_at = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY ('{sleeping,waiting_human,waiting_approval}'::pg_catalog.text[]) "
-"                 THEN pg_catalog.to_timestamp(($10 OPERATOR(pg_catalog.->) 'awaiting' "
+/*
+ * The fenced UPDATE, in four forms chosen by the transition (they take
+ * the same parameters; a form leaves out those it does not use):
+ *
+ * - The status is assigned only when it changes, or the run is no longer
+ *   held: a step of a chain or an agent's turn leaves a held run's status
+ *   as it was, so the runs_ended trigger (AFTER UPDATE OF status, whose
+ *   WHEN clause would be read again for each statement) is not even
+ *   considered, and the lease is left as it is, without the CASEs.  That
+ *   form is fenced on exactly the status the run has.
+ * - control is assigned only when the transition changes the directives
+ *   ($11 to $13): the runs_control trigger then tells every worker that
+ *   its copies may be stale (TuvlControlGen), so a turn that changes
+ *   nothing must not.  A run that ends clears them: in this statement
+ *   when it changes them anyway, after it when the row had some.
+ */
+#define FENCE_COMMON_SQL \
+"context = $4, current_step = $5, last_seq = $6, end_name = $7, response = $8, error = $9, " \
+"  step_state = $10, compensation = CASE WHEN $14 THEN $15 ELSE compensation END"
+#define FENCE_STATUS_SQL \
+"status = $3, " \
+"  finished_at = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY (" RUN_TERMINAL_STATUSES_SQL ") " \
+"                     THEN pg_catalog.clock_timestamp() END, " \
+"  lease_expires_at = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY (" RUN_HELD_STATUSES_SQL ") " \
+"                          THEN lease_expires_at END, " \
+"  lease_owner = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY (" RUN_HELD_STATUSES_SQL ") " \
+"                     THEN lease_owner END, " \
+"  lease_epoch = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY (" RUN_HELD_STATUSES_SQL ") " \
+"                     THEN lease_epoch END, " \
+"  wake_at = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY ('{sleeping,waiting_human,waiting_approval}'::pg_catalog.text[]) " \
+"                 THEN pg_catalog.to_timestamp(($10 OPERATOR(pg_catalog.->) 'awaiting' " \
 "                      OPERATOR(pg_catalog.->>) 'wake_epoch')::pg_catalog.float8) END, "
-"  control = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY (" RUN_TERMINAL_STATUSES_SQL ") "
-"                 THEN NULL "
-"                 WHEN $11::pg_catalog.text[] IS NULL AND $12::pg_catalog.jsonb IS NULL "
-"                      AND $13::pg_catalog.text[] IS NULL "
+#define FENCE_SAME_STATUS_SQL \
+"finished_at = NULL, wake_at = NULL, "
+#define FENCE_CONTROL_SQL \
+", control = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY (" RUN_TERMINAL_STATUSES_SQL ") " \
+"                 THEN NULL " \
+"                 WHEN $11::pg_catalog.text[] IS NULL AND $12::pg_catalog.jsonb IS NULL " \
+"                      AND $13::pg_catalog.text[] IS NULL " \
 "                 THEN control ELSE tuvl._control_apply(control, $11, $12, $13) END "
-"WHERE id OPERATOR(pg_catalog.=) $1 AND attempt OPERATOR(pg_catalog.=) $2 "
-"  AND status OPERATOR(pg_catalog.=) ANY ($16::pg_catalog.text[]) "
-"RETURNING control";
+#define FENCE_WHERE_SQL \
+" WHERE id OPERATOR(pg_catalog.=) $1 AND attempt OPERATOR(pg_catalog.=) $2 " \
+"  AND status OPERATOR(pg_catalog.=) ANY ($16::pg_catalog.text[]) " \
+"RETURNING control"
+#define FENCE_SAME_WHERE_SQL \
+" WHERE id OPERATOR(pg_catalog.=) $1 AND attempt OPERATOR(pg_catalog.=) $2 " \
+"  AND status OPERATOR(pg_catalog.=) $3 " \
+"RETURNING control"
+
+/* [same status][control assigned] */
+static const char *const fence_sql[2][2] = {
+	{
+		"UPDATE tuvl.runs SET " FENCE_STATUS_SQL FENCE_COMMON_SQL FENCE_WHERE_SQL,
+		"UPDATE tuvl.runs SET " FENCE_STATUS_SQL FENCE_COMMON_SQL FENCE_CONTROL_SQL FENCE_WHERE_SQL
+	},
+	{
+		"UPDATE tuvl.runs SET " FENCE_SAME_STATUS_SQL FENCE_COMMON_SQL FENCE_SAME_WHERE_SQL,
+		"UPDATE tuvl.runs SET " FENCE_SAME_STATUS_SQL FENCE_COMMON_SQL FENCE_CONTROL_SQL FENCE_SAME_WHERE_SQL
+	}
+};
 
 #define FENCE_NARGS 16
 
@@ -79,27 +116,6 @@ set_param(Datum *values, char *nulls, int i, Datum d, bool isnull)
 	nulls[i] = isnull ? 'n' : ' ';
 }
 
-/*
- * The statuses a holder writes from, as a parameter: a constant would let
- * a generic plan pick the partial index on them (runs_leased_idx) and
- * filter every held run for this id.
- */
-static Datum
-held_statuses(void)
-{
-	static List *held = NIL;
-
-	if (held == NIL)
-	{
-		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
-
-		held = list_make2(pstrdup(RunStatusName(RUN_RUNNING)),
-						  pstrdup(RunStatusName(RUN_COMPENSATING)));
-		MemoryContextSwitchTo(old);
-	}
-	return text_array(held);
-}
-
 /* The fenced UPDATE; raises when the lease was lost.  Returns the control. */
 static Jsonb *
 fenced_update(RunState *run, const Checkpoint *cp, int last_seq)
@@ -111,6 +127,8 @@ fenced_update(RunState *run, const Checkpoint *cp, int last_seq)
 	char		nulls[FENCE_NARGS];
 	bool		isnull;
 	Datum		d;
+	bool		same = RunStatusIsHeld(cp->status) && cp->status == run->status;
+	bool		control = cp->consume != NIL || cp->control_add != NULL || cp->steer_done != NIL;
 
 	set_param(values, nulls, 0, Int64GetDatum(run->id), false);
 	set_param(values, nulls, 1, Int32GetDatum(run->attempt), false);
@@ -131,16 +149,34 @@ fenced_update(RunState *run, const Checkpoint *cp, int last_seq)
 	set_param(values, nulls, 13, BoolGetDatum(run->compensation_changed), false);
 	set_param(values, nulls, 14, JsonbPGetDatum(run->next_compensation),
 			  !run->compensation_changed || run->next_compensation == NULL);
-	set_param(values, nulls, 15, held_statuses(), false);
+	set_param(values, nulls, 15, same ? (Datum) 0 : RunHeldStatusesParam(), same);
 
-	if (SpiExec(fence_sql, FENCE_NARGS, types, values, nulls, SPI_OK_UPDATE_RETURNING) != 1)
+	if (SpiExec(fence_sql[same][control], FENCE_NARGS, types, values, nulls,
+				SPI_OK_UPDATE_RETURNING) != 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 				 errmsg("lease on run " INT64_FORMAT " was lost", run->id),
 				 errdetail("Attempt %d no longer holds the run; another claimer took it over.",
 						   run->attempt)));
 	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
-	return isnull ? NULL : DatumGetJsonbP(d);
+	if (isnull)
+		return NULL;
+
+	/*
+	 * An ended run keeps no directives.  Rare: the row is ours (locked by
+	 * the update), so nothing changes them between the two statements.
+	 */
+	if (!control && RunStatusIsTerminal(cp->status))
+	{
+		static const Oid clear_types[1] = {INT8OID};
+		Datum		clear_values[1];
+
+		clear_values[0] = Int64GetDatum(run->id);
+		SpiExec("UPDATE tuvl.runs SET control = NULL WHERE id OPERATOR(pg_catalog.=) $1",
+				1, clear_types, clear_values, NULL, SPI_OK_UPDATE);
+		return NULL;
+	}
+	return DatumGetJsonbP(d);
 }
 
 /*

@@ -28,6 +28,7 @@
 
 #include "catalog/pg_authid.h"
 #include "catalog/pg_type.h"
+#include "commands/trigger.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
@@ -57,6 +58,7 @@ PG_FUNCTION_INFO_V1(tuvl_abort_run);
 PG_FUNCTION_INFO_V1(tuvl_steer_run);
 PG_FUNCTION_INFO_V1(tuvl_submit);
 PG_FUNCTION_INFO_V1(tuvl_decide);
+PG_FUNCTION_INFO_V1(tuvl_control_changed);
 
 /* A run row, locked. */
 typedef struct LockedRun
@@ -887,7 +889,6 @@ ControlExpirePauses(void)
 
 	values[0] = Int32GetDatum(tuvl_agent_pause_max);
 	SecurityAsOwner(&frame);
-	TuvlControlChangedAtCommit();
 	n = SpiExec("UPDATE tuvl.runs SET status = 'queued', last_seq = last_seq OPERATOR(pg_catalog.+) 1, "
 				"  control = (control OPERATOR(pg_catalog.-) '{paused_at,pause_max,pause}'::pg_catalog.text[]) "
 				"    OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object('abort', "
@@ -917,7 +918,36 @@ ControlExpirePauses(void)
 			ControlJournalRequeued(tt, i, NULL, JsonObjEnd(&b));
 		}
 		TuvlRunChangedAtCommit();
+
+		/*
+		 * Only when a run changed: every held agent reads its directives
+		 * again after a bump, and this runs every second in every worker.
+		 */
+		TuvlControlChangedAtCommit();
 	}
 	SecurityRestore(&frame);
 	return (int) n;
+}
+
+/*
+ * tuvl._control_changed(): an AFTER UPDATE OF control row trigger on
+ * tuvl.runs, for rows whose directives changed.  Whoever changed them (a
+ * control function, a worker consuming or clearing them, a superuser
+ * writing them by hand) tells the workers at commit that their copies
+ * may be stale (TuvlControlGen): an agent reads its run's directives again
+ * at its next turn.  tuvl's checkpoints assign control only when they
+ * change it (checkpoint.c).
+ */
+Datum
+tuvl_control_changed(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_AFTER(trigdata->tg_event) ||
+		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) || !TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("tuvl._control_changed() must be an AFTER UPDATE row trigger on tuvl.runs")));
+	TuvlControlChangedAtCommit();
+	return PointerGetDatum(NULL);
 }

@@ -364,21 +364,23 @@ static const char renew_sql[] =
 "UPDATE tuvl.runs r SET lease_expires_at = pg_catalog.now() OPERATOR(pg_catalog.+) $3 "
 "FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[]), pg_catalog.unnest($2::pg_catalog.int4[])) AS h(id, attempt) "
 "WHERE r.id OPERATOR(pg_catalog.=) h.id AND r.attempt OPERATOR(pg_catalog.=) h.attempt "
-"  AND r.status OPERATOR(pg_catalog.=) ANY ('{running,compensating}'::pg_catalog.text[]) "
+"  AND r.status OPERATOR(pg_catalog.=) ANY ($4::pg_catalog.text[]) "
 "RETURNING r.id";
 
 /*
  * Renew the leases of runs; returns the runs whose lease was lost (the
- * caller drops them).
+ * caller drops them).  The held statuses are a parameter (see
+ * RunHeldStatusesParam): as a constant, a generic plan joined every held
+ * run of every worker with every run renewed, quadratic in the runs held.
  */
 List *
 LeaseRenew(List *runs, int lease_ms)
 {
-	static const Oid types[3] = {INT8ARRAYOID, INT4ARRAYOID, INTERVALOID};
+	static const Oid types[4] = {INT8ARRAYOID, INT4ARRAYOID, INTERVALOID, TEXTARRAYOID};
 	int			n = list_length(runs);
 	Datum	   *ids;
 	Datum	   *attempts;
-	Datum		values[3];
+	Datum		values[4];
 	Interval   *lease = palloc0(sizeof(Interval));
 	uint64		kept;
 	List	   *lost = NIL;
@@ -402,8 +404,9 @@ LeaseRenew(List *runs, int lease_ms)
 	values[0] = PointerGetDatum(construct_array(ids, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
 	values[1] = PointerGetDatum(construct_array(attempts, n, INT4OID, 4, true, TYPALIGN_INT));
 	values[2] = IntervalPGetDatum(lease);
+	values[3] = RunHeldStatusesParam();
 	SecurityAsOwner(&frame);
-	kept = SpiExec(renew_sql, 3, types, values, NULL, SPI_OK_UPDATE_RETURNING);
+	kept = SpiExec(renew_sql, 4, types, values, NULL, SPI_OK_UPDATE_RETURNING);
 	SecurityRestore(&frame);
 	if (kept == (uint64) n)
 		return NIL;
@@ -430,7 +433,7 @@ static const char release_sql[] =
 "  lease_expires_at = NULL "
 "FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[]), pg_catalog.unnest($2::pg_catalog.int4[])) AS h(id, attempt) "
 "WHERE r.id OPERATOR(pg_catalog.=) h.id AND r.attempt OPERATOR(pg_catalog.=) h.attempt "
-"  AND r.status OPERATOR(pg_catalog.=) ANY ('{running,compensating}'::pg_catalog.text[]) "
+"  AND r.status OPERATOR(pg_catalog.=) ANY ($3::pg_catalog.text[]) "
 "RETURNING r.principal_id, r.priority, r.id";
 
 /* Tell the claims about the runs the last statement queued again. */
@@ -456,10 +459,10 @@ note_requeued(void)
 uint64
 LeaseRelease(int n, const int64 *ids, const int32 *attempts)
 {
-	static const Oid types[2] = {INT8ARRAYOID, INT4ARRAYOID};
+	static const Oid types[3] = {INT8ARRAYOID, INT4ARRAYOID, TEXTARRAYOID};
 	Datum	   *idd = palloc(sizeof(Datum) * Max(n, 1));
 	Datum	   *atd = palloc(sizeof(Datum) * Max(n, 1));
-	Datum		values[2];
+	Datum		values[3];
 	SecurityFrame frame;
 	uint64		done;
 
@@ -470,8 +473,9 @@ LeaseRelease(int n, const int64 *ids, const int32 *attempts)
 	}
 	values[0] = PointerGetDatum(construct_array(idd, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
 	values[1] = PointerGetDatum(construct_array(atd, n, INT4OID, 4, true, TYPALIGN_INT));
+	values[2] = RunHeldStatusesParam();
 	SecurityAsOwner(&frame);
-	done = SpiExec(release_sql, 2, types, values, NULL, SPI_OK_UPDATE_RETURNING);
+	done = SpiExec(release_sql, 3, types, values, NULL, SPI_OK_UPDATE_RETURNING);
 	note_requeued();
 	SecurityRestore(&frame);
 	return done;

@@ -7,6 +7,10 @@
  */
 #include "postgres.h"
 
+#include "catalog/pg_type.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+
 #include "status.h"
 
 static const char *const status_names[] = {
@@ -48,4 +52,21 @@ RunStatusFromName(const char *name)
 			 errdetail("tuvl.runs.status holds one of queued, running, compensating, paused, "
 					   "waiting_human, waiting_approval, sleeping, waiting_children, completed, failed, aborted and compensated.")));
 	return RUN_NONE;			/* keep compiler quiet */
+}
+
+/*
+ * The statuses a holder executes (RUN_HELD_STATUSES_SQL) as a text[]
+ * Datum, in the current memory context, for a statement's parameter.  As
+ * a constant in the statement, the list would let a generic plan pick
+ * the partial index on it (runs_leased_idx) and go through every held run
+ * of every worker for each run it means.
+ */
+Datum
+RunHeldStatusesParam(void)
+{
+	Datum		items[2];
+
+	items[0] = CStringGetTextDatum(RunStatusName(RUN_RUNNING));
+	items[1] = CStringGetTextDatum(RunStatusName(RUN_COMPENSATING));
+	return PointerGetDatum(construct_array(items, 2, TEXTOID, -1, false, TYPALIGN_INT));
 }

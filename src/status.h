@@ -37,6 +37,7 @@ typedef enum RunStatus
 
 extern const char *RunStatusName(RunStatus status);
 extern RunStatus RunStatusFromName(const char *name);
+extern Datum RunHeldStatusesParam(void);
 
 /* Has the run ended? */
 static inline bool
