@@ -1,7 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * http.c
- *	  HTTP effects through one libcurl multi handle per process.
+ *	  HTTP effects through libcurl multi handles, shared by a process's
+ *	  transfers.
  *
  * A worker starts many transfers (HttpStart), then waits for any of them
  * together with its latch and postmaster death (HttpWait), and collects
@@ -10,6 +11,15 @@
  * one entry of a small, persistent WaitEventSet, so waiting costs the same
  * with one transfer or a thousand.  No transaction may be open while
  * waiting.
+ *
+ * Shards.  libcurl (7.88) finds a connection to reuse by walking every
+ * connection its multi handle has to the request's host, busy ones
+ * included: with thousands of requests in flight to one server, that walk
+ * took a tenth of a worker's time.  So transfers are spread over shards,
+ * each a multi handle with its own connections.  A transfer goes to the
+ * first shard with fewer than SHARD_TRANSFERS in flight, so at ordinary
+ * loads every request shares shard 0's connections; a shard is added when
+ * all are that busy.
  *
  * libcurl's callbacks never palloc or ereport: transfers, their buffers
  * and headers are malloc'd, and HttpTakeResult copies a finished transfer
@@ -83,13 +93,26 @@ struct HttpTransfer
 	bool		done;
 	HttpList	list;			/* the list node is in */
 	dlist_node	node;
+	struct HttpShard *shard;	/* the multi handle it is added to, or NULL */
 };
 
-static CURLM *multi = NULL;
+#define SHARD_TRANSFERS 256
+#define MAX_SHARDS 64
+
+typedef struct HttpShard
+{
+	CURLM	   *multi;
+	int			index;
+	int			transfers;		/* added to multi and not removed */
+	TimestampTz deadline;		/* libcurl's timer; 0: none */
+} HttpShard;
+
+static HttpShard shards[MAX_SHARDS];
+static int	n_shards = 0;
+static int	max_shards = 1;		/* what the socket budget allows */
 static long sockets = 0;		/* connections at most (0: no limit) */
 static int	epfd = -1;
 static WaitEventSet *wait_set = NULL;
-static TimestampTz curl_deadline = 0;	/* 0: no timer */
 static dlist_head in_flight = DLIST_STATIC_INIT(in_flight);
 static dlist_head done_list = DLIST_STATIC_INIT(done_list);	/* oldest first */
 static int	n_in_flight = 0;
@@ -346,17 +369,23 @@ header_cb(char *data, size_t size, size_t nmemb, void *userp)
 	return buf_append(&t->hbuf, &t->hlen, &t->hcap, data, n) ? n : 0;
 }
 
+/* The epoll entry of a socket names its shard and its descriptor. */
+#define EPOLL_DATA(shard, s) (((uint64) (shard)->index << 32) | (uint32) (s))
+#define EPOLL_SHARD(data) (&shards[(data) >> 32])
+#define EPOLL_SOCKET(data) ((curl_socket_t) ((data) & 0xFFFFFFFF))
+
 static int
 socket_cb(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
 {
+	HttpShard  *shard = userp;
 	struct epoll_event ev;
 
 	memset(&ev, 0, sizeof(ev));
-	ev.data.fd = s;
+	ev.data.u64 = EPOLL_DATA(shard, s);
 	if (what == CURL_POLL_REMOVE)
 	{
 		epoll_ctl(epfd, EPOLL_CTL_DEL, s, NULL);
-		curl_multi_assign(multi, s, NULL);
+		curl_multi_assign(shard->multi, s, NULL);
 		return 0;
 	}
 	if (what == CURL_POLL_IN || what == CURL_POLL_INOUT)
@@ -367,7 +396,7 @@ socket_cb(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
 	{
 		if (epoll_ctl(epfd, EPOLL_CTL_ADD, s, &ev) != 0)
 			epoll_ctl(epfd, EPOLL_CTL_MOD, s, &ev);
-		curl_multi_assign(multi, s, (void *) 1);
+		curl_multi_assign(shard->multi, s, (void *) 1);
 	}
 	else
 		epoll_ctl(epfd, EPOLL_CTL_MOD, s, &ev);
@@ -377,10 +406,12 @@ socket_cb(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
 static int
 timer_cb(CURLM *m, long timeout_ms, void *userp)
 {
+	HttpShard  *shard = userp;
+
 	if (timeout_ms < 0)
-		curl_deadline = 0;
+		shard->deadline = 0;
 	else
-		curl_deadline = GetCurrentTimestamp() + (TimestampTz) timeout_ms * 1000;
+		shard->deadline = GetCurrentTimestamp() + (TimestampTz) timeout_ms * 1000;
 	return 0;
 }
 
@@ -417,13 +448,82 @@ socket_budget(void)
 	return Max(budget, 16);
 }
 
-/* Create the multi handle, the epoll set and the wait set once. */
+/*
+ * Idle connections a shard keeps: as many as it may have transfers
+ * (SHARD_TRANSFERS, or tuvl.runs_per_worker when lower, but 64 at least),
+ * so that a run's next request finds its connection open.  Fewer would close most of them after every
+ * burst and open them again for the next (a connect, an accept and a
+ * TIME_WAIT socket per request, thousands a second).
+ */
+static long
+connections_kept(void)
+{
+	long		want = Max(64, Min(tuvl_runs_per_worker, SHARD_TRANSFERS));
+
+	return sockets > 0 ? Min(want, sockets / max_shards) : want;
+}
+
+/* Add a shard: a multi handle whose sockets go to the epoll set. */
+static HttpShard *
+shard_add(void)
+{
+	HttpShard  *shard = &shards[n_shards];
+
+	shard->multi = curl_multi_init();
+	if (shard->multi == NULL)
+		elog(ERROR, "could not create a libcurl multi handle");
+	shard->index = n_shards++;
+	shard->transfers = 0;
+	shard->deadline = 0;
+	if (sockets > 0)
+		curl_multi_setopt(shard->multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, sockets / max_shards);
+	curl_multi_setopt(shard->multi, CURLMOPT_MAX_HOST_CONNECTIONS, 0L);
+	curl_multi_setopt(shard->multi, CURLMOPT_MAXCONNECTS, connections_kept());
+	curl_multi_setopt(shard->multi, CURLMOPT_SOCKETFUNCTION, socket_cb);
+	curl_multi_setopt(shard->multi, CURLMOPT_SOCKETDATA, shard);
+	curl_multi_setopt(shard->multi, CURLMOPT_TIMERFUNCTION, timer_cb);
+	curl_multi_setopt(shard->multi, CURLMOPT_TIMERDATA, shard);
+	return shard;
+}
+
+/*
+ * The shard for a new transfer: the first with room, a new one when none
+ * has, the least busy when no more may be added (it queues the transfer
+ * until one of its connections is free).
+ */
+static HttpShard *
+shard_for_transfer(void)
+{
+	HttpShard  *least = NULL;
+
+	for (int i = 0; i < n_shards; i++)
+	{
+		if (shards[i].transfers < SHARD_TRANSFERS)
+			return &shards[i];
+		if (least == NULL || shards[i].transfers < least->transfers)
+			least = &shards[i];
+	}
+	return n_shards < max_shards ? shard_add() : least;
+}
+
+/* Take t off its multi handle (a finished, cancelled or redirected transfer). */
+static void
+transfer_remove(HttpTransfer *t)
+{
+	if (t->shard == NULL)
+		return;
+	curl_multi_remove_handle(t->shard->multi, t->easy);
+	t->shard->transfers--;
+	t->shard = NULL;
+}
+
+/* Create the first shard, the epoll set and the wait set once. */
 static void
 engine_init(void)
 {
 	static bool global_done = false;
 
-	if (multi != NULL)
+	if (n_shards > 0)
 		return;
 	if (!global_done)
 	{
@@ -436,14 +536,9 @@ engine_init(void)
 		ereport(ERROR,
 				(errcode_for_socket_access(),
 				 errmsg("could not create epoll set: %m")));
-	multi = curl_multi_init();
-	if (multi == NULL)
-		elog(ERROR, "could not create a libcurl multi handle");
 	sockets = socket_budget();
-	curl_multi_setopt(multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, sockets);
-	curl_multi_setopt(multi, CURLMOPT_SOCKETFUNCTION, socket_cb);
-	curl_multi_setopt(multi, CURLMOPT_TIMERFUNCTION, timer_cb);
-	curl_multi_setopt(multi, CURLMOPT_MAX_HOST_CONNECTIONS, 0L);
+	max_shards = sockets > 0 ? (int) Max(1, Min(MAX_SHARDS, sockets / SHARD_TRANSFERS)) : MAX_SHARDS;
+	(void) shard_add();
 
 	wait_set = CreateWaitEventSet(TopMemoryContext, 3);
 	AddWaitEventToSet(wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
@@ -540,28 +635,22 @@ transfer_submit(HttpTransfer *t)
 	t->admitted = false;
 	t->too_large = false;
 	t->errbuf[0] = '\0';
-	curl_multi_add_handle(multi, e);
+	t->shard = shard_for_transfer();
+	t->shard->transfers++;
+	curl_multi_add_handle(t->shard->multi, e);
 }
 
-/*
- * Keep as many idle connections as there may be transfers at once (a
- * worker's runs, tuvl.runs_per_worker, or 64 at least): a run's next
- * request then finds its connection open.  Fewer would close most of
- * them after every burst and open them again for the next (a connect, an
- * accept and a TIME_WAIT socket per request, thousands a second).
- */
+/* tuvl.runs_per_worker changed since the shards were told: tell them. */
 static void
 keep_connections(void)
 {
 	static long kept = 0;
-	long		want = Max(64, tuvl_runs_per_worker);
-
-	if (sockets > 0)
-		want = Min(want, sockets);
+	long		want = connections_kept();
 
 	if (want != kept)
 	{
-		curl_multi_setopt(multi, CURLMOPT_MAXCONNECTS, want);
+		for (int i = 0; i < n_shards; i++)
+			curl_multi_setopt(shards[i].multi, CURLMOPT_MAXCONNECTS, want);
 		kept = want;
 	}
 }
@@ -643,11 +732,15 @@ HttpInFlight(void)
 long
 HttpTimeoutMs(void)
 {
+	TimestampTz first = 0;
 	long		ms;
 
-	if (multi == NULL || curl_deadline == 0)
+	for (int i = 0; i < n_shards; i++)
+		if (shards[i].deadline != 0 && (first == 0 || shards[i].deadline < first))
+			first = shards[i].deadline;
+	if (first == 0)
 		return -1;
-	ms = (long) ((curl_deadline - GetCurrentTimestamp()) / 1000);
+	ms = (long) ((first - GetCurrentTimestamp()) / 1000);
 	return Max(ms, 0);
 }
 
@@ -817,19 +910,19 @@ maybe_redirect(HttpTransfer *t)
 		t->body = NULL;
 		t->body_len = 0;
 	}
-	curl_multi_remove_handle(multi, t->easy);
+	transfer_remove(t);
 	transfer_submit(t);
 	return true;
 }
 
-/* Move finished transfers to the done list. */
+/* Move the finished transfers of a shard to the done list. */
 static void
-drain_messages(void)
+drain_shard(HttpShard *shard)
 {
 	CURLMsg    *msg;
 	int			left;
 
-	while ((msg = curl_multi_info_read(multi, &left)) != NULL)
+	while ((msg = curl_multi_info_read(shard->multi, &left)) != NULL)
 	{
 		HttpTransfer *t;
 
@@ -840,7 +933,7 @@ drain_messages(void)
 		curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &t->status);
 		if (maybe_redirect(t))
 			continue;
-		curl_multi_remove_handle(multi, t->easy);
+		transfer_remove(t);
 		t->done = true;
 		/* latency ends here, not when a busy worker gets to the result */
 		INSTR_TIME_SET_CURRENT(t->finish);
@@ -849,6 +942,14 @@ drain_messages(void)
 		dlist_push_tail(&done_list, &t->node);
 		t->list = HTTP_DONE;
 	}
+}
+
+/* Move finished transfers to the done list. */
+static void
+drain_messages(void)
+{
+	for (int i = 0; i < n_shards; i++)
+		drain_shard(&shards[i]);
 }
 
 /* Memory was freed: let paused transfers go on (they pause again if need be). */
@@ -930,18 +1031,20 @@ HttpWait(long timeout_ms)
 						flags |= CURL_CSELECT_OUT;
 					if (evs[j].events & EPOLLERR)
 						flags |= CURL_CSELECT_ERR;
-					curl_multi_socket_action(multi, evs[j].data.fd, flags, &running);
+					curl_multi_socket_action(EPOLL_SHARD(evs[j].data.u64)->multi,
+											 EPOLL_SOCKET(evs[j].data.u64), flags, &running);
 				}
 				if (m < (int) lengthof(evs))
 					break;
 			}
 		}
 	}
-	if (curl_deadline != 0 && GetCurrentTimestamp() >= curl_deadline)
-	{
-		curl_deadline = 0;
-		curl_multi_socket_action(multi, CURL_SOCKET_TIMEOUT, 0, &running);
-	}
+	for (int i = 0; i < n_shards; i++)
+		if (shards[i].deadline != 0 && GetCurrentTimestamp() >= shards[i].deadline)
+		{
+			shards[i].deadline = 0;
+			curl_multi_socket_action(shards[i].multi, CURL_SOCKET_TIMEOUT, 0, &running);
+		}
 	drain_messages();
 	resume_paused();
 	return latch;
@@ -973,8 +1076,7 @@ HttpTransferOwner(HttpTransfer *t)
 void
 HttpCancel(HttpTransfer *t)
 {
-	if (!t->done)
-		curl_multi_remove_handle(multi, t->easy);
+	transfer_remove(t);
 	unlink_transfer(t);
 	transfer_free(t);
 }
@@ -1122,7 +1224,7 @@ HttpAbortAll(void)
 		HttpTransfer *t = dlist_head_element(HttpTransfer, node, &in_flight);
 
 		unlink_transfer(t);
-		curl_multi_remove_handle(multi, t->easy);
+		transfer_remove(t);
 		transfer_free(t);
 	}
 	while (!dlist_is_empty(&done_list))
@@ -1154,8 +1256,7 @@ HttpPerform(const HttpRequest *req, List *secrets)
 	}
 	PG_CATCH();
 	{
-		if (!t->done)
-			curl_multi_remove_handle(multi, t->easy);
+		transfer_remove(t);
 		unlink_transfer(t);
 		transfer_free(t);
 		PG_RE_THROW();
