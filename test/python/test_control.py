@@ -314,15 +314,22 @@ def test_pause_and_resume_between_steps_of_a_functional_run(conn, as_role):
     assert journal_violations(conn, [run_id]) == []
 
 
+def start_executing(conn, role, secs):
+    """A slow3 run of role whose steps take secs each, once its first step
+    is executing; returns its id and tag."""
+    tag = new_tag()
+    run_id = start(role, "slow3", {"tag": tag, "secs": secs})
+    wait_until(lambda: calls_in_flight(conn, tag), 10, interval=0.01,
+               message="the first step to be executing")
+    return run_id, tag
+
+
 def test_a_directive_nobody_takes_is_cleared_when_the_run_ends(conn, as_role):
     """A steer for a run without agents stays in control while the run goes
     on, and the run's end clears it (a statement of its own: the checkpoint
     that ends a run assigns control only when it changes the directives)."""
     alice, carol = as_role(ALICE), as_role(CAROL)
-    tag = new_tag()
-    run_id = start(alice, "slow3", {"tag": tag, "secs": 0.3})
-    wait_until(lambda: calls_in_flight(conn, tag), 10, interval=0.01,
-               message="the first step to be executing")
+    run_id, _ = start_executing(conn, alice, 0.3)
     q(carol, "SELECT tuvl.steer_run(%s, 'be brief')", (run_id,))
     steer = run_row(conn, run_id)["control"]["steer"]
     assert [m["message"] for m in steer.values()] == ["be brief"]
@@ -334,10 +341,7 @@ def test_a_directive_nobody_takes_is_cleared_when_the_run_ends(conn, as_role):
 
 def test_abort_interrupts_the_step_in_progress(conn, as_role):
     alice, carol = as_role(ALICE), as_role(CAROL)
-    tag = new_tag()
-    run_id = start(alice, "slow3", {"tag": tag, "secs": 30})
-    wait_until(lambda: calls_in_flight(conn, tag), 10, interval=0.01,
-               message="the first step to be executing")
+    run_id, tag = start_executing(conn, alice, 30)
     q(carol, "SELECT tuvl.abort_run(%s, 'wrong customer')", (run_id,))
     status, took = wait(alice, run_id)
     # a step of 30 s is cancelled at once, not awaited
