@@ -187,7 +187,6 @@ update_idle_run(LockedRun *r, RunStatus status, Jsonb *control, Jsonb *step_stat
 		nulls[4] = 'n';
 	values[5] = Int32GetDatum(r->last_seq + n);
 	SecurityAsOwner(&frame);
-	TuvlControlChangedAtCommit();
 	SpiExec("UPDATE tuvl.runs SET status = $2, control = $3, "
 			"  step_state = CASE WHEN $4::pg_catalog.jsonb IS NULL THEN step_state ELSE $4 END, "
 			"  error = COALESCE($5, error), last_seq = $6, "
@@ -219,8 +218,7 @@ add_directive(LockedRun *r, Jsonb *directive)
 				  "SET control = COALESCE(control, '{}'::pg_catalog.jsonb) OPERATOR(pg_catalog.||) $2 "
 				  "WHERE id OPERATOR(pg_catalog.=) $1",
 				  2, types, values, NULL, SPI_OK_UPDATE);
-	/* the holder reads it at its next turn boundary */
-	TuvlControlChangedAtCommit();
+	/* the holder reads it at its next turn boundary (runs_control tells it) */
 }
 
 static Jsonb *
@@ -362,7 +360,6 @@ tuvl_resume_run(PG_FUNCTION_ARGS)
 					  "                     '{}'::pg_catalog.jsonb) "
 					  "WHERE id OPERATOR(pg_catalog.=) $1",
 					  1, types, values, NULL, SPI_OK_UPDATE);
-		TuvlControlChangedAtCommit();
 		ereport(NOTICE,
 				(errmsg("run " INT64_FORMAT " had not paused yet; its pause request was withdrawn", r.id)));
 	}
@@ -918,12 +915,6 @@ ControlExpirePauses(void)
 			ControlJournalRequeued(tt, i, NULL, JsonObjEnd(&b));
 		}
 		TuvlRunChangedAtCommit();
-
-		/*
-		 * Only when a run changed: every held agent reads its directives
-		 * again after a bump, and this runs every second in every worker.
-		 */
-		TuvlControlChangedAtCommit();
 	}
 	SecurityRestore(&frame);
 	return (int) n;

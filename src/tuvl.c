@@ -174,7 +174,8 @@ TuvlRunChangedAtCommit(void)
 /*
  * This transaction changes the operator directives of a run
  * (tuvl.runs.control): at commit, the workers learn that their copies
- * may be stale (TuvlControlGen).
+ * may be stale (TuvlControlGen).  Called by the runs_control trigger
+ * (control.c), so every change counts, whoever makes it.
  */
 void
 TuvlControlChangedAtCommit(void)
