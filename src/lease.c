@@ -133,7 +133,7 @@ find_skipped(QueueClaim *claims, int nq)
 	values[0] = PointerGetDatum(construct_array(cols[0], nq, OIDOID, sizeof(Oid), true, TYPALIGN_INT));
 	for (int c = 1; c < 5; c++)
 		values[c] = PointerGetDatum(construct_array(cols[c], nq, INT8OID, 8, true, TYPALIGN_DOUBLE));
-	n = SpiExec(skipped_sql, 5, types, values, NULL, SPI_OK_SELECT);
+	n = SpiExecGeneric(skipped_sql, 5, types, values, NULL, SPI_OK_SELECT);
 	for (uint64 i = 0; i < n; i++)
 	{
 		HeapTuple	tup = SPI_tuptable->vals[i];
@@ -209,7 +209,7 @@ discover_principals(void)
 	if (!QueueNeedsDiscovery(&overflow_gen))
 		return;
 	values[0] = Int32GetDatum(MAX_CLAIM_PRINCIPALS);
-	n = SpiExec(principals_sql, 1, types, values, NULL, SPI_OK_SELECT);
+	n = SpiExecGeneric(principals_sql, 1, types, values, NULL, SPI_OK_SELECT);
 	for (uint64 i = 0; i < n; i++)
 	{
 		bool		isnull;
@@ -309,7 +309,8 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, bool
 	values[6] = PointerGetDatum(construct_array(after_key, nq, INT8OID, 8, true, TYPALIGN_DOUBLE));
 	values[7] = PointerGetDatum(construct_array(after_id, nq, INT8OID, 8, true, TYPALIGN_DOUBLE));
 	control_gen = TuvlControlGen();
-	n = SpiExec(claim_sql, 8, types, values, NULL, SPI_OK_UPDATE_RETURNING);
+	/* the same plan for any arrays: planned once, not at every claim */
+	n = SpiExecGeneric(claim_sql, 8, types, values, NULL, SPI_OK_UPDATE_RETURNING);
 	SecurityRestore(&frame);
 	tt = SPI_tuptable;
 	for (uint64 i = 0; i < n; i++)

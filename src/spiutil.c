@@ -45,8 +45,8 @@ static HTAB *plan_cache = NULL;
  * SQL string, so callers pass string literals (or other strings that live
  * as long as the backend).  Errors from SPI_prepare propagate.
  */
-SPIPlanPtr
-SpiPlan(const char *sql, int nargs, const Oid *argtypes)
+static SPIPlanPtr
+plan_for(const char *sql, int nargs, const Oid *argtypes, int cursor_options)
 {
 	PlanEntry  *entry;
 	bool		found;
@@ -64,7 +64,7 @@ SpiPlan(const char *sql, int nargs, const Oid *argtypes)
 		return entry->plan;
 
 	{
-		SPIPlanPtr	plan = SPI_prepare(sql, nargs, (Oid *) argtypes);
+		SPIPlanPtr	plan = SPI_prepare_cursor(sql, nargs, (Oid *) argtypes, cursor_options);
 
 		if (plan == NULL)
 			elog(ERROR, "could not prepare internal query: %s",
@@ -74,6 +74,12 @@ SpiPlan(const char *sql, int nargs, const Oid *argtypes)
 		entry->plan = plan;
 		return plan;
 	}
+}
+
+SPIPlanPtr
+SpiPlan(const char *sql, int nargs, const Oid *argtypes)
+{
+	return plan_for(sql, nargs, argtypes, 0);
 }
 
 /*
@@ -86,6 +92,26 @@ SpiExec(const char *sql, int nargs, const Oid *argtypes,
 		Datum *values, const char *nulls, int expected)
 {
 	SPIPlanPtr	plan = SpiPlan(sql, nargs, argtypes);
+	int			rc;
+
+	rc = SPI_execute_plan(plan, values, nulls, false, 0);
+	if (rc != expected)
+		elog(ERROR, "internal query returned %s, expected %s",
+			 SPI_result_code_string(rc), SPI_result_code_string(expected));
+	return SPI_processed;
+}
+
+/*
+ * SpiExec for a statement whose plan does not depend on its parameters'
+ * values but whose custom plans the plan cache would keep choosing (its
+ * arrays' lengths change the estimates, not the plan): always the generic
+ * plan, planned once.  A given sql always goes through one of the two.
+ */
+uint64
+SpiExecGeneric(const char *sql, int nargs, const Oid *argtypes,
+			   Datum *values, const char *nulls, int expected)
+{
+	SPIPlanPtr	plan = plan_for(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
 	int			rc;
 
 	rc = SPI_execute_plan(plan, values, nulls, false, 0);

@@ -15,6 +15,8 @@
 extern SPIPlanPtr SpiPlan(const char *sql, int nargs, const Oid *argtypes);
 extern uint64 SpiExec(const char *sql, int nargs, const Oid *argtypes,
 					  Datum *values, const char *nulls, int expected);
+extern uint64 SpiExecGeneric(const char *sql, int nargs, const Oid *argtypes,
+							 Datum *values, const char *nulls, int expected);
 extern Jsonb *SpiReturnJsonb(Jsonb *result);
 extern bool SpiValue(int column, Datum *value);
 
