@@ -67,6 +67,7 @@ struct HttpTransfer
 	char	   *url;
 	char	   *body;
 	size_t		body_len;
+	bool		body_borrowed;	/* the caller's, not freed here */
 	int			timeout_ms;
 	int			redirects;
 	instr_time	start;
@@ -593,7 +594,8 @@ transfer_free(HttpTransfer *t)
 	curl_slist_free_all(t->hdrs);
 	free(t->method);
 	free(t->url);
-	free(t->body);
+	if (!t->body_borrowed)
+		free(t->body);
 	free(t->buf);
 	free(t->hbuf);
 	free(t->fail_msg);
@@ -720,7 +722,13 @@ HttpStart(const HttpRequest *req, List *secrets, void *owner)
 	}
 	t->method = xstrdup(req->method ? req->method : "GET");
 	t->url = xstrdup(req->url);
-	if (req->body)
+	if (req->body && req->body_borrowed)
+	{
+		t->body = (char *) req->body;
+		t->body_len = req->body_len;
+		t->body_borrowed = true;
+	}
+	else if (req->body)
 	{
 		t->body = malloc(req->body_len + 1);
 		memcpy(t->body, req->body, req->body_len);
@@ -936,7 +944,8 @@ maybe_redirect(HttpTransfer *t)
 	{
 		free(t->method);
 		t->method = xstrdup("GET");
-		free(t->body);
+		if (!t->body_borrowed)
+			free(t->body);
 		t->body = NULL;
 		t->body_len = 0;
 	}

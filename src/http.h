@@ -25,6 +25,7 @@ typedef struct HttpRequest
 	const char *body;			/* NULL: no body */
 	size_t		body_len;
 	int			timeout_ms;
+	bool		body_borrowed;	/* body outlives the transfer: not copied */
 } HttpRequest;
 
 /* The outcome of a request, palloc'd by HttpTakeResult. */

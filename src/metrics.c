@@ -140,6 +140,29 @@ MetricsShmemStartup(void)
 
 /* ---------------------------------------------------------------- adding */
 
+/*
+ * Append the first len bytes of s as a JSON string.  Most label values
+ * (names of steps, tools, workflows) need no escaping: they are copied
+ * whole, as escape_json would write them.
+ */
+static void
+append_label_string(StringInfo t, const char *s, int len)
+{
+	const char *p = s;
+	const char *end = s + len;
+
+	while (p < end && (unsigned char) *p >= 0x20 && *p != '"' && *p != '\\')
+		p++;
+	if (p < end)
+	{
+		escape_json(t, pnstrdup(s, len));
+		return;
+	}
+	appendStringInfoChar(t, '"');
+	appendBinaryStringInfo(t, s, len);
+	appendStringInfoChar(t, '"');
+}
+
 /* The labels as JSON text (values clipped), in the order given. */
 static void
 labels_text(char *buf, const MetricLabel *labels, int nlabels)
@@ -151,14 +174,18 @@ labels_text(char *buf, const MetricLabel *labels, int nlabels)
 	for (int i = 0; i < nlabels; i++)
 	{
 		const char *v = labels[i].value;
+		int			len;
 
 		if (v == NULL)
 			continue;
 		if (t.len > 1)
-			appendStringInfoString(&t, ", ");
-		escape_json(&t, labels[i].name);
-		appendStringInfoString(&t, ": ");
-		escape_json(&t, pnstrdup(v, pg_mbcliplen(v, strlen(v), METRIC_VALUE_MAX)));
+			appendBinaryStringInfo(&t, ", ", 2);
+		append_label_string(&t, labels[i].name, strlen(labels[i].name));
+		appendBinaryStringInfo(&t, ": ", 2);
+		len = strlen(v);
+		if (len > METRIC_VALUE_MAX)
+			len = pg_mbcliplen(v, len, METRIC_VALUE_MAX);
+		append_label_string(&t, v, len);
 	}
 	appendStringInfoChar(&t, '}');
 	strlcpy(buf, t.len < METRIC_LABELS_LEN ? t.data : "{\"labels\": \"too long\"}", METRIC_LABELS_LEN);

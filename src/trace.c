@@ -102,6 +102,17 @@ hash_text(const char *s, uint64 seed)
 	return hash_bytes_extended((const unsigned char *) s, strlen(s), seed);
 }
 
+/* 16 lowercase hex digits of v, and a NUL, at out */
+static void
+hex16(char *out, uint64 v)
+{
+	static const char digits[] = "0123456789abcdef";
+
+	for (int i = 15; i >= 0; i--, v >>= 4)
+		out[i] = digits[v & 0xf];
+	out[16] = '\0';
+}
+
 const char *
 RunTraceId(RunState *run)
 {
@@ -124,7 +135,8 @@ RunTraceId(RunState *run)
 		/* all zeros is not a valid trace id */
 		if (hi == 0 && lo == 0)
 			lo = 1;
-		snprintf(id, sizeof(id), "%016" INT64_MODIFIER "x%016" INT64_MODIFIER "x", hi, lo);
+		hex16(id, hi);
+		hex16(id + 16, lo);
 	}
 	if (run->cxt == NULL)
 		return pstrdup(id);
@@ -151,7 +163,7 @@ TraceSpanId(RunState *run, const char *what)
 	id = hash_text(what, seed);
 	if (id == 0)
 		id = 1;
-	snprintf(out, 17, "%016" INT64_MODIFIER "x", id);
+	hex16(out, id);
 	return out;
 }
 
@@ -485,37 +497,53 @@ collect_export(void)
 	}
 }
 
+/*
+ * The request body of the export in flight: kept from one export to the
+ * next (one at a time), so that a batch of megabytes is neither allocated
+ * and faulted in again nor copied once more by http.c.
+ */
+static StringInfoData export_body;
+
 /* Take the buffer's spans and send them in one request. */
 static void
 start_export(void)
 {
-	StringInfoData body;
+	StringInfo	body = &export_body;
 	HttpRequest req;
 	HttpHeader ctype = {"Content-Type", "application/json"};
 	int			n = 0;
 
-	initStringInfo(&body);
-	appendStringInfo(&body, "{\"resourceSpans\":[{\"resource\":{\"attributes\":["
+	Assert(export_in_flight == NULL);
+	if (body->data == NULL)
+	{
+		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+
+		initStringInfo(&export_body);
+		MemoryContextSwitchTo(old);
+	}
+	resetStringInfo(body);
+	appendStringInfo(body, "{\"resourceSpans\":[{\"resource\":{\"attributes\":["
 					 "{\"key\":\"service.name\",\"value\":{\"stringValue\":\"tuvl\"}},"
 					 "{\"key\":\"service.version\",\"value\":{\"stringValue\":\"%s\"}}]},"
 					 "\"scopeSpans\":[{\"scope\":{\"name\":\"tuvl\",\"version\":\"%s\"},\"spans\":[",
 					 TUVL_VERSION, TUVL_VERSION);
 	LWLockAcquire(trace_shared->lock, LW_EXCLUSIVE);
 	/* one allocation, not a doubling of the copy while workers wait */
-	enlargeStringInfo(&body, trace_shared->used + 16);
-	appendBinaryStringInfo(&body, trace_shared->buf, trace_shared->used - 1);
+	enlargeStringInfo(body, trace_shared->used + 16);
+	appendBinaryStringInfo(body, trace_shared->buf, trace_shared->used - 1);
 	n = trace_shared->nspans;
 	trace_shared->used = 0;
 	trace_shared->nspans = 0;
 	LWLockRelease(trace_shared->lock);
-	appendStringInfoString(&body, "]}]}]}");
+	appendStringInfoString(body, "]}]}]}");
 
 	memset(&req, 0, sizeof(req));
 	req.method = "POST";
 	req.url = tuvl_otlp_endpoint;
 	req.headers = list_make1(&ctype);
-	req.body = body.data;
-	req.body_len = body.len;
+	req.body = body->data;
+	req.body_len = body->len;
+	req.body_borrowed = true;
 	req.timeout_ms = TRACE_EXPORT_TIMEOUT_MS;
 	export_spans = n;
 	last_export = GetCurrentTimestamp();
