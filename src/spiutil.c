@@ -82,6 +82,18 @@ SpiPlan(const char *sql, int nargs, const Oid *argtypes)
 	return plan_for(sql, nargs, argtypes, 0);
 }
 
+/* Execute plan; expected is the SPI result code it must return. */
+static uint64
+exec_plan(SPIPlanPtr plan, Datum *values, const char *nulls, int expected)
+{
+	int			rc = SPI_execute_plan(plan, values, nulls, false, 0);
+
+	if (rc != expected)
+		elog(ERROR, "internal query returned %s, expected %s",
+			 SPI_result_code_string(rc), SPI_result_code_string(expected));
+	return SPI_processed;
+}
+
 /*
  * Execute a cached internal statement.  expected is the SPI result code
  * the statement must return (SPI_OK_SELECT, SPI_OK_UPDATE_RETURNING...).
@@ -91,14 +103,7 @@ uint64
 SpiExec(const char *sql, int nargs, const Oid *argtypes,
 		Datum *values, const char *nulls, int expected)
 {
-	SPIPlanPtr	plan = SpiPlan(sql, nargs, argtypes);
-	int			rc;
-
-	rc = SPI_execute_plan(plan, values, nulls, false, 0);
-	if (rc != expected)
-		elog(ERROR, "internal query returned %s, expected %s",
-			 SPI_result_code_string(rc), SPI_result_code_string(expected));
-	return SPI_processed;
+	return exec_plan(SpiPlan(sql, nargs, argtypes), values, nulls, expected);
 }
 
 /*
@@ -111,14 +116,8 @@ uint64
 SpiExecGeneric(const char *sql, int nargs, const Oid *argtypes,
 			   Datum *values, const char *nulls, int expected)
 {
-	SPIPlanPtr	plan = plan_for(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN);
-	int			rc;
-
-	rc = SPI_execute_plan(plan, values, nulls, false, 0);
-	if (rc != expected)
-		elog(ERROR, "internal query returned %s, expected %s",
-			 SPI_result_code_string(rc), SPI_result_code_string(expected));
-	return SPI_processed;
+	return exec_plan(plan_for(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN),
+					 values, nulls, expected);
 }
 
 /*
