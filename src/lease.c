@@ -133,6 +133,7 @@ find_skipped(QueueClaim *claims, int nq)
 	values[0] = PointerGetDatum(construct_array(cols[0], nq, OIDOID, sizeof(Oid), true, TYPALIGN_INT));
 	for (int c = 1; c < 5; c++)
 		values[c] = PointerGetDatum(construct_array(cols[c], nq, INT8OID, 8, true, TYPALIGN_DOUBLE));
+	/* one plan for any arrays: an index scan of runs_queued_fair_idx, at any size */
 	n = SpiExecGeneric(skipped_sql, 5, types, values, NULL, SPI_OK_SELECT);
 	for (uint64 i = 0; i < n; i++)
 	{
@@ -309,8 +310,13 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, bool
 	values[6] = PointerGetDatum(construct_array(after_key, nq, INT8OID, 8, true, TYPALIGN_DOUBLE));
 	values[7] = PointerGetDatum(construct_array(after_id, nq, INT8OID, 8, true, TYPALIGN_DOUBLE));
 	control_gen = TuvlControlGen();
-	/* the same plan for any arrays: planned once, not at every claim */
-	n = SpiExecGeneric(claim_sql, 8, types, values, NULL, SPI_OK_UPDATE_RETURNING);
+	/*
+	 * Planned at every claim, unlike the two lookups around it: a generic
+	 * plan made while tuvl.runs is nearly empty finds the claimed ids by a
+	 * sequential scan, and would keep doing so over a table grown since,
+	 * until the next ANALYZE.
+	 */
+	n = SpiExec(claim_sql, 8, types, values, NULL, SPI_OK_UPDATE_RETURNING);
 	SecurityRestore(&frame);
 	tt = SPI_tuptable;
 	for (uint64 i = 0; i < n; i++)

@@ -110,7 +110,10 @@ SpiExec(const char *sql, int nargs, const Oid *argtypes,
  * SpiExec for a statement whose plan does not depend on its parameters'
  * values but whose custom plans the plan cache would keep choosing (its
  * arrays' lengths change the estimates, not the plan): always the generic
- * plan, planned once.  A given sql always goes through one of the two.
+ * plan, planned once.  Only for plans that stay right whatever the size
+ * of the tables (the plan is made once, maybe while they are empty, and
+ * kept until an ANALYZE invalidates it).  A given sql always goes through
+ * one of the two.
  */
 uint64
 SpiExecGeneric(const char *sql, int nargs, const Oid *argtypes,
