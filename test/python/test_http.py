@@ -120,6 +120,31 @@ ends:
     response: { get: "{{ get_result.body }}", post: "{{ post_result.body }}",
                 put: "{{ put_result.body }}", form: "{{ form_result.body }}" }
 """ % {"base": HTTP_BASE},
+    """
+name: http_reuse
+steps:
+  - id: patch
+    kind: APICall
+    http:
+      method: PATCH
+      url: "%(base)s/json?t={{ t }}&s=patch"
+      headers: { Content-Type: application/x-www-form-urlencoded, X-Only-Patch: "{{ t }}" }
+      body: "secretless=1"
+      timeout: 7s
+  - id: get
+    kind: APICall
+    http:
+      url: "%(base)s/json?t={{ t }}&s=get"
+  - id: head
+    kind: APICall
+    http:
+      method: HEAD
+      url: "%(base)s/json?t={{ t }}&s=head"
+    routes: { default: done }
+ends:
+  - id: done
+    status: completed
+""" % {"base": HTTP_BASE},
 ]
 
 
@@ -438,6 +463,26 @@ def test_method_query_headers_and_body_arrive_as_rendered(conn, mode):
     out = res["response"]
     assert out["get"]["query"]["a"] == "x y/ü" and out["post"]["method"] == "POST"
     assert out["put"]["body"] == "hello x y/ü" and out["form"]["method"] == "PATCH"
+
+
+def test_a_request_carries_nothing_of_the_one_before_it(conn, mode):
+    # libcurl handles are reused, the last freed first: each GET and HEAD
+    # below goes out on the handle of the PATCH before it
+    tok = unique()
+    for i in range(5):
+        res = execute(conn, "http_reuse", {"t": "%s-%d" % (tok, i)}, mode)
+        assert res["status"] == "completed", res
+    sent = requests_with(tok)
+    assert sorted(query_of(r)["s"] for r in sent) == ["get"] * 5 + ["head"] * 5 + ["patch"] * 5, sent
+    for r in sent:
+        s = query_of(r)["s"]
+        assert r["method"] == s.upper(), r
+        if s == "patch":
+            assert r["body"] == "secretless=1" and r["headers"]["x-only-patch"] == query_of(r)["t"], r
+            continue
+        assert r["body"] == "", r
+        assert "x-only-patch" not in r["headers"] and "content-type" not in r["headers"], r
+        assert "content-length" not in r["headers"] or r["headers"]["content-length"] == "0", r
 
 
 def test_a_header_value_cannot_inject_headers(conn, mode):
