@@ -452,9 +452,10 @@ socket_budget(void)
 /*
  * Idle connections a shard keeps: as many as it may have transfers
  * (SHARD_TRANSFERS, or tuvl.runs_per_worker when lower, but 64 at least),
- * so that a run's next request finds its connection open.  Fewer would close most of them after every
- * burst and open them again for the next (a connect, an accept and a
- * TIME_WAIT socket per request, thousands a second).
+ * so that a run's next request finds its connection open.  Fewer would
+ * close most of them after every burst and open them again for the next
+ * (a connect, an accept and a TIME_WAIT socket per request, thousands a
+ * second).
  */
 static long
 connections_kept(void)
@@ -1039,6 +1040,7 @@ HttpWait(long timeout_ms)
 	bool		latch = false;
 	long		curl_ms;
 	int			running;
+	TimestampTz now;
 
 	engine_init();
 	curl_ms = HttpTimeoutMs();
@@ -1078,8 +1080,9 @@ HttpWait(long timeout_ms)
 			}
 		}
 	}
+	now = GetCurrentTimestamp();
 	for (int i = 0; i < n_shards; i++)
-		if (shards[i].deadline != 0 && GetCurrentTimestamp() >= shards[i].deadline)
+		if (shards[i].deadline != 0 && now >= shards[i].deadline)
 		{
 			shards[i].deadline = 0;
 			curl_multi_socket_action(shards[i].multi, CURL_SOCKET_TIMEOUT, 0, &running);
@@ -1115,8 +1118,6 @@ HttpTransferOwner(HttpTransfer *t)
 void
 HttpCancel(HttpTransfer *t)
 {
-	transfer_remove(t);
-	unlink_transfer(t);
 	transfer_free(t);
 }
 
@@ -1262,15 +1263,12 @@ HttpAbortAll(void)
 	{
 		HttpTransfer *t = dlist_head_element(HttpTransfer, node, &in_flight);
 
-		unlink_transfer(t);
-		transfer_remove(t);
 		transfer_free(t);
 	}
 	while (!dlist_is_empty(&done_list))
 	{
 		HttpTransfer *t = dlist_head_element(HttpTransfer, node, &done_list);
 
-		unlink_transfer(t);
 		transfer_free(t);
 	}
 }
@@ -1295,8 +1293,6 @@ HttpPerform(const HttpRequest *req, List *secrets)
 	}
 	PG_CATCH();
 	{
-		transfer_remove(t);
-		unlink_transfer(t);
 		transfer_free(t);
 		PG_RE_THROW();
 	}

@@ -518,7 +518,7 @@ start_export(void)
 	{
 		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
 
-		initStringInfo(&export_body);
+		initStringInfo(body);
 		MemoryContextSwitchTo(old);
 	}
 	resetStringInfo(body);
