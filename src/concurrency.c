@@ -113,7 +113,7 @@ ConcurrencyAdmit(const char *workflow, const char *key, int limit, Oid principal
 	values[3] = ObjectIdGetDatum(principal);
 	SecurityAsOwner(&frame);
 	lock_key(workflow, key, principal);
-	n = SpiExec("UPDATE tuvl.runs r SET held_by = NULL "
+	n = SpiExecIndexed("UPDATE tuvl.runs r SET held_by = NULL "
 				"WHERE r.id OPERATOR(pg_catalog.=) ANY (ARRAY( "
 				"    SELECT h.id FROM tuvl.runs h "
 				"    WHERE h.workflow OPERATOR(pg_catalog.=) $1 AND h.concurrency_key OPERATOR(pg_catalog.=) $2 "

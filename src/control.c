@@ -736,7 +736,8 @@ StepExecuteHuman(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *res
  * The due runs of one status: each status has a partial index on wake_at
  * of its own, whose predicate this query repeats, so that even the plan
  * made while the table was small probes the index rather than scanning the
- * runs.
+ * runs; and the plan is made without sequential scans (SpiExecIndexed),
+ * or the UPDATE would find the ids it got by scanning the table.
  */
 static const char wake_sleeping_sql[] =
 "UPDATE tuvl.runs r SET status = 'queued', wake_at = NULL, last_seq = r.last_seq OPERATOR(pg_catalog.+) 1 "
@@ -822,7 +823,7 @@ ControlJournalRequeued(SPITupleTable *tt, uint64 i, const char *kind, Jsonb *pay
 static int
 wake(const char *wake_sql, bool human)
 {
-	uint64		n = SpiExec(wake_sql, 0, NULL, NULL, NULL, SPI_OK_UPDATE_RETURNING);
+	uint64		n = SpiExecIndexed(wake_sql, 0, NULL, NULL, NULL, SPI_OK_UPDATE_RETURNING);
 	SPITupleTable *tt = SPI_tuptable;
 
 	for (uint64 i = 0; i < n; i++)

@@ -311,12 +311,13 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, bool
 	values[7] = PointerGetDatum(construct_array(after_id, nq, INT8OID, 8, true, TYPALIGN_DOUBLE));
 	control_gen = TuvlControlGen();
 	/*
-	 * Planned at every claim, unlike the two lookups around it: a generic
-	 * plan made while tuvl.runs is nearly empty finds the claimed ids by a
-	 * sequential scan, and would keep doing so over a table grown since,
-	 * until the next ANALYZE.
+	 * Generic, like the two lookups around it, but planned without
+	 * sequential scans: a generic plan made while tuvl.runs is nearly
+	 * empty would find the claimed ids by one, and keep doing so over a
+	 * table grown since, until the next ANALYZE.  (Planning it at every
+	 * claim cost 3 % of a worker's time at 5,000 one-step runs a second.)
 	 */
-	n = SpiExec(claim_sql, 8, types, values, NULL, SPI_OK_UPDATE_RETURNING);
+	n = SpiExecIndexed(claim_sql, 8, types, values, NULL, SPI_OK_UPDATE_RETURNING);
 	SecurityRestore(&frame);
 	tt = SPI_tuptable;
 	for (uint64 i = 0; i < n; i++)
@@ -511,7 +512,7 @@ LeaseReclaim(void)
 	uint64		n;
 
 	SecurityAsOwner(&frame);
-	n = SpiExec(reclaim_sql, 0, NULL, NULL, NULL, SPI_OK_UPDATE_RETURNING);
+	n = SpiExecIndexed(reclaim_sql, 0, NULL, NULL, NULL, SPI_OK_UPDATE_RETURNING);
 	note_requeued();
 	SecurityRestore(&frame);
 	return n;

@@ -23,6 +23,7 @@
 #include "access/genam.h"
 #include "catalog/indexing.h"
 #include "utils/fmgroids.h"
+#include "utils/guc.h"
 #include "utils/rel.h"
 #include "utils/acl.h"
 #include "utils/builtins.h"
@@ -121,6 +122,28 @@ SpiExecGeneric(const char *sql, int nargs, const Oid *argtypes,
 {
 	return exec_plan(plan_for(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN),
 					 values, nulls, expected);
+}
+
+/*
+ * SpiExecGeneric for a statement whose generic plan must reach its rows
+ * through an index whatever the statistics say: planned (and planned
+ * again, after an invalidation) with enable_seqscan off.  Made while the
+ * table is empty or small, a generic plan would otherwise scan it
+ * sequentially, and go on doing so after it grew, until an ANALYZE.
+ */
+uint64
+SpiExecIndexed(const char *sql, int nargs, const Oid *argtypes,
+			   Datum *values, const char *nulls, int expected)
+{
+	int			nestlevel = NewGUCNestLevel();
+	uint64		n;
+
+	(void) set_config_option("enable_seqscan", "off", PGC_USERSET, PGC_S_SESSION,
+							 GUC_ACTION_SAVE, true, 0, false);
+	n = exec_plan(plan_for(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN),
+				  values, nulls, expected);
+	AtEOXact_GUC(true, nestlevel);
+	return n;
 }
 
 /*

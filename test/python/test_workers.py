@@ -345,6 +345,64 @@ $$)""")
         conn.close()
 
 
+def test_claims_find_runs_by_index_after_the_queue_grew(fresh_databases):
+    """The claim's plan is made once per worker, at its first claim, here while
+    tuvl.runs holds one run; 2,000 runs queued after must still be claimed
+    through the indexes, not by a sequential scan of the table per claim
+    (a generic plan made on a near-empty table is one, and stays one until
+    the next ANALYZE)."""
+    name = fresh_databases("tuvl_claim_plan")
+    conn = connect(name)
+    try:
+        q(conn, "CREATE EXTENSION tuvl")
+        wait_until(lambda: pool_names(name) == EXPECTED_NAMES, 10, message="two workers")
+        # so that this test's own lookups by id do not count
+        q(conn, "SET enable_seqscan = off")
+        q(conn, "CREATE FUNCTION public.noop(ctx jsonb) RETURNS jsonb LANGUAGE sql "
+                "AS $$ SELECT '{}'::jsonb $$")
+        q(conn, """SELECT tuvl.register_workflow($$
+name: claim_plan
+steps:
+  - { id: a, kind: Functional, function: public.noop }
+ends:
+  - { id: done, status: completed }
+$$)""")
+        # one run for each worker's first claim, on a table of one or two rows
+        for _ in range(2):
+            first = q1(conn, "SELECT tuvl.start_run('claim_plan')")
+            wait_until(lambda: q1(conn, "SELECT status FROM tuvl.runs WHERE id = %s", (first,))
+                       == "completed", 10, message="the first run")
+
+        def scans():
+            return q(conn, "SELECT coalesce(seq_tup_read, 0), n_tup_upd FROM pg_stat_all_tables "
+                           "WHERE relid = 'tuvl.runs'::regclass")[0]
+
+        # the workers' statistics reach the server at their commits, at most once a second
+        time.sleep(1.1)
+        read0, upd0 = scans()
+        n = 2000
+        conn.autocommit = False
+        last = q(conn, "SELECT max(tuvl.start_run('claim_plan')) FROM generate_series(1, %s)", (n,))[0][0]
+        conn.commit()
+        conn.autocommit = True
+        wait_until(lambda: q1(conn, "SELECT status FROM tuvl.runs WHERE id = %s", (last,))
+                   == "completed", 60, message="the last run")
+        # every run is claimed once and checkpointed once at least: wait until the
+        # workers reported all those updates (and so the claims before them)
+        time.sleep(1.1)
+        wait_until(lambda: scans()[1] - upd0 >= 2 * n, 30, interval=0.2,
+                   message="the workers' statistics")
+        read = scans()[0] - read0
+        claims = q1(conn, "SELECT count(*) FROM tuvl.runs WHERE status = 'completed'")
+        report(f"{n} runs queued after the claims' plans were made: {read} rows read by "
+               f"sequential scans of tuvl.runs")
+        assert claims == n + 2
+        # a sequential scan per claim (120 runs at most each) reads about n * n / 120 rows
+        assert read < n, f"claims scanned tuvl.runs sequentially ({read} rows read)"
+    finally:
+        conn.close()
+
+
 def test_a_busy_worker_reports_what_it_does_in_pg_stat_activity(db):
     conn = connect(db)
     try:
