@@ -210,6 +210,11 @@ def main():
         p("| HTTP effects: %s one-request runs against the load generator at 0 ms, 2 workers: effects/s, median (range) of %d rounds%s; the generator's CPU (event loop busy) | %s (%s - %s); %.2f CPUs (%.0f%%) | >= 5,000: **%s** |"
           % (num(http["runs"]), len(rs), warm, num(median(eps)), num(min(eps)), num(max(eps)), lgc["cpus"],
              100 * lgc["event_loop_utilization"], "met" if median(eps) >= 5000 else "missed"))
+        tps = [r["pgbench"]["tps"] for r in (thr or {}).get("rounds", []) if "pgbench" in r]
+        if tps:
+            # the machine's moment: the same build makes twice the effects on a quiet one
+            p("| HTTP effects per second / `pgbench -N` tps of this run (%s, median of %d rounds): the machine's moment, for comparing runs | %.2f | |"
+              % (num(median(tps)), len(tps), median(eps) / median(tps)))
         p("| HTTP effects: the same against a 200 ms server: wall, peak transfers in flight in the workers / at the server, ratio 200 ms wall / max(200 ms, 0 ms wall) | %.2f s, %d / %d, %.2f | ratio <= 2: **%s** |"
           % (b["slow"]["wall_s"], b["slow"]["peak_in_flight_workers"], b["slow"]["peak_in_flight"], b["ratio"],
              "met" if b["ratio"] <= 2 else "missed"))
