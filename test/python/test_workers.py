@@ -347,11 +347,12 @@ $$)""")
 
 
 def test_claims_find_runs_by_index_after_the_queue_grew(fresh_databases):
-    """The claim's plan is made once per worker, at its first claim, here while
-    tuvl.runs holds one run; 2,000 runs queued after must still be claimed
-    through the indexes, not by a sequential scan of the table per claim
-    (a generic plan made on a near-empty table is one, and stays one until
-    the next ANALYZE)."""
+    """The plans of the claim and of the maintenance's UPDATEs by id are made
+    once per worker, at its first claim and maintenance, here while tuvl.runs
+    holds a run or two; 2,000 runs queued after must still be claimed and
+    maintained through the indexes, not by a sequential scan of the table per
+    statement (a generic plan made on a near-empty table is one, and stays one
+    until the next ANALYZE)."""
     name = fresh_databases("tuvl_claim_plan")
     conn = connect(name)
     try:
