@@ -567,15 +567,15 @@ easy_get(void)
 	return n_easy_pool > 0 ? easy_pool[--n_easy_pool] : curl_easy_init();
 }
 
-/* e is on no multi handle: keep it, with none of its transfer's options */
+/*
+ * e is on no multi handle: keep it.  Its transfer's options go at its next
+ * use (transfer_submit resets a handle before configuring it).
+ */
 static void
 easy_put(CURL *e)
 {
 	if (n_easy_pool < EASY_POOL_MAX)
-	{
-		curl_easy_reset(e);
 		easy_pool[n_easy_pool++] = e;
-	}
 	else
 		curl_easy_cleanup(e);
 }

@@ -25,6 +25,19 @@ def pool_names(dbname):
     return sorted(r[1] for r in worker_rows(dbname))
 
 
+def one_step_workflow(conn, name, result):
+    """Register workflow name: one Functional step, public.<name>, returning result (SQL)."""
+    q(conn, f"CREATE FUNCTION public.{name}(ctx jsonb) RETURNS jsonb LANGUAGE sql "
+            f"AS $$ SELECT {result}::jsonb $$")
+    q(conn, f"""SELECT tuvl.register_workflow($$
+name: {name}
+steps:
+  - {{ id: s, kind: Functional, function: public.{name} }}
+ends:
+  - {{ id: done, status: completed }}
+$$)""")
+
+
 def timed_wait(predicate, timeout, message):
     started = time.monotonic()
     wait_until(predicate, timeout, interval=0.02, message=message)
@@ -64,15 +77,7 @@ def test_create_and_drop_extension_start_and_stop_the_pool(fresh_databases):
         assert not old & set(worker_pids(name)), "the pool must be new processes"
         report(f"CREATE EXTENSION again -> 2 workers in {took_again:.2f} s")
         # A recreated extension has a working pool: it executes runs.
-        q(conn, "CREATE FUNCTION public.one(ctx jsonb) RETURNS jsonb LANGUAGE sql "
-                "AS $$ SELECT '{\"one\": 1}'::jsonb $$")
-        q(conn, """SELECT tuvl.register_workflow($$
-name: after_recreate
-steps:
-  - { id: s, kind: Functional, function: public.one }
-ends:
-  - { id: done, status: completed }
-$$)""")
+        one_step_workflow(conn, "after_recreate", """'{"one": 1}'""")
         run_id = q1(conn, "SELECT tuvl.start_run('after_recreate')")
         assert q1(conn, "SELECT tuvl.wait(%s, '5 s')", (run_id,)) == "completed"
     finally:
@@ -360,20 +365,11 @@ def test_claims_find_runs_by_index_after_the_queue_grew(fresh_databases):
         wait_until(lambda: pool_names(name) == EXPECTED_NAMES, 10, message="two workers")
         # so that this test's own lookups by id do not count
         q(conn, "SET enable_seqscan = off")
-        q(conn, "CREATE FUNCTION public.noop(ctx jsonb) RETURNS jsonb LANGUAGE sql "
-                "AS $$ SELECT '{}'::jsonb $$")
-        q(conn, """SELECT tuvl.register_workflow($$
-name: claim_plan
-steps:
-  - { id: a, kind: Functional, function: public.noop }
-ends:
-  - { id: done, status: completed }
-$$)""")
+        one_step_workflow(conn, "claim_plan", "'{}'")
         # one run for each worker's first claim, on a table of one or two rows
         for _ in range(2):
             first = q1(conn, "SELECT tuvl.start_run('claim_plan')")
-            wait_until(lambda: q1(conn, "SELECT status FROM tuvl.runs WHERE id = %s", (first,))
-                       == "completed", 10, message="the first run")
+            assert q1(conn, "SELECT tuvl.wait(%s, '10 s')", (first,)) == "completed"
 
         def scans():
             return q(conn, "SELECT coalesce(seq_tup_read, 0), n_tup_upd FROM pg_stat_all_tables "
@@ -387,8 +383,7 @@ $$)""")
         last = q(conn, "SELECT max(tuvl.start_run('claim_plan')) FROM generate_series(1, %s)", (n,))[0][0]
         conn.commit()
         conn.autocommit = True
-        wait_until(lambda: q1(conn, "SELECT status FROM tuvl.runs WHERE id = %s", (last,))
-                   == "completed", 60, message="the last run")
+        assert q1(conn, "SELECT tuvl.wait(%s, '60 s')", (last,)) == "completed"
         # every run is claimed once and checkpointed once at least: wait until the
         # workers reported all those updates (and so the claims before them)
         time.sleep(1.1)
