@@ -87,10 +87,10 @@ static const char claim_sql[] =
 "  CASE WHEN r.parent_step IS NOT NULL THEN r.parent_run_id END, r.created_at, r.artifacts";
 
 /*
- * For each role of a claim, the first queued run between where the claim
- * started and the last run it took (to the end when it took none): one
- * its SKIP LOCKED passed over, because another transaction held the row.
- * The claim's own runs are 'running' by now, so they do not count.
+ * The first queued run in each of some ranges of a role's queue, bounds
+ * excluded: a run the claim's SKIP LOCKED passed over, because another
+ * transaction held the row.  The claim's own runs are 'running' by now,
+ * so they do not count.
  */
 static const char skipped_sql[] =
 "SELECT q.pid, s.key, s.id "
@@ -110,29 +110,100 @@ static const char skipped_sql[] =
 "                             OPERATOR(pg_catalog.-) x.priority::pg_catalog.int8, x.id "
 "                    LIMIT 1) s";
 
+/* A run a claim took: the index of its role in the claim, and its place. */
+typedef struct ClaimedPos
+{
+	int			role;
+	QueuePos	pos;
+} ClaimedPos;
+
+static inline bool
+pos_lt(QueuePos a, QueuePos b)
+{
+	return a.key < b.key || (a.key == b.key && a.id < b.id);
+}
+
+static int
+claimed_pos_cmp(const void *a, const void *b)
+{
+	const ClaimedPos *x = a;
+	const ClaimedPos *y = b;
+
+	if (x->role != y->role)
+		return x->role < y->role ? -1 : 1;
+	return pos_lt(x->pos, y->pos) ? -1 : pos_lt(y->pos, x->pos) ? 1 : 0;
+}
+
+/* No position lies strictly between a and b (a before b). */
+static inline bool
+adjacent(QueuePos a, QueuePos b)
+{
+	return a.key == b.key && a.id != PG_INT64_MAX && b.id == a.id + 1;
+}
+
 /*
  * Find, for each role claimed for, the first queued run the claim passed
- * over (see queue.c: the cursor must not move past it).  As the owner.
+ * over (see queue.c: the cursor must not move past it).  Such a run lies
+ * between where the claim started and the last run it took (anywhere
+ * after the start when it took none), and not where two runs it took
+ * are neighbours in the queue: only the gaps between them are looked at,
+ * each by one probe of the index.  Runs queued together have consecutive
+ * ids, so a claim of them usually has no gap and runs no query at all;
+ * a scan over the whole range would visit the heap for each run taken
+ * (and for each dead entry between them while a long transaction keeps
+ * them), which made every claim cost milliseconds while a slow step ran.
+ * As the owner.
  */
 static void
-find_skipped(QueueClaim *claims, int nq)
+find_skipped(QueueClaim *claims, int nq, ClaimedPos *taken, int ntaken)
 {
 	static const Oid types[5] = {OIDARRAYOID, INT8ARRAYOID, INT8ARRAYOID, INT8ARRAYOID, INT8ARRAYOID};
 	Datum		values[5];
-	Datum		cols[5][MAX_CLAIM_PRINCIPALS];
+	Datum	   *cols[5];
+	int			ngaps = 0;
+	int			t = 0;
 	uint64		n;
 
-	for (int i = 0; i < nq; i++)
+	for (int c = 0; c < 5; c++)
+		cols[c] = palloc(sizeof(Datum) * (ntaken + nq));
+	qsort(taken, ntaken, sizeof(ClaimedPos), claimed_pos_cmp);
+	for (int j = 0; j < nq; j++)
 	{
-		cols[0][i] = ObjectIdGetDatum(claims[i].role);
-		cols[1][i] = Int64GetDatum(claims[i].after.key);
-		cols[2][i] = Int64GetDatum(claims[i].after.id);
-		cols[3][i] = Int64GetDatum(claims[i].got > 0 ? claims[i].last.key : PG_INT64_MAX);
-		cols[4][i] = Int64GetDatum(claims[i].got > 0 ? claims[i].last.id : PG_INT64_MAX);
+		QueuePos	prev = claims[j].after;
+		bool		any = false;
+
+		for (; t < ntaken && taken[t].role == j; t++)
+		{
+			QueuePos	next = taken[t].pos;
+
+			if (!adjacent(prev, next))
+			{
+				cols[0][ngaps] = ObjectIdGetDatum(claims[j].role);
+				cols[1][ngaps] = Int64GetDatum(prev.key);
+				cols[2][ngaps] = Int64GetDatum(prev.id);
+				cols[3][ngaps] = Int64GetDatum(next.key);
+				cols[4][ngaps] = Int64GetDatum(next.id);
+				ngaps++;
+			}
+			prev = next;
+			any = true;
+		}
+		/* it took nothing: a run it passed over may be anywhere after */
+		if (!any)
+		{
+			cols[0][ngaps] = ObjectIdGetDatum(claims[j].role);
+			cols[1][ngaps] = Int64GetDatum(prev.key);
+			cols[2][ngaps] = Int64GetDatum(prev.id);
+			cols[3][ngaps] = Int64GetDatum(PG_INT64_MAX);
+			cols[4][ngaps] = Int64GetDatum(PG_INT64_MAX);
+			ngaps++;
+		}
 	}
-	values[0] = PointerGetDatum(construct_array(cols[0], nq, OIDOID, sizeof(Oid), true, TYPALIGN_INT));
+	if (ngaps == 0)
+		return;
+	values[0] = PointerGetDatum(construct_array(cols[0], ngaps, OIDOID, sizeof(Oid), true, TYPALIGN_INT));
 	for (int c = 1; c < 5; c++)
-		values[c] = PointerGetDatum(construct_array(cols[c], nq, INT8OID, 8, true, TYPALIGN_DOUBLE));
+		values[c] = PointerGetDatum(construct_array(cols[c], ngaps, INT8OID, 8, true, TYPALIGN_DOUBLE));
 	/* one plan for any arrays: an index scan of runs_queued_fair_idx, at any size */
 	n = SpiExecGeneric(skipped_sql, 5, types, values, NULL, SPI_OK_SELECT);
 	for (uint64 i = 0; i < n; i++)
@@ -141,13 +212,16 @@ find_skipped(QueueClaim *claims, int nq)
 		TupleDesc	td = SPI_tuptable->tupdesc;
 		bool		isnull;
 		Oid			pid = DatumGetObjectId(SPI_getbinval(tup, td, 1, &isnull));
+		QueuePos	found;
 
+		found.key = DatumGetInt64(SPI_getbinval(tup, td, 2, &isnull));
+		found.id = DatumGetInt64(SPI_getbinval(tup, td, 3, &isnull));
 		for (int j = 0; j < nq; j++)
-			if (claims[j].role == pid)
+			if (claims[j].role == pid &&
+				(!claims[j].skipped || pos_lt(found, claims[j].first_skipped)))
 			{
 				claims[j].skipped = true;
-				claims[j].first_skipped.key = DatumGetInt64(SPI_getbinval(tup, td, 2, &isnull));
-				claims[j].first_skipped.id = DatumGetInt64(SPI_getbinval(tup, td, 3, &isnull));
+				claims[j].first_skipped = found;
 			}
 	}
 }
@@ -279,6 +353,8 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, bool
 	int			np;
 	int			nq;
 	uint64		control_gen;
+	ClaimedPos *taken;
+	int			ntaken = 0;
 
 	*more = false;
 	SecurityAsOwner(&frame);
@@ -320,6 +396,7 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, bool
 	n = SpiExecIndexed(claim_sql, 8, types, values, NULL, SPI_OK_UPDATE_RETURNING);
 	SecurityRestore(&frame);
 	tt = SPI_tuptable;
+	taken = palloc(sizeof(ClaimedPos) * Max(n, 1));
 	for (uint64 i = 0; i < n; i++)
 	{
 		HeapTuple	tup = tt->vals[i];
@@ -337,11 +414,12 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, bool
 			for (int j = 0; j < nq; j++)
 				if (claims[j].role == pid)
 				{
-					if (claims[j].got == 0 || pos.key > claims[j].last.key ||
-						(pos.key == claims[j].last.key && pos.id > claims[j].last.id))
+					if (claims[j].got == 0 || pos_lt(claims[j].last, pos))
 						claims[j].last = pos;
 					if (++claims[j].got >= claims[j].quota)
 						*more = true;
+					taken[ntaken].role = j;
+					taken[ntaken++].pos = pos;
 				}
 		}
 		run = RunStateCreate(runs_cxt,
@@ -362,7 +440,7 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, bool
 		MemoryContextSwitchTo(old);
 	}
 	SecurityAsOwner(&frame);
-	find_skipped(claims, nq);
+	find_skipped(claims, nq, taken, ntaken);
 	SecurityRestore(&frame);
 	QueueClaimEnd(claims, np);
 	return runs;
