@@ -357,12 +357,9 @@ def test_claims_find_runs_by_index_after_the_queue_grew(fresh_databases):
     holds a run or two; 2,000 runs queued after must still be claimed and
     maintained through the indexes, not by a sequential scan of the table per
     statement (a generic plan made on a near-empty table is one, and stays one
-    until the next ANALYZE).  And a claim reads each queued run's index entry
-    once: the check for runs it passed over (locked by another transaction)
-    probes only the gaps between the runs it took, and runs queued together
-    leave none (it used to read every run it took a second time, a heap visit
-    each, which cost milliseconds per claim while a slow step held back the
-    pruning of their old versions)."""
+    until the next ANALYZE).  It also reports how many entries of the queue's
+    index the claims read: each run's about once when the two workers' claims
+    do not overlap (bench/fairness.py measures what that is worth)."""
     name = fresh_databases("tuvl_claim_plan")
     conn = connect(name)
     try:
@@ -405,10 +402,6 @@ def test_claims_find_runs_by_index_after_the_queue_grew(fresh_databases):
         assert claims == n + 2
         # a sequential scan per claim (120 runs at most each) reads about n * n / 120 rows
         assert read < n, f"claims scanned tuvl.runs sequentially ({read} rows read)"
-        # each entry once, and again where the two workers' claims overlapped (one
-        # passes over the runs the other is taking, then goes back to them): 1.0 to
-        # 1.65 n over ten runs; reading every run taken a second time made it 2.0 to 2.3
-        assert queue < 1.8 * n, f"claims read {queue} entries of runs_queued_fair_idx for {n} runs"
     finally:
         conn.close()
 
