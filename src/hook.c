@@ -159,26 +159,6 @@ notify(RunState *run, const StepDef *step, ArtifactRef *hook, HookEvent event,
 	QueueNoteAtCommit(run->principal, 0, id);
 }
 
-/* The hook references attached to step: the workflow's, then the step's. */
-static List *
-hook_refs(RunState *run, const StepDef *step)
-{
-	Jsonb	   *sources[2];
-	List	   *refs = NIL;
-
-	sources[0] = run->wf ? JsonGetJsonb(run->wf->definition, "hooks") : NULL;
-	sources[1] = JsonGetJsonb(step->spec, "hooks");
-	for (int s = 0; s < 2; s++)
-		for (int i = 0; i < JsonArraySize(sources[s]); i++)
-		{
-			Jsonb	   *r = JsonArrayAt(sources[s], i);
-			char	   *text = JsonValueToText(getIthJsonbValueFromContainer(&r->root, 0));
-
-			refs = lappend(refs, text);
-		}
-	return refs;
-}
-
 /*
  * Fire one hook, in a subtransaction: a failure is logged and forgotten.
  * A metric hook whose definition is in memory needs none: it reads
@@ -242,6 +222,6 @@ HookFire(RunState *run, const StepDef *step, HookEvent event, const char *tool,
 
 	if (run->replay || run->notify_step >= 0)
 		return;
-	foreach(lc, hook_refs(run, step))
+	foreach(lc, step->hooks)
 		fire_one(run, step, lfirst(lc), event, tool, signal, error);
 }

@@ -178,6 +178,26 @@ step_is_side_line(Jsonb *definition, const char *id)
 /*
  * Build a WorkflowDef from a validated definition, in CurrentMemoryContext.
  */
+/*
+ * The hook references of a step, the workflow's first: read once here,
+ * not at every event a step fires (hook.c).
+ */
+static List *
+hook_refs(Jsonb *wf_hooks, Jsonb *step_hooks)
+{
+	Jsonb	   *sources[2] = {wf_hooks, step_hooks};
+	List	   *refs = NIL;
+
+	for (int s = 0; s < 2; s++)
+		for (int i = 0; i < JsonArraySize(sources[s]); i++)
+		{
+			Jsonb	   *r = JsonArrayAt(sources[s], i);
+
+			refs = lappend(refs, JsonValueToText(getIthJsonbValueFromContainer(&r->root, 0)));
+		}
+	return refs;
+}
+
 WorkflowDef *
 WorkflowCompile(const char *name, int version, Jsonb *definition)
 {
@@ -185,6 +205,7 @@ WorkflowCompile(const char *name, int version, Jsonb *definition)
 	Jsonb	   *steps = JsonGetJsonb(definition, "steps");
 	Jsonb	   *ends = JsonGetJsonb(definition, "ends");
 	Jsonb	   *trigger = JsonGetJsonb(definition, "trigger");
+	Jsonb	   *wf_hooks = JsonGetJsonb(definition, "hooks");
 	char	   *start;
 	bool	   *side;
 
@@ -210,6 +231,7 @@ WorkflowCompile(const char *name, int version, Jsonb *definition)
 
 		s->spec = JsonValueToJsonb(v);
 		s->id = JsonGetString(s->spec, "id");
+		s->hooks = hook_refs(wf_hooks, JsonGetJsonb(s->spec, "hooks"));
 		kind = JsonGetString(s->spec, "kind");
 		if (kind == NULL || !StepKindFromName(kind, &s->kind))
 			elog(ERROR, "workflow \"%s\" version %d has an invalid step kind", name, version);

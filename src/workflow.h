@@ -8,6 +8,7 @@
 #ifndef TUVL_WORKFLOW_H
 #define TUVL_WORKFLOW_H
 
+#include "nodes/pg_list.h"
 #include "utils/jsonb.h"
 
 typedef enum StepKind
@@ -35,6 +36,8 @@ typedef struct StepDef
 	int			next;			/* implicit default: index of the next
 								 * main-line step, or -1 (implicit end) */
 	int			timeout_ms;		/* timeout:, or -1 for tuvl.step_timeout */
+	List	   *hooks;			/* hook references (char *): the workflow's,
+								 * then the step's */
 } StepDef;
 
 typedef struct EndDef
