@@ -117,12 +117,6 @@ typedef struct ClaimedPos
 	QueuePos	pos;
 } ClaimedPos;
 
-static inline bool
-pos_lt(QueuePos a, QueuePos b)
-{
-	return a.key < b.key || (a.key == b.key && a.id < b.id);
-}
-
 static int
 claimed_pos_cmp(const void *a, const void *b)
 {
@@ -131,7 +125,7 @@ claimed_pos_cmp(const void *a, const void *b)
 
 	if (x->role != y->role)
 		return x->role < y->role ? -1 : 1;
-	return pos_lt(x->pos, y->pos) ? -1 : pos_lt(y->pos, x->pos) ? 1 : 0;
+	return QueuePosCmp(x->pos, y->pos);
 }
 
 /* No position lies strictly between a and b (a before b). */
@@ -218,7 +212,7 @@ find_skipped(QueueClaim *claims, int nq, ClaimedPos *taken, int ntaken)
 		found.id = DatumGetInt64(SPI_getbinval(tup, td, 3, &isnull));
 		for (int j = 0; j < nq; j++)
 			if (claims[j].role == pid &&
-				(!claims[j].skipped || pos_lt(found, claims[j].first_skipped)))
+				(!claims[j].skipped || QueuePosCmp(found, claims[j].first_skipped) < 0))
 			{
 				claims[j].skipped = true;
 				claims[j].first_skipped = found;
@@ -414,7 +408,7 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, bool
 			for (int j = 0; j < nq; j++)
 				if (claims[j].role == pid)
 				{
-					if (claims[j].got == 0 || pos_lt(claims[j].last, pos))
+					if (claims[j].got == 0 || QueuePosCmp(claims[j].last, pos) < 0)
 						claims[j].last = pos;
 					if (++claims[j].got >= claims[j].quota)
 						*more = true;

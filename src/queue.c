@@ -71,16 +71,6 @@ static bool exit_hook_set = false;
 static const QueuePos queue_start = {PG_INT64_MIN, 0};
 static const QueuePos no_pos = {PG_INT64_MAX, PG_INT64_MAX};
 
-static int
-pos_cmp(QueuePos a, QueuePos b)
-{
-	if (a.key != b.key)
-		return a.key < b.key ? -1 : 1;
-	if (a.id != b.id)
-		return a.id < b.id ? -1 : 1;
-	return 0;
-}
-
 /* The position just before p. */
 static QueuePos
 pos_before(QueuePos p)
@@ -155,7 +145,7 @@ QueueNoteAtCommit(Oid role, int32 priority, int64 id)
 	for (int i = 0; i < n_pending; i++)
 		if (pending[i].role == role)
 		{
-			if (pos_cmp(pos, pending[i].pos) < 0)
+			if (QueuePosCmp(pos, pending[i].pos) < 0)
 				pending[i].pos = pos;
 			return;
 		}
@@ -193,9 +183,9 @@ queue_at_commit(void)
 			}
 			r->queued = true;
 			r->gen++;
-			if (pos_cmp(pending[i].pos, r->cursor) <= 0)
+			if (QueuePosCmp(pending[i].pos, r->cursor) <= 0)
 				r->cursor = pos_before(pending[i].pos);
-			if (r->scanners > 0 && pos_cmp(pending[i].pos, r->low) < 0)
+			if (r->scanners > 0 && QueuePosCmp(pending[i].pos, r->low) < 0)
 				r->low = pending[i].pos;
 		}
 		if (pending_overflow)
@@ -346,7 +336,7 @@ QueueClaimBegin(QueueClaim *claims, int max)
 		c->role = r->role;
 		c->gen = r->gen;
 		c->after = r->cursor;
-		c->from_start = pos_cmp(r->cursor, queue_start) == 0;
+		c->from_start = QueuePosCmp(r->cursor, queue_start) == 0;
 		claiming[n_claiming++] = r->role;
 		n++;
 	}
@@ -377,16 +367,16 @@ QueueClaimEnd(QueueClaim *claims, int n)
 			r->scanners--;
 		if (c->quota > 0)
 		{
-			if (c->got > 0 && pos_cmp(c->last, r->cursor) > 0)
+			if (c->got > 0 && QueuePosCmp(c->last, r->cursor) > 0)
 				r->cursor = c->last;
 			if (c->got == 0 && !c->skipped && r->gen == c->gen)
 				r->queued = false;
 		}
 		/* a run it passed over, locked by someone else: not past it */
-		if (c->skipped && pos_cmp(c->first_skipped, r->cursor) <= 0)
+		if (c->skipped && QueuePosCmp(c->first_skipped, r->cursor) <= 0)
 			r->cursor = pos_before(c->first_skipped);
 		/* queued while we scanned, maybe invisible to us: not past it */
-		if (pos_cmp(r->low, no_pos) != 0 && pos_cmp(r->low, r->cursor) <= 0)
+		if (QueuePosCmp(r->low, no_pos) != 0 && QueuePosCmp(r->low, r->cursor) <= 0)
 			r->cursor = pos_before(r->low);
 		if (r->scanners == 0)
 			r->low = no_pos;

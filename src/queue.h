@@ -26,6 +26,17 @@ typedef struct QueuePos
 	int64		id;
 } QueuePos;
 
+/* <0, 0 or >0 as a comes before, at or after b in claim order. */
+static inline int
+QueuePosCmp(QueuePos a, QueuePos b)
+{
+	if (a.key != b.key)
+		return a.key < b.key ? -1 : 1;
+	if (a.id != b.id)
+		return a.id < b.id ? -1 : 1;
+	return 0;
+}
+
 /* One role's queue as a claim sees it. */
 typedef struct QueueRoleState
 {

@@ -176,9 +176,6 @@ step_is_side_line(Jsonb *definition, const char *id)
 }
 
 /*
- * Build a WorkflowDef from a validated definition, in CurrentMemoryContext.
- */
-/*
  * The hook references of a step, the workflow's first: read once here,
  * not at every event a step fires (hook.c).
  */
@@ -198,6 +195,9 @@ hook_refs(Jsonb *wf_hooks, Jsonb *step_hooks)
 	return refs;
 }
 
+/*
+ * Build a WorkflowDef from a validated definition, in CurrentMemoryContext.
+ */
 WorkflowDef *
 WorkflowCompile(const char *name, int version, Jsonb *definition)
 {
