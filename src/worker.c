@@ -979,6 +979,35 @@ hand_back_idle_runs(void)
 }
 
 /*
+ * A step found fast again: the runs marked to run it alone (next_principal
+ * marks every ready run at a slow step) go back into batches.  Left solo,
+ * they would each wait for the one before to finish its effects: when a
+ * step that sends a model request was marked slow once (a transition held
+ * up by a checkpoint), thousands of agents went through it one request
+ * round trip at a time.  One whose own transition is slow is found again
+ * by its batch's budget.
+ */
+static void
+unsolo_step(RunState *fast)
+{
+	SlowStepKey key;
+	SlowStepKey other;
+	ListCell   *lc;
+
+	slow_step_key(fast, &key);
+	foreach(lc, held)
+	{
+		RunState   *run = lfirst(lc);
+
+		if (!run->solo)
+			continue;
+		slow_step_key(run, &other);
+		if (memcmp(&key, &other, sizeof(key)) == 0)
+			run->solo = false;
+	}
+}
+
+/*
  * Run one solo transition when this worker holds nothing else; returns
  * true when it did (or made progress towards it).
  */
@@ -1021,9 +1050,12 @@ run_solo(void)
 	INSTR_TIME_SET_CURRENT(took);
 	INSTR_TIME_SUBTRACT(took, start);
 	run->solo = false;
-	/* fast this time: it may go back into batches */
+	/* fast this time: it may go back into batches, with the runs at it */
 	if (adv == ADV_DONE && INSTR_TIME_GET_MILLISEC(took) < tuvl_max_batch_time / 2.0)
+	{
 		mark_step_slow(run, false);
+		unsolo_step(run);
+	}
 	switch (adv)
 	{
 		case ADV_DONE:

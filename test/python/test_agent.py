@@ -219,6 +219,11 @@ CREATE FUNCTION ag.sleepy(ctx jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
         PERFORM pg_sleep((ctx ->> 'secs')::float8);
         RETURN jsonb_build_object('slept', (ctx ->> 'secs')::float8);
     END $$;
+CREATE FUNCTION ag.nap(ctx jsonb) RETURNS jsonb LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM pg_sleep(coalesce((ctx ->> 'nap')::float8, 0));
+        RETURN jsonb_build_object('napped', coalesce((ctx ->> 'nap')::float8, 0));
+    END $$;
 CREATE FUNCTION ag.big(ctx jsonb) RETURNS jsonb LANGUAGE sql AS $$
     SELECT to_jsonb(left(repeat('abcdefgh\u00e9"\\', 2000), 20000)) $$;
 CREATE FUNCTION ag.note(ctx jsonb) RETURNS jsonb LANGUAGE sql AS $$
@@ -242,6 +247,8 @@ TOOL_STEPS = {
              "    function: ag.boom\n"),
     "sleepy": ("  - id: sleepy\n    kind: Functional\n    description: Sleep secs seconds\n"
                "    function: ag.sleepy\n"),
+    "nap": ("  - id: nap\n    kind: Functional\n    description: Sleep as long as the run's input says\n"
+            "    function: ag.nap\n"),
     "big": "  - id: big\n    kind: Functional\n    description: A big result\n    function: ag.big\n",
     "note_on": ("  - id: note_on\n    kind: Functional\n    description: A note kept\n"
                 "    function: ag.note\n"),
@@ -614,6 +621,33 @@ def test_a_tool_past_agent_tool_timeout_ends_the_step_on_the_error_exit(conn, se
 
 # ---------------------------------------------------------------------------
 # Budget and iterations
+
+
+def test_runs_waiting_at_a_step_found_slow_once_go_back_into_batches(conn):
+    # one run's tool call outlives half a batch's budget (tuvl.max_batch_time,
+    # 50 ms): the agent step is marked slow, and the runs ready at it are
+    # marked to run alone.  The next of them that turns out fast unmarks the
+    # step, and the others go back into batches with it; left to run alone,
+    # they went one model round trip (300 ms) after another, each waiting for
+    # the one before to get its answer
+    name = make_agent(conn, "openai", [calls(call("nap"), latency_ms=300), final("rested", latency_ms=300)],
+                      ["nap"])
+    w = connect(conn.info.dbname, autocommit=False)
+    try:
+        ids = [start(w, name, {"nap": 0.2 if i == 0 else 0}) for i in range(40)]
+        w.commit()
+    finally:
+        w.close()
+    started = time.monotonic()
+    for run_id in ids:
+        assert q1(conn, "SELECT tuvl.wait(%s, '60 s')", (run_id,)) == "completed", run_id
+    took = time.monotonic() - started
+    naps = q(conn, "SELECT (payload -> 'result' -> 'nap_result' ->> 'napped')::float8 FROM tuvl.events "
+                   "WHERE run_id = ANY (%s) AND type = 'tool_result' AND payload ? 'call_id'", (ids,))
+    report(f"40 agents of two 300 ms turns, one tool call of 200 ms among them: all done in {took:.2f} s")
+    assert sorted(n for n, in naps) == [0] * 39 + [0.2], naps
+    # two turns and the nap: about 1 s; one round trip after another: 12 s and more
+    assert took < 4.0, took
 
 
 def test_budget_exceeded_after_a_turn_makes_no_further_request(conn, provider, mode):
