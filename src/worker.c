@@ -145,23 +145,13 @@ run_ready(RunState *run)
 	return run->send == NULL && run->transfer == NULL;
 }
 
-/*
- * The list of held runs lives in runs_cxt, like the runs themselves.
- * Runs just claimed go first: their first transition is usually short (a
- * run's first request goes out), and while the queue holds runs, getting
- * them started keeps the worker's capacity in use; the runs that came back
- * with an answer wait for at most the claims that tuvl.runs_per_worker
- * leaves room for.  The advanced runs go to the back (apply_advanced).
- */
+/* The list of held runs lives in runs_cxt, like the runs themselves. */
 static void
 hold_runs(List *runs)
 {
 	MemoryContext old = MemoryContextSwitchTo(runs_cxt);
-	List	   *before = held;
 
-	/* list_concat extends runs (or copies held when runs is NIL) */
-	held = list_concat(runs, held);
-	list_free(before);
+	held = list_concat(held, runs);
 	MemoryContextSwitchTo(old);
 	TuvlShmem->slots[my_slot].nheld = list_length(held);
 }
@@ -394,12 +384,8 @@ memory_full(void)
 /*
  * How many runs to claim: up to tuvl.runs_per_worker held, but no more
  * than MAX_READY ready to advance.  Runs waiting for a request do not
- * count: a worker holds many of those.  Nor do runs whose answer came
- * back: they wait behind the runs just claimed (hold_runs), and if they
- * counted, a burst of answers (10,000 agents' first turns) would stop the
- * claims until it is worked off, and the runs still queued would start
- * seconds late.  The rest of the queue stays in the table, where the next
- * claim shares it fairly among principals.
+ * count: a worker holds many of those.  The rest of the queue stays in
+ * the table, where the next claim shares it fairly among principals.
  */
 #define MAX_READY (2 * MAX_STEPS_PER_COMMIT)
 
@@ -431,12 +417,8 @@ claim_room(void)
 	ListCell   *lc;
 
 	foreach(lc, held)
-	{
-		RunState   *run = lfirst(lc);
-
-		if (run_ready(run) && run->fresh_effect == NULL)
+		if (run_ready(lfirst(lc)))
 			ready++;
-	}
 
 	/*
 	 * Claim a batch's worth at a time, when less than a batch is ready:
