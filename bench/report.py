@@ -306,9 +306,13 @@ def main():
         cpu = [r["on"]["cpu_us_per_step_workers"] / r["off"]["cpu_us_per_step_workers"]
                for r in tracing["rounds"] if r["off"].get("cpu_us_per_step_workers")]
         m = median(ratios)
-        p("| features on / off (tracing to the OTLP receiver and a metric hook on every step), %s five-step runs a round: throughput ratio, median (range) of %d rounds; worker CPU per step on / off, median | %.3f (%.3f - %.3f); %s | throughput >= 0.90: **%s** |"
+        p("| features on / off (tracing to the OTLP receiver and a metric hook on every step), %s five-step runs a round: throughput ratio, median (range) of %d pairs; worker CPU per step on / off, median | %.3f (%.3f - %.3f); %s | throughput >= 0.90: **%s** |"
           % (num(tracing["runs"]), len(ratios), m, min(ratios), max(ratios),
              "%.3f" % median(cpu) if cpu else "n/a", "met" if m >= 0.90 else "missed"))
+        same = tracing.get("same_mode_ratios")
+        if same:
+            p("| the same, the machine's noise: two neighbouring rounds of the same mode, the second's rate / the first's, median (range) of %d | %.3f (%.3f - %.3f) | |"
+              % (len(same), median(same), min(same), max(same)))
     if fair:
         i, l = fair["idle"], fair["loaded"]
         p("| fairness: trivial runs of one role, server latency p50 / p99 (claim wait p50 / p99), idle | %.2f / %.2f ms (%.2f / %.2f) | |"

@@ -10,6 +10,14 @@ collector runs on another machine; here it would take the workers' CPUs);
 the report gives steps/s for both, the ratio on / off of each pair of rounds
 (the mode that goes first alternates), and the spans the receiver counted (spans it could not take in time are
 dropped by tuvl, never waited for).
+
+The machine is shared and its speed drifts: two rounds of the same mode
+differ by a tenth or more.  Rounds are therefore short (no settling pauses:
+the CPU comes from /proc, the rate from the runs' own timestamps) and many
+(8 pairs by default), the verdict is the median pair's, and the report also
+gives how much two neighbouring rounds of the same mode differ (the second
+round of a pair and the first of the next), the noise the ratio is read
+against.
 """
 import argparse
 import json
@@ -93,6 +101,42 @@ def tuvl_cpu(dbname):
     return cpu
 
 
+def one_round(db, runs, workflow):
+    """runs five-step runs of workflow on a truncated journal: steps/s over
+    the server's span (first start to last finish) and the CPU per step.
+    No statistics are read, so no settling pause is needed between rounds:
+    rounds are short and the two modes run close together in time."""
+    conn = connect(db)
+    cur = conn.cursor()
+    cur.execute("TRUNCATE tuvl.journal, tuvl.runs")
+    cur.execute("CHECKPOINT")
+    cpu0 = tuvl_cpu(db)
+    hooks0 = hook_events(db)
+    conn.autocommit = False
+    cur.execute("SELECT count(tuvl.start_run(%s)) FROM generate_series(1, %s)", (workflow, runs))
+    conn.commit()
+    conn.autocommit = True
+    while True:
+        cur.execute("SELECT EXISTS (SELECT 1 FROM tuvl.runs WHERE status = 'queued') "
+                    "OR EXISTS (SELECT 1 FROM tuvl.runs WHERE status = 'running')")
+        if not cur.fetchone()[0]:
+            break
+        time.sleep(0.02)
+    cpu1 = tuvl_cpu(db)
+    cur.execute("SELECT count(*) FILTER (WHERE status = 'completed'), "
+                "extract(epoch FROM max(finished_at) - min(started_at))::float8 FROM tuvl.runs")
+    completed, span = cur.fetchone()
+    conn.close()
+    if completed != runs:
+        raise SystemExit("%d of %d runs of %s completed" % (completed, runs, workflow))
+    steps = throughput.STEPS * runs
+    res = {"runs": runs, "steps": steps, "server_span_s": span, "steps_per_s": steps / span,
+           "hook_events": hook_events(db) - hooks0}
+    for k in cpu0:
+        res["cpu_us_per_step_" + k] = (cpu1[k] - cpu0[k]) * 1e6 / steps
+    return res
+
+
 def set_endpoint(value):
     conn = connect("postgres")
     cur = conn.cursor()
@@ -107,7 +151,7 @@ def set_endpoint(value):
         shown = cur.fetchone()[0]
         c.close()
         if shown == value:
-            time.sleep(1.0)  # the workers and the launcher reload within it
+            time.sleep(0.5)  # the workers and the launcher reload within it
             return
         time.sleep(0.1)
     raise SystemExit("tuvl.otlp_endpoint did not change to %r" % value)
@@ -117,7 +161,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--db", default="bench")
     ap.add_argument("--runs", type=int, default=10000)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--json")
     args = ap.parse_args()
     if not os.environ.get("TUVL_OTLP_URL"):
@@ -135,17 +179,9 @@ def main():
             for mode in (("off", "on") if r % 2 == 0 else ("on", "off")):
                 set_endpoint(endpoint if mode == "on" else "")
                 receiver("DELETE", "/spans")
-                cpu0 = tuvl_cpu(args.db)
-                hooks0 = hook_events(args.db)
-                res = throughput.tuvl_round(args.db, args.runs, 0.05, 0.0, 300.0,
-                                            workflow="five_hooked" if mode == "on" else "five")
-                cpu1 = tuvl_cpu(args.db)
-                res["hook_events"] = hook_events(args.db) - hooks0
-                # CPU per step (µs), the settling pauses of tuvl_round included
-                for k in cpu0:
-                    res["cpu_us_per_step_" + k] = (cpu1[k] - cpu0[k]) * 1e6 / res["steps"]
+                res = one_round(args.db, args.runs, "five_hooked" if mode == "on" else "five")
                 if mode == "on":
-                    time.sleep(2.0)  # the last batch
+                    time.sleep(0.5)  # the launcher's last batch (every 200 ms)
                     got = receiver("GET", "/spans")
                     res["spans_accepted"] = got["counted"]
                     receiver("DELETE", "/spans")
@@ -160,7 +196,14 @@ def main():
     finally:
         set_endpoint("")
         receiver("POST", "/_mode?status=0")
-    out = {"runs": args.runs, "rounds": rounds,
+    # the noise of the machine: where two rounds of the same mode follow
+    # each other (the second of a pair and the first of the next), how much
+    # the second's rate differs from the first's
+    same = []
+    for i, (a, b) in enumerate(zip(rounds, rounds[1:])):
+        mode = "on" if i % 2 == 0 else "off"
+        same.append(b[mode]["steps_per_s"] / a[mode]["steps_per_s"])
+    out = {"runs": args.runs, "rounds": rounds, "same_mode_ratios": same,
            "ratios": [p["ratio_on_off"] for p in rounds]}
     print(json.dumps({"ratios": out["ratios"]}))
     if args.json:

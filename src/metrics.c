@@ -28,6 +28,7 @@
 #include "access/xact.h"
 #include "catalog/pg_authid.h"
 #include "catalog/pg_type.h"
+#include "common/hashfn.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
@@ -103,6 +104,33 @@ static const double bucket_bounds[] = {1, 10, 100, 1000, 10000, 60000, 300000};
 
 /* ---------------------------------------------------------------- shared memory */
 
+/*
+ * A series' key hashed and compared by what it holds: the name and the
+ * labels are strings, most of their fixed-size arrays is zeros, and
+ * hashing all of it (448 bytes) for every addition flushed at commit was
+ * most of the cost of counting.
+ */
+static uint32
+metric_key_hash(const void *key, Size keysize)
+{
+	const MetricKey *k = key;
+	uint32		h = hash_bytes((const unsigned char *) k, offsetof(MetricKey, name));
+
+	h = hash_combine(h, hash_bytes((const unsigned char *) k->name, strlen(k->name)));
+	return hash_combine(h, hash_bytes((const unsigned char *) k->labels, strlen(k->labels)));
+}
+
+static int
+metric_key_match(const void *key1, const void *key2, Size keysize)
+{
+	const MetricKey *a = key1;
+	const MetricKey *b = key2;
+
+	if (memcmp(a, b, offsetof(MetricKey, name)) != 0 || strcmp(a->name, b->name) != 0)
+		return 1;
+	return strcmp(a->labels, b->labels);
+}
+
 Size
 MetricsShmemSize(void)
 {
@@ -133,8 +161,10 @@ MetricsShmemStartup(void)
 	memset(&info, 0, sizeof(info));
 	info.keysize = sizeof(MetricKey);
 	info.entrysize = sizeof(MetricEntry);
+	info.hash = metric_key_hash;
+	info.match = metric_key_match;
 	metrics_table = ShmemInitHash("tuvl metric series", TUVL_METRIC_SERIES, TUVL_METRIC_SERIES,
-								  &info, HASH_ELEM | HASH_BLOBS);
+								  &info, HASH_ELEM | HASH_FUNCTION | HASH_COMPARE);
 	LWLockRelease(AddinShmemInitLock);
 }
 
