@@ -982,8 +982,8 @@ hand_back_idle_runs(void)
  * A step found fast again: the runs marked to run it alone (next_principal
  * marks every ready run at a slow step) go back into batches.  Left solo,
  * they would each wait for the one before to finish its effects: when a
- * step that sends a model request was marked slow once (a transition held
- * up by a checkpoint), thousands of agents went through it one request
+ * step that sends a model request was marked slow once (one transition
+ * held up among thousands), the agents at it went through it one request
  * round trip at a time.  One whose own transition is slow is found again
  * by its batch's budget.
  */
