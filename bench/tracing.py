@@ -116,11 +116,14 @@ def one_round(db, runs, workflow):
     cur.execute("SELECT count(tuvl.start_run(%s)) FROM generate_series(1, %s)", (workflow, runs))
     conn.commit()
     conn.autocommit = True
+    deadline = time.time() + 300
     while True:
         cur.execute("SELECT EXISTS (SELECT 1 FROM tuvl.runs WHERE status = 'queued') "
                     "OR EXISTS (SELECT 1 FROM tuvl.runs WHERE status = 'running')")
         if not cur.fetchone()[0]:
             break
+        if time.time() > deadline:
+            raise SystemExit("runs of %s still unfinished after 300 s" % workflow)
         time.sleep(0.02)
     cpu1 = tuvl_cpu(db)
     cur.execute("SELECT count(*) FILTER (WHERE status = 'completed'), "
