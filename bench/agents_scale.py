@@ -28,7 +28,10 @@ that it was not the bottleneck.
 this release are on: a regex guardrail on all three gates, a metric hook
 on every tool call, and tracing (tuvl.otlp_endpoint, --otlp-url or
 TUVL_OTLP_URL) to a live collector; its wall against the plain 1 s batch
-(target <= 1.10).
+(target <= 1.10).  The two 1 s batches alternate in which goes first, and
+--extra-pairs adds that many more pairs of them after the rounds: the
+machine's noise moves a pair by as much as the features cost, and the
+verdict is the median pair's.
 
 The workers' tuvl.runs_per_worker is raised for the run (ALTER SYSTEM,
 restored at the end) so that two workers may hold 10,000 runs.
