@@ -25,10 +25,13 @@
  */
 #include "postgres.h"
 
+#include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "storage/backendid.h"
 #include "utils/builtins.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
 
 #include "artifact.h"
 #include "hook.h"
@@ -66,14 +69,14 @@ fires_on(Jsonb *definition, HookEvent event)
 }
 
 /*
- * Add 1 to the counter of a metric hook, labelled with where it fired, in
- * shared memory (metrics.c): it is added when the transaction commits.
+ * Add 1 to the counter metric (NULL: the default) of a metric hook,
+ * labelled with where it fired, in shared memory (metrics.c): it is added
+ * when the transaction commits.
  */
 static void
-count(RunState *run, const StepDef *step, const char *hook, Jsonb *definition, HookEvent event,
+count(RunState *run, const StepDef *step, const char *hook, const char *metric, HookEvent event,
 	  const char *tool, const char *signal)
 {
-	char	   *metric = JsonGetString(definition, "metric");
 	MetricLabel labels[6] = {
 		{"event", event_names[event]},
 		{"hook", hook},
@@ -84,6 +87,89 @@ count(RunState *run, const StepDef *step, const char *hook, Jsonb *definition, H
 	};
 
 	MetricCount(metric ? metric : HOOK_DEFAULT_METRIC, run->principal, labels, lengthof(labels), 1);
+}
+
+/*
+ * Metric hooks this process has resolved, by the text of their reference
+ * and the version it stands for.  A hook on a workflow fires at every
+ * step, twice (before and after), and parsing its reference, finding the
+ * version in the artifact cache and reading the definition's events every
+ * time cost more than the counting.  A version never changes once
+ * registered; an entry is trusted for as long as the artifact cache
+ * trusts its own (HOOK_MEMO_MS), so that a version deleted by hand goes
+ * away here too.
+ */
+#define HOOK_MEMO_SIZE 16
+#define HOOK_MEMO_MS 60000
+
+typedef struct MetricHook
+{
+	char	   *ref;			/* the reference's text; NULL: a free slot */
+	bool		run_pinned;		/* it names no version: the run's pin decides */
+	int			version;
+	char	   *name;
+	char	   *metric;			/* NULL: HOOK_DEFAULT_METRIC */
+	uint32		events;			/* 1 << each HookEvent it fires on */
+	TimestampTz until;
+} MetricHook;
+
+static MetricHook memo[HOOK_MEMO_SIZE];
+static int	memo_next = 0;		/* the slot to take when none is free */
+
+static MetricHook *
+memo_find(RunState *run, const char *ref)
+{
+	for (int i = 0; i < HOOK_MEMO_SIZE; i++)
+	{
+		MetricHook *m = &memo[i];
+
+		if (m->ref == NULL || strcmp(m->ref, ref) != 0 ||
+			m->until < GetCurrentTransactionStartTimestamp())
+			continue;
+		if (m->run_pinned &&
+			(run->artifacts == NULL || JsonGetInt32(run->artifacts, m->name, 0) != m->version))
+			continue;
+		return m;
+	}
+	return NULL;
+}
+
+/* Remember the metric hook ref resolved to (from the artifact cache). */
+static MetricHook *
+memo_store(const char *ref, const ArtifactRef *hook)
+{
+	MetricHook *m = NULL;
+	char	   *metric = JsonGetString(hook->definition, "metric");
+	char	   *name;
+	int			version;
+
+	for (int i = 0; i < HOOK_MEMO_SIZE && m == NULL; i++)
+		if (memo[i].ref == NULL ||
+			(strcmp(memo[i].ref, ref) == 0 && memo[i].version == hook->version))
+			m = &memo[i];
+	if (m == NULL)
+	{
+		m = &memo[memo_next];
+		memo_next = (memo_next + 1) % HOOK_MEMO_SIZE;
+	}
+	if (m->ref)
+	{
+		pfree(m->ref);
+		pfree(m->name);
+		if (m->metric)
+			pfree(m->metric);
+	}
+	m->ref = MemoryContextStrdup(TopMemoryContext, ref);
+	m->run_pinned = ArtifactParseRef(ref, &name, &version) && version == 0;
+	m->version = hook->version;
+	m->name = MemoryContextStrdup(TopMemoryContext, hook->name);
+	m->metric = metric ? MemoryContextStrdup(TopMemoryContext, metric) : NULL;
+	m->events = 0;
+	for (int e = 0; e < (int) lengthof(event_names); e++)
+		if (fires_on(hook->definition, (HookEvent) e))
+			m->events |= 1 << e;
+	m->until = TimestampTzPlusMilliseconds(GetCurrentTransactionStartTimestamp(), HOOK_MEMO_MS);
+	return m;
 }
 
 /*
@@ -161,8 +247,8 @@ notify(RunState *run, const StepDef *step, ArtifactRef *hook, HookEvent event,
 
 /*
  * Fire one hook, in a subtransaction: a failure is logged and forgotten.
- * A metric hook whose definition is in memory needs none: it reads
- * nothing and only adds to a pending count.
+ * A metric hook this process has resolved needs none: it reads nothing
+ * and only adds to a pending count.
  */
 static void
 fire_one(RunState *run, const StepDef *step, const char *ref, HookEvent event,
@@ -170,12 +256,15 @@ fire_one(RunState *run, const StepDef *step, const char *ref, HookEvent event,
 {
 	SpiSubxact	sub;
 	ArtifactRef cached;
+	MetricHook *m = memo_find(run, ref);
 
-	if (ArtifactResolveCached(run, ref, SITE_HOOK, &cached) &&
+	if (m == NULL && ArtifactResolveCached(run, ref, SITE_HOOK, &cached) &&
 		strcmp(JsonGetString(cached.definition, "action"), "metric") == 0)
+		m = memo_store(ref, &cached);
+	if (m)
 	{
-		if (fires_on(cached.definition, event))
-			count(run, step, cached.name, cached.definition, event, tool, signal);
+		if (m->events & (1 << event))
+			count(run, step, m->name, m->metric, event, tool, signal);
 		return;
 	}
 	SpiSubxactBegin(&sub);
@@ -189,7 +278,8 @@ fire_one(RunState *run, const StepDef *step, const char *ref, HookEvent event,
 		else if (strcmp(JsonGetString(hook.definition, "action"), "notify") == 0)
 			notify(run, step, &hook, event, tool, signal, error);
 		else
-			count(run, step, hook.name, hook.definition, event, tool, signal);
+			count(run, step, hook.name, JsonGetString(hook.definition, "metric"), event, tool,
+				  signal);
 		SpiSubxactCommit(&sub);
 	}
 	PG_CATCH();

@@ -171,36 +171,54 @@ MetricsShmemStartup(void)
 /* ---------------------------------------------------------------- adding */
 
 /*
- * Append the first len bytes of s as a JSON string.  Most label values
- * (names of steps, tools, workflows) need no escaping: they are copied
- * whole, as escape_json would write them.
+ * Put the first len bytes of s as a JSON string at *p, not past end;
+ * false if it does not fit.  Most label values (names of steps, tools,
+ * workflows) need no escaping: they are copied whole, as escape_json
+ * would write them.
  */
-static void
-append_label_string(StringInfo t, const char *s, int len)
+static bool
+put_label_string(char **p, const char *end, const char *s, int len)
 {
-	const char *p = s;
-	const char *end = s + len;
+	const char *c = s;
 
-	while (p < end && (unsigned char) *p >= 0x20 && *p != '"' && *p != '\\')
-		p++;
-	if (p < end)
+	while (c < s + len && (unsigned char) *c >= 0x20 && *c != '"' && *c != '\\')
+		c++;
+	if (c < s + len)
 	{
-		escape_json(t, pnstrdup(s, len));
-		return;
+		StringInfoData t;
+		bool		fits;
+
+		initStringInfo(&t);
+		escape_json(&t, pnstrdup(s, len));
+		fits = t.len <= end - *p;
+		if (fits)
+		{
+			memcpy(*p, t.data, t.len);
+			*p += t.len;
+		}
+		pfree(t.data);
+		return fits;
 	}
-	appendStringInfoChar(t, '"');
-	appendBinaryStringInfo(t, s, len);
-	appendStringInfoChar(t, '"');
+	if (len + 2 > end - *p)
+		return false;
+	*(*p)++ = '"';
+	memcpy(*p, s, len);
+	*p += len;
+	*(*p)++ = '"';
+	return true;
 }
 
-/* The labels as JSON text (values clipped), in the order given. */
+/*
+ * The labels as JSON text (values clipped), in the order given, at buf
+ * (METRIC_LABELS_LEN bytes); labels too long for it are a marker.
+ */
 static void
 labels_text(char *buf, const MetricLabel *labels, int nlabels)
 {
-	StringInfoData t;
+	char	   *p = buf;
+	const char *end = buf + METRIC_LABELS_LEN - 2;	/* room for '}' and NUL */
 
-	initStringInfo(&t);
-	appendStringInfoChar(&t, '{');
+	*p++ = '{';
 	for (int i = 0; i < nlabels; i++)
 	{
 		const char *v = labels[i].value;
@@ -208,21 +226,36 @@ labels_text(char *buf, const MetricLabel *labels, int nlabels)
 
 		if (v == NULL)
 			continue;
-		if (t.len > 1)
-			appendBinaryStringInfo(&t, ", ", 2);
-		append_label_string(&t, labels[i].name, strlen(labels[i].name));
-		appendBinaryStringInfo(&t, ": ", 2);
+		if (p > buf + 1)
+		{
+			if (end - p < 2)
+				goto too_long;
+			*p++ = ',';
+			*p++ = ' ';
+		}
+		if (!put_label_string(&p, end, labels[i].name, strlen(labels[i].name)) || end - p < 2)
+			goto too_long;
+		*p++ = ':';
+		*p++ = ' ';
 		len = strlen(v);
 		if (len > METRIC_VALUE_MAX)
 			len = pg_mbcliplen(v, len, METRIC_VALUE_MAX);
-		append_label_string(&t, v, len);
+		if (!put_label_string(&p, end, v, len))
+			goto too_long;
 	}
-	appendStringInfoChar(&t, '}');
-	strlcpy(buf, t.len < METRIC_LABELS_LEN ? t.data : "{\"labels\": \"too long\"}", METRIC_LABELS_LEN);
-	pfree(t.data);
+	*p++ = '}';
+	*p = '\0';
+	return;
+
+too_long:
+	memset(buf, 0, METRIC_LABELS_LEN);
+	strlcpy(buf, "{\"labels\": \"too long\"}", METRIC_LABELS_LEN);
 }
 
-/* The key of series name (its labels as text already) of principal. */
+/*
+ * The key of series name of principal, zeroed but for what is set: labels
+ * is its labels as text already, or NULL (the caller writes them).
+ */
 static void
 make_key(MetricKey *key, const char *name, Oid principal, MetricKind kind, int bucket,
 		 const char *labels)
@@ -233,7 +266,8 @@ make_key(MetricKey *key, const char *name, Oid principal, MetricKind kind, int b
 	key->kind = kind;
 	key->bucket = bucket;
 	strlcpy(key->name, name, METRIC_NAME_LEN);
-	strlcpy(key->labels, labels, METRIC_LABELS_LEN);
+	if (labels)
+		strlcpy(key->labels, labels, METRIC_LABELS_LEN);
 }
 
 static void
@@ -267,12 +301,11 @@ void
 MetricCount(const char *name, Oid principal, const MetricLabel *labels, int nlabels, double delta)
 {
 	MetricKey	key;
-	char		text[METRIC_LABELS_LEN];
 
 	if (metrics_table == NULL || !IsTransactionState())
 		return;
-	labels_text(text, labels, nlabels);
-	make_key(&key, name, principal, METRIC_COUNTER, 0, text);
+	make_key(&key, name, principal, METRIC_COUNTER, 0, NULL);
+	labels_text(key.labels, labels, nlabels);
 	add_pending(&key, delta);
 }
 

@@ -25,11 +25,18 @@
  * Export.  At commit the spans go to a buffer in shared memory
  * (TRACE_BUFFER_BYTES); when it is full they are dropped and counted, so
  * memory stays bounded and a producer never waits.  The launcher sends the
- * buffer's spans in one OTLP/HTTP JSON request at most every
+ * buffer's spans in one OTLP/HTTP request at most every
  * TRACE_BATCH_MS, asynchronously (curl multi, latch and sockets), with a
  * timeout; a collector that fails or is not there costs a dropped batch
  * and a log line, never a step's time.  Spans the buffer held when the
  * server stopped are lost; the journal keeps what happened.
+ *
+ * Encoding.  Spans are written in OTLP's protobuf encoding (binary, the
+ * OTLP/HTTP default, Content-Type application/x-protobuf), each as it is
+ * made: a Span message, tagged as a ScopeSpans.spans field, so the buffer
+ * is a run of such fields and an export only puts the envelope around
+ * it.  A span is less than half its JSON size, and bytes are what the
+ * export, the network and the collector spend on.
  *
  *-------------------------------------------------------------------------
  */
@@ -42,7 +49,6 @@
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
 #include "utils/builtins.h"
-#include "utils/json.h"
 #include "utils/memutils.h"
 
 #include "effect.h"
@@ -62,14 +68,14 @@ typedef struct TraceShared
 	uint64		failed;			/* spans of batches the collector refused */
 	Size		used;			/* bytes of buf in use */
 	int			nspans;			/* spans in buf */
-	char		buf[FLEXIBLE_ARRAY_MEMBER];	/* span objects, each ending in ',' */
+	char		buf[FLEXIBLE_ARRAY_MEMBER];	/* ScopeSpans.spans fields */
 } TraceShared;
 
 static TraceShared *trace_shared = NULL;
 
 /*
  * Spans of this backend's transaction, sent to the buffer at commit: their
- * JSON objects, each ending in ',', one after another in pending_buf (in
+ * encoded fields one after another in pending_buf (in
  * TopMemoryContext), and where each starts and at which nesting level it
  * was made, so that a subtransaction that rolls back takes its own back.
  */
@@ -199,6 +205,159 @@ TraceParent(RunState *run, const char *span_id)
 	return psprintf("00-%s-%s-01", RunTraceId(run), span_id);
 }
 
+/* ---------------------------------------------------------------- protobuf */
+
+/* wire types */
+#define PB_VARINT 0
+#define PB_FIXED64 1
+#define PB_LEN 2
+
+/* Span's fields (opentelemetry/proto/trace/v1/trace.proto) */
+#define SPAN_TRACE_ID 1
+#define SPAN_SPAN_ID 2
+#define SPAN_PARENT_SPAN_ID 4
+#define SPAN_NAME 5
+#define SPAN_KIND 6
+#define SPAN_START 7
+#define SPAN_END 8
+#define SPAN_ATTRIBUTES 9
+#define SPAN_STATUS 15
+#define STATUS_MESSAGE 2
+#define STATUS_CODE 3
+#define STATUS_CODE_OK 1
+#define STATUS_CODE_ERROR 2
+/* KeyValue, AnyValue (common.proto) */
+#define KV_KEY 1
+#define KV_VALUE 2
+#define ANY_STRING 1
+#define ANY_INT 3
+/* the envelope: ExportTraceServiceRequest.resource_spans, ResourceSpans
+ * .resource and .scope_spans, Resource.attributes, ScopeSpans.scope and
+ * .spans, InstrumentationScope.name and .version */
+#define REQ_RESOURCE_SPANS 1
+#define RS_RESOURCE 1
+#define RS_SCOPE_SPANS 2
+#define RESOURCE_ATTRIBUTES 1
+#define SS_SCOPE 1
+#define SS_SPANS 2
+#define SCOPE_NAME 1
+#define SCOPE_VERSION 2
+
+static int
+varint_size(uint64 v)
+{
+	int			n = 1;
+
+	while (v >= 0x80)
+	{
+		v >>= 7;
+		n++;
+	}
+	return n;
+}
+
+static void
+put_varint(StringInfo b, uint64 v)
+{
+	char		out[10];
+	int			n = 0;
+
+	while (v >= 0x80)
+	{
+		out[n++] = (char) ((v & 0x7f) | 0x80);
+		v >>= 7;
+	}
+	out[n++] = (char) v;
+	appendBinaryStringInfo(b, out, n);
+}
+
+static void
+put_tag(StringInfo b, int field, int wire)
+{
+	appendStringInfoChar(b, (char) ((field << 3) | wire));
+}
+
+/* a length-delimited field: its tag and length (its len bytes follow) */
+static void
+put_len(StringInfo b, int field, Size len)
+{
+	put_tag(b, field, PB_LEN);
+	put_varint(b, len);
+}
+
+/* the size of a length-delimited field of len bytes, tag included */
+static Size
+len_field_size(Size len)
+{
+	return 1 + varint_size(len) + len;
+}
+
+static void
+put_string(StringInfo b, int field, const char *value, int len)
+{
+	put_len(b, field, len);
+	appendBinaryStringInfo(b, value, len);
+}
+
+static void
+put_fixed64(StringInfo b, int field, uint64 v)
+{
+	char		out[8];
+
+	put_tag(b, field, PB_FIXED64);
+	for (int i = 0; i < 8; i++, v >>= 8)
+		out[i] = (char) (v & 0xff);
+	appendBinaryStringInfo(b, out, 8);
+}
+
+static int
+hex_digit(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return 0;
+}
+
+/* an id (trace or span) given in 2 * nbytes hex digits, as its bytes */
+static void
+put_id(StringInfo b, int field, const char *hex, int nbytes)
+{
+	char		out[16];
+
+	Assert(nbytes <= (int) sizeof(out));
+	for (int i = 0; i < nbytes; i++)
+		out[i] = (char) ((hex_digit(hex[2 * i]) << 4) | hex_digit(hex[2 * i + 1]));
+	put_string(b, field, out, nbytes);
+}
+
+/*
+ * An attribute: KeyValue {key, value: AnyValue {value_field: ...}}, as
+ * field of its message.  value_size is the size of the AnyValue's one
+ * field, which the caller appends after.
+ */
+static void
+put_attr_start(StringInfo b, int field, const char *key, Size value_size)
+{
+	int			klen = strlen(key);
+
+	put_len(b, field, len_field_size(klen) + len_field_size(value_size));
+	put_string(b, KV_KEY, key, klen);
+	put_len(b, KV_VALUE, value_size);
+}
+
+static void
+put_attr_string(StringInfo b, int field, const char *key, const char *value)
+{
+	int			vlen = strlen(value);
+
+	put_attr_start(b, field, key, len_field_size(vlen));
+	put_string(b, ANY_STRING, value, vlen);
+}
+
 /* ---------------------------------------------------------------- spans */
 
 void
@@ -217,75 +376,29 @@ TraceSpanStart(TraceSpan *s, RunState *run, const char *name, int kind, char *sp
 	TraceAttrString(s, "tuvl.workflow", run->workflow);
 }
 
-/*
- * Append value as a JSON string.  Most values need no escaping (ids, names,
- * numbers): they are copied whole rather than character by character.
- */
-static void
-append_json_string(StringInfo buf, const char *value)
-{
-	const unsigned char *p = (const unsigned char *) value;
-
-	while (*p >= 0x20 && *p != '"' && *p != '\\')
-		p++;
-	if (*p != '\0')
-	{
-		escape_json(buf, value);
-		return;
-	}
-	appendStringInfoChar(buf, '"');
-	appendBinaryStringInfo(buf, value, (const char *) p - value);
-	appendStringInfoChar(buf, '"');
-}
-
-/* Append an integer in decimal. */
-static void
-append_int(StringInfo buf, int64 value)
-{
-	char		digits[MAXINT8LEN + 1];
-	int			len = pg_lltoa(value, digits);
-
-	appendBinaryStringInfo(buf, digits, len);
-}
-
-/* Append ,{"key":"<key>","value":{"<type>": (the start of an attribute). */
-static void
-attr_start(TraceSpan *s, const char *key, const char *type)
-{
-	if (s->attrs.len > 0)
-		appendStringInfoChar(&s->attrs, ',');
-	appendBinaryStringInfo(&s->attrs, "{\"key\":\"", 8);
-	appendStringInfoString(&s->attrs, key);
-	appendBinaryStringInfo(&s->attrs, "\",\"value\":{\"", 12);
-	appendStringInfoString(&s->attrs, type);
-	appendBinaryStringInfo(&s->attrs, "\":", 2);
-}
-
-/* key: an attribute name of the code's own (a literal that needs no escaping) */
+/* key: an attribute name of the code's own */
 void
 TraceAttrString(TraceSpan *s, const char *key, const char *value)
 {
 	if (value == NULL)
 		return;
-	attr_start(s, key, "stringValue");
-	append_json_string(&s->attrs, value);
-	appendBinaryStringInfo(&s->attrs, "}}", 2);
+	put_attr_string(&s->attrs, SPAN_ATTRIBUTES, key, value);
 }
 
 void
 TraceAttrInt(TraceSpan *s, const char *key, int64 value)
 {
-	attr_start(s, key, "intValue");
-	appendStringInfoChar(&s->attrs, '"');
-	append_int(&s->attrs, value);
-	appendBinaryStringInfo(&s->attrs, "\"}}", 3);
+	put_attr_start(&s->attrs, SPAN_ATTRIBUTES, key, 1 + varint_size((uint64) value));
+	put_tag(&s->attrs, ANY_INT, PB_VARINT);
+	put_varint(&s->attrs, (uint64) value);
 }
 
-/* Unix nanoseconds of a timestamp, as OTLP JSON writes them (a string). */
-static int64
-unix_micros(TimestampTz ts)
+/* Unix nanoseconds of a timestamp */
+static uint64
+unix_nanos(TimestampTz ts)
 {
-	return ts + (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY * USECS_PER_SEC;
+	return (uint64) (ts + (int64) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY *
+					 USECS_PER_SEC) * 1000;
 }
 
 /*
@@ -295,13 +408,19 @@ unix_micros(TimestampTz ts)
 void
 TraceSpanEnd(TraceSpan *s, TimestampTz end, const char *error)
 {
+	static StringInfoData span;
 	StringInfo	j = &pending_buf;
+	int			name_len = strlen(s->name);
+	int			error_len = error ? strlen(error) : 0;
 
-	if (j->data == NULL)
+	if (j->data == NULL || span.data == NULL)
 	{
 		MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
 
-		initStringInfo(j);
+		if (j->data == NULL)
+			initStringInfo(j);
+		if (span.data == NULL)
+			initStringInfo(&span);
 		MemoryContextSwitchTo(old);
 	}
 	if (n_pending == max_pending)
@@ -314,34 +433,36 @@ TraceSpanEnd(TraceSpan *s, TimestampTz end, const char *error)
 	pending[n_pending].level = GetCurrentTransactionNestLevel();
 	n_pending++;
 
-	appendBinaryStringInfo(j, "{\"traceId\":\"", 12);
-	appendStringInfoString(j, RunTraceId(s->run));
-	appendBinaryStringInfo(j, "\",\"spanId\":\"", 12);
-	appendStringInfoString(j, s->span_id);
+	resetStringInfo(&span);
+	put_id(&span, SPAN_TRACE_ID, RunTraceId(s->run), 16);
+	put_id(&span, SPAN_SPAN_ID, s->span_id, 8);
 	if (s->parent_id)
-	{
-		appendBinaryStringInfo(j, "\",\"parentSpanId\":\"", 18);
-		appendStringInfoString(j, s->parent_id);
-	}
-	appendBinaryStringInfo(j, "\",\"name\":", 9);
-	append_json_string(j, s->name);
-	appendBinaryStringInfo(j, ",\"kind\":", 8);
-	append_int(j, s->kind);
-	appendBinaryStringInfo(j, ",\"startTimeUnixNano\":\"", 22);
-	append_int(j, unix_micros(s->start));
-	appendBinaryStringInfo(j, "000\",\"endTimeUnixNano\":\"", 24);
-	append_int(j, unix_micros(Max(end, s->start)));
-	appendBinaryStringInfo(j, "000\",\"attributes\":[", 19);
-	appendBinaryStringInfo(j, s->attrs.data, s->attrs.len);
+		put_id(&span, SPAN_PARENT_SPAN_ID, s->parent_id, 8);
+	put_string(&span, SPAN_NAME, s->name, name_len);
+	put_tag(&span, SPAN_KIND, PB_VARINT);
+	put_varint(&span, s->kind);
+	put_fixed64(&span, SPAN_START, unix_nanos(s->start));
+	put_fixed64(&span, SPAN_END, unix_nanos(Max(end, s->start)));
+	appendBinaryStringInfo(&span, s->attrs.data, s->attrs.len);
 	if (error)
 	{
-		appendStringInfoString(j, "],\"status\":{\"code\":2,\"message\":");
-		append_json_string(j, error);
-		appendStringInfoString(j, "}},");
+		put_len(&span, SPAN_STATUS, len_field_size(error_len) + 2);
+		put_string(&span, STATUS_MESSAGE, error, error_len);
 	}
 	else
-		appendStringInfoString(j, "],\"status\":{\"code\":1}},");
+		put_len(&span, SPAN_STATUS, 2);
+	put_tag(&span, STATUS_CODE, PB_VARINT);
+	put_varint(&span, error ? STATUS_CODE_ERROR : STATUS_CODE_OK);
+
+	put_len(j, SS_SPANS, span.len);
+	appendBinaryStringInfo(j, span.data, span.len);
 	pfree(s->attrs.data);
+	/* a long error message does not keep its room */
+	if (span.maxlen > PENDING_KEEP_BYTES)
+	{
+		pfree(span.data);
+		span.data = NULL;
+	}
 }
 
 /* Forget the pending spans from index from on. */
@@ -504,13 +625,54 @@ collect_export(void)
  */
 static StringInfoData export_body;
 
+/*
+ * The export's envelope: ExportTraceServiceRequest {resource_spans:
+ * [{resource: {attributes: service.name, service.version}, scope_spans:
+ * [{scope: {name, version}, spans: (the buffer's fields)}]}]}.  Its
+ * resource and scope never change: they are encoded once.
+ */
+static StringInfoData env_resource;
+static StringInfoData env_scope;
+
+static void
+envelope_parts(void)
+{
+	MemoryContext old;
+
+	if (env_scope.data)
+		return;
+	old = MemoryContextSwitchTo(TopMemoryContext);
+	initStringInfo(&env_resource);
+	put_attr_string(&env_resource, RESOURCE_ATTRIBUTES, "service.name", "tuvl");
+	put_attr_string(&env_resource, RESOURCE_ATTRIBUTES, "service.version", TUVL_VERSION);
+	initStringInfo(&env_scope);
+	put_string(&env_scope, SCOPE_NAME, "tuvl", 4);
+	put_string(&env_scope, SCOPE_VERSION, TUVL_VERSION, strlen(TUVL_VERSION));
+	MemoryContextSwitchTo(old);
+}
+
+/* What comes before spans_len bytes of spans (body has room for it). */
+static void
+put_envelope(StringInfo body, Size spans_len)
+{
+	Size		scope_spans = len_field_size(env_scope.len) + spans_len;
+
+	put_len(body, REQ_RESOURCE_SPANS,
+			len_field_size(env_resource.len) + len_field_size(scope_spans));
+	put_len(body, RS_RESOURCE, env_resource.len);
+	appendBinaryStringInfo(body, env_resource.data, env_resource.len);
+	put_len(body, RS_SCOPE_SPANS, scope_spans);
+	put_len(body, SS_SCOPE, env_scope.len);
+	appendBinaryStringInfo(body, env_scope.data, env_scope.len);
+}
+
 /* Take the buffer's spans and send them in one request. */
 static void
 start_export(void)
 {
 	StringInfo	body = &export_body;
 	HttpRequest req;
-	HttpHeader ctype = {"Content-Type", "application/json"};
+	HttpHeader ctype = {"Content-Type", "application/x-protobuf"};
 	int			n = 0;
 
 	Assert(export_in_flight == NULL);
@@ -522,20 +684,16 @@ start_export(void)
 		MemoryContextSwitchTo(old);
 	}
 	resetStringInfo(body);
-	appendStringInfo(body, "{\"resourceSpans\":[{\"resource\":{\"attributes\":["
-					 "{\"key\":\"service.name\",\"value\":{\"stringValue\":\"tuvl\"}},"
-					 "{\"key\":\"service.version\",\"value\":{\"stringValue\":\"%s\"}}]},"
-					 "\"scopeSpans\":[{\"scope\":{\"name\":\"tuvl\",\"version\":\"%s\"},\"spans\":[",
-					 TUVL_VERSION, TUVL_VERSION);
+	envelope_parts();
 	LWLockAcquire(trace_shared->lock, LW_EXCLUSIVE);
 	/* one allocation, not a doubling of the copy while workers wait */
-	enlargeStringInfo(body, trace_shared->used + 16);
-	appendBinaryStringInfo(body, trace_shared->buf, trace_shared->used - 1);
+	enlargeStringInfo(body, trace_shared->used + env_resource.len + env_scope.len + 64);
+	put_envelope(body, trace_shared->used);
+	appendBinaryStringInfo(body, trace_shared->buf, trace_shared->used);
 	n = trace_shared->nspans;
 	trace_shared->used = 0;
 	trace_shared->nspans = 0;
 	LWLockRelease(trace_shared->lock);
-	appendStringInfoString(body, "]}]}]}");
 
 	memset(&req, 0, sizeof(req));
 	req.method = "POST";

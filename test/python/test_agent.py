@@ -1939,6 +1939,21 @@ def test_a_metric_hook_counts_each_step_before_and_after_it(conn, mode):
     assert q1(conn, "SELECT kind FROM tuvl.metrics WHERE labels ->> 'hook' = %s LIMIT 1", (h,)) == "counter"
 
 
+def test_a_hook_named_without_a_version_counts_as_each_run_pinned_it(conn):
+    # the same backend executes both runs: what it remembers of the hook
+    # must follow each run's pin, not the first version it resolved
+    h = hook(conn, ["after_step"], metric="pin.first")
+    wf = steps_workflow(conn, f"hooks: [artifact://{h}]\n",
+                        "  - { id: one, kind: Functional, function: ag.record }\n")
+    assert execute(conn, wf, {"tag": "v1"})["status"] == "completed"
+    q(conn, "SELECT tuvl.register_artifact(%s)",
+      (f"name: {h}\ntype: hook\nevents: [before_step]\naction: metric\nmetric: pin.second\n",))
+    assert execute(conn, wf, {"tag": "v2"})["status"] == "completed"
+    assert execute(conn, wf, {"tag": "v2"})["status"] == "completed"
+    assert counts(conn, h, "pin.first") == {("after_step", "one", None, "default"): 1}
+    assert counts(conn, h, "pin.second") == {("before_step", "one", None, None): 2}
+
+
 def test_on_error_fires_for_a_failing_step_and_hooks_never_change_the_run(conn):
     h = hook(conn, ["before_step", "after_step", "on_error"])
     wf = steps_workflow(conn, "",

@@ -189,6 +189,19 @@ def test_label_values_are_escaped_in_the_prometheus_text(conn):
     assert sample.labels["model"] == odd and sample.value == 1.0
 
 
+def test_long_label_values_are_clipped_on_a_character_boundary(conn):
+    name = new_name("clip")
+    model = "\u00e9" * 40 + "m" * 40   # 80 bytes of two-byte characters, then 40 of one
+    q(conn, "SELECT tuvl.register_llm(%s)", (
+        f"name: {name}\nprovider: openai\nbase_url: {LLM_URL}\nmodel: {json.dumps(model)}\n",))
+    q(conn, "SELECT tuvl.register_workflow(%s)", (agent_workflow(name, name, ["record"]),))
+    assert execute(conn, name, {"topic": "x"})["status"] == "completed"
+    (labels,) = q1(conn, "SELECT array_agg(DISTINCT labels ->> 'model') FROM tuvl.metrics "
+                         "WHERE name = 'tuvl.agent.iterations' AND labels ->> 'workflow' = %s", (name,))
+    # at most 63 bytes, and never half of a character
+    assert labels == "\u00e9" * 31
+
+
 # structured logs: tuvl.log_agent_events
 
 

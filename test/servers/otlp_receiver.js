@@ -1,18 +1,22 @@
 #!/usr/bin/env node
 // An OTLP/HTTP trace receiver for tuvl's tests (127.0.0.1 only).
 //
-// POST /v1/traces with an OTLP JSON ExportTraceServiceRequest: the body is
-// read into the message types OpenTelemetry's own protobuf definitions
-// generate (@opentelemetry/otlp-transformer, from npm), verified against
-// them, encoded to protobuf and decoded back; an unknown field, a wrong
-// type or a malformed id is a 400 with the reason.  Accepted spans are
-// kept, ids in hex, attributes as {key: value}.
+// POST /v1/traces with an ExportTraceServiceRequest in OTLP/HTTP's binary
+// protobuf encoding (application/x-protobuf; anything else is a 415): the
+// body is decoded with the message types OpenTelemetry's own protobuf
+// definitions generate (@opentelemetry/otlp-transformer, from npm) and
+// must encode back to the very same bytes (an unknown field, a wrong wire
+// type, a field out of its place or a default written out differs); ids
+// must be 16 and 8 bytes, not all zero.  A body that is not is a 400 with
+// the reason.  Accepted spans are kept, ids in hex, attributes as
+// {key: value}.
 //
 //   GET    /spans          {"spans": [...], "requests": n, "rejected": [...]}
 //   DELETE /spans          forget them
 //   POST   /_mode?status=N answer every export with status N (0: normal);
 //                          ?hang=1 never answers; ?count_only=1 only counts
-//                          the spans (for benchmarks: "counted" in GET /spans)
+//                          the spans, walking the body's fields and keeping
+//                          nothing (for benchmarks: "counted" in GET /spans)
 //
 // node otlp_receiver.js --port N   (0: any; the port is printed on stderr)
 "use strict";
@@ -24,22 +28,11 @@ const root = require(path.join(__dirname, "otlp", "node_modules", "@opentelemetr
 const pb = root.opentelemetry.proto;
 const Request = pb.collector.trace.v1.ExportTraceServiceRequest;
 
-const SPAN_FIELDS = new Set(["traceId", "spanId", "parentSpanId", "traceState", "name", "kind",
-  "startTimeUnixNano", "endTimeUnixNano", "attributes", "droppedAttributesCount", "events",
-  "droppedEventsCount", "links", "droppedLinksCount", "status", "flags"]);
-
 let spans = [];
 let requests = 0;
 let rejected = [];
 let mode = { status: 0, hang: false, countOnly: false };
 let counted = 0;
-const SPAN_ID = Buffer.from('"spanId"');
-
-function hexToB64(hex, bytes, what) {
-  if (typeof hex !== "string" || !new RegExp(`^[0-9a-f]{${bytes * 2}}$`).test(hex) || /^0+$/.test(hex))
-    throw new Error(`${what} must be ${bytes * 2} lowercase hex digits, not all zero: ${hex}`);
-  return Buffer.from(hex, "hex").toString("base64");
-}
 
 function anyValue(v) {
   if (v.stringValue !== undefined) return v.stringValue;
@@ -49,29 +42,56 @@ function anyValue(v) {
   return null;
 }
 
-// OTLP JSON -> protobufjs object form (ids are hex in OTLP JSON, base64 for protobufjs).
-function toProto(body) {
-  for (const rs of body.resourceSpans || [])
-    for (const ss of rs.scopeSpans || [])
-      for (const s of ss.spans || []) {
-        for (const k of Object.keys(s))
-          if (!SPAN_FIELDS.has(k)) throw new Error(`unknown span field ${k}`);
-        s.traceId = hexToB64(s.traceId, 16, "traceId");
-        s.spanId = hexToB64(s.spanId, 8, "spanId");
-        if (s.parentSpanId !== undefined) s.parentSpanId = hexToB64(s.parentSpanId, 8, "parentSpanId");
-        for (const t of ["startTimeUnixNano", "endTimeUnixNano"])
-          if (typeof s[t] !== "string" || !/^[0-9]+$/.test(s[t])) throw new Error(`${t} must be a decimal string`);
+function acceptProtobuf(buf) {
+  const msg = Request.decode(buf);
+  const again = Buffer.from(Request.encode(msg).finish());
+  if (!again.equals(buf))
+    throw new Error(`the body is not the canonical encoding of an ExportTraceServiceRequest ` +
+                    `(${buf.length} bytes, ${again.length} encoded back)`);
+  const id = (what, b, bytes, optional) => {
+    if (optional && (!b || b.length === 0)) return;
+    if (!b || b.length !== bytes || b.every((x) => x === 0))
+      throw new Error(`${what} must be ${bytes} bytes, not all zero: ${Buffer.from(b || []).toString("hex")}`);
+  };
+  for (const rs of msg.resourceSpans)
+    for (const ss of rs.scopeSpans)
+      for (const s of ss.spans) {
+        id("traceId", s.traceId, 16);
+        id("spanId", s.spanId, 8);
+        id("parentSpanId", s.parentSpanId, 8, true);
       }
-  return body;
+  keep(msg);
 }
 
-function accept(body) {
-  const obj = toProto(body);
-  const msg = Request.fromObject(obj);
-  const err = Request.verify(msg);
-  if (err) throw new Error(err);
-  const back = Request.decode(Request.encode(msg).finish());
-  const plain = Request.toObject(back, { longs: String, enums: Number, bytes: String, defaults: false });
+// Walk a protobuf body's fields: resource_spans (1) > scope_spans (2) > spans (2).
+function countProtobuf(buf) {
+  let found = 0;
+  const varint = (at) => {
+    let v = 0, mul = 1, b;
+    do { b = buf[at.pos++]; v += (b & 0x7f) * mul; mul *= 128; } while (b & 0x80);
+    return v;
+  };
+  const fields = (start, end, want, fn) => {
+    const at = { pos: start };
+    while (at.pos < end) {
+      const tag = varint(at), wire = tag & 7, field = tag >>> 3;
+      if (wire === 0) varint(at);
+      else if (wire === 1) at.pos += 8;
+      else if (wire === 5) at.pos += 4;
+      else if (wire === 2) {
+        const len = varint(at);
+        if (field === want) fn(at.pos, at.pos + len);
+        at.pos += len;
+      } else throw new Error(`wire type ${wire} at ${at.pos}`);
+    }
+    if (at.pos !== end) throw new Error(`a field runs past its message at ${end}`);
+  };
+  fields(0, buf.length, 1, (s, e) => fields(s, e, 2, (s2, e2) => fields(s2, e2, 2, () => found++)));
+  return found;
+}
+
+function keep(msg) {
+  const plain = Request.toObject(msg, { longs: String, enums: Number, bytes: String, defaults: false });
   for (const rs of plain.resourceSpans || []) {
     const resource = {};
     for (const a of (rs.resource && rs.resource.attributes) || []) resource[a.key] = anyValue(a.value);
@@ -93,22 +113,7 @@ function accept(body) {
 const server = http.createServer((req, res) => {
   const url = new URL(req.url, "http://127.0.0.1");
   let data = [];
-  // counting only (a benchmark's collector): the spans are counted as the
-  // body arrives, none of it is kept or copied; a match may straddle two
-  // chunks, and only such a match is in the bytes around their boundary
-  const counting = mode.countOnly && req.method === "POST" && url.pathname === "/v1/traces";
-  let found = 0;
-  let tail = Buffer.alloc(0);
-  req.on("data", (c) => {
-    if (!counting) return data.push(c);
-    if (tail.length) {
-      const edge = Buffer.concat([tail, c.subarray(0, SPAN_ID.length - 1)]);
-      if (edge.indexOf(SPAN_ID) !== -1) found++;
-    }
-    for (let at = c.indexOf(SPAN_ID); at !== -1; at = c.indexOf(SPAN_ID, at + SPAN_ID.length))
-      found++;
-    tail = Buffer.from(c.subarray(Math.max(0, c.length - (SPAN_ID.length - 1))));
-  });
+  req.on("data", (c) => data.push(c));
   req.on("end", () => {
     const send = (code, obj) => {
       res.writeHead(code, { "Content-Type": "application/json" });
@@ -128,14 +133,11 @@ const server = http.createServer((req, res) => {
       requests++;
       if (mode.hang) return;  // never answers
       if (mode.status) return send(mode.status, { error: "refused by the test" });
-      if (counting) {
-        counted += found;
-        return send(200, { partialSuccess: {} });
-      }
-      if (!(req.headers["content-type"] || "").startsWith("application/json"))
-        return send(415, { error: "expected application/json" });
+      if (!(req.headers["content-type"] || "").startsWith("application/x-protobuf"))
+        return send(415, { error: "expected application/x-protobuf" });
       try {
-        accept(JSON.parse(Buffer.concat(data).toString("utf8")));
+        if (mode.countOnly) counted += countProtobuf(Buffer.concat(data));
+        else acceptProtobuf(Buffer.concat(data));
       } catch (e) {
         rejected.push(String(e.message || e));
         return send(400, { error: String(e.message || e) });
