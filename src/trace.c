@@ -310,27 +310,23 @@ put_fixed64(StringInfo b, int field, uint64 v)
 	appendBinaryStringInfo(b, out, 8);
 }
 
-static int
-hex_digit(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return 0;
-}
+/* the value of a hex digit, by character (a span is made with three ids) */
+static const uint8 hex_value[256] = {
+	['0'] = 0, ['1'] = 1, ['2'] = 2, ['3'] = 3, ['4'] = 4, ['5'] = 5, ['6'] = 6, ['7'] = 7,
+	['8'] = 8, ['9'] = 9, ['a'] = 10, ['b'] = 11, ['c'] = 12, ['d'] = 13, ['e'] = 14, ['f'] = 15,
+	['A'] = 10, ['B'] = 11, ['C'] = 12, ['D'] = 13, ['E'] = 14, ['F'] = 15,
+};
 
 /* an id (trace or span) given in 2 * nbytes hex digits, as its bytes */
 static void
 put_id(StringInfo b, int field, const char *hex, int nbytes)
 {
 	char		out[16];
+	const unsigned char *h = (const unsigned char *) hex;
 
 	Assert(nbytes <= (int) sizeof(out));
 	for (int i = 0; i < nbytes; i++)
-		out[i] = (char) ((hex_digit(hex[2 * i]) << 4) | hex_digit(hex[2 * i + 1]));
+		out[i] = (char) ((hex_value[h[2 * i]] << 4) | hex_value[h[2 * i + 1]]);
 	put_string(b, field, out, nbytes);
 }
 
