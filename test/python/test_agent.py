@@ -35,7 +35,7 @@ import uuid
 import psycopg2
 import pytest
 
-from conftest import ServerLog, connect, journal_violations, q, q1, report, wait_until
+from conftest import ServerLog, connect, journal_violations, q, q1, report, wait_until, worker_pids
 from httputil import HTTP_BASE, requests_with
 
 LLM_URL = os.environ.get("TUVL_LLM_URL")
@@ -648,6 +648,40 @@ def test_runs_waiting_at_a_step_found_slow_once_go_back_into_batches(conn):
     assert sorted(n for n, in naps) == [0] * 39 + [0.2], naps
     # two turns and the nap: about 1 s; one round trip after another: 12 s and more
     assert took < 4.0, took
+
+
+def test_a_worker_left_fragmented_by_thousands_of_agents_starts_afresh(conn, agdb, server_log):
+    # thousands of agents held at once leave a worker's heap in pieces: as
+    # many free chunks, which every later allocation of a block walks.  Idle
+    # again, the worker exits and the launcher starts a fresh one; nothing
+    # is lost, and the new workers execute runs
+    name = make_agent(conn, "openai", [calls(call("nap"), latency_ms=1000), final("rested", latency_ms=1000)],
+                      ["nap"])
+    mark = server_log.mark()
+    w = connect(agdb, autocommit=False)
+    try:
+        ids = [r[0] for r in q(w, "SELECT tuvl.start_run(%s, '{\"nap\": 0}') FROM generate_series(1, 4000)",
+                               (name,))]
+        w.commit()
+    finally:
+        w.close()
+    started = time.monotonic()
+    wait_until(lambda: q1(conn, "SELECT count(*) FROM tuvl.runs WHERE id = ANY (%s) AND finished_at IS NULL",
+                          (ids,)) == 0, 120, interval=0.2, message="4,000 agents to finish")
+    took = time.monotonic() - started
+    assert q1(conn, "SELECT count(*) FROM tuvl.runs WHERE id = ANY (%s) AND status = 'completed'",
+              (ids,)) == 4000
+    server_log.wait_for(mark, r"exits to start afresh: its heap is fragmented", 10)
+    log = server_log.since(mark)
+    exited = {int(p) for p in re.findall(r"\[(\d+)\] LOG:  tuvl worker \d+ exits to start afresh", log)}
+    chunks = re.findall(r"DETAIL:  (\d+) free chunks", log)
+    wait_until(lambda: len(worker_pids(agdb)) == 2 and not exited & set(worker_pids(agdb)), 10,
+               message="fresh workers in place of the fragmented ones")
+    report(f"4,000 agents held at once, done in {took:.1f} s; {len(exited)} worker(s) started afresh "
+           f"({', '.join(chunks)} free chunks)")
+    again = [start(conn, name, {"nap": 0}) for _ in range(20)]
+    for run_id in again:
+        assert q1(conn, "SELECT tuvl.wait(%s, '30 s')", (run_id,)) == "completed", run_id
 
 
 def test_budget_exceeded_after_a_turn_makes_no_further_request(conn, provider, mode):
