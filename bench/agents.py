@@ -452,15 +452,22 @@ def describe(p):
                100 * p["machine_cpu_busy"]))
 
 
-def rss_growth(before, after):
+def rss_growth(samples):
+    """Each worker's memory growth, from the first of samples (after the
+    warm-up, after each round) taken of the process it is at the end to the
+    last.  A worker exits to start afresh when thousands of runs left its
+    heap fragmented (worker.c): its growth is then measured from the first
+    sample of the new process, and not at all when that is the last."""
+    last = samples[-1]
     out = {}
-    for w, b in before.items():
-        a = after.get(w)
-        if a is None or a.get("pid") != b.get("pid"):
-            out[w] = {"pid_before": b.get("pid"), "pid_after": a.get("pid") if a else None,
-                      "restarted": True}
+    for w, a in last.items():
+        first = next(i for i, s in enumerate(samples) if s.get(w, {}).get("pid") == a.get("pid"))
+        b = samples[first][w]
+        out[w] = {"pid": a.get("pid"), "restarted": first > 0, "pid_before": samples[0].get(w, {}).get("pid"),
+                  "since": "the warm-up" if first == 0 else "round %d" % first,
+                  "measured": first < len(samples) - 1}
+        if not out[w]["measured"]:
             continue
-        out[w] = {"pid": b["pid"], "restarted": False}
         for key in ("VmRSS", "RssAnon", "RssShmem", "RssFile", "VmHWM"):
             if key in a and key in b:
                 out[w][key + "_before_kb"] = b[key]
@@ -523,7 +530,7 @@ def main():
     conn.close()
 
     rss_after = rounds[-1]["rss_after"] if rounds else rss_before
-    growth = rss_growth(rss_before, rss_after)
+    growth = rss_growth([rss_before] + [r["rss_after"] for r in rounds])
     max_growth = max((g.get("VmRSS_growth_kb", 0) for g in growth.values()), default=0)
     best = min(rounds, key=lambda x: x["ratio"]) if rounds else None
     result = {"runs": args.runs, "warmup": warm, "rss_before": rss_before, "rss_after": rss_after,

@@ -276,19 +276,24 @@ def main():
         growth = agents["rss_growth"]
         cells = []
         worst = 0
+        unmeasured = 0
         for w in sorted(growth):
             g = growth[w]
-            if g.get("restarted"):
-                cells.append("worker %s restarted (pid %s -> %s)" % (w, g.get("pid_before"), g.get("pid_after")))
+            fresh = (" (started afresh during %s, pid %s -> %s: measured from its end)"
+                     % (g.get("since"), g.get("pid_before"), g.get("pid")) if g.get("restarted") else "")
+            if g.get("measured") is False or "RssAnon_growth_kb" not in g:
+                unmeasured += 1
+                cells.append("worker %s started afresh in the last round (pid %s -> %s): not measured"
+                             % (w, g.get("pid_before"), g.get("pid")))
                 continue
             # the worker's own memory; VmRSS also counts shared_buffers pages first touched
             worst = max(worst, g["RssAnon_growth_kb"])
-            cells.append("worker %s: %s -> %s MB (%+.1f; anon %+.1f, shared memory %+.1f)"
+            cells.append("worker %s: %s -> %s MB (%+.1f; anon %+.1f, shared memory %+.1f)%s"
                          % (w, mb(g["VmRSS_before_kb"]), mb(g["VmRSS_after_kb"]), g["VmRSS_growth_kb"] / 1024.0,
-                            g["RssAnon_growth_kb"] / 1024.0, g["RssShmem_growth_kb"] / 1024.0))
+                            g["RssAnon_growth_kb"] / 1024.0, g["RssShmem_growth_kb"] / 1024.0, fresh))
         p("| autonomous agents: worker VmRSS after a %d-run warm-up -> after the last round | %s | private (anon) growth <= 10 MB per worker: **%s** |"
           % (agents["warmup"][0]["runs"] if agents.get("warmup") else 0, "; ".join(cells),
-             "met" if worst <= 10 * 1024 and cells else "missed"))
+             "not measured" if unmeasured or not cells else "met" if worst <= 10 * 1024 else "missed"))
         every = [ph for r in agents["rounds"] for ph in (r["fast"], r["slow"], r.get("guarded")) if ph] + agents.get("warmup", [])
         bad = [ph for ph in every if not ph["ok"]]
         p("| autonomous agents: every run completed with the expected answer, the tool ran exactly twice per run, 3 requests per run answered 200 | %s (%d phases, %s runs) | all |"
