@@ -59,7 +59,7 @@ import threading
 import time
 import urllib.request
 
-from common import connect, log, summarize_ms, wait_for_workers, write_json
+from common import connect, log, settle_workers, summarize_ms, wait_for_workers, write_json
 
 TOOL_TURNS = 2
 TURNS = TOOL_TURNS + 1
@@ -453,19 +453,29 @@ def describe(p):
 
 
 def rss_growth(samples):
-    """Each worker's memory growth, from the first of samples (after the
-    warm-up, after each round) taken of the process it is at the end to the
-    last.  A worker exits to start afresh when thousands of runs left its
-    heap fragmented (worker.c): its growth is then measured from the first
-    sample of the new process, and not at all when that is the last."""
-    last = samples[-1]
+    """Each worker's memory growth between samples (after the warm-up, after
+    each round) of one process: the one it is at the end, from its first
+    sample, or, when that process has only the last sample, the longest run
+    of samples of an earlier one.  A worker exits to start afresh when
+    thousands of runs left its heap fragmented (worker.c); its growth is
+    not measured when no process of it was sampled twice."""
+    names = ["the warm-up"] + ["round %d" % i for i in range(1, len(samples))]
     out = {}
-    for w, a in last.items():
-        first = next(i for i, s in enumerate(samples) if s.get(w, {}).get("pid") == a.get("pid"))
-        b = samples[first][w]
-        out[w] = {"pid": a.get("pid"), "restarted": first > 0, "pid_before": samples[0].get(w, {}).get("pid"),
-                  "since": "the warm-up" if first == 0 else "round %d" % first,
-                  "measured": first < len(samples) - 1}
+    for w in samples[-1]:
+        stretches = []          # [first, last] sample indexes of one pid
+        for i, s in enumerate(samples):
+            pid = s.get(w, {}).get("pid")
+            if stretches and samples[stretches[-1][0]].get(w, {}).get("pid") == pid:
+                stretches[-1][1] = i
+            else:
+                stretches.append([i, i])
+        first, last = stretches[-1]
+        if first == last:
+            first, last = max(stretches, key=lambda st: st[1] - st[0])
+        a, b = samples[last][w], samples[first][w]
+        out[w] = {"pid": a.get("pid"), "restarted": len(stretches) > 1,
+                  "pid_before": samples[0].get(w, {}).get("pid"), "pid_after": samples[-1][w].get("pid"),
+                  "since": names[first], "until": names[last], "measured": last > first}
         if not out[w]["measured"]:
             continue
         for key in ("VmRSS", "RssAnon", "RssShmem", "RssFile", "VmHWM"):
@@ -498,6 +508,7 @@ def main():
     for w in warm:
         if not w["ok"]:
             log("warm-up failed: %s" % json.dumps(w["checks"]))
+    settle_workers(args.db)
     rss_before = worker_memory(cur)
     log("RSS after warm-up: %s" % ", ".join("worker %s (pid %d): %.1f MB (anon %.1f, shmem %.1f)"
                                            % (w, m["pid"], m.get("VmRSS", 0) / 1024.0, m.get("RssAnon", 0) / 1024.0,
@@ -517,6 +528,7 @@ def main():
             % (r + 1, guarded["worker_cpu_s"], fast["worker_cpu_s"], guard_cost,
                guarded["wall_s"], fast["wall_s"]))
         ratio = slow["wall_s"] / max(0.3, fast["wall_s"])
+        settle_workers(args.db)
         rss = worker_memory(cur)
         log("round %d: ratio %.2f; RSS %s" % (r + 1, ratio, ", ".join(
             "worker %s: %.1f MB" % (w, m.get("VmRSS", 0) / 1024.0) for w, m in rss.items())))

@@ -45,7 +45,7 @@ import time
 import agents
 from agents import (SCRIPT, TURN_SCRIPT, ANSWER, TOOL_TURNS, TURNS, GUARDRAIL,
                     cpu_seconds, machine_cpu, memory_kb, workers, setup_tool)
-from common import Loadgen, connect, log, wait_for_workers, wait_runs_done, write_json
+from common import Loadgen, connect, log, settle_workers, wait_for_workers, wait_runs_done, write_json
 
 HOOK = """\
 name: bench_count_tools
@@ -111,7 +111,10 @@ def setup(db, lg):
 # ------------------------------------------------------------ one batch
 
 class Sampler(threading.Thread):
-    """Every 20 ms: runs held and transfers in flight per worker, and their RssAnon."""
+    """Every 20 ms: runs held and transfers in flight per worker, and their
+    RssAnon; and each worker process's CPU as last seen, so that a worker
+    that exits during the batch (to start afresh, worker.c) is counted to
+    its last sample, and one that the launcher started during it whole."""
 
     def __init__(self, db, pids):
         super().__init__(daemon=True)
@@ -123,14 +126,28 @@ class Sampler(threading.Thread):
         self.peak_anon_kb = 0          # the workers' RssAnon, summed
         self.in_flight_at_peak_anon = 0
         self.base_anon_kb = sum((memory_kb(p) or {}).get("RssAnon", 0) for p in pids)
+        self.cpu_first = {p: cpu_seconds(p) or 0.0 for p in pids}
+        self.cpu_last = dict(self.cpu_first)
+
+    def sample_cpu(self, pids):
+        for p in pids:
+            c = cpu_seconds(p)
+            if c is not None:
+                self.cpu_first.setdefault(p, 0.0)   # started during the batch
+                self.cpu_last[p] = c
+
+    def worker_cpu_s(self):
+        return sum(self.cpu_last[p] - self.cpu_first[p] for p in self.cpu_last)
 
     def run(self):
         cur = self.conn.cursor()
         while not self.stop.is_set():
-            cur.execute("SELECT coalesce(sum(transfers_in_flight), 0), coalesce(sum(runs_held), 0) "
-                        "FROM tuvl.worker_status() "
+            cur.execute("SELECT pid, transfers_in_flight, runs_held FROM tuvl.worker_status() "
                         "WHERE database = (SELECT oid FROM pg_database WHERE datname = current_database())")
-            in_flight, held = cur.fetchone()
+            rows = cur.fetchall()
+            in_flight = sum(r[1] or 0 for r in rows)
+            held = sum(r[2] or 0 for r in rows)
+            self.sample_cpu(set(self.cpu_last) | {r[0] for r in rows if r[0]})
             anon = sum((memory_kb(p) or {}).get("RssAnon", 0) for p in self.pids)
             self.peak_in_flight = max(self.peak_in_flight, in_flight)
             self.peak_held = max(self.peak_held, held)
@@ -166,10 +183,10 @@ def batch(db, lg, name, n, timeout=600):
     conn = connect(db)
     cur = conn.cursor()
     clean(cur, workflow)
+    settle_workers(db)
     pids = [pid for _, pid in workers(cur)]
     lg.call("DELETE", "/_log")
     lg.call("DELETE", "/_stats")
-    cpu0 = {pid: cpu_seconds(pid) for pid in pids}
     busy0, total0 = machine_cpu()
     commits0, wal0 = db_counters(db)
     sampler = Sampler(db, pids)
@@ -183,7 +200,8 @@ def batch(db, lg, name, n, timeout=600):
     wait_runs_done(cur, workflow, timeout)
     wall = time.time() - t0
     busy1, total1 = machine_cpu()
-    cpu1 = {pid: cpu_seconds(pid) for pid in pids}
+    sampler.sample_cpu(set(sampler.cpu_last) | set(pids))
+    worker_cpu = sampler.worker_cpu_s()
     time.sleep(1.5)             # the workers flush their statistics at most once a second
     commits1, wal1 = db_counters(db)
     stats = lg.call("GET", "/_stats")
@@ -233,7 +251,7 @@ def batch(db, lg, name, n, timeout=600):
         # the batch, per agent in flight at the batch's peak
         "worker_kb_per_agent_at_peak": (sampler.peak_anon_kb - sampler.base_anon_kb) / float(max(1, sampler.peak_in_flight))
         if sampler.peak_in_flight >= 1000 else None,
-        "worker_cpu_s": sum((cpu1[p] or 0) - (cpu0[p] or 0) for p in pids),
+        "worker_cpu_s": worker_cpu,
         "commits": commits1 - commits0,
         "wal_bytes_per_run": (wal1 - wal0) / float(n),
         "machine_cpu_busy": (busy1 - busy0) / float(max(1, total1 - total0)),

@@ -93,6 +93,33 @@ def wait_for_workers(dbname, want=None, timeout=30.0):
     return n
 
 
+def settle_workers(dbname, want=None, quiet_s=1.5, timeout=20.0):
+    """Wait until the database's tuvl workers are all there and have stayed
+    the same processes for quiet_s.  An idle worker whose heap a burst of
+    runs left fragmented exits at its next maintenance (every second) and
+    the launcher starts another (worker.c): a measure of the workers' CPU
+    or memory taken across that would compare two processes."""
+    conn = connect("postgres")
+    cur = conn.cursor()
+    if want is None:
+        cur.execute("SHOW tuvl.workers_per_database")
+        want = int(cur.fetchone()[0])
+    deadline = time.time() + timeout
+    last, since = None, time.time()
+    while time.time() < deadline:
+        cur.execute("SELECT coalesce(array_agg(pid ORDER BY pid), '{}') FROM pg_stat_activity "
+                    "WHERE datname = %s AND backend_type = 'tuvl worker'", (dbname,))
+        pids = cur.fetchone()[0]
+        if pids != last:
+            last, since = pids, time.time()
+        elif len(pids) >= want and time.time() - since >= quiet_s:
+            conn.close()
+            return pids
+        time.sleep(0.1)
+    conn.close()
+    raise SystemExit("the tuvl workers of %s did not settle in %.0f s (%s)" % (dbname, timeout, last))
+
+
 def write_json(path, data):
     if path:
         with open(path, "w") as f:

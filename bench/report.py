@@ -279,12 +279,13 @@ def main():
         unmeasured = 0
         for w in sorted(growth):
             g = growth[w]
-            fresh = (" (started afresh during %s, pid %s -> %s: measured from its end)"
-                     % (g.get("since"), g.get("pid_before"), g.get("pid")) if g.get("restarted") else "")
+            fresh = (" (started afresh, pid %s -> %s: pid %s measured from %s to %s)"
+                     % (g.get("pid_before"), g.get("pid_after"), g.get("pid"), g.get("since"), g.get("until"))
+                     if g.get("restarted") else "")
             if g.get("measured") is False or "RssAnon_growth_kb" not in g:
                 unmeasured += 1
-                cells.append("worker %s started afresh in the last round (pid %s -> %s): not measured"
-                             % (w, g.get("pid_before"), g.get("pid")))
+                cells.append("worker %s started afresh every round (pid %s -> %s): not measured"
+                             % (w, g.get("pid_before"), g.get("pid_after")))
                 continue
             # the worker's own memory; VmRSS also counts shared_buffers pages first touched
             worst = max(worst, g["RssAnon_growth_kb"])
