@@ -73,32 +73,15 @@ def wait_runs_done(cur, workflow=None, timeout=600.0, poll_s=0.02):
 
 def wait_for_workers(dbname, want=None, timeout=30.0):
     """Wait until the database's tuvl workers are connected (all of them by default)."""
-    conn = connect("postgres")
-    cur = conn.cursor()
-    if want is None:
-        cur.execute("SHOW tuvl.workers_per_database")
-        want = int(cur.fetchone()[0])
-    deadline = time.time() + timeout
-    n = 0
-    while time.time() < deadline:
-        cur.execute("SELECT count(*) FROM pg_stat_activity "
-                    "WHERE datname = %s AND backend_type = 'tuvl worker'", (dbname,))
-        n = cur.fetchone()[0]
-        if n >= want:
-            break
-        time.sleep(0.1)
-    conn.close()
-    if n < want:
-        raise SystemExit("only %d of %d tuvl workers in database %s after %.0f s" % (n, want, dbname, timeout))
-    return n
+    return len(settle_workers(dbname, want, quiet_s=0, timeout=timeout))
 
 
 def settle_workers(dbname, want=None, quiet_s=1.5, timeout=20.0):
     """Wait until the database's tuvl workers are all there and have stayed
-    the same processes for quiet_s.  An idle worker whose heap a burst of
-    runs left fragmented exits at its next maintenance (every second) and
-    the launcher starts another (worker.c): a measure of the workers' CPU
-    or memory taken across that would compare two processes."""
+    the same processes for quiet_s; their pids.  An idle worker whose heap a
+    burst of runs left fragmented exits at its next maintenance (every
+    second) and the launcher starts another (worker.c): a measure of the
+    workers' CPU or memory taken across that would compare two processes."""
     conn = connect("postgres")
     cur = conn.cursor()
     if want is None:
@@ -112,12 +95,13 @@ def settle_workers(dbname, want=None, quiet_s=1.5, timeout=20.0):
         pids = cur.fetchone()[0]
         if pids != last:
             last, since = pids, time.time()
-        elif len(pids) >= want and time.time() - since >= quiet_s:
+        if len(pids) >= want and time.time() - since >= quiet_s:
             conn.close()
             return pids
         time.sleep(0.1)
     conn.close()
-    raise SystemExit("the tuvl workers of %s did not settle in %.0f s (%s)" % (dbname, timeout, last))
+    raise SystemExit("%d of %d tuvl workers in database %s, not the same for %.1f s, after %.0f s"
+                     % (len(last or []), want, dbname, quiet_s, timeout))
 
 
 def write_json(path, data):
