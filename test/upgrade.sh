@@ -6,10 +6,10 @@
 #    commit before 0.2.0 began), starts a cluster with that library and no
 #    workers, creates the extension and runs in the statuses 0.1.0 has:
 #    completed, failed, aborted, queued, paused and waiting_human.
-# 2. Installs this tree's library (0.2.0) and restarts with two workers
+# 2. Installs this tree's library (tuvl.control's version) and restarts with two workers
 #    per database: before the update the workers wait, saying why, and run
 #    nothing.
-# 3. ALTER EXTENSION tuvl UPDATE: the schema equals a fresh 0.2.0 install
+# 3. ALTER EXTENSION tuvl UPDATE: the schema equals a fresh install
 #    (pg_dump -s of both compared), and the old runs go on: the queued one
 #    completes, the paused one resumes and completes, the Human one takes
 #    its answer and completes.
@@ -20,6 +20,8 @@ cd "$(dirname "$0")/.."
 
 # the last commit of 0.1.0: the parent of the one that made 0.2.0 the default
 TUVL_V010=${TUVL_V010:-38d2ba7^}
+# the version this tree builds, and the update path to it from 0.1.0
+NEW=$(sed -n "s/^default_version = '\(.*\)'/\1/p" "$TUVL_ROOT/tuvl.control")
 
 oks=0
 fails=0
@@ -97,17 +99,17 @@ tuvl_build
 sed -i '/tuvl.workers_per_database = 0/d' "$TUVL_PGDATA/postgresql.conf"
 as_pg "$PGBIN/pg_ctl" -D "$TUVL_PGDATA" -p "$TUVL_POSTGRES" -l "$TUVL_TMP/server.log" -w -t 120 start >/dev/null
 
-waiting() { grep -q "tuvl worker waiting: extension tuvl is at version 0.1.0 in this database, the library at 0.2.0" "$TUVL_TMP/server.log"; }
+waiting() { grep -q "tuvl worker waiting: extension tuvl is at version 0.1.0 in this database, the library at $NEW" "$TUVL_TMP/server.log"; }
 for _ in $(seq 1 100); do waiting && break; sleep 0.1; done
-check "the 0.2.0 workers wait for the update, saying why" waiting
+check "the $NEW workers wait for the update, saying why" waiting
 sleep 1
 check "and run nothing meanwhile" test "$(sql -c "SELECT status FROM tuvl.runs WHERE id = 4")" = queued
 check "nothing crashed" bash -c "! grep -qE 'terminated by signal|PANIC' '$TUVL_TMP/server.log'"
 
 check "ALTER EXTENSION tuvl UPDATE" sql -c "ALTER EXTENSION tuvl UPDATE" -o /dev/null
-check "the extension is at 0.2.0" test "$(sql -c "SELECT extversion FROM pg_extension WHERE extname = 'tuvl'")" = 0.2.0
-check "pg_extension_update_paths names 0.1.0 to 0.2.0" test \
-    "$(sql -c "SELECT path FROM pg_extension_update_paths('tuvl') WHERE source = '0.1.0' AND target = '0.2.0'")" = "0.1.0--0.2.0"
+check "the extension is at $NEW" test "$(sql -c "SELECT extversion FROM pg_extension WHERE extname = 'tuvl'")" = "$NEW"
+check "pg_extension_update_paths goes from 0.1.0 to $NEW through each release" test \
+    "$(sql -c "SELECT path FROM pg_extension_update_paths('tuvl') WHERE source = '0.1.0' AND target = '$NEW'")" = "0.1.0--0.2.0--$NEW"
 
 DB=postgres sql -c "CREATE DATABASE fresh" >/dev/null
 DB=fresh sql -c "CREATE EXTENSION tuvl" >/dev/null
@@ -122,10 +124,10 @@ schema up >"$TUVL_TMP/up.sql"
 schema fresh >"$TUVL_TMP/fresh.sql"
 check "the dump lists tuvl's tables" grep -q "CREATE TABLE tuvl.llm_versions" "$TUVL_TMP/up.sql"
 if diff -u "$TUVL_TMP/fresh.sql" "$TUVL_TMP/up.sql" >"$TUVL_TMP/schema.diff"; then
-    check "the updated schema equals a fresh 0.2.0 install (pg_dump -s)" true
+    check "the updated schema equals a fresh $NEW install (pg_dump -s)" true
 else
     head -40 "$TUVL_TMP/schema.diff"
-    check "the updated schema equals a fresh 0.2.0 install (pg_dump -s)" false
+    check "the updated schema equals a fresh $NEW install (pg_dump -s)" false
 fi
 
 finished() { sql -c "SELECT tuvl.wait($1, '30 s')"; }

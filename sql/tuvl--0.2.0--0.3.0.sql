@@ -1,0 +1,11 @@
+/* tuvl--0.2.0--0.3.0.sql: the changes of release 0.3.0 */
+
+\echo Use "ALTER EXTENSION tuvl UPDATE TO '0.3.0'" to load this file. \quit
+
+/* ------------------------------------------------------------------ hardening: runs */
+
+/* ------------------------------------------------------------------ hardening: names */
+
+/* ------------------------------------------------------------------ hardening: locks and privileges */
+
+/* ------------------------------------------------------------------ hardening: notifications, metrics, pictures */
