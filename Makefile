@@ -83,5 +83,6 @@ override with_llvm = no
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
-# Every object depends on every local header: a changed struct rebuilds all.
-$(OBJS): $(wildcard src/*.h)
+# Every object depends on every local header (a changed struct rebuilds all)
+# and on the control file (TUVL_VERSION comes from it).
+$(OBJS): $(wildcard src/*.h) tuvl.control

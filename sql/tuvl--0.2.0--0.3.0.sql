@@ -4,6 +4,13 @@
 
 /* ------------------------------------------------------------------ hardening: runs */
 
+/*
+ * A run whose worker died while holding it is taken up again, at most
+ * tuvl.max_recoveries times in a row: the reclaim counts, progress resets.
+ */
+ALTER TABLE tuvl.runs ADD COLUMN recoveries integer NOT NULL DEFAULT 0;
+COMMENT ON COLUMN tuvl.runs.recoveries IS 'times the run was taken up again after its worker died while holding it, since it last got further; past tuvl.max_recoveries it fails with _last_error_type recovery_limit';
+
 /* ------------------------------------------------------------------ hardening: names */
 
 /* ------------------------------------------------------------------ hardening: locks and privileges */

@@ -296,16 +296,21 @@ run_created_here(int64 id)
 	return false;
 }
 
-/* The id of this role's run of workflow started with key. */
+/*
+ * The id of principal's run of workflow started with key.  The principal
+ * is passed, not read here: this runs in an owner frame, where
+ * GetUserId() is the extension's owner (which made keys work for
+ * superusers only).
+ */
 static int64
-keyed_run(const char *workflow, const char *key)
+keyed_run(const char *workflow, const char *key, Oid principal)
 {
 	static const Oid types[3] = {OIDOID, TEXTOID, TEXTOID};
 	Datum		d;
 
 	if (SecurityExecArgs("SELECT id FROM tuvl.runs WHERE principal_id::pg_catalog.oid OPERATOR(pg_catalog.=) $1 "
 						 "AND workflow OPERATOR(pg_catalog.=) $2 AND key OPERATOR(pg_catalog.=) $3",
-						 SPI_OK_SELECT, 3, types, ObjectIdGetDatum(GetUserId()),
+						 SPI_OK_SELECT, 3, types, ObjectIdGetDatum(principal),
 						 CStringGetTextDatum(workflow), CStringGetTextDatum(key)) != 1 ||
 		!SpiValue(1, &d))
 		elog(ERROR, "the run of workflow \"%s\" with key \"%s\" vanished", workflow, key);
@@ -457,7 +462,7 @@ ApiCreateRun(const RunStart *start, bool running, int *version_out)
 				: INSERT_RUN_SQL "RETURNING id",
 				20, types, values, nulls, SPI_OK_INSERT_RETURNING) == 0)
 	{
-		id = keyed_run(workflow, start->key);
+		id = keyed_run(workflow, start->key, DatumGetObjectId(values[10]));
 		SecurityRestore(&frame);
 		if (version_out)
 			*version_out = version;

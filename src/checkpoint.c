@@ -50,7 +50,8 @@
  */
 #define FENCE_COMMON_SQL \
 "context = $4, current_step = $5, last_seq = $6, end_name = $7, response = $8, error = $9, " \
-"  step_state = $10, compensation = CASE WHEN $14 THEN $15 ELSE compensation END"
+"  step_state = $10, compensation = CASE WHEN $14 THEN $15 ELSE compensation END, " \
+"  recoveries = CASE WHEN $17 THEN 0 ELSE recoveries END"
 #define FENCE_STATUS_SQL \
 "status = $3, " \
 "  finished_at = CASE WHEN $3 OPERATOR(pg_catalog.=) ANY (" RUN_TERMINAL_STATUSES_SQL ") " \
@@ -93,7 +94,7 @@ static const char *const fence_sql[2][2] = {
 	}
 };
 
-#define FENCE_NARGS 16
+#define FENCE_NARGS 17
 
 /* strings as a text[] Datum */
 static Datum
@@ -116,13 +117,33 @@ set_param(Datum *values, char *nulls, int i, Datum d, bool isnull)
 	nulls[i] = isnull ? 'n' : ' ';
 }
 
+/*
+ * Did the transition get the run further: journal an effect's result,
+ * move to another step, change the run's status?  Then the recoveries
+ * counted since its last progress start again (see LeaseReclaim): a run
+ * whose worker dies again and again is in a crash loop only when it dies
+ * at the same place.  A transition that merely asks for an effect again
+ * (what a reclaimed run does first) is no progress.
+ */
+static bool
+made_progress(RunState *run, const Checkpoint *cp)
+{
+	const char *was = run->step >= 0 && run->wf ? run->wf->steps[run->step].id : NULL;
+
+	if (run->took_effect || cp->status != run->status)
+		return true;
+	if ((was == NULL) != (cp->step == NULL))
+		return true;
+	return was != NULL && strcmp(was, cp->step) != 0;
+}
+
 /* The fenced UPDATE; raises when the lease was lost.  Returns the control. */
 static Jsonb *
 fenced_update(RunState *run, const Checkpoint *cp, int last_seq)
 {
 	static const Oid types[FENCE_NARGS] = {INT8OID, INT4OID, TEXTOID, JSONBOID, TEXTOID,
 		INT4OID, TEXTOID, JSONBOID, TEXTOID, JSONBOID, TEXTARRAYOID, JSONBOID, TEXTARRAYOID,
-	BOOLOID, JSONBOID, TEXTARRAYOID};
+	BOOLOID, JSONBOID, TEXTARRAYOID, BOOLOID};
 	Datum		values[FENCE_NARGS];
 	char		nulls[FENCE_NARGS];
 	bool		isnull;
@@ -150,6 +171,7 @@ fenced_update(RunState *run, const Checkpoint *cp, int last_seq)
 	set_param(values, nulls, 14, JsonbPGetDatum(run->next_compensation),
 			  !run->compensation_changed || run->next_compensation == NULL);
 	set_param(values, nulls, 15, same ? (Datum) 0 : RunHeldStatusesParam(), same);
+	set_param(values, nulls, 16, BoolGetDatum(made_progress(run, cp)), false);
 
 	if (SpiExec(fence_sql[same][control], FENCE_NARGS, types, values, nulls,
 				SPI_OK_UPDATE_RETURNING) != 1)

@@ -327,16 +327,20 @@ EffectRequestCopy(EffectRequest *req, MemoryContext cxt)
 /*
  * A response body as a JSON value: parsed when it is valid JSON and the
  * server said JSON (or it plainly looks like JSON), else a string.  Bytes
- * that cannot be text in this database become an error instead.
+ * that cannot be text in this database, and JSON that cannot be stored
+ * (see JsonParseExternal), become a body_error instead: the step's error,
+ * never the worker's.
  */
 static void
 add_body(JsonObjBuilder *b, HttpResult *res)
 {
 	const char *ctype = HttpResultHeader(res, "content-type");
 	bool		says_json = ctype && strstr(ctype, "json") != NULL;
-	JsonLexContext *lex;
+	bool		looks_json;
+	Jsonb	   *parsed;
+	const char *why;
 
-	if (strlen(res->body) != res->body_len)
+	if (memchr(res->body, '\0', res->body_len) != NULL)
 	{
 		JsonObjAddNull(b, "body");
 		JsonObjAddString(b, "body_error", "response body contains NUL bytes");
@@ -348,21 +352,19 @@ add_body(JsonObjBuilder *b, HttpResult *res)
 		JsonObjAddString(b, "body_error", "response body is not valid text in the database encoding");
 		return;
 	}
-	if (res->body_len > 0)
+	looks_json = res->body_len > 0 && (res->body[0] == '{' || res->body[0] == '[');
+	if (res->body_len > 0 && (says_json || looks_json))
 	{
-		lex = makeJsonLexContextCstringLen(res->body, res->body_len, GetDatabaseEncoding(), true);
-		if (pg_parse_json(lex, &nullSemAction) == JSON_SUCCESS)
+		parsed = JsonParseExternal(res->body, res->body_len, &why);
+		if (parsed != NULL)
 		{
-			if (says_json || res->body[0] == '{' || res->body[0] == '[')
-			{
-				JsonObjAddJsonb(b, "body", JsonFromCString(res->body));
-				return;
-			}
+			JsonObjAddJsonb(b, "body", parsed);
+			return;
 		}
-		else if (says_json)
+		if (says_json)
 		{
 			JsonObjAddString(b, "body", res->body);
-			JsonObjAddString(b, "body_error", "response body is not valid JSON");
+			JsonObjAddString(b, "body_error", psprintf("response body %s", why));
 			return;
 		}
 	}

@@ -48,6 +48,7 @@
 #include "utils/timestamp.h"
 
 #include "http.h"
+#include "jsonutil.h"
 #include "tuvl.h"
 
 /* Which list a transfer is on. */
@@ -873,11 +874,20 @@ drop_credentials(HttpTransfer *t)
 static bool
 redirect_allowed(HttpTransfer *t, const char *location)
 {
-	MemoryContext cxt = AllocSetContextCreate(TopMemoryContext, "tuvl redirect check",
-											  ALLOCSET_SMALL_SIZES);
-	MemoryContext old = MemoryContextSwitchTo(cxt);
-	bool		allowed = false;
+	MemoryContext cxt;
+	MemoryContext old;
+	volatile bool allowed = false;
 
+	/* a URL is visible ASCII (RFC 3986); the server's bytes are not kept */
+	for (const char *c = location; *c; c++)
+		if ((unsigned char) *c <= 0x20 || (unsigned char) *c >= 0x7f)
+		{
+			t->fail_kind = "not_allowed";
+			t->fail_msg = strdup("redirect refused: the Location header is not a URL (it holds bytes other than visible ASCII)");
+			return false;
+		}
+	cxt = AllocSetContextCreate(TopMemoryContext, "tuvl redirect check", ALLOCSET_SMALL_SIZES);
+	old = MemoryContextSwitchTo(cxt);
 	PG_TRY();
 	{
 		char	   *reason;
@@ -889,12 +899,28 @@ redirect_allowed(HttpTransfer *t, const char *location)
 			t->fail_msg = strdup(psprintf("redirect refused: %s", reason));
 		}
 	}
-	PG_FINALLY();
+	PG_CATCH();
 	{
-		MemoryContextSwitchTo(old);
-		MemoryContextDelete(cxt);
+		/*
+		 * Checking a URL is pure computation: an error of it (out of
+		 * memory, say) fails this transfer, not the worker with every
+		 * transfer it has in flight.  A cancel is thrown on.
+		 */
+		if (ERRCODE_TO_CATEGORY(geterrcode()) == ERRCODE_OPERATOR_INTERVENTION)
+		{
+			MemoryContextSwitchTo(old);
+			MemoryContextDelete(cxt);
+			PG_RE_THROW();
+		}
+		MemoryContextSwitchTo(cxt);
+		FlushErrorState();
+		t->fail_kind = "not_allowed";
+		t->fail_msg = strdup("redirect refused: its URL could not be checked");
+		allowed = false;
 	}
 	PG_END_TRY();
+	MemoryContextSwitchTo(old);
+	MemoryContextDelete(cxt);
 	return allowed;
 }
 
@@ -1128,7 +1154,10 @@ HttpDisown(HttpTransfer *t)
 	t->owner = NULL;
 }
 
-/* Parse the raw header block into HttpHeader items, names lower-cased. */
+/*
+ * Parse the raw header block into HttpHeader items, names lower-cased,
+ * names and values valid text in the database encoding.
+ */
 static List *
 parse_headers(const char *raw)
 {
@@ -1147,12 +1176,13 @@ parse_headers(const char *raw)
 			HttpHeader *h = palloc(sizeof(HttpHeader));
 			const char *v = colon + 1;
 
-			h->name = pnstrdup(p, colon - p);
+			/* a server's bytes: made valid text before anything keeps them */
+			h->name = TextMakeValid(p, colon - p);
 			for (char *c = h->name; *c; c++)
 				*c = pg_tolower((unsigned char) *c);
 			while (*v == ' ' || *v == '\t')
 				v++;
-			h->value = pnstrdup(v, p + linelen - v);
+			h->value = TextMakeValid(v, p + linelen - v);
 			headers = lappend(headers, h);
 		}
 		if (!eol)
@@ -1177,7 +1207,7 @@ HttpTakeResult(HttpTransfer *t)
 		INSTR_TIME_SET_CURRENT(d);
 	INSTR_TIME_SUBTRACT(d, t->start);
 	res->latency_ms = INSTR_TIME_GET_MILLISEC(d);
-	res->final_url = HttpRedactUrl(t->url);
+	res->final_url = TextMakeValid(HttpRedactUrl(t->url), strlen(HttpRedactUrl(t->url)));
 	res->headers = parse_headers(t->hbuf);
 	res->body = t->buf ? pnstrdup(t->buf, t->len) : pstrdup("");
 	res->body_len = t->len;
@@ -1186,7 +1216,7 @@ HttpTakeResult(HttpTransfer *t)
 	if (t->fail_kind)
 	{
 		res->error_kind = t->fail_kind;
-		res->error = pstrdup(t->fail_msg ? t->fail_msg : t->fail_kind);
+		res->error = t->fail_msg ? TextMakeValid(t->fail_msg, strlen(t->fail_msg)) : pstrdup(t->fail_kind);
 		res->status = 0;
 	}
 	else if (t->too_large)
@@ -1206,8 +1236,10 @@ HttpTakeResult(HttpTransfer *t)
 	}
 	else if (t->code != CURLE_OK)
 	{
+		const char *msg = t->errbuf[0] ? t->errbuf : curl_easy_strerror(t->code);
+
 		res->error_kind = "error";
-		res->error = pstrdup(t->errbuf[0] ? t->errbuf : curl_easy_strerror(t->code));
+		res->error = TextMakeValid(msg, strlen(msg));
 		res->status = 0;
 	}
 	transfer_free(t);

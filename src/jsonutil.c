@@ -12,8 +12,10 @@
 #include "postgres.h"
 
 #include <ctype.h>
+#include <limits.h>
 
 #include "common/jsonapi.h"
+#include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
 #include "utils/builtins.h"
 #include "utils/fmgrprotos.h"
@@ -156,21 +158,185 @@ JsonFromCString(const char *text)
 }
 
 /*
- * Parse text that came from outside (a model, a server) as JSON; NULL
- * when it is not valid JSON in the database encoding.  Never raises on
- * bad input, unlike jsonb_in.
+ * JSON from outside (a server's response, a model's answer, a tool's
+ * arguments) is parsed by JsonParseExternal, which never raises on what
+ * the text holds.  PostgreSQL 15's jsonb_in raises on much that its
+ * grammar accepts: a number beyond numeric's range (1e1000000, 200,000
+ * digits), sizes beyond jsonb's limits, nesting deeper than the stack
+ * (100,000 "[" overflow pg_parse_json's recursion).  Where the parse runs
+ * (a worker collecting responses outside any transaction, a transition
+ * journaling them), such an ERROR would have taken the worker, or the
+ * run, down with it instead of failing one step.
+ *
+ * So the text is checked first (no NUL bytes, valid in the database
+ * encoding, nested at most JSON_MAX_DEPTH deep, valid JSON), and only
+ * then converted, with the data and limit errors jsonb_in may still raise
+ * caught.  Catching them without a subtransaction is safe because the
+ * conversion is pure computation on memory: it takes no lock, opens no
+ * file and changes no shared state.  Other errors (a cancel, out of
+ * memory) are thrown on.  The depth limit also bounds every later walk
+ * over the value, by tuvl or by PostgreSQL.
+ */
+#define JSON_MAX_DEPTH 512
+
+/* Does the text nest arrays and objects deeper than JSON_MAX_DEPTH? */
+static bool
+json_too_deep(const char *s, size_t len)
+{
+	int			depth = 0;
+	bool		in_string = false;
+
+	for (size_t i = 0; i < len; i++)
+	{
+		char		c = s[i];
+
+		if (in_string)
+		{
+			if (c == '\\')
+				i++;
+			else if (c == '"')
+				in_string = false;
+		}
+		else if (c == '"')
+			in_string = true;
+		else if (c == '[' || c == '{')
+		{
+			if (++depth > JSON_MAX_DEPTH)
+				return true;
+		}
+		else if (c == ']' || c == '}')
+			depth--;
+	}
+	return false;
+}
+
+/* Errors of jsonb_in that are about the text, not about the server. */
+static bool
+is_data_error(int sqlerrcode)
+{
+	return ERRCODE_TO_CATEGORY(sqlerrcode) == ERRCODE_DATA_EXCEPTION ||
+		ERRCODE_TO_CATEGORY(sqlerrcode) == ERRCODE_PROGRAM_LIMIT_EXCEEDED;
+}
+
+/* jsonb_in on text known to be valid JSON; NULL with *why on a data error. */
+static Jsonb *
+jsonb_from_valid_text(const char *text, const char **why)
+{
+	MemoryContext oldcxt = CurrentMemoryContext;
+	Jsonb	   *volatile result = NULL;
+
+	PG_TRY();
+	{
+		result = JsonFromCString(text);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		if (!is_data_error(geterrcode()))
+			PG_RE_THROW();
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		*why = psprintf("holds a value PostgreSQL cannot store (%s)", edata->message);
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
+	return result;
+}
+
+/*
+ * Parse len bytes of text from outside as JSON.  Returns NULL, with *why
+ * set to the reason ("is not valid JSON", ...: it completes a sentence
+ * whose subject is the text), when it cannot be stored as jsonb; never
+ * raises for anything the text holds.  why may be NULL.
+ */
+Jsonb *
+JsonParseExternal(const char *text, size_t len, const char **why)
+{
+	const char *dummy;
+	JsonLexContext *lex;
+	char	   *copy;
+	Jsonb	   *result;
+
+	if (why == NULL)
+		why = &dummy;
+	*why = NULL;
+	if (text == NULL || memchr(text, '\0', len) != NULL)
+	{
+		*why = "contains NUL bytes";
+		return NULL;
+	}
+	if (!pg_verifymbstr(text, len, true))
+	{
+		*why = "is not valid text in the database encoding";
+		return NULL;
+	}
+	if (json_too_deep(text, len))
+	{
+		*why = psprintf("nests arrays or objects deeper than %d levels", JSON_MAX_DEPTH);
+		return NULL;
+	}
+	lex = makeJsonLexContextCstringLen((char *) text, len, GetDatabaseEncoding(), true);
+	if (pg_parse_json(lex, &nullSemAction) != JSON_SUCCESS)
+	{
+		*why = "is not valid JSON";
+		return NULL;
+	}
+	copy = pnstrdup(text, len);
+	result = jsonb_from_valid_text(copy, why);
+	pfree(copy);
+	return result;
+}
+
+/*
+ * Parse a NUL-terminated text from outside (a model, a server) as JSON;
+ * NULL when it cannot be stored as jsonb.  Never raises on bad input.
  */
 Jsonb *
 JsonParseSafe(const char *text, size_t len)
 {
-	JsonLexContext *lex;
+	if (text == NULL || strlen(text) != len)
+		return NULL;
+	return JsonParseExternal(text, len, NULL);
+}
 
-	if (text == NULL || strlen(text) != len || !pg_verifymbstr(text, len, true))
-		return NULL;
-	lex = makeJsonLexContextCstringLen((char *) text, len, GetDatabaseEncoding(), true);
-	if (pg_parse_json(lex, &nullSemAction) != JSON_SUCCESS)
-		return NULL;
-	return JsonFromCString(text);
+/*
+ * Text from outside made valid in the database encoding: every byte
+ * sequence that is not a character of it, and every NUL, becomes U+FFFD
+ * (in UTF-8) or "?" (in other encodings).  Header values, URLs and error
+ * messages of servers go through this before they reach the journal,
+ * where one invalid byte would make the whole block unreadable.  Returns
+ * a palloc'd copy.
+ */
+char *
+TextMakeValid(const char *s, size_t len)
+{
+	int			encoding = GetDatabaseEncoding();
+	const char *replacement = encoding == PG_UTF8 ? "\xef\xbf\xbd" : "?";
+	StringInfoData buf;
+	size_t		i = 0;
+
+	if (memchr(s, '\0', len) == NULL && pg_verifymbstr(s, len, true))
+		return pnstrdup(s, len);
+	initStringInfo(&buf);
+	while (i < len)
+	{
+		int			l = s[i] == '\0' ? -1 :
+			pg_encoding_verifymbchar(encoding, s + i, (int) Min(len - i, INT_MAX));
+
+		if (l <= 0)
+		{
+			appendStringInfoString(&buf, replacement);
+			i++;
+		}
+		else
+		{
+			appendBinaryStringInfo(&buf, s + i, l);
+			i += l;
+		}
+	}
+	return buf.data;
 }
 
 Jsonb *

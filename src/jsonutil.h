@@ -24,6 +24,8 @@ extern Jsonb *JsonValueToJsonb(JsonbValue *v);
 extern char *JsonValueToText(JsonbValue *v);
 extern Jsonb *JsonFromCString(const char *text);
 extern Jsonb *JsonParseSafe(const char *text, size_t len);
+extern Jsonb *JsonParseExternal(const char *text, size_t len, const char **why);
+extern char *TextMakeValid(const char *s, size_t len);
 extern Jsonb *JsonEmptyObject(void);
 extern Jsonb *JsonCopyTo(Jsonb *j, MemoryContext cxt);
 extern bool JsonIsObject(Jsonb *j);

@@ -84,7 +84,8 @@ static const char claim_sql[] =
 "RETURNING r.id, r.attempt, r.workflow, r.workflow_version, r.principal, "
 "  r.context, r.current_step, r.last_seq, r.step_state, r.control, r.compensation, "
 "  r.principal_id, r.priority, r.hook OPERATOR(pg_catalog.->>) 'step', r.started_at, r.traceparent, "
-"  CASE WHEN r.parent_step IS NOT NULL THEN r.parent_run_id END, r.created_at, r.artifacts";
+"  CASE WHEN r.parent_step IS NOT NULL THEN r.parent_run_id END, r.created_at, r.artifacts, "
+"  r.recoveries";
 
 /*
  * The first queued run in each of some ranges of a role's queue, bounds
@@ -250,6 +251,7 @@ load_claimed(RunState *run, HeapTuple tup, TupleDesc td)
 	d = SPI_getbinval(tup, td, 19, &isnull);
 	run->artifacts = isnull ? JsonEmptyObject() : DatumGetJsonbPCopy(d);
 	MemoryContextSwitchTo(old);
+	run->recoveries = DatumGetInt32(SPI_getbinval(tup, td, 20, &isnull));
 	/* a notify hook's run executes one step */
 	if (SPI_getvalue(tup, td, 14) != NULL)
 		run->notify_step = WorkflowFindStep(WorkflowLoad(run->workflow, run->version),
@@ -563,7 +565,7 @@ LeaseRelease(int n, const int64 *ids, const int32 *attempts)
 
 static const char reclaim_sql[] =
 "UPDATE tuvl.runs SET status = 'queued', lease_owner = NULL, lease_epoch = NULL, "
-"  lease_expires_at = NULL "
+"  lease_expires_at = NULL, recoveries = recoveries OPERATOR(pg_catalog.+) 1 "
 "WHERE id OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT id FROM tuvl.runs "
 "    WHERE status OPERATOR(pg_catalog.=) ANY ('{running,compensating}'::pg_catalog.text[]) "
 "      AND NOT tuvl._lease_holder_alive(lease_owner, lease_epoch) "
@@ -575,6 +577,11 @@ static const char reclaim_sql[] =
  * it died, exited, belongs to an older server incarnation (crash or
  * restart), or has been stalled for longer than tuvl.lease_timeout.
  * Runs of dead holders come back at once, not after the lease timeout.
+ * Each counts a recovery: a run that comes back this way more than
+ * tuvl.max_recoveries times without progress in between (checkpoint.c)
+ * is failed when next claimed, so that a response or a step that kills
+ * its worker is not sent or run again and again (worker.c).  A worker
+ * that lets go of runs on purpose (LeaseRelease) counts nothing.
  * Returns how many runs were requeued.
  */
 uint64

@@ -53,11 +53,14 @@
 
 PG_FUNCTION_INFO_V1(tuvl_mcp_list_tools);
 
+/* A session id as long as this is refused (it could not be kept whole). */
+#define MCP_MAX_SESSION_ID 256
+
 /* Sessions this process holds, by server URL. */
 typedef struct McpSession
 {
 	char		url[1024];		/* hash key: the URL and its headers' hash */
-	char		session_id[256];
+	char		session_id[MCP_MAX_SESSION_ID];
 	char		version[32];
 	char		server[1024];	/* the URL, to close the session at exit */
 	List	   *headers;		/* the headers sent with it, in TopMemoryContext */
@@ -99,17 +102,6 @@ session_forget(const char *url, const char *session)
 
 	if (s && session && strcmp(s->session_id, session) == 0)
 		hash_search(sessions, s->url, HASH_REMOVE, NULL);
-}
-
-static bool
-valid_json(const char *s, size_t len)
-{
-	JsonLexContext *lex;
-
-	if (!pg_verifymbstr(s, len, true))
-		return false;
-	lex = makeJsonLexContextCstringLen((char *) s, len, GetDatabaseEncoding(), true);
-	return pg_parse_json(lex, &nullSemAction) == JSON_SUCCESS;
 }
 
 /*
@@ -160,11 +152,12 @@ McpParseMessage(const char *body, const char *content_type, const char *id, char
 			if (len == 0)
 			{
 				/* blank line: dispatch the event */
-				if (data.len > 0 && valid_json(data.data, data.len))
+				if (data.len > 0)
 				{
-					Jsonb	   *msg = JsonFromCString(data.data);
+					/* an event that is not a JSON message is skipped */
+					Jsonb	   *msg = JsonParseExternal(data.data, data.len, NULL);
 
-					if (JsonIsObject(msg) && is_response_to(msg, id))
+					if (msg && JsonIsObject(msg) && is_response_to(msg, id))
 						return msg;
 				}
 				resetStringInfo(&data);
@@ -184,23 +177,25 @@ McpParseMessage(const char *body, const char *content_type, const char *id, char
 				break;
 			p = eol + ((eol[0] == '\r' && eol[1] == '\n') ? 2 : 1);
 		}
-		if (data.len > 0 && valid_json(data.data, data.len))
+		if (data.len > 0)
 		{
-			Jsonb	   *msg = JsonFromCString(data.data);
+			Jsonb	   *msg = JsonParseExternal(data.data, data.len, NULL);
 
-			if (JsonIsObject(msg) && is_response_to(msg, id))
+			if (msg && JsonIsObject(msg) && is_response_to(msg, id))
 				return msg;
 		}
 		*error = psprintf("the event stream holds no response to request %s", id);
 		return NULL;
 	}
-	if (!valid_json(body, strlen(body)))
 	{
-		*error = "the response is not valid JSON";
-		return NULL;
-	}
-	{
-		Jsonb	   *msg = JsonFromCString(body);
+		const char *why;
+		Jsonb	   *msg = JsonParseExternal(body, strlen(body), &why);
+
+		if (msg == NULL)
+		{
+			*error = psprintf("the response %s", why);
+			return NULL;
+		}
 
 		if (JsonIsObject(msg) && is_response_to(msg, id))
 			return msg;
@@ -359,6 +354,37 @@ header_of(Jsonb *result, const char *name)
 	return h ? JsonGetString(h, name) : NULL;
 }
 
+/*
+ * The session id a server gave in its answer to initialize, or NULL.  The
+ * spec allows visible ASCII only (0x21 to 0x7E); anything else, or one too
+ * long to keep, is the server's error.
+ */
+static char *
+session_of(Jsonb *result)
+{
+	char	   *sid = header_of(result, "mcp-session-id");
+
+	if (sid == NULL)
+		return NULL;
+	for (const char *c = sid; *c; c++)
+		if (*c < 0x21 || *c > 0x7e)
+		{
+			StepErrorType = "mcp_error";
+			ereport(ERROR,
+					(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+					 errmsg("MCP initialize failed: the server's session id holds characters other than visible ASCII")));
+		}
+	if (strlen(sid) >= MCP_MAX_SESSION_ID)
+	{
+		StepErrorType = "mcp_error";
+		ereport(ERROR,
+				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+				 errmsg("MCP initialize failed: the server's session id is longer than %d bytes",
+						MCP_MAX_SESSION_ID - 1)));
+	}
+	return sid;
+}
+
 /* Fail the step with what a transport-level failure says. */
 static void
 fail_transport(Jsonb *result, const char *what)
@@ -374,7 +400,7 @@ fail_transport(Jsonb *result, const char *what)
 	ereport(ERROR,
 			(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 			 errmsg("MCP %s failed: the server answered HTTP %d", what, status),
-			 errdetail("%s", JsonGetText(result, "body"))));
+			 errdetail("%s", JsonClipText(JsonGetText(result, "body"), 1000))));
 }
 
 /* The JSON-RPC message answering request id in an effect result. */
@@ -538,7 +564,7 @@ walk_effects(RunState *run, int n, const char *url, McpProgress *p, Jsonb **answ
 			if (status < 200 || status >= 300)
 				fail_transport(r, "initialize");
 			init = rpc_answer(r, answer_id(r, i), "initialize");
-			p->session = header_of(r, "mcp-session-id");
+			p->session = session_of(r);
 			p->version = init ? JsonGetString(init, "protocolVersion") : NULL;
 			if (p->version == NULL)
 				p->version = MCP_PROTOCOL_VERSION;
@@ -939,7 +965,7 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 	if (JsonGetInt32(r, "status", 0) < 200 || JsonGetInt32(r, "status", 0) >= 300)
 		fail_transport(r, "initialize");
 	init = rpc_answer(r, "tuvl-list-1", "initialize");
-	session = header_of(r, "mcp-session-id");
+	session = session_of(r);
 	version = init ? JsonGetString(init, "protocolVersion") : NULL;
 	if (version)
 		check_version(version);

@@ -1097,6 +1097,7 @@ take_fresh_effect(Transition *t)
 	run->fresh_judge = NULL;
 	if (run->fresh_effect == NULL)
 		return;
+	run->took_effect = true;
 	op = JsonGetString(run->fresh_effect, "op");
 	judge = JsonGetString(run->fresh_effect, "judge");
 	if (op && strcmp(op, "llm") == 0)
@@ -1174,6 +1175,7 @@ RunAdvance(RunState *run)
 	run->fresh_judge = NULL;
 	RunForgetSend(run);
 	run->cancelled = RUN_CANCEL_NONE;
+	run->took_effect = false;
 	run->compensation_changed = false;
 	if (run->next_compensation)
 		pfree(run->next_compensation);
@@ -1207,6 +1209,16 @@ RunAdvance(RunState *run)
 void
 RunFail(RunState *run, const char *error)
 {
+	RunFailAs(run, error, NULL);
+}
+
+/*
+ * RunFail, with the context's _last_error and _last_error_type set as a
+ * failed step sets them (error_type NULL: the context as it is).
+ */
+void
+RunFailAs(RunState *run, const char *error, const char *error_type)
+{
 	Checkpoint	cp;
 	JsonObjBuilder b;
 
@@ -1223,6 +1235,13 @@ RunFail(RunState *run, const char *error)
 	}
 	cp.status = RUN_FAILED;
 	cp.context = run->context;
+	if (error_type)
+	{
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "_last_error", error);
+		JsonObjAddString(&b, "_last_error_type", error_type);
+		cp.context = JsonMerge(cp.context, JsonObjEnd(&b));
+	}
 	cp.error = error;
 	cp.step_state = run->step_state;
 	CheckpointWrite(run, &cp);

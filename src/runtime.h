@@ -59,6 +59,8 @@ typedef struct RunState
 	Jsonb	   *control;		/* operator directives seen at the last
 								 * checkpoint (tuvl.runs.control), or NULL */
 	uint64		control_gen;	/* TuvlControlGen() before control was read */
+	int			recoveries;		/* times reclaimed from a dead holder since
+								 * its last progress (tuvl.runs.recoveries) */
 	MemoryContext cxt;			/* "tuvl run": owns the fields above */
 
 	/* effects (see effect.c), owned by cxt */
@@ -78,6 +80,7 @@ typedef struct RunState
 								 * in this transition, or NULL */
 	int			entry_seq;		/* seq of this step's agent_started */
 	int			fresh_position; /* where the fresh effect landed, or -1 */
+	bool		took_effect;	/* an effect's result was journaled */
 	int			effect_call;	/* > 0: effects belong to this agent tool call */
 	Jsonb	   *tool_args;		/* the model's arguments of that call */
 	List	   *step_events;	/* journal events the step added */
@@ -124,6 +127,7 @@ extern void RunStateFree(RunState *run);
 extern void RunAdvance(RunState *run);
 extern void RunApplyTransition(RunState *run);
 extern void RunFail(RunState *run, const char *error);
+extern void RunFailAs(RunState *run, const char *error, const char *error_type);
 extern void RunRefreshControl(RunState *run);
 extern void RunForgetSend(RunState *run);
 extern void RunKeepJsonb(RunState *run, Jsonb **field, Jsonb *value);

@@ -48,6 +48,7 @@ int			tuvl_heartbeat_interval = 5000;
 int			tuvl_runs_per_worker = 512;
 int			tuvl_launcher_naptime = 10000;
 int			tuvl_sync_timeout = 30000;
+int			tuvl_max_recoveries = 3;
 char	   *tuvl_http_allowed_hosts = NULL;
 int			tuvl_http_timeout = 30000;
 int			tuvl_agent_tool_timeout = 300;
@@ -501,6 +502,10 @@ static const IntGuc worker_gucs[] = {
 		"Default time tuvl.run() executes a run before handing it to the workers.",
 		"A workflow's trigger.sync_timeout and the sync_timeout argument override it.",
 	&tuvl_sync_timeout, 30000, 0, INT_MAX, PGC_USERSET, GUC_UNIT_MS, false},
+	{"tuvl.max_recoveries",
+		"Times a run is taken up again after its worker died while holding it, before it fails.",
+		"Counted since the run last got further (a result journaled, another step); the run then fails with _last_error_type recovery_limit, so that a response or a step that kills its worker is not sent or run again and again.",
+	&tuvl_max_recoveries, 3, 0, 1000, PGC_SIGHUP, 0, false},
 };
 
 /* Timeouts and size limits, in the order they are defined. */

@@ -115,6 +115,7 @@ extern int	tuvl_agent_pause_max;
 extern int	tuvl_step_timeout;
 extern int	tuvl_max_batch_time;
 extern int	tuvl_max_input_size;
+extern int	tuvl_max_recoveries;
 extern int	tuvl_max_output_size;
 extern int	tuvl_max_source_size;
 extern int	tuvl_max_worker_memory;

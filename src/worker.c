@@ -468,6 +468,35 @@ claim_room(void)
 				   ? CONTENDED_STEPS : 0));
 }
 
+static void fail_one_run(RunState *run, const char *error, const char *error_type);
+
+/*
+ * Fail the runs just claimed that came back from dead workers more than
+ * tuvl.max_recoveries times without getting further (LeaseReclaim): the
+ * worker that held them died each time, most likely because of what the
+ * run does or receives, and taking it up again would only do that again.
+ */
+static void
+fail_crash_loops(List *runs)
+{
+	ListCell   *lc;
+
+	foreach(lc, runs)
+	{
+		RunState   *run = lfirst(lc);
+
+		if (run->recoveries <= tuvl_max_recoveries)
+			continue;
+		ereport(LOG,
+				(errmsg("tuvl worker failing run " INT64_FORMAT ": its worker died %d times while it held it",
+						run->id, run->recoveries)));
+		fail_one_run(run, psprintf("its worker died %d times while holding it without the run getting further, "
+								   "more than tuvl.max_recoveries (%d)", run->recoveries, tuvl_max_recoveries),
+					 "recovery_limit");
+		forget_run(run);
+	}
+}
+
 /*
  * Claim queued runs, at most a batch at a time so that the workers share
  * the queue; returns how many were claimed.
@@ -490,6 +519,7 @@ claim(void)
 		trimmed = false;
 	commit_tx();
 	hold_runs(runs);
+	fail_crash_loops(runs);
 	/* a full share means more are queued: share them with the others */
 	if (more)
 		TuvlWakeWorkers(MyDatabaseId);
@@ -635,7 +665,7 @@ try_advance(RunState *run, TimestampTz budget, char **fatal)
 }
 
 static void
-fail_one_run(RunState *run, const char *error)
+fail_one_run(RunState *run, const char *error, const char *error_type)
 {
 	MemoryContext oldcxt;
 	volatile bool ok = true;
@@ -644,7 +674,7 @@ fail_one_run(RunState *run, const char *error)
 	oldcxt = CurrentMemoryContext;
 	PG_TRY();
 	{
-		RunFail(run, error);
+		RunFailAs(run, error, error_type);
 	}
 	PG_CATCH();
 	{
@@ -676,7 +706,7 @@ fail_runs(List *runs, List *errors)
 	ListCell   *lc2;
 
 	forboth(lc1, runs, lc2, errors)
-		fail_one_run(lfirst(lc1), lfirst(lc2));
+		fail_one_run(lfirst(lc1), lfirst(lc2), NULL);
 }
 
 /* The principal served by the last batch. */
@@ -1211,7 +1241,50 @@ start_due_sends(TimestampTz *next_send)
 	note_in_flight();
 }
 
-/* Hand finished transfers to their runs. */
+/*
+ * The journal form of a finished request's result.  Reading a response
+ * raises on nothing the server sent (JsonParseExternal), but should any
+ * other error come up while it is read, it becomes the request's error:
+ * the run's step fails, not the worker with every run it holds.  A cancel
+ * or a shutdown is thrown on.
+ */
+static Jsonb *
+finish_effect(RunState *run, HttpResult *res)
+{
+	MemoryContext oldcxt = CurrentMemoryContext;
+	Jsonb	   *volatile result = NULL;
+
+	PG_TRY();
+	{
+		result = EffectFinish(run->send, res);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+		HttpResult	failed;
+
+		if (ERRCODE_TO_CATEGORY(geterrcode()) == ERRCODE_OPERATOR_INTERVENTION)
+			PG_RE_THROW();
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		FlushErrorState();
+		memset(&failed, 0, sizeof(failed));
+		failed.error_kind = "error";
+		failed.error = psprintf("the response could not be read: %s", edata->message);
+		failed.body = "";
+		failed.latency_ms = res->latency_ms;
+		result = EffectFinish(run->send, &failed);
+	}
+	PG_END_TRY();
+	return result;
+}
+
+/*
+ * Hand finished transfers to their runs.  HttpTakeResult frees a
+ * transfer: the run stops pointing to it first, so that nothing (an error
+ * while its result is read, the run being forgotten afterwards) can touch
+ * it once it is gone.
+ */
 static void
 collect_done(void)
 {
@@ -1226,12 +1299,16 @@ collect_done(void)
 		RunState   *run = HttpTransferOwner(t);
 		HttpResult *res;
 
+		/* a run dropped meanwhile (lost lease) disowned its transfer */
+		if (run != NULL && run->transfer != t)
+			run = NULL;
+		if (run != NULL)
+			run->transfer = NULL;
 		/* one result at a time: its copies are freed before the next */
 		MemoryContextSwitchTo(step_cxt);
 		res = HttpTakeResult(t);
-		/* a run dropped meanwhile (lost lease) disowned its transfer */
-		if (run != NULL && run->transfer == t)
-			effect_done(run, EffectFinish(run->send, res));
+		if (run != NULL)
+			effect_done(run, finish_effect(run, res));
 		MemoryContextSwitchTo(old);
 		MemoryContextReset(step_cxt);
 	}
@@ -1390,6 +1467,38 @@ recover_from_error(void)
 	pg_usleep(1000000L);
 }
 
+/*
+ * Before leaving on purpose (the launcher shrinks the pool): give every
+ * held run back to the queue, where the other workers take it at once.
+ * Left to lapse, their leases would count as recoveries (LeaseReclaim),
+ * as if this worker had died.  Between batches: no transaction is open.
+ */
+static void
+hand_back_all_runs(void)
+{
+	int			n = list_length(held);
+	int64	   *ids;
+	int32	   *attempts;
+	int			i = 0;
+	ListCell   *lc;
+
+	if (n == 0)
+		return;
+	ids = palloc(sizeof(int64) * n);
+	attempts = palloc(sizeof(int32) * n);
+	foreach(lc, held)
+	{
+		ids[i] = ((RunState *) lfirst(lc))->id;
+		attempts[i++] = ((RunState *) lfirst(lc))->attempt;
+	}
+	begin_tx("tuvl handing runs back");
+	(void) LeaseRelease(n, ids, attempts);
+	commit_tx();
+	forget_all_runs();
+	HttpAbortAll();
+	TuvlWakeWorkers(MyDatabaseId);
+}
+
 /* Handle interrupts, a configuration reload and the launcher's stop. */
 static void
 handle_interrupts(void)
@@ -1403,6 +1512,7 @@ handle_interrupts(void)
 	if (TuvlShmem->slots[my_slot].stop_requested)
 	{
 		ereport(LOG, (errmsg("tuvl worker stopping at the launcher's request")));
+		hand_back_all_runs();
 		proc_exit(0);
 	}
 }
