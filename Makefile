@@ -50,6 +50,7 @@ OBJS = \
 	src/template.o \
 	src/trace.o \
 	src/tuvl.o \
+	src/uses.o \
 	src/validate.o \
 	src/worker.o \
 	src/workflow.o \

@@ -75,6 +75,7 @@
 #include "template.h"
 #include "trace.h"
 #include "tuvl.h"
+#include "uses.h"
 
 #define AGENT_MAX_TOOL_RESULT_CHARS 8000
 #define AGENT_DEFAULT_MAX_ITERATIONS 8
@@ -1002,6 +1003,37 @@ finalize(AgentLoop *l, const char *text)
 		agent_exit(l, l->result->signal, NULL, NULL);
 }
 
+/*
+ * Before asking a model again for an answer that failed: an abort or a
+ * pause that came meanwhile (while a Retry-After was waited out, say)
+ * stands here as at the top of a turn.  Steering waits for the next turn,
+ * where replay expects it.  Returns false when the turn must not go on.
+ */
+static bool
+retry_checkpoint(AgentLoop *l)
+{
+	Jsonb	   *control;
+
+	if (l->run->replay)
+		return true;
+	control = read_control(l);
+	if (control == NULL)
+		return true;
+	if (abort_requested(l, control))
+	{
+		agent_exit(l, "aborted", "aborted", l->abort_reason);
+		return false;
+	}
+	if (JsonGetField(control, "pause"))
+	{
+		Jsonb	   *pause = JsonGetJsonb(control, "pause");
+
+		park_paused(l, pause && JsonIsObject(pause) ? JsonGetString(pause, "by") : NULL, NULL);
+		return false;
+	}
+	return true;
+}
+
 /* ---------------------------------------------------------------- turns */
 
 /*
@@ -1023,8 +1055,13 @@ model_turn(AgentLoop *l, LlmReply *reply)
 
 		if (l->cursor >= EffectCount(run))
 		{
-			EffectRequest *req = LlmBuildRequest(l->run, l->cfg, messages_jsonb(l), l->specs,
-												 AgentAnswerSchema(l->values), -1);
+			EffectRequest *req;
+
+			/* a retry (its delay too) stops for an abort or a pause */
+			if (attempts > 0 && !retry_checkpoint(l))
+				return false;
+			req = LlmBuildRequest(l->run, l->cfg, messages_jsonb(l), l->specs,
+								  AgentAnswerSchema(l->values), -1);
 
 			req->delay_ms = delay_ms;
 			l->result->pending = true;
@@ -1795,6 +1832,7 @@ StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 	AgentLoop	l;
 	Jsonb	   *budget;
 	MemoryContext turncxt;
+	UseReferrer by;
 
 	memset(&l, 0, sizeof(l));
 	l.run = run;
@@ -1811,8 +1849,9 @@ StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 	initStringInfo(&l.msgs);
 
 	StepErrorType = "llm_error";
-	l.cfg = LlmConfigLoad(JsonGetString(l.agent, "model") ? JsonGetString(l.agent, "model") : "default",
-						  run->created_at);
+	WorkflowReferrer(run->wf, &by);
+	l.cfg = LlmConfigFor(run, JsonGetString(l.agent, "model") ? JsonGetString(l.agent, "model") : "default",
+						 &by);
 	StepErrorType = "error";
 	build_tools(&l);
 	{

@@ -26,6 +26,7 @@
 #include "jsonutil.h"
 #include "judge.h"
 #include "retry.h"
+#include "uses.h"
 
 /* agent.retry: on [timeout, error] unless "on" says otherwise (retry.c). */
 #define AGENT_DEFAULT_ATTEMPTS 3
@@ -273,6 +274,7 @@ resolve_guardrail(RunState *run, const StepDef *step, GuardrailGate gate, const 
 	r->ref.version = ref->version;
 	r->ref.type = ref->type ? pstrdup(ref->type) : NULL;
 	r->ref.definition = ref->definition ? JsonCopyTo(ref->definition, resolved_cxt) : NULL;
+	r->ref.owner = ref->owner;
 	resolved = lcons(r, resolved);	/* the run at hand is at the front */
 	MemoryContextSwitchTo(old);
 }
@@ -370,8 +372,14 @@ AgentGateJudge(RunState *run, const StepDef *step, GuardrailGate gate, const cha
 	{
 		ArtifactRef ref;
 		Jsonb	   *checks;
+		UseReferrer by;
 
 		resolve_guardrail(run, step, gate, lfirst(lc), &ref);
+		/* what the guardrail names, it names as its owner (uses.c) */
+		by.owner = ref.owner;
+		by.pins = NULL;
+		by.unpinned = false;
+		by.what = psprintf("guardrail artifact \"%s\" version %d", ref.name, ref.version);
 		checks = JsonGetJsonb(ref.definition, "checks");
 		for (int i = 0; i < JsonArraySize(checks); i++)
 		{
@@ -385,11 +393,11 @@ AgentGateJudge(RunState *run, const StepDef *step, GuardrailGate gate, const cha
 
 			if (strcmp(JsonGetString(check, "check"), "llm_judge") != 0)
 				continue;
-			prompt = ArtifactResolveText(run, JsonGetString(check, "prompt"), SITE_PROMPT,
-										 psprintf("the prompt of check %d of guardrail \"%s\"",
-												  i + 1, ref.name));
+			prompt = ArtifactResolveTextBy(run, JsonGetString(check, "prompt"), SITE_PROMPT,
+										   psprintf("the prompt of check %d of guardrail \"%s\"",
+													i + 1, ref.name), &by);
 			if (!JudgeAsk(run, psprintf("%s:%s:%d", subject, ref.name, i + 1),
-						  model ? model : "default", prompt, content, judge_verdicts, &a, &req))
+						  model ? model : "default", &by, prompt, content, judge_verdicts, &a, &req))
 			{
 				result->pending = true;
 				result->effect = req;

@@ -160,7 +160,8 @@ tuvl_register_workflow(PG_FUNCTION_ARGS)
 	char	   *source = text_to_cstring(PG_GETARG_TEXT_PP(0));
 	Jsonb	   *positions = NULL;
 	Jsonb	   *def = YamlToJsonb(source, "workflow", &positions);
-	List	   *findings = ValidateWorkflow(def, positions, false);
+	Jsonb	   *refs = NULL;
+	List	   *findings = ValidateWorkflow(def, positions, false, &refs);
 	char	   *name = JsonGetString(def, "name");
 	ListCell   *lc;
 	int			version;
@@ -182,19 +183,20 @@ tuvl_register_workflow(PG_FUNCTION_ARGS)
 	}
 
 	SPI_connect();
-	RegistryLockName("workflow", "tuvl.workflow.",
+	RegistryLockName("workflow",
 					 "SELECT owner FROM tuvl.workflows "
 					 "WHERE name OPERATOR(pg_catalog.=) $1 "
 					 "  AND version OPERATOR(pg_catalog.=) 1", name);
 	version = WorkflowLatestVersion(name, true) + 1;
 	{
-		static const Oid types[5] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, REGROLEOID};
+		static const Oid types[6] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, REGROLEOID, JSONBOID};
 
-		SecurityExecArgs("INSERT INTO tuvl.workflows (name, version, source, definition, owner) "
-						 "VALUES ($1, $2, $3, $4, $5)", SPI_OK_INSERT, 5, types,
+		/* refs: the owners of what it names, pinned (uses.c) */
+		SecurityExecArgs("INSERT INTO tuvl.workflows (name, version, source, definition, owner, refs) "
+						 "VALUES ($1, $2, $3, $4, $5, $6)", SPI_OK_INSERT, 6, types,
 						 CStringGetTextDatum(name), Int32GetDatum(version),
 						 CStringGetTextDatum(source), JsonbPGetDatum(def),
-						 ObjectIdGetDatum(GetUserId()));
+						 ObjectIdGetDatum(GetUserId()), JsonbPGetDatum(refs));
 	}
 	sync_schedule(name, def);
 	SPI_finish();
@@ -250,7 +252,7 @@ tuvl_validate(PG_FUNCTION_ARGS)
 	InitMaterializedSRF(fcinfo, 0);
 	def = parse_for_validate(source, &positions, &findings);
 	if (def)
-		findings = ValidateWorkflow(def, positions, strict);
+		findings = ValidateWorkflow(def, positions, strict, NULL);
 	foreach(lc, findings)
 	{
 		Finding    *f = lfirst(lc);

@@ -37,6 +37,8 @@
 #include "security.h"
 #include "spiutil.h"
 #include "tuvl.h"
+#include "uses.h"
+#include "workflow.h"
 #include "yamlparse.h"
 
 PG_FUNCTION_INFO_V1(tuvl_register_artifact);
@@ -148,6 +150,7 @@ typedef struct PinnedArtifact
 	char	   *type;			/* in pinned_cxt; NULL: being filled */
 	char	   *body;
 	Jsonb	   *definition;
+	Oid			owner;			/* whose work the version is */
 } PinnedArtifact;
 
 static HTAB *pinned_cache = NULL;
@@ -200,8 +203,10 @@ pinned_entry(const char *name, int version, bool create)
 
 /* Copy a cached version out, as ArtifactLookup returns it. */
 static void
-pinned_copy(PinnedArtifact *e, char **type, char **body, Jsonb **definition)
+pinned_copy(PinnedArtifact *e, char **type, char **body, Jsonb **definition, Oid *owner)
 {
+	if (owner)
+		*owner = e->owner;
 	if (type)
 		*type = pstrdup(e->type);
 	if (body)
@@ -219,7 +224,7 @@ pinned_copy(PinnedArtifact *e, char **type, char **body, Jsonb **definition)
  */
 bool
 ArtifactLookup(const char *name, int version, char **type, char **body, int *version_out,
-			   int *latest, Jsonb **definition)
+			   int *latest, Jsonb **definition, Oid *owner)
 {
 	static const Oid types[2] = {TEXTOID, INT4OID};
 	Datum		values[2];
@@ -230,7 +235,7 @@ ArtifactLookup(const char *name, int version, char **type, char **body, int *ver
 
 	if (pinned && pinned->type)
 	{
-		pinned_copy(pinned, type, body, definition);
+		pinned_copy(pinned, type, body, definition, owner);
 		return true;
 	}
 
@@ -240,7 +245,7 @@ ArtifactLookup(const char *name, int version, char **type, char **body, int *ver
 	SecurityAsOwner(&frame);
 	if (SpiExec("SELECT a.type, a.body, a.version, "
 				"  (SELECT pg_catalog.max(x.version) FROM tuvl.artifacts x "
-				"   WHERE x.name OPERATOR(pg_catalog.=) $1), a.definition "
+				"   WHERE x.name OPERATOR(pg_catalog.=) $1), a.definition, a.owner::pg_catalog.oid "
 				"FROM tuvl.artifacts a WHERE a.name OPERATOR(pg_catalog.=) $1 "
 				"  AND ($2 OPERATOR(pg_catalog.=) 0 OR a.version OPERATOR(pg_catalog.=) $2) "
 				"ORDER BY a.version DESC LIMIT 1",
@@ -253,6 +258,7 @@ ArtifactLookup(const char *name, int version, char **type, char **body, int *ver
 		char	   *b = SPI_getvalue(tup, td, 2);
 		int			v = DatumGetInt32(SPI_getbinval(tup, td, 3, &isnull));
 		int			l = DatumGetInt32(SPI_getbinval(tup, td, 4, &isnull));
+		Oid			o = DatumGetObjectId(SPI_getbinval(tup, td, 6, &isnull));
 
 		if (type)
 			*type = MemoryContextStrdup(cxt, t);
@@ -262,6 +268,8 @@ ArtifactLookup(const char *name, int version, char **type, char **body, int *ver
 			*version_out = v;
 		if (latest)
 			*latest = l;
+		if (owner)
+			*owner = o;
 		if (definition)
 		{
 			Datum		d = SPI_getbinval(tup, td, 5, &isnull);
@@ -275,6 +283,7 @@ ArtifactLookup(const char *name, int version, char **type, char **body, int *ver
 			pinned->definition = isnull ? NULL : JsonCopyTo(DatumGetJsonbP(d), pinned_cxt);
 			pinned->body = b ? MemoryContextStrdup(pinned_cxt, b) : NULL;
 			pinned->loaded_at = GetCurrentTimestamp();
+			pinned->owner = o;
 			pinned->type = MemoryContextStrdup(pinned_cxt, t);	/* last: complete */
 		}
 		found = true;
@@ -394,7 +403,7 @@ ArtifactPinFloating(Jsonb *definition)
 
 		if (!ArtifactParseRef(lfirst(lc), &name, &version) || name == NULL || version > 0)
 			continue;
-		if (!ArtifactLookup(name, 0, NULL, NULL, &resolved, NULL, NULL))
+		if (!ArtifactLookup(name, 0, NULL, NULL, &resolved, NULL, NULL, NULL))
 			ereport(ERROR,
 					(errcode(ERRCODE_UNDEFINED_OBJECT),
 					 errmsg("artifact \"%s\" does not exist", name),
@@ -433,10 +442,12 @@ run_artifacts(RunState *run)
  */
 static bool
 resolve_ref(RunState *run, const char *text, ArtifactSite site, const char *what,
-			ArtifactRef *ref)
+			ArtifactRef *ref, const UseReferrer *by)
 {
 	char	   *name;
 	int			version;
+	bool		floating;
+	UseReferrer wf_by;
 
 	memset(ref, 0, sizeof(ArtifactRef));
 	if (!ArtifactParseRef(text, &name, &version))
@@ -446,6 +457,7 @@ resolve_ref(RunState *run, const char *text, ArtifactSite site, const char *what
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("%s is a malformed artifact reference: %s", what, text),
 				 errhint("Write artifact://name or artifact://name@version.")));
+	floating = version == 0;
 	if (version == 0)
 	{
 		Jsonb	   *pins = run_artifacts(run);
@@ -459,11 +471,19 @@ resolve_ref(RunState *run, const char *text, ArtifactSite site, const char *what
 							   what, text)));
 		version = JsonGetInt32(pins, name, 0);
 	}
-	if (!ArtifactLookup(name, version, &ref->type, &ref->body, NULL, NULL, &ref->definition))
+	if (!ArtifactLookup(name, version, &ref->type, &ref->body, NULL, NULL, &ref->definition,
+						&ref->owner))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("artifact \"%s\" has no version %d", name, version),
 				 errdetail("%s refers to %s.", what, text)));
+	/* whose it is: the workflow's (or by's) own, pinned, or granted (uses.c) */
+	if (by == NULL)
+	{
+		WorkflowReferrer(run->wf, &wf_by);
+		by = &wf_by;
+	}
+	UseCheck(by, USE_ARTIFACT, name, floating ? 0 : version, ref->owner);
 	if (!ArtifactSiteAccepts(site, ref->type))
 		ereport(ERROR,
 				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
@@ -481,9 +501,20 @@ resolve_ref(RunState *run, const char *text, ArtifactSite site, const char *what
 char *
 ArtifactResolveText(RunState *run, const char *text, ArtifactSite site, const char *what)
 {
+	return ArtifactResolveTextBy(run, text, site, what, NULL);
+}
+
+/*
+ * ArtifactResolveText for a reference that by makes (a guardrail's check
+ * naming a prompt artifact), not the run's workflow.
+ */
+char *
+ArtifactResolveTextBy(RunState *run, const char *text, ArtifactSite site, const char *what,
+					  const UseReferrer *by)
+{
 	ArtifactRef ref;
 
-	if (!resolve_ref(run, text, site, what, &ref))
+	if (!resolve_ref(run, text, site, what, &ref, by))
 		return (char *) text;
 	if (ref.body == NULL)
 		ereport(ERROR,
@@ -504,11 +535,13 @@ ArtifactResolveCached(RunState *run, const char *text, ArtifactSite site, Artifa
 {
 	char	   *name;
 	int			version;
+	bool		floating;
 	PinnedArtifact *e;
 
 	memset(ref, 0, sizeof(ArtifactRef));
 	if (!ArtifactParseRef(text, &name, &version) || name == NULL)
 		return false;
+	floating = version == 0;
 	if (version == 0)
 	{
 		JsonbValue *pin;
@@ -523,9 +556,15 @@ ArtifactResolveCached(RunState *run, const char *text, ArtifactSite site, Artifa
 	e = pinned_entry(name, version, false);
 	if (e == NULL || e->type == NULL || !ArtifactSiteAccepts(site, e->type))
 		return false;
+	/* another role's (or not as pinned): the whole check (ArtifactResolve) */
+	if (run->wf == NULL || e->owner != run->wf->owner ||
+		(run->wf->refs &&
+		 (Oid) JsonGetInt(run->wf->refs, UsePinKey(USE_ARTIFACT, name, floating ? 0 : version), 0) != e->owner))
+		return false;
 	ref->type = e->type;
 	ref->body = e->body;
 	ref->definition = e->definition;
+	ref->owner = e->owner;
 	ref->name = name;
 	ref->version = version;
 	return true;
@@ -540,7 +579,7 @@ void
 ArtifactResolve(RunState *run, const char *text, ArtifactSite site, const char *what,
 				ArtifactRef *ref)
 {
-	if (!resolve_ref(run, text, site, what, ref))
+	if (!resolve_ref(run, text, site, what, ref, NULL))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("%s must be an artifact reference: %s", what, text),
@@ -549,21 +588,16 @@ ArtifactResolve(RunState *run, const char *text, ArtifactSite site, const char *
 
 /*
  * Serialize the registrations of one name in a versioned registry and
- * check that the caller may add a version: a transaction-level advisory
- * lock on lock_prefix || name ("tuvl.artifact.", "tuvl.workflow."), then
- * SecurityCheckNameOwner(kind, name) with the owner owner_sql finds.
+ * check that the caller may add a version: tuvl's own lock on the name
+ * in the kind's space (security.c: no session can take it otherwise),
+ * then SecurityCheckNameOwner(kind, name) with the owner owner_sql finds.
  * owner_sql must be a string literal (SpiExec caches plans by address).
  * SPI must be connected.
  */
 void
-RegistryLockName(const char *kind, const char *lock_prefix, const char *owner_sql,
-				 const char *name)
+RegistryLockName(const char *kind, const char *owner_sql, const char *name)
 {
-	static const Oid types[2] = {TEXTOID, TEXTOID};
-
-	SecurityExecArgs("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended("
-					 "$2 OPERATOR(pg_catalog.||) $1, 0))", SPI_OK_SELECT, 2, types,
-					 CStringGetTextDatum(name), CStringGetTextDatum(lock_prefix));
+	SecurityLockKey(kind, name);
 	SecurityCheckNameOwner(kind, name, SecurityNameOwner(owner_sql, name));
 }
 
@@ -711,6 +745,54 @@ check_artifact(Jsonb *def, char **name_out, char **type_out, JsonbValue **body_o
 	*body_out = body;
 }
 
+/* The role whose work what names is must be the caller, or have granted its use. */
+static void
+check_named_use(const char *artifact, int check, UseKind kind, const char *name, int version)
+{
+	Oid			owner = UseContentOwner(kind, name, version);
+
+	if (!OidIsValid(owner))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("artifact \"%s\": check %d names %s \"%s\", which does not exist",
+						artifact, check, UseKindWhat(kind), name),
+				 errhint("Register it first: another role could register the name later and receive what the check sends it.")));
+	if (!UseAllowed(kind, name, owner, GetUserId()))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("artifact \"%s\": check %d names %s \"%s\" of role \"%s\", which has not granted its use to you",
+						artifact, check, UseKindWhat(kind), name, GetUserNameFromId(owner, false)),
+				 errhint("Its owner can: SELECT tuvl.grant_use('%s', '%s', '%s');", UseKindName(kind), name,
+						 GetUserNameFromId(GetUserId(), false))));
+}
+
+/*
+ * What a guardrail's llm_judge checks name (a model config, a prompt
+ * artifact) must exist and be the registering role's or granted to it
+ * (uses.c).  SPI connected.
+ */
+static void
+check_guardrail_uses(Jsonb *def, const char *name)
+{
+	Jsonb	   *checks = JsonGetJsonb(def, "checks");
+
+	for (int i = 0; i < JsonArraySize(checks); i++)
+	{
+		Jsonb	   *check = JsonArrayAt(checks, i);
+		char	   *model = JsonGetString(check, "model");
+		char	   *prompt = JsonGetString(check, "prompt");
+		char	   *pname;
+		int			pversion;
+
+		if (!JsonIsObject(check) || JsonGetString(check, "check") == NULL ||
+			strcmp(JsonGetString(check, "check"), "llm_judge") != 0)
+			continue;
+		check_named_use(name, i + 1, USE_LLM, model ? model : "default", 0);
+		if (prompt && ArtifactParseRef(prompt, &pname, &pversion) && pname)
+			check_named_use(name, i + 1, USE_ARTIFACT, pname, pversion);
+	}
+}
+
 /*
  * register_artifact(source): store a new version of an artifact.
  */
@@ -729,12 +811,14 @@ tuvl_register_artifact(PG_FUNCTION_ARGS)
 
 	check_artifact(def, &name, &type, &body);
 	SPI_connect();
-	RegistryLockName("artifact", "tuvl.artifact.",
+	RegistryLockName("artifact",
 					 "SELECT owner FROM tuvl.artifacts "
 					 "WHERE name OPERATOR(pg_catalog.=) $1 "
 					 "  AND version OPERATOR(pg_catalog.=) 1", name);
+	if (strcmp(type, "guardrail") == 0)
+		check_guardrail_uses(def, name);
 	SPI_finish();
-	if (ArtifactLookup(name, 0, &old_type, NULL, &latest, NULL, NULL) && strcmp(old_type, type) != 0)
+	if (ArtifactLookup(name, 0, &old_type, NULL, &latest, NULL, NULL, NULL) && strcmp(old_type, type) != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_WRONG_OBJECT_TYPE),
 				 errmsg("artifact \"%s\" is a %s artifact; a new version cannot change its type to %s",

@@ -11,9 +11,16 @@
  * first, while fewer than limit runs of it are in flight.  In flight
  * means admitted and not ended: running, parked, sleeping in a step,
  * waiting for children, compensating.  A run started with not_before
- * holds no place until it wakes.  Admission takes a transaction-scoped
- * advisory lock on the workflow and key, so two starts, or a start and
- * an end, never both see the same free place.
+ * holds no place until it wakes.  Admission takes tuvl's own lock on the
+ * workflow, role and key (SecurityLockKey: no session can take it any
+ * other way), so two starts, or a start and an end, never both see the
+ * same free place.  A role's session waits for it; a worker never does,
+ * since a session of the role that started the run may hold it for as
+ * long as its transaction lasts (a start_run() not committed yet): the
+ * worker remembers the key and leaves the admission to its maintenance
+ * (ConcurrencyAdmitDeferred), which tries again every second until the
+ * lock is free: the session that held it has ended its transaction then,
+ * and the run it may have added is visible.
  *
  * A keyed run's end admits the next of its key: tuvl._run_ended()
  * (step_workflow.c), in the transaction that ended it.
@@ -25,6 +32,7 @@
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "utils/builtins.h"
+#include "utils/memutils.h"
 
 #include "concurrency.h"
 #include "jsonutil.h"
@@ -49,17 +57,56 @@ ConcurrencyKeyOf(WorkflowDef *wf, Jsonb *input, ConcurrencyKey *conc)
 	conc->limit = JsonGetInt32(c, "limit", 1);
 }
 
-/* The lock that orders admissions of one key: workflow, role and key hashed. */
-static void
+/*
+ * The lock that orders admissions of one key of one role.  A worker does
+ * not wait for it: false when another transaction holds it (the caller
+ * defers the admission).
+ */
+static bool
 lock_key(const char *workflow, const char *key, Oid principal)
 {
-	static const Oid types[2] = {TEXTOID, TEXTOID};
-	Datum		values[2];
+	char	   *k = psprintf("%s/%u/%s", workflow, principal, key);
 
-	values[0] = CStringGetTextDatum(psprintf("%s/%u", workflow, principal));
-	values[1] = CStringGetTextDatum(key);
-	SpiExec("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext($1), pg_catalog.hashtext($2))",
-			2, types, values, NULL, SPI_OK_SELECT);
+	if (MyTuvlSlot == NULL)
+	{
+		SecurityLockKey("concurrency", k);
+		return true;
+	}
+	return SecurityTryLockKey("concurrency", k);
+}
+
+/* Keys whose admission a worker deferred, in TopMemoryContext. */
+typedef struct DeferredKey
+{
+	char	   *workflow;
+	char	   *key;
+	int			limit;
+	Oid			principal;
+} DeferredKey;
+
+static List *deferred = NIL;
+
+static void
+defer_admission(const char *workflow, const char *key, int limit, Oid principal)
+{
+	MemoryContext old;
+	DeferredKey *d;
+	ListCell   *lc;
+
+	foreach(lc, deferred)
+	{
+		d = lfirst(lc);
+		if (d->principal == principal && strcmp(d->workflow, workflow) == 0 && strcmp(d->key, key) == 0)
+			return;
+	}
+	old = MemoryContextSwitchTo(TopMemoryContext);
+	d = palloc(sizeof(DeferredKey));
+	d->workflow = pstrdup(workflow);
+	d->key = pstrdup(key);
+	d->limit = limit;
+	d->principal = principal;
+	deferred = lappend(deferred, d);
+	MemoryContextSwitchTo(old);
 }
 
 /* Runs of the key in flight: admitted, not ended, not waiting for not_before. */
@@ -86,8 +133,8 @@ ConcurrencyHasRoom(const char *workflow, const ConcurrencyKey *conc, Oid princip
 	values[1] = CStringGetTextDatum(conc->key);
 	values[2] = Int32GetDatum(conc->limit);
 	values[3] = ObjectIdGetDatum(principal);
+	(void) lock_key(workflow, conc->key, principal);
 	SecurityAsOwner(&frame);
-	lock_key(workflow, conc->key, principal);
 	SpiExec("SELECT " IN_FLIGHT_SQL " OPERATOR(pg_catalog.<) $3", 4, types, values, NULL, SPI_OK_SELECT);
 	room = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &room));
 	SecurityRestore(&frame);
@@ -111,8 +158,12 @@ ConcurrencyAdmit(const char *workflow, const char *key, int limit, Oid principal
 	values[1] = CStringGetTextDatum(key);
 	values[2] = Int32GetDatum(limit);
 	values[3] = ObjectIdGetDatum(principal);
+	if (!lock_key(workflow, key, principal))
+	{
+		defer_admission(workflow, key, limit, principal);
+		return 0;
+	}
 	SecurityAsOwner(&frame);
-	lock_key(workflow, key, principal);
 	n = SpiExecIndexed("UPDATE tuvl.runs r SET held_by = NULL "
 				"WHERE r.id OPERATOR(pg_catalog.=) ANY (ARRAY( "
 				"    SELECT h.id FROM tuvl.runs h "
@@ -138,4 +189,31 @@ ConcurrencyAdmit(const char *workflow, const char *key, int limit, Oid principal
 	if (n > 0)
 		TuvlWakeWorkersAtCommit();
 	return (int) n;
+}
+
+/*
+ * The admissions this worker deferred, tried again: each key whose lock
+ * is free now is admitted and forgotten, the others wait for the next
+ * try.  Called by the worker's maintenance, SPI connected.
+ */
+void
+ConcurrencyAdmitDeferred(void)
+{
+	List	   *todo = deferred;
+	ListCell   *lc;
+
+	if (todo == NIL)
+		return;
+	deferred = NIL;
+	foreach(lc, todo)
+	{
+		DeferredKey *d = lfirst(lc);
+
+		/* deferred again (by ConcurrencyAdmit) while the lock is still held */
+		(void) ConcurrencyAdmit(d->workflow, d->key, d->limit, d->principal);
+		pfree(d->workflow);
+		pfree(d->key);
+		pfree(d);
+	}
+	list_free(todo);
 }

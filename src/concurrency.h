@@ -21,6 +21,7 @@ typedef struct ConcurrencyKey
 
 extern void ConcurrencyKeyOf(WorkflowDef *wf, Jsonb *input, ConcurrencyKey *conc);
 extern bool ConcurrencyHasRoom(const char *workflow, const ConcurrencyKey *conc, Oid principal);
+extern void ConcurrencyAdmitDeferred(void);
 extern int	ConcurrencyAdmit(const char *workflow, const char *key, int limit, Oid principal);
 
 #endif							/* TUVL_CONCURRENCY_H */

@@ -48,14 +48,29 @@
 #define REDACTED "[redacted]"
 
 static const char secret_sql[] =
-"SELECT s.value, EXISTS (SELECT 1 FROM tuvl.secret_grants g "
-"                        WHERE g.secret OPERATOR(pg_catalog.=) s.name "
-"                          AND pg_catalog.pg_has_role($2::pg_catalog.oid, g.grantee::pg_catalog.oid, 'USAGE')) "
+"SELECT s.value, "
+"  EXISTS (SELECT 1 FROM tuvl.secret_grants g "
+"          WHERE g.secret OPERATOR(pg_catalog.=) s.name "
+"            AND pg_catalog.pg_has_role($2::pg_catalog.oid, g.grantee::pg_catalog.oid, 'USAGE')), "
+"  EXISTS (SELECT 1 FROM tuvl.secret_grants g "
+"          WHERE g.secret OPERATOR(pg_catalog.=) s.name "
+"            AND pg_catalog.pg_has_role($3::pg_catalog.oid, g.grantee::pg_catalog.oid, 'USAGE')) "
 "FROM tuvl.secrets s WHERE s.name OPERATOR(pg_catalog.=) $1";
+
+/* Does role hold a grant of the secret (the column of secret_sql), or need none? */
+static bool
+holds_grant(int column, Oid role)
+{
+	bool		isnull;
+
+	return DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, column,
+									  &isnull)) || superuser_arg(role);
+}
 
 /*
  * Template hook: read a secret as the extension owner and remember its
- * value, if the run's principal holds a grant for it (superusers need
+ * value, if the run's principal holds a grant for it, and so does the
+ * author of what names it when that is another role (superusers need
  * none).  A replay never reads secrets: it sends nothing, so a stand-in
  * does.  Never puts a value in an error; the error does not tell a
  * missing secret from one that was not granted.
@@ -64,8 +79,8 @@ static const char *
 secret_hook(const char *name, void *arg)
 {
 	SecretUse  *use = arg;
-	static const Oid types[2] = {TEXTOID, OIDOID};
-	Datum		values[2];
+	static const Oid types[3] = {TEXTOID, OIDOID, OIDOID};
+	Datum		values[3];
 	SecurityFrame frame;
 	char	   *value = NULL;
 	bool		granted = false;
@@ -79,15 +94,14 @@ secret_hook(const char *name, void *arg)
 			connected = true;
 		values[0] = CStringGetTextDatum(name);
 		values[1] = ObjectIdGetDatum(use->run ? use->run->principal : GetUserId());
+		values[2] = OidIsValid(use->author) ? ObjectIdGetDatum(use->author) : values[1];
 		SecurityAsOwner(&frame);
-		if (SpiExec(secret_sql, 2, types, values, NULL, SPI_OK_SELECT) == 1)
+		if (SpiExec(secret_sql, 3, types, values, NULL, SPI_OK_SELECT) == 1)
 		{
-			bool		isnull;
 			char	   *v = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
 
-			granted = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2,
-												 &isnull)) ||
-				superuser_arg(DatumGetObjectId(values[1]));
+			granted = holds_grant(2, DatumGetObjectId(values[1])) &&
+				holds_grant(3, DatumGetObjectId(values[2]));
 			value = v && granted ? SPI_palloc(strlen(v) + 1) : NULL;
 			if (value)
 				strcpy(value, v);
@@ -95,6 +109,15 @@ secret_hook(const char *name, void *arg)
 		SecurityRestore(&frame);
 		if (connected)
 			SPI_finish();
+		if (value == NULL && OidIsValid(use->author))
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+					 errmsg("secret \"%s\"%s%s is not available to role \"%s\"", name,
+							use->named_by ? " named by " : "", use->named_by ? use->named_by : "",
+							use->run ? use->run->principal_name : GetUserNameFromId(GetUserId(), false)),
+					 errdetail("It does not exist, or it has not been granted both to the role that started the run and to role \"%s\", which registered %s.",
+							   GetUserNameFromId(use->author, false), use->named_by ? use->named_by : "it"),
+					 errhint("A member of tuvl_admin stores it with tuvl.set_secret() and grants it with tuvl.grant_secret().")));
 		if (value == NULL)
 			ereport(ERROR,
 					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),

@@ -39,6 +39,9 @@ typedef struct SecretUse
 	List	   *values;			/* char *, the values read */
 	RunState   *run;			/* whose principal's grants apply */
 	const char *named_by;		/* for messages: "LLM config \"x\"", or NULL */
+	Oid			author;			/* the role that wrote what names the secrets
+								 * (a model config), who must hold the grants
+								 * too; InvalidOid: the principal alone */
 } SecretUse;
 
 extern void SecretUseInit(SecretUse *use, RunState *run);

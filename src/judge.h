@@ -25,9 +25,9 @@ typedef struct JudgeAnswer
 } JudgeAnswer;
 
 extern int	JudgeTokens(RunState *run, const char *id);
-extern bool JudgeAsk(RunState *run, const char *id, const char *model,
-					 const char *instructions, const char *content,
-					 const char *const *verdicts, JudgeAnswer *answer,
-					 EffectRequest **request);
+struct UseReferrer;
+extern bool JudgeAsk(RunState *run, const char *id, const char *model, const struct UseReferrer *by,
+					 const char *instructions, const char *content, const char *const *verdicts,
+					 JudgeAnswer *answer, EffectRequest **request);
 
 #endif							/* TUVL_JUDGE_H */

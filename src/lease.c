@@ -442,12 +442,41 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, bool
 	return runs;
 }
 
+/*
+ * Renewals skip rows a session holds locked (its tuvl.pause_run() on the
+ * run, not committed yet): a renewal is for monitoring only, and waiting
+ * for such a session would stall the worker.
+ */
 static const char renew_sql[] =
 "UPDATE tuvl.runs r SET lease_expires_at = pg_catalog.now() OPERATOR(pg_catalog.+) $3 "
-"FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[]), pg_catalog.unnest($2::pg_catalog.int4[])) AS h(id, attempt) "
-"WHERE r.id OPERATOR(pg_catalog.=) h.id AND r.attempt OPERATOR(pg_catalog.=) h.attempt "
-"  AND r.status OPERATOR(pg_catalog.=) ANY ($4::pg_catalog.text[]) "
+"WHERE r.id OPERATOR(pg_catalog.=) ANY (ARRAY( "
+"    SELECT x.id FROM tuvl.runs x, "
+"      ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[]), pg_catalog.unnest($2::pg_catalog.int4[])) AS h(id, attempt) "
+"    WHERE x.id OPERATOR(pg_catalog.=) h.id AND x.attempt OPERATOR(pg_catalog.=) h.attempt "
+"      AND x.status OPERATOR(pg_catalog.=) ANY ($4::pg_catalog.text[]) "
+"    FOR UPDATE OF x SKIP LOCKED)) "
 "RETURNING r.id";
+
+/* Of runs not renewed, those still held by the attempt: locked, not lost. */
+static const char still_held_sql[] =
+"SELECT x.id FROM tuvl.runs x, "
+"  ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[]), pg_catalog.unnest($2::pg_catalog.int4[])) AS h(id, attempt) "
+"WHERE x.id OPERATOR(pg_catalog.=) h.id AND x.attempt OPERATOR(pg_catalog.=) h.attempt "
+"  AND x.status OPERATOR(pg_catalog.=) ANY ($3::pg_catalog.text[])";
+
+/* Is id among the first column of the n rows of SPI_tuptable? */
+static bool
+returned(int64 id, uint64 n)
+{
+	for (uint64 j = 0; j < n; j++)
+	{
+		bool		isnull;
+
+		if (DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[j], SPI_tuptable->tupdesc, 1, &isnull)) == id)
+			return true;
+	}
+	return false;
+}
 
 /*
  * Renew the leases of runs; returns the runs whose lease was lost (the
@@ -492,30 +521,36 @@ LeaseRenew(List *runs, int lease_ms)
 	SecurityRestore(&frame);
 	if (kept == (uint64) n)
 		return NIL;
-	foreach(lc, runs)
+	/* not renewed: lost, or only locked by a session (read without waiting) */
 	{
-		RunState   *run = lfirst(lc);
-		bool		found = false;
+		static const Oid check_types[3] = {INT8ARRAYOID, INT4ARRAYOID, TEXTARRAYOID};
+		Datum		check_values[3] = {values[0], values[1], values[3]};
+		uint64		held;
 
-		for (uint64 j = 0; j < kept && !found; j++)
+		SecurityAsOwner(&frame);
+		held = SpiExec(still_held_sql, 3, check_types, check_values, NULL, SPI_OK_SELECT);
+		SecurityRestore(&frame);
+		foreach(lc, runs)
 		{
-			bool		isnull;
+			RunState   *run = lfirst(lc);
 
-			found = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[j],
-												SPI_tuptable->tupdesc, 1, &isnull)) == run->id;
+			if (!returned(run->id, held))
+				lost = lappend(lost, run);
 		}
-		if (!found)
-			lost = lappend(lost, run);
 	}
 	return lost;
 }
 
+/* Rows a session holds locked are skipped: see LeaseRelease. */
 static const char release_sql[] =
 "UPDATE tuvl.runs r SET status = 'queued', lease_owner = NULL, lease_epoch = NULL, "
 "  lease_expires_at = NULL "
-"FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[]), pg_catalog.unnest($2::pg_catalog.int4[])) AS h(id, attempt) "
-"WHERE r.id OPERATOR(pg_catalog.=) h.id AND r.attempt OPERATOR(pg_catalog.=) h.attempt "
-"  AND r.status OPERATOR(pg_catalog.=) ANY ($3::pg_catalog.text[]) "
+"WHERE r.id OPERATOR(pg_catalog.=) ANY (ARRAY( "
+"    SELECT x.id FROM tuvl.runs x, "
+"      ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[]), pg_catalog.unnest($2::pg_catalog.int4[])) AS h(id, attempt) "
+"    WHERE x.id OPERATOR(pg_catalog.=) h.id AND x.attempt OPERATOR(pg_catalog.=) h.attempt "
+"      AND x.status OPERATOR(pg_catalog.=) ANY ($3::pg_catalog.text[]) "
+"    FOR UPDATE OF x SKIP LOCKED)) "
 "RETURNING r.principal_id, r.priority, r.id";
 
 /* Tell the claims about the runs the last statement queued again. */
@@ -536,10 +571,14 @@ note_requeued(void)
 
 /*
  * Give runs back to the queue (the worker cannot go on with them); only
- * runs still held by these attempts are touched.  Returns how many.
+ * runs still held by these attempts are touched.  A run whose row a
+ * session holds locked is not waited for: released[i] (when not NULL)
+ * tells which were given back, or are no longer held by the attempt
+ * anyway; the caller keeps the others, to give them back later.
+ * Returns how many were given back.
  */
 uint64
-LeaseRelease(int n, const int64 *ids, const int32 *attempts)
+LeaseRelease(int n, const int64 *ids, const int32 *attempts, bool *released)
 {
 	static const Oid types[3] = {INT8ARRAYOID, INT4ARRAYOID, TEXTARRAYOID};
 	Datum	   *idd = palloc(sizeof(Datum) * Max(n, 1));
@@ -560,6 +599,22 @@ LeaseRelease(int n, const int64 *ids, const int32 *attempts)
 	done = SpiExec(release_sql, 3, types, values, NULL, SPI_OK_UPDATE_RETURNING);
 	note_requeued();
 	SecurityRestore(&frame);
+	if (released)
+	{
+		uint64		held = 0;
+
+		for (int i = 0; i < n; i++)
+			released[i] = true;
+		if (done < (uint64) n)
+		{
+			/* the rest: still ours (locked by a session), or no longer ours */
+			SecurityAsOwner(&frame);
+			held = SpiExec(still_held_sql, 3, types, values, NULL, SPI_OK_SELECT);
+			SecurityRestore(&frame);
+			for (int i = 0; i < n; i++)
+				released[i] = !returned(ids[i], held);
+		}
+	}
 	return done;
 }
 

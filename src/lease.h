@@ -16,6 +16,6 @@ extern List *LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch,
 extern List *LeaseRenew(List *runs, int lease_ms);
 extern int	LeaseQueuedPrincipals;
 extern uint64 LeaseReclaim(void);
-extern uint64 LeaseRelease(int n, const int64 *ids, const int32 *attempts);
+extern uint64 LeaseRelease(int n, const int64 *ids, const int32 *attempts, bool *released);
 
 #endif							/* TUVL_LEASE_H */

@@ -42,6 +42,7 @@
 #include "security.h"
 #include "spiutil.h"
 #include "tuvl.h"
+#include "uses.h"
 #include "workflow.h"
 #include "yamlparse.h"
 
@@ -229,25 +230,6 @@ tuvl_register_llm(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
-/* Is there a model config of this name?  Connects to SPI itself. */
-bool
-LlmConfigExists(const char *name)
-{
-	static const Oid types[1] = {TEXTOID};
-	Datum		values[1];
-	bool		found;
-	SecurityFrame frame;
-
-	values[0] = CStringGetTextDatum(name);
-	SPI_connect();
-	SecurityAsOwner(&frame);
-	found = SpiExec("SELECT 1 FROM tuvl.llms WHERE name OPERATOR(pg_catalog.=) $1", 1, types, values,
-					NULL, SPI_OK_SELECT) == 1;
-	SecurityRestore(&frame);
-	SPI_finish();
-	return found;
-}
-
 /*
  * Model config versions, cached per process.  A run uses the versions
  * current when it was created, and a version never changes once
@@ -266,6 +248,7 @@ typedef struct LlmVersions
 	int		   *versions;		/* ascending */
 	TimestampTz *created;
 	Jsonb	  **defs;
+	Oid		   *registered_by;	/* whose work each version is */
 	MemoryContext cxt;			/* owns the arrays */
 } LlmVersions;
 
@@ -289,7 +272,7 @@ versions_load(LlmVersions *e, const char *name)
 	else
 		e->cxt = AllocSetContextCreate(CacheMemoryContext, "tuvl model configs", ALLOCSET_SMALL_SIZES);
 	SecurityAsOwner(&frame);
-	n = SpiExec("SELECT version, created_at, definition FROM tuvl.llm_versions "
+	n = SpiExec("SELECT version, created_at, definition, registered_by::pg_catalog.oid FROM tuvl.llm_versions "
 				"WHERE name OPERATOR(pg_catalog.=) $1 ORDER BY version", 1, types, values, NULL,
 				SPI_OK_SELECT);
 	SecurityRestore(&frame);
@@ -298,6 +281,7 @@ versions_load(LlmVersions *e, const char *name)
 	e->versions = palloc(sizeof(int) * (n + 1));
 	e->created = palloc(sizeof(TimestampTz) * (n + 1));
 	e->defs = palloc(sizeof(Jsonb *) * (n + 1));
+	e->registered_by = palloc(sizeof(Oid) * (n + 1));
 	for (uint64 i = 0; i < n; i++)
 	{
 		HeapTuple	tup = SPI_tuptable->vals[i];
@@ -307,6 +291,7 @@ versions_load(LlmVersions *e, const char *name)
 		e->versions[i] = DatumGetInt32(SPI_getbinval(tup, td, 1, &isnull));
 		e->created[i] = DatumGetTimestampTz(SPI_getbinval(tup, td, 2, &isnull));
 		e->defs[i] = DatumGetJsonbPCopy(SPI_getbinval(tup, td, 3, &isnull));
+		e->registered_by[i] = DatumGetObjectId(SPI_getbinval(tup, td, 4, &isnull));
 	}
 	MemoryContextSwitchTo(old);
 	e->loaded_at = GetCurrentTimestamp();
@@ -328,7 +313,7 @@ version_as_of(LlmVersions *e, TimestampTz as_of)
 
 /* The definition and version of name that a run created at as_of uses. */
 static Jsonb *
-versions_lookup(const char *name, TimestampTz as_of, int *version)
+versions_lookup(const char *name, TimestampTz as_of, int *version, Oid *owner)
 {
 	LlmVersions *e;
 	bool		found;
@@ -359,6 +344,7 @@ versions_lookup(const char *name, TimestampTz as_of, int *version)
 	if (i < 0)
 		return NULL;
 	*version = e->versions[i];
+	*owner = e->registered_by[i];
 	return e->defs[i];
 }
 
@@ -379,16 +365,20 @@ LlmConfigLoad(const char *name, TimestampTz as_of)
 	SecurityFrame frame;
 
 	if (as_of != 0 && strlen(name) < NAMEDATALEN)
-		def = versions_lookup(name, as_of, &cfg->version);
+		def = versions_lookup(name, as_of, &cfg->version, &cfg->owner);
 	else
 	{
 		values[0] = CStringGetTextDatum(name);
 		SecurityAsOwner(&frame);
-		if (SpiExec("SELECT definition, version FROM tuvl.llms WHERE name OPERATOR(pg_catalog.=) $1",
+		if (SpiExec("SELECT l.definition, l.version, v.registered_by::pg_catalog.oid "
+					"FROM tuvl.llms l JOIN tuvl.llm_versions v "
+					"  ON v.name OPERATOR(pg_catalog.=) l.name AND v.version OPERATOR(pg_catalog.=) l.version "
+					"WHERE l.name OPERATOR(pg_catalog.=) $1",
 					1, types, values, NULL, SPI_OK_SELECT) == 1)
 		{
 			def = DatumGetJsonbPCopy(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 			cfg->version = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
+			cfg->owner = DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3, &isnull));
 		}
 		SecurityRestore(&frame);
 	}
@@ -409,6 +399,20 @@ LlmConfigLoad(const char *name, TimestampTz as_of)
 	p = JsonGetField(def, "headers");
 	cfg->headers = p ? JsonValueToJsonb(p) : NULL;
 	cfg->structured_outputs = JsonGetBool(def, "structured_outputs", false);
+	return cfg;
+}
+
+/*
+ * The model config name, as run uses it, when by may use it (uses.c):
+ * the version's author must be the one by pinned, and the use allowed.
+ * Raises otherwise, and when there is none.  SPI must be connected.
+ */
+LlmConfig *
+LlmConfigFor(RunState *run, const char *name, const UseReferrer *by)
+{
+	LlmConfig  *cfg = LlmConfigLoad(name, run->created_at);
+
+	UseCheck(by, USE_LLM, name, 0, cfg->owner);
 	return cfg;
 }
 
@@ -948,9 +952,14 @@ LlmBuildRequest(RunState *run, LlmConfig *cfg, Jsonb *messages, Jsonb *tools, Js
 	char	   *body;
 	JsonObjBuilder b;
 
-	/* the run's principal must hold a grant for the config's key */
+	/*
+	 * The run's principal must hold a grant for the config's key, and so
+	 * must the role that wrote the config: a config of another role that
+	 * names your secret would send it where that role chose.
+	 */
 	SecretUseInit(&use, run);
 	use.named_by = psprintf("LLM config \"%s\"", cfg->name);
+	use.author = cfg->owner;
 	if (cfg->api_key_secret)
 		key = use.opts.secret_hook(cfg->api_key_secret, use.opts.secret_arg);
 	body = anthropic ? anthropic_body(cfg, messages, tools) :

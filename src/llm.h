@@ -27,6 +27,7 @@ typedef struct LlmConfig
 	Jsonb	   *headers;		/* extra request headers (templates), or NULL */
 	bool		structured_outputs; /* send an answer's schema as the provider's
 									 * structured output format */
+	Oid			owner;			/* who registered this version (uses.c) */
 } LlmConfig;
 
 /* A model's answer, in the provider-neutral form. */
@@ -52,7 +53,8 @@ typedef struct LlmReply
 } LlmReply;
 
 extern LlmConfig *LlmConfigLoad(const char *name, TimestampTz as_of);
-extern bool LlmConfigExists(const char *name);
+struct UseReferrer;
+extern LlmConfig *LlmConfigFor(RunState *run, const char *name, const struct UseReferrer *by);
 extern EffectRequest *LlmBuildRequest(RunState *run, LlmConfig *cfg, Jsonb *messages, Jsonb *tools,
 									  Jsonb *answer_schema, int timeout_ms);
 extern Jsonb *LlmEnumAnswerSchema(const char *key, const char *const *values, int nvalues,

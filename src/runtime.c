@@ -729,6 +729,24 @@ paused_step_state(Jsonb *state)
 }
 
 /*
+ * Does the step apply operator directives itself, at boundaries of its
+ * own?  An autonomous agent does, between its turns and tool calls.  A
+ * completion-mode agent is one model call: like an APICall, it is paused
+ * and aborted between its attempts (a Retry-After being waited out
+ * included), here.
+ */
+static bool
+step_controls_itself(const StepDef *step)
+{
+	char	   *mode;
+
+	if (!ExecutorFor(step->kind)->controls_itself)
+		return false;
+	mode = JsonGetString(step->spec, "mode");
+	return mode == NULL || strcmp(mode, "completion") != 0;
+}
+
+/*
  * Operator directives that apply between steps (tuvl.runs.control, as
  * seen at the last checkpoint): abort ends the run, pause parks it and
  * releases the lease.  A step that controls itself (an agent in the
@@ -748,7 +766,7 @@ boundary_control(Transition *t)
 
 	if (!aborted && pause == NULL)
 		return false;
-	if (ExecutorFor(t->step->kind)->controls_itself && state_step &&
+	if (step_controls_itself(t->step) && state_step &&
 		strcmp(state_step, t->step->id) == 0)
 		return false;
 	memset(&cp, 0, sizeof(cp));

@@ -115,6 +115,9 @@ typedef struct RunState
 	bool		solo;			/* its next transition runs alone (a worker
 								 * found its step slow) */
 	bool		advanced;		/* worker.c: made a transition this batch */
+	TimestampTz retry_at;		/* worker.c: a transition that waited too long
+								 * for a lock is made again then (0: ready) */
+	int			lock_waits;		/* ... how many times in a row */
 	bool		released;		/* worker.c: ... and is let go */
 } RunState;
 

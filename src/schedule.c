@@ -19,12 +19,16 @@
 #include <ctype.h>
 
 #include "catalog/pg_type.h"
+#include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "utils/acl.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/datetime.h"
 #include "utils/timestamp.h"
+
+#include "security.h"
 
 PG_FUNCTION_INFO_V1(tuvl_missed_slots);
 
@@ -225,4 +229,73 @@ tuvl_missed_slots(PG_FUNCTION_ARGS)
 	}
 	PG_RETURN_ARRAYTYPE_P(construct_array(found, n, TIMESTAMPTZOID, sizeof(TimestampTz),
 										  FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+}
+
+/* ---------------------------------------------------------------- slots
+ *
+ * tuvl.schedule_slots records which slot started which run, so that each
+ * slot starts one run.  Sessions do not write it themselves (with UPDATE
+ * on it, any role could LOCK it and stop every role's scheduled runs):
+ * tuvl.start_scheduled() takes and records slots through these two
+ * functions, which check the caller as the table's policies did (the
+ * workflow's owner, or a member of tuvl_operator) and write as the
+ * extension's owner.
+ */
+PG_FUNCTION_INFO_V1(tuvl_take_slot);
+PG_FUNCTION_INFO_V1(tuvl_record_slot);
+
+/* May the caller start the scheduled runs of workflow?  SPI connected. */
+static void
+check_slot_caller(const char *workflow)
+{
+	Oid			owner = SecurityNameOwner("SELECT owner FROM tuvl.workflows "
+										  "WHERE name OPERATOR(pg_catalog.=) $1 "
+										  "  AND version OPERATOR(pg_catalog.=) 1", workflow);
+
+	if (!OidIsValid(owner))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("workflow \"%s\" does not exist", workflow)));
+	if (!is_member_of_role(GetUserId(), owner) && !SecurityIsOperator(GetUserId()))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to start the scheduled runs of workflow \"%s\"", workflow),
+				 errhint("Its owner's pg_cron job starts them, or a member of tuvl_operator.")));
+}
+
+/*
+ * _take_slot(workflow, slot): true when this call took the slot (no run
+ * was started for it yet), false when it was taken before.
+ */
+Datum
+tuvl_take_slot(PG_FUNCTION_ARGS)
+{
+	static const Oid types[2] = {TEXTOID, TIMESTAMPTZOID};
+	char	   *workflow = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	uint64		n;
+
+	SPI_connect();
+	check_slot_caller(workflow);
+	n = SecurityExecArgs("INSERT INTO tuvl.schedule_slots AS s (workflow, slot) VALUES ($1, $2) "
+						 "ON CONFLICT DO NOTHING", SPI_OK_INSERT, 2, types,
+						 PointerGetDatum(PG_GETARG_TEXT_PP(0)), PG_GETARG_DATUM(1));
+	SPI_finish();
+	PG_RETURN_BOOL(n == 1);
+}
+
+/* _record_slot(workflow, slot, run_id): the run the slot started. */
+Datum
+tuvl_record_slot(PG_FUNCTION_ARGS)
+{
+	static const Oid types[3] = {TEXTOID, TIMESTAMPTZOID, INT8OID};
+	char	   *workflow = text_to_cstring(PG_GETARG_TEXT_PP(0));
+
+	SPI_connect();
+	check_slot_caller(workflow);
+	SecurityExecArgs("UPDATE tuvl.schedule_slots s SET run_id = $3 "
+					 "WHERE s.workflow OPERATOR(pg_catalog.=) $1 AND s.slot OPERATOR(pg_catalog.=) $2",
+					 SPI_OK_UPDATE, 3, types, PointerGetDatum(PG_GETARG_TEXT_PP(0)),
+					 PG_GETARG_DATUM(1), PG_GETARG_DATUM(2));
+	SPI_finish();
+	PG_RETURN_VOID();
 }

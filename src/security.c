@@ -51,6 +51,7 @@
 #include "catalog/pg_extension.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
+#include "common/hashfn.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
 #include "miscadmin.h"
@@ -163,6 +164,18 @@ static int	user_code_level[MAX_USER_CODE_DEPTH];
 /* A worker's session, shared by many principals (see worker.c). */
 static bool shared_session = false;
 static char *user_search_path = NULL;
+static char *user_lock_timeout = NULL;
+
+/*
+ * How long a worker's own statements wait for a lock.  Every row a worker
+ * writes may be locked by a session for as long as it likes: a role's
+ * tuvl.pause_run() on its own run, in a transaction it leaves open, locks
+ * that run's row.  A worker that waited for it would stall every other
+ * run it holds, of every role.  So its statements wait this long at most;
+ * a transition that times out is made again later (worker.c).  User code
+ * (a step's SQL) keeps the session's own lock_timeout.
+ */
+#define WORKER_LOCK_TIMEOUT "1s"
 
 /* The extension owner, looked up once per transaction. */
 static Oid	owner_cache = InvalidOid;
@@ -241,6 +254,9 @@ SecurityAsPrincipal(SecurityFrame *frame, Oid principal)
 						   SECURITY_RESTRICTED_OPERATION);
 	if (shared_session && user_search_path)
 		set_search_path(user_search_path);
+	if (shared_session && user_lock_timeout)
+		(void) set_config_option("lock_timeout", user_lock_timeout, PGC_SUSET, PGC_S_SESSION,
+								 GUC_ACTION_SAVE, true, 0, false);
 	user_code_level[user_code_depth++] = GetCurrentTransactionNestLevel();
 	DeadlineUserCode(true);
 }
@@ -296,6 +312,9 @@ SecurityBeginSharedSession(void)
 {
 	user_search_path = MemoryContextStrdup(TopMemoryContext, namespace_search_path);
 	SetConfigOption("search_path", TUVL_INTERNAL_SEARCH_PATH, PGC_SUSET, PGC_S_SESSION);
+	user_lock_timeout = MemoryContextStrdup(TopMemoryContext,
+											GetConfigOption("lock_timeout", false, false));
+	SetConfigOption("lock_timeout", WORKER_LOCK_TIMEOUT, PGC_SUSET, PGC_S_SESSION);
 	shared_session = true;
 }
 
@@ -560,6 +579,49 @@ follow_owned(Node *stmt)
 	SPI_finish();
 }
 
+/* ---------------------------------------------------------------- locks
+ *
+ * PostgreSQL's advisory locks are one space that every role can take
+ * locks in (pg_advisory_xact_lock): a lock tuvl took there, on a name
+ * being registered or a concurrency key being admitted, any session could
+ * take first and hold, stalling registrations, starts and the workers.
+ * tuvl's own locks are advisory locktags whose fourth field no SQL
+ * function sets (pg_advisory_* set 1 and 2): nobody can take them but
+ * through tuvl's own calls, which hold them until their transaction ends.
+ * The key is hashed into the two 32-bit fields: two keys that collide only
+ * wait for each other.
+ */
+#define TUVL_LOCK_SPACE 0x7475	/* "tu" */
+
+static void
+key_locktag(LOCKTAG *tag, const char *space, const char *key)
+{
+	uint64		h = hash_bytes_extended((const unsigned char *) key, strlen(key),
+										hash_bytes((const unsigned char *) space, strlen(space)));
+
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h, TUVL_LOCK_SPACE);
+}
+
+/* Take tuvl's lock on key (in space: "workflow", "concurrency"...) until the transaction ends. */
+void
+SecurityLockKey(const char *space, const char *key)
+{
+	LOCKTAG		tag;
+
+	key_locktag(&tag, space, key);
+	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+}
+
+/* The same without waiting: false when another transaction holds it. */
+bool
+SecurityTryLockKey(const char *space, const char *key)
+{
+	LOCKTAG		tag;
+
+	key_locktag(&tag, space, key);
+	return LockAcquire(&tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL;
+}
+
 /* ---------------------------------------------------------------- transfer */
 
 typedef struct NameKind
@@ -615,11 +677,7 @@ SecurityTransferName(const char *kind, const char *name, Oid new_owner)
 				 errmsg("role with OID %u does not exist", new_owner)));
 
 	/* the same lock registration takes: no version slips in meanwhile */
-	values[0] = CStringGetTextDatum(psprintf("tuvl.%s.%s", k->kind, name));
-	SecurityAsOwner(&frame);
-	SpiExec("SELECT pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended($1, 0))",
-			1, types, values, NULL, SPI_OK_SELECT);
-	SecurityRestore(&frame);
+	SecurityLockKey(k->kind, name);
 
 	owner = SecurityNameOwner(k->owner_sql, name);
 	if (!OidIsValid(owner))

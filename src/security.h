@@ -45,5 +45,7 @@ extern bool SecurityIsAdmin(Oid role);
 extern bool SecurityIsOperator(Oid role);
 extern void SecurityCheckNameOwner(const char *kind, const char *name, Oid owner);
 extern void SecurityTransferName(const char *kind, const char *name, Oid new_owner);
+extern void SecurityLockKey(const char *space, const char *key);
+extern bool SecurityTryLockKey(const char *space, const char *key);
 
 #endif							/* TUVL_SECURITY_H */

@@ -30,6 +30,7 @@
 #include "llm.h"
 #include "retry.h"
 #include "template.h"
+#include "uses.h"
 #include "workflow.h"
 
 /*
@@ -64,9 +65,11 @@ execute_completion(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 	int			n = EffectCount(run);
 	char	   *user;
 	char	   *why;
+	UseReferrer by;
 
 	StepErrorType = "llm_error";
-	cfg = LlmConfigLoad(model ? model : "default", run->created_at);
+	WorkflowReferrer(run->wf, &by);
+	cfg = LlmConfigFor(run, model ? model : "default", &by);
 
 	StepErrorType = "error";
 	if (system)

@@ -49,6 +49,7 @@
 #include "template.h"
 #include "transition.h"
 #include "tuvl.h"
+#include "uses.h"
 
 PG_FUNCTION_INFO_V1(tuvl_run_ended);
 
@@ -115,6 +116,31 @@ child_input(const StepDef *step, Jsonb *ctx, Jsonb *item, int i)
 	return input;
 }
 
+/*
+ * May the run's workflow start the child workflow the step names: is the
+ * version it would start the work of the role pinned at registration, and
+ * its use allowed (uses.c)?  A workflow that starts itself needs no pin.
+ */
+static void
+check_child_use(RunState *run, const StepDef *step)
+{
+	char	   *child = JsonGetString(step->spec, "workflow");
+	int			version = (int) JsonGetInt(step->spec, "version", 0);
+	UseReferrer by;
+	Oid			owner;
+
+	if (strcmp(child, run->wf->name) == 0)
+		return;
+	owner = UseContentOwner(USE_WORKFLOW, child, version);
+	if (!OidIsValid(owner))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("workflow \"%s\"%s does not exist", child,
+						version > 0 ? psprintf(" version %d", version) : "")));
+	WorkflowReferrer(run->wf, &by);
+	UseCheck(&by, USE_WORKFLOW, child, 0, owner);
+}
+
 /* Start the children (as the run's principal); returns their ids as a JSON array. */
 static Jsonb *
 start_children(RunState *run, const StepDef *step, Jsonb *ctx, int32 priority)
@@ -126,6 +152,7 @@ start_children(RunState *run, const StepDef *step, Jsonb *ctx, int32 priority)
 	StringInfoData ids;
 	SecurityFrame frame;
 
+	check_child_use(run, step);
 	initStringInfo(&ids);
 	appendStringInfoChar(&ids, '[');
 	SecurityAsPrincipal(&frame, run->principal);

@@ -48,6 +48,7 @@
 #include "security.h"
 #include "spiutil.h"
 #include "supervisor.h"
+#include "uses.h"
 
 static const char *const action_names[] = {"continue", "steer", "pause", "abort"};
 static const char *const judge_verdicts[] = {"continue", "steer", "pause", "abort", NULL};
@@ -200,8 +201,10 @@ ask_judge(RunState *run, const StepDef *step, Jsonb *judge, SupervisorWatch *w,
 	EffectRequest *req;
 	SupervisorAction action;
 	char	   *message = NULL;
+	UseReferrer by;
 
-	if (!JudgeAsk(run, judge_id(w->iteration), model ? model : "default", prompt, w->transcript,
+	WorkflowReferrer(run->wf, &by);
+	if (!JudgeAsk(run, judge_id(w->iteration), model ? model : "default", &by, prompt, w->transcript,
 				  judge_verdicts, &a, &req))
 	{
 		result->pending = true;

@@ -8,9 +8,10 @@
  * the YAML position is known, its line and column in the message.  It
  * never raises for a bad workflow: callers decide (register_workflow
  * refuses any error, validate() returns the rows).  Most checks look only
- * at the definition, but artifact references and model names are looked
- * up in tuvl's tables (ArtifactLookup and LlmConfigExists connect to SPI
- * themselves).  Results are palloc'd in CurrentMemoryContext.
+ * at the definition, but what it names (artifacts, model configs, child
+ * workflows) is looked up in tuvl's tables, and must be the registering
+ * role's or granted to it (uses.c); the owners found are pinned (refs).
+ * The lookups connect to SPI themselves.  Results are palloc'd in CurrentMemoryContext.
  *
  *-------------------------------------------------------------------------
  */
@@ -19,14 +20,17 @@
 #include <ctype.h>
 
 #include "lib/stringinfo.h"
+#include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/numeric.h"
 #include "utils/jsonb.h"
 
+#include "executor/spi.h"
 #include "artifact.h"
 #include "jsonschema.h"
 #include "jsonutil.h"
 #include "llm.h"
+#include "uses.h"
 #include "validate.h"
 #include "workflow.h"
 #include "yamlparse.h"
@@ -37,9 +41,13 @@ typedef struct ValidateState
 	Jsonb	   *positions;
 	bool		strict;
 	Jsonb	   *definition;
-	/* ids of steps and ends, for route checks */
-	List	   *step_ids;
-	List	   *end_ids;
+	/* ids of steps (to their position) and ends, for route checks */
+	NameIndex  *step_ids;
+	NameIndex  *end_ids;
+	/* what the workflow names, for uses.c: the registering role, the pins */
+	Oid			user;
+	JsonObjBuilder pins;
+	NameIndex  *pinned;
 } ValidateState;
 
 static const char *const top_level_keys[] = {
@@ -131,18 +139,6 @@ valid_workflow_name(const char *s)
 		if (!((*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') || *s == '_'))
 			return false;
 	return true;
-}
-
-/* Is s in the List of C strings l? */
-static bool
-list_has_string(List *l, const char *s)
-{
-	ListCell   *lc;
-
-	foreach(lc, l)
-		if (strcmp((char *) lfirst(lc), s) == 0)
-			return true;
-	return false;
 }
 
 /* Is name one of the NULL-terminated options (none when options is NULL)? */
@@ -305,11 +301,50 @@ check_duration(ValidateState *vs, Jsonb *obj, const char *key, const char *path)
 					"\"%s\" must be a duration such as 500ms, 10s or 5m", key);
 }
 
+/*
+ * An object the workflow names (uses.c): it must exist, and be the
+ * registering role's or granted to it; the role whose content it is gets
+ * pinned under pin_key.  version 0: the newest.
+ */
+static void
+check_use(ValidateState *vs, UseKind kind, const char *name, int version, const char *path)
+{
+	Oid			owner;
+	char	   *user;
+	char	   *pin_key = UsePinKey(kind, name, version);
+
+	SPI_connect();
+	owner = UseContentOwner(kind, name, version);
+	if (!OidIsValid(owner))
+	{
+		SPI_finish();
+		add_finding(vs, "error", path,
+					"%s \"%s\" does not exist; register it before a workflow that names it (another role could register the name and receive what the workflow sends it)",
+					UseKindWhat(kind), name);
+		return;
+	}
+	if (!UseAllowed(kind, name, owner, vs->user))
+	{
+		SPI_finish();
+		user = GetUserNameFromId(vs->user, false);
+		add_finding(vs, "error", path,
+					"%s \"%s\" belongs to role \"%s\", which has not granted its use to role \"%s\"; its owner can run SELECT tuvl.grant_use('%s', '%s', '%s')",
+					UseKindWhat(kind), name, GetUserNameFromId(owner, false), user,
+					UseKindName(kind), name, user);
+		return;
+	}
+	SPI_finish();
+	if (NameIndexAdd(vs->pinned, pin_key, 0))
+	{
+		JsonObjAddInt(&vs->pins, pin_key, owner);
+	}
+}
+
 /* Is target the id of a step or an end? */
 static bool
 is_target(ValidateState *vs, const char *target)
 {
-	return list_has_string(vs->step_ids, target) || list_has_string(vs->end_ids, target);
+	return NameIndexGet(vs->step_ids, target) >= 0 || NameIndexGet(vs->end_ids, target) >= 0;
 }
 
 /* A step's routes: a mapping of signals to steps or ends. */
@@ -468,9 +503,14 @@ check_http_block(ValidateState *vs, Jsonb *http, const char *hpath)
 	check_retry(vs, http, hpath, http_on, "[timeout, error, 429, 5xx]");
 }
 
-/* The model configs a guardrail's llm_judge checks name should exist. */
+/*
+ * The model configs a guardrail's llm_judge checks name must exist, and be
+ * the guardrail's owner's or granted to it (uses.c): the guardrail names
+ * them, so its owner is who uses them.
+ */
 static void
-check_judge_models(ValidateState *vs, Jsonb *definition, const char *ref, const char *path)
+check_judge_models(ValidateState *vs, Jsonb *definition, const char *ref, const char *path,
+				   Oid guardrail_owner)
 {
 	Jsonb	   *checks = definition ? JsonGetJsonb(definition, "checks") : NULL;
 
@@ -478,15 +518,24 @@ check_judge_models(ValidateState *vs, Jsonb *definition, const char *ref, const 
 	{
 		Jsonb	   *check = JsonArrayAt(checks, i);
 		char	   *model = JsonGetString(check, "model");
+		Oid			owner;
 
 		if (strcmp(JsonGetString(check, "check"), "llm_judge") != 0)
 			continue;
 		if (model == NULL)
 			model = "default";
-		if (!LlmConfigExists(model))
-			add_finding(vs, "warning", path,
-						"check %d (llm_judge) of guardrail %s asks model \"%s\", which is not registered yet; register it with tuvl.register_llm() before a run reaches this gate",
+		SPI_connect();
+		owner = UseContentOwner(USE_LLM, model, 0);
+		if (!OidIsValid(owner))
+			add_finding(vs, "error", path,
+						"check %d (llm_judge) of guardrail %s asks model \"%s\", which does not exist; register it with tuvl.register_llm() first",
 						i + 1, ref, model);
+		else if (!UseAllowed(USE_LLM, model, owner, guardrail_owner))
+			add_finding(vs, "error", path,
+						"check %d (llm_judge) of guardrail %s asks model \"%s\" of role \"%s\", which has not granted its use to the guardrail's owner \"%s\"",
+						i + 1, ref, model, GetUserNameFromId(owner, false),
+						GetUserNameFromId(guardrail_owner, false));
+		SPI_finish();
 	}
 }
 
@@ -517,7 +566,7 @@ check_artifact_ref(ValidateState *vs, JsonbValue *v, const char *path, ArtifactS
 					text);
 		return true;
 	}
-	if (!ArtifactLookup(name, version, &type, NULL, NULL, &latest, &definition))
+	if (!ArtifactLookup(name, version, &type, NULL, NULL, &latest, &definition, NULL))
 	{
 		if (version > 0 && latest > 0)
 			add_finding(vs, "error", path,
@@ -534,8 +583,16 @@ check_artifact_ref(ValidateState *vs, JsonbValue *v, const char *path, ArtifactS
 		add_finding(vs, vs->strict ? "error" : "warning", path,
 					"floating artifact reference %s (now version %d); pin it as %s@%d so that new versions cannot change this workflow",
 					text, latest, text, latest);
+	check_use(vs, USE_ARTIFACT, name, version, path);
 	if (site == SITE_GUARDRAIL && strcmp(type, "guardrail") == 0)
-		check_judge_models(vs, definition, text, path);
+	{
+		Oid			owner;
+
+		SPI_connect();
+		owner = UseContentOwner(USE_ARTIFACT, name, version);
+		SPI_finish();
+		check_judge_models(vs, definition, text, path, owner);
+	}
 	return true;
 }
 
@@ -611,7 +668,7 @@ notify_steps_of(JsonbValue *list, List *ids)
 
 		if (e->type == jbvString &&
 			ArtifactParseRef(pnstrdup(e->val.string.val, e->val.string.len), &name, &version) &&
-			name && ArtifactLookup(name, version, &type, NULL, NULL, NULL, &def) &&
+			name && ArtifactLookup(name, version, &type, NULL, NULL, NULL, &def, NULL) &&
 			strcmp(type, "hook") == 0 && def && JsonGetString(def, "step") &&
 			JsonGetString(def, "action") && strcmp(JsonGetString(def, "action"), "notify") == 0)
 			ids = lappend(ids, JsonGetString(def, "step"));
@@ -693,23 +750,13 @@ static Jsonb *
 find_step_object(ValidateState *vs, const char *id)
 {
 	JsonbValue *steps = JsonGetField(vs->definition, "steps");
+	int			i = NameIndexGet(vs->step_ids, id);
+	JsonbValue *sv;
 
-	if (!is_list(steps))
+	if (!is_list(steps) || i < 0)
 		return NULL;
-	for (int i = 0; i < (int) JsonContainerSize(steps->val.binary.data); i++)
-	{
-		JsonbValue *sv = getIthJsonbValueFromContainer(steps->val.binary.data, i);
-		Jsonb	   *step;
-		char	   *sid;
-
-		if (!is_mapping(sv))
-			continue;
-		step = JsonValueToJsonb(sv);
-		sid = JsonGetString(step, "id");
-		if (sid && strcmp(sid, id) == 0)
-			return step;
-	}
-	return NULL;
+	sv = getIthJsonbValueFromContainer(steps->val.binary.data, i);
+	return is_mapping(sv) ? JsonValueToJsonb(sv) : NULL;
 }
 
 /* A positive integer field, when present. */
@@ -1031,10 +1078,8 @@ check_agent_model(ValidateState *vs, Jsonb *agent, const char *apath)
 	else if (model->type != jbvString)
 		add_finding(vs, "error", psprintf("%s.model", apath),
 					"model must name a model given to tuvl.register_llm()");
-	else if (!LlmConfigExists(JsonGetString(agent, "model")))
-		add_finding(vs, "warning", psprintf("%s.model", apath),
-					"model \"%s\" is not registered yet; register it with tuvl.register_llm() before a run reaches this step",
-					JsonGetString(agent, "model"));
+	else
+		check_use(vs, USE_LLM, JsonGetString(agent, "model"), 0, psprintf("%s.model", apath));
 }
 
 /* outcome.enum: names that are not reserved exits, each with a route. */
@@ -1232,8 +1277,15 @@ static void
 check_workflow_step(ValidateState *vs, Jsonb *step, const char *path)
 {
 	JsonbValue *v;
+	char	   *child;
+	char	   *own;
 
-	(void) require_string(vs, step, "workflow", path, "a Workflow step");
+	child = require_string(vs, step, "workflow", path, "a Workflow step");
+	own = JsonGetString(vs->definition, "name");
+	/* a workflow that starts itself names its own version to be */
+	if (child && (own == NULL || strcmp(child, own) != 0))
+		check_use(vs, USE_WORKFLOW, child, is_positive_int4(JsonGetField(step, "version")) ?
+				  (int) JsonGetInt(step, "version", 0) : 0, psprintf("%s.workflow", path));
 	v = JsonGetField(step, "input");
 	if (v && !is_mapping(v))
 		add_finding(vs, "error", psprintf("%s.input", path),
@@ -1487,6 +1539,7 @@ collect_step_ids(ValidateState *vs, JsonbValue *steps, int nsteps)
 		char	   *path = psprintf("steps[%d]", i);
 		char	   *id;
 
+		CHECK_FOR_INTERRUPTS();
 		if (!is_mapping(s))
 		{
 			add_finding(vs, "error", path, "a step must be a mapping with id and kind, not %s",
@@ -1500,10 +1553,9 @@ collect_step_ids(ValidateState *vs, JsonbValue *steps, int nsteps)
 			add_finding(vs, "error", psprintf("%s.id", path),
 						"step id \"%s\" must start with a letter or underscore and contain only letters, digits, _ and -",
 						id);
-		if (list_has_string(vs->step_ids, id))
+		if (!NameIndexAdd(vs->step_ids, id, i))
 			add_finding(vs, "error", psprintf("%s.id", path),
 						"step id \"%s\" is used twice; step ids must be unique", id);
-		vs->step_ids = lappend(vs->step_ids, id);
 	}
 }
 
@@ -1532,11 +1584,9 @@ check_ends(ValidateState *vs, JsonbValue *ends, int nends)
 		}
 		end = JsonValueToJsonb(e);
 		id = require_string(vs, end, "id", path, "the end");
-		if (id && (list_has_string(vs->step_ids, id) || list_has_string(vs->end_ids, id)))
+		if (id && (NameIndexGet(vs->step_ids, id) >= 0 || !NameIndexAdd(vs->end_ids, id, i)))
 			add_finding(vs, "error", psprintf("%s.id", path),
 						"end id \"%s\" is already used by a step or another end", id);
-		if (id)
-			vs->end_ids = lappend(vs->end_ids, id);
 		v = JsonGetField(end, "status");
 		status = (v && v->type == jbvString) ? pnstrdup(v->val.string.val, v->val.string.len) : NULL;
 		if (v && (status == NULL ||
@@ -1575,27 +1625,18 @@ check_step(ValidateState *vs, Jsonb *step, const char *path)
 	check_routes(vs, step, path);
 	v = JsonGetField(step, "compensate");
 	if (v && (v->type != jbvString ||
-			  !list_has_string(vs->step_ids, pnstrdup(v->val.string.val, v->val.string.len))))
+			  NameIndexGet(vs->step_ids, pnstrdup(v->val.string.val, v->val.string.len)) < 0))
 		add_finding(vs, "error", psprintf("%s.compensate", path),
 					"compensate must name a step of this workflow");
 }
 
-/* The kind of the step of steps with id, or NULL. */
+/* The kind of the step with id, or NULL. */
 static char *
-kind_of_step(JsonbValue *steps, int nsteps, const char *id)
+kind_of_step(ValidateState *vs, const char *id)
 {
-	for (int i = 0; i < nsteps; i++)
-	{
-		JsonbValue *st = getIthJsonbValueFromContainer(steps->val.binary.data, i);
-		Jsonb	   *s;
+	Jsonb	   *s = find_step_object(vs, id);
 
-		if (!is_mapping(st))
-			continue;
-		s = JsonValueToJsonb(st);
-		if (JsonGetString(s, "id") && strcmp(JsonGetString(s, "id"), id) == 0)
-			return JsonGetString(s, "kind");
-	}
-	return NULL;
+	return s ? JsonGetString(s, "kind") : NULL;
 }
 
 /* A hook list: references to hook artifacts; a notify hook's step is an APICall step here. */
@@ -1613,13 +1654,13 @@ check_hook_list(ValidateState *vs, JsonbValue *v, const char *path, JsonbValue *
 
 		if (e->type != jbvString ||
 			!ArtifactParseRef(pnstrdup(e->val.string.val, e->val.string.len), &name, &version) ||
-			name == NULL || !ArtifactLookup(name, version, &type, NULL, NULL, NULL, &def) ||
+			name == NULL || !ArtifactLookup(name, version, &type, NULL, NULL, NULL, &def, NULL) ||
 			strcmp(type, "hook") != 0 || def == NULL)
 			continue;
 		if (JsonGetString(def, "action") && strcmp(JsonGetString(def, "action"), "notify") == 0)
 		{
 			char	   *target = JsonGetString(def, "step");
-			char	   *kind = target ? kind_of_step(steps, nsteps, target) : NULL;
+			char	   *kind = target ? kind_of_step(vs, target) : NULL;
 
 			if (kind == NULL)
 				add_finding(vs, "error", psprintf("%s[%d]", path, i),
@@ -1697,10 +1738,8 @@ check_supervisor_judge(ValidateState *vs, JsonbValue *jv, const char *path)
 	j = JsonValueToJsonb(jv);
 	check_unknown_keys(vs, j, path, keys, NULL);
 	model = require_string(vs, j, "model", path, "the supervisor's judge");
-	if (model && !LlmConfigExists(model))
-		add_finding(vs, "warning", psprintf("%s.model", path),
-					"model \"%s\" is not registered yet; register it with tuvl.register_llm() before a run's agent reaches a judged turn",
-					model);
+	if (model)
+		check_use(vs, USE_LLM, model, 0, psprintf("%s.model", path));
 	v = JsonGetField(j, "prompt");
 	if (require_string(vs, j, "prompt", path, "the supervisor's judge"))
 		(void) check_artifact_ref(vs, v, psprintf("%s.prompt", path), SITE_PROMPT);
@@ -1761,7 +1800,7 @@ check_hooks(ValidateState *vs, Jsonb *def, JsonbValue *steps, int nsteps)
  * Check a parsed workflow; returns a List of Finding (NIL when clean).
  */
 List *
-ValidateWorkflow(Jsonb *def, Jsonb *positions, bool strict)
+ValidateWorkflow(Jsonb *def, Jsonb *positions, bool strict, Jsonb **refs)
 {
 	ValidateState vs;
 	JsonbValue *v;
@@ -1771,6 +1810,11 @@ ValidateWorkflow(Jsonb *def, Jsonb *positions, bool strict)
 	int			nends = 0;
 
 	memset(&vs, 0, sizeof(vs));
+	vs.step_ids = NameIndexCreate(64);
+	vs.end_ids = NameIndexCreate(8);
+	vs.user = GetUserId();
+	vs.pinned = NameIndexCreate(8);
+	JsonObjStart(&vs.pins);
 	vs.positions = positions;
 	vs.strict = strict;
 	vs.definition = def;
@@ -1804,19 +1848,22 @@ ValidateWorkflow(Jsonb *def, Jsonb *positions, bool strict)
 	{
 		JsonbValue *s = getIthJsonbValueFromContainer(steps->val.binary.data, i);
 
+		CHECK_FOR_INTERRUPTS();
 		if (is_mapping(s))
 			check_step(&vs, JsonValueToJsonb(s), psprintf("steps[%d]", i));
 	}
 
 	v = JsonGetField(def, "start");
 	if (v && (v->type != jbvString ||
-			  !list_has_string(vs.step_ids, pnstrdup(v->val.string.val, v->val.string.len))))
+			  NameIndexGet(vs.step_ids, pnstrdup(v->val.string.val, v->val.string.len)) < 0))
 		add_finding(&vs, "error", "start", "start must name a step of this workflow");
 	check_hooks(&vs, def, steps, nsteps);
 	check_supervisor(&vs, JsonGetField(def, "supervisor"));
 	check_concurrency(&vs, JsonGetField(def, "concurrency"));
 	if (!FindingsHaveErrors(vs.findings) && nsteps > 0)
 		check_reachable(&vs, def);
+	if (refs)
+		*refs = JsonObjEnd(&vs.pins);
 	return vs.findings;
 }
 

@@ -18,7 +18,7 @@ typedef struct Finding
 	char	   *message;		/* what is wrong and what to write instead */
 } Finding;
 
-extern List *ValidateWorkflow(Jsonb *definition, Jsonb *positions, bool strict);
+extern List *ValidateWorkflow(Jsonb *definition, Jsonb *positions, bool strict, Jsonb **refs);
 extern bool FindingsHaveErrors(List *findings);
 extern char *FindingsFormat(List *findings, const char *severity);
 

@@ -53,6 +53,7 @@
 #include "driver.h"
 #include "effect.h"
 #include "http.h"
+#include "concurrency.h"
 #include "control.h"
 #include "lease.h"
 #include "runtime.h"
@@ -138,11 +139,15 @@ async_commit(void)
 							 GUC_ACTION_LOCAL, true, 0, false);
 }
 
-/* Is the run ready for a transition (not waiting for an effect)? */
+/*
+ * Is the run ready for a transition (not waiting for an effect, nor for
+ * the lock a session held when it last tried)?
+ */
 static bool
 run_ready(RunState *run)
 {
-	return run->send == NULL && run->transfer == NULL;
+	return run->send == NULL && run->transfer == NULL &&
+		(run->retry_at == 0 || run->retry_at <= GetCurrentTimestamp());
 }
 
 /* The list of held runs lives in runs_cxt, like the runs themselves. */
@@ -297,6 +302,8 @@ exit_when_fragmented(void)
 }
 #endif
 
+static void release_unreleased(void);
+
 /*
  * Housekeeping: the extension still exists, runs of holders that stopped
  * heartbeating go back to the queue, agents paused too long are queued to
@@ -321,9 +328,12 @@ maintenance(bool renew)
 		commit_tx();
 		return;
 	}
+	release_unreleased();
 	n = LeaseReclaim();
 	n += ControlExpirePauses();
 	n += ControlWakeSleepers();
+	/* admissions a session's lock held up (concurrency.c) */
+	ConcurrencyAdmitDeferred();
 	if (renew && held != NIL)
 	{
 		List	   *lost = LeaseRenew(held, tuvl_lease_timeout);
@@ -468,7 +478,7 @@ claim_room(void)
 				   ? CONTENDED_STEPS : 0));
 }
 
-static void fail_one_run(RunState *run, const char *error, const char *error_type);
+static bool fail_one_run(RunState *run, const char *error, const char *error_type);
 
 /*
  * Fail the runs just claimed that came back from dead workers more than
@@ -490,10 +500,10 @@ fail_crash_loops(List *runs)
 		ereport(LOG,
 				(errmsg("tuvl worker failing run " INT64_FORMAT ": its worker died %d times while it held it",
 						run->id, run->recoveries)));
-		fail_one_run(run, psprintf("its worker died %d times while holding it without the run getting further, "
-								   "more than tuvl.max_recoveries (%d)", run->recoveries, tuvl_max_recoveries),
-					 "recovery_limit");
-		forget_run(run);
+		if (fail_one_run(run, psprintf("its worker died %d times while holding it without the run getting further, "
+									   "more than tuvl.max_recoveries (%d)", run->recoveries, tuvl_max_recoveries),
+						 "recovery_limit"))
+			forget_run(run);
 	}
 }
 
@@ -532,7 +542,8 @@ typedef enum Advanced
 	ADV_DONE,					/* made; apply it after commit */
 	ADV_LOST,					/* the lease was lost: drop the run */
 	ADV_BROKEN,					/* the run cannot go on: fail it */
-	ADV_SOLO					/* outlived the batch's budget: run it alone */
+	ADV_SOLO,					/* outlived the batch's budget: run it alone */
+	ADV_LOCKED					/* a session holds a lock it needs: later */
 } Advanced;
 
 /* ---------------------------------------------------------------- slow steps
@@ -635,6 +646,8 @@ try_advance(RunState *run, TimestampTz budget, char **fatal)
 				aborted = true;
 			else if (run->cancelled == RUN_CANCEL_BATCH)
 				result = ADV_SOLO;
+			else if (edata->sqlerrcode == ERRCODE_LOCK_NOT_AVAILABLE)
+				result = ADV_LOCKED;
 			else if (edata->sqlerrcode == ERRCODE_T_R_SERIALIZATION_FAILURE)
 			{
 				ereport(LOG,
@@ -664,11 +677,37 @@ try_advance(RunState *run, TimestampTz budget, char **fatal)
 	return result;
 }
 
+/*
+ * A transition waited longer than a worker waits for a lock (security.c:
+ * a session holds one on the run's row, say, in a transaction it keeps
+ * open): the run is left alone for a while, 1 s, then 2, 4... up to 30 s,
+ * so that such a session costs the worker about a second now and then,
+ * never its other runs' progress.
+ */
+#define MAX_LOCK_BACKOFF_MS 30000
+
 static void
+wait_for_lock(RunState *run)
+{
+	int			backoff = 1000 << Min(run->lock_waits, 5);
+
+	run->lock_waits++;
+	run->retry_at = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+												Min(backoff, MAX_LOCK_BACKOFF_MS));
+	if (run->lock_waits == 1 || run->lock_waits % 10 == 0)
+		ereport(LOG,
+				(errmsg("tuvl worker postponed run " INT64_FORMAT ": a lock it needs is held by another session",
+						run->id),
+				 errdetail("Tried %d times; the next try is in %d s.", run->lock_waits,
+						   Min(backoff, MAX_LOCK_BACKOFF_MS) / 1000)));
+}
+
+static bool
 fail_one_run(RunState *run, const char *error, const char *error_type)
 {
 	MemoryContext oldcxt;
 	volatile bool ok = true;
+	volatile bool locked = false;
 
 	begin_tx("tuvl failing a run");
 	oldcxt = CurrentMemoryContext;
@@ -679,7 +718,9 @@ fail_one_run(RunState *run, const char *error, const char *error_type)
 	PG_CATCH();
 	{
 		MemoryContextSwitchTo(oldcxt);
-		EmitErrorReport();
+		locked = geterrcode() == ERRCODE_LOCK_NOT_AVAILABLE;
+		if (!locked)
+			EmitErrorReport();
 		FlushErrorState();
 		ok = false;
 	}
@@ -693,11 +734,15 @@ fail_one_run(RunState *run, const char *error, const char *error_type)
 		AbortCurrentTransaction();
 		MemoryContextSwitchTo(round_cxt);
 	}
+	if (locked)
+		wait_for_lock(run);
+	return !locked;
 }
 
 /*
- * Fail runs that could make no transition, each in its own transaction;
- * a lost lease just drops the run.
+ * Fail runs that could make no transition, each in its own transaction,
+ * and let go of them; a lost lease just drops the run.  A run whose row a
+ * session keeps locked is kept, to be tried again (wait_for_lock).
  */
 static void
 fail_runs(List *runs, List *errors)
@@ -706,7 +751,10 @@ fail_runs(List *runs, List *errors)
 	ListCell   *lc2;
 
 	forboth(lc1, runs, lc2, errors)
-		fail_one_run(lfirst(lc1), lfirst(lc2), NULL);
+	{
+		if (fail_one_run(lfirst(lc1), lfirst(lc2), NULL))
+			forget_run(lfirst(lc1));
+	}
 }
 
 /* The principal served by the last batch. */
@@ -772,6 +820,8 @@ apply_advanced(List *advanced)
 		RunState   *run = lfirst(lc);
 
 		run->advanced = true;
+		run->lock_waits = 0;
+		run->retry_at = 0;
 		switch (RunNextAfter(run))
 		{
 			case RUN_NEXT_RELEASE:
@@ -912,6 +962,9 @@ advance_batch(void)
 				run->solo = true;
 				mark_step_slow(run, true);
 				break;
+			case ADV_LOCKED:
+				wait_for_lock(run);
+				break;
 			case ADV_BROKEN:
 				broken = lappend(broken, run);
 				broken_errors = lappend(broken_errors, fatal);
@@ -927,11 +980,7 @@ advance_batch(void)
 	foreach(lc, failed)
 		forget_run(lfirst(lc));
 	if (broken != NIL)
-	{
 		fail_runs(broken, broken_errors);
-		foreach(lc, broken)
-			forget_run(lfirst(lc));
-	}
 	return attempted;
 }
 
@@ -1016,6 +1065,7 @@ hand_back_idle_runs(void)
 	List	   *give = NIL;
 	int64	   *ids;
 	int32	   *attempts;
+	bool	   *released;
 	int			n = 0;
 	ListCell   *lc;
 
@@ -1036,11 +1086,15 @@ hand_back_idle_runs(void)
 		ids[n] = ((RunState *) lfirst(lc))->id;
 		attempts[n++] = ((RunState *) lfirst(lc))->attempt;
 	}
+	released = palloc(sizeof(bool) * n);
 	begin_tx("tuvl handing runs back");
-	(void) LeaseRelease(n, ids, attempts);
+	(void) LeaseRelease(n, ids, attempts, released);
 	commit_tx();
+	n = 0;
+	/* a run a session keeps locked stays held, and goes on here */
 	foreach(lc, give)
-		forget_run(lfirst(lc));
+		if (released[n++])
+			forget_run(lfirst(lc));
 	TuvlWakeWorkers(MyDatabaseId);
 }
 
@@ -1130,9 +1184,11 @@ run_solo(void)
 		case ADV_SOLO:
 			run->solo = true;
 			break;
+		case ADV_LOCKED:
+			wait_for_lock(run);
+			break;
 		case ADV_BROKEN:
 			fail_runs(list_make1(run), list_make1(fatal));
-			forget_run(run);
 			break;
 		case ADV_LOST:
 			forget_run(run);
@@ -1411,6 +1467,56 @@ check_extension_at_start(void)
 }
 
 /*
+ * Runs this worker let go of but could not give back yet, because a
+ * session held their rows locked (LeaseRelease): still ours in the table,
+ * given back by the next maintenance (or when this worker exits: then
+ * they are reclaimed).  In TopMemoryContext.
+ */
+static int	n_unreleased = 0;
+static int64 *unreleased_ids = NULL;
+static int32 *unreleased_attempts = NULL;
+
+/* Give runs back, remembering those a session keeps locked.  In a transaction. */
+static void
+release_or_remember(int n, const int64 *ids, const int32 *attempts)
+{
+	bool	   *released = palloc(sizeof(bool) * n);
+	int			keep = 0;
+
+	(void) LeaseRelease(n, ids, attempts, released);
+	for (int i = 0; i < n; i++)
+		keep += released[i] ? 0 : 1;
+	if (keep == 0)
+		return;
+	unreleased_ids = MemoryContextAlloc(TopMemoryContext, sizeof(int64) * (n_unreleased + keep));
+	unreleased_attempts = MemoryContextAlloc(TopMemoryContext, sizeof(int32) * (n_unreleased + keep));
+	for (int i = 0; i < n; i++)
+		if (!released[i])
+		{
+			unreleased_ids[n_unreleased] = ids[i];
+			unreleased_attempts[n_unreleased++] = attempts[i];
+		}
+}
+
+/* Try again to give back the runs release_or_remember kept.  In a transaction. */
+static void
+release_unreleased(void)
+{
+	int			n = n_unreleased;
+	int64	   *ids = unreleased_ids;
+	int32	   *attempts = unreleased_attempts;
+
+	if (n == 0)
+		return;
+	n_unreleased = 0;
+	unreleased_ids = NULL;
+	unreleased_attempts = NULL;
+	release_or_remember(n, ids, attempts);
+	pfree(ids);
+	pfree(attempts);
+}
+
+/*
  * Recover from an ERROR caught by the worker's sigsetjmp block: abort, let
  * go of every run held (they go back to the queue) and pause a moment.
  */
@@ -1458,7 +1564,7 @@ recover_from_error(void)
 		exit_extension_dropped();
 	}
 	if (nheld > 0)
-		(void) LeaseRelease(nheld, ids, attempts);
+		release_or_remember(nheld, ids, attempts);
 	commit_tx();
 	pfree(ids);
 	pfree(attempts);
@@ -1492,7 +1598,7 @@ hand_back_all_runs(void)
 		attempts[i++] = ((RunState *) lfirst(lc))->attempt;
 	}
 	begin_tx("tuvl handing runs back");
-	(void) LeaseRelease(n, ids, attempts);
+	(void) LeaseRelease(n, ids, attempts, NULL);
 	commit_tx();
 	forget_all_runs();
 	HttpAbortAll();

@@ -48,6 +48,12 @@ typedef struct EndDef
 	bool		rollback;
 } EndDef;
 
+/*
+ * Names (step and end ids) to integers, by hash: lookups by id cost the
+ * same in a workflow of 3 steps or 3,000 (see NameIndexCreate).
+ */
+typedef struct NameIndex NameIndex;
+
 typedef struct WorkflowDef
 {
 	char	   *name;
@@ -60,6 +66,11 @@ typedef struct WorkflowDef
 	int			nends;
 	EndDef	   *ends;
 	int			start;			/* index of the first step */
+	NameIndex  *step_index;		/* step id -> index in steps */
+	Oid			owner;			/* the role the version belongs to */
+	Jsonb	   *refs;			/* the owners of what it names, pinned at
+								 * registration (uses.c); NULL: registered
+								 * before 0.3.0 */
 } WorkflowDef;
 
 extern const char *const StepKindNames[STEP_KIND_COUNT];
@@ -69,9 +80,14 @@ extern WorkflowDef *WorkflowCompile(const char *name, int version, Jsonb *defini
 extern WorkflowDef *WorkflowLoad(const char *name, int version);
 extern int	WorkflowLatestVersion(const char *name, bool missing_ok);
 extern int	WorkflowFindStep(WorkflowDef *wf, const char *id);
+struct UseReferrer;
+extern void WorkflowReferrer(WorkflowDef *wf, struct UseReferrer *by);
 extern EndDef *WorkflowFindEnd(WorkflowDef *wf, const char *id);
 extern bool DurationParse(const char *text, int *ms);
 extern bool DurationFromJson(JsonbValue *v, int *ms);
 extern bool DurationParseLong(const char *text, int64 *ms);
+extern NameIndex *NameIndexCreate(int expected);
+extern bool NameIndexAdd(NameIndex *ix, const char *name, int value);
+extern int	NameIndexGet(NameIndex *ix, const char *name);
 
 #endif							/* TUVL_WORKFLOW_H */

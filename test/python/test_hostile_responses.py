@@ -294,7 +294,67 @@ def test_an_mcp_session_id_that_is_not_utf8_never_reaches_the_journal(conn, db, 
 
 
 # ---------------------------------------------------------------------------
+# An abort stops a model call waiting out a Retry-After
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_abort_stops_a_model_call_waiting_out_retry_after(conn, hostile, provider):
+    """0.2.0: the abort waited for the delay, and the retries were sent anyway."""
+    limited = response(429, b'{"error": {"message": "slow down"}}', headers=[("Retry-After", "4")])
+    server = hostile({MODEL_PATHS[provider]: limited})
+    name = f"hostile_429_{provider}"
+    q(conn, "SELECT tuvl.register_llm(%s)",
+      (f"name: {name}\nprovider: {provider}\nbase_url: {server.base}/v1\nmodel: m\ntimeout: 5s\n",))
+    wf = AGENT.format(name=name, model=name).replace("retry: { attempts: 1 }", "retry: { attempts: 5 }")
+    q(conn, "SELECT tuvl.register_workflow(%s)", (wf,))
+    run_id = q1(conn, "SELECT tuvl.start_run(%s, '{}')", (name,))
+    wait_until(lambda: server.count(MODEL_PATHS[provider]) >= 1, 10, message="the first request")
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    q(conn, "SELECT tuvl.abort_run(%s, 'enough')", (run_id,))
+    assert q1(conn, "SELECT tuvl.wait(%s, '10 s')", (run_id,)) == "aborted"
+    took = time.monotonic() - t0
+    assert took < 2, f"the abort took {took:.1f} s"
+    time.sleep(5)
+    assert server.count(MODEL_PATHS[provider]) == 1
+
+
+def test_abort_stops_an_autonomous_agent_waiting_out_retry_after(conn, hostile):
+    limited = response(429, b'{"error": {"message": "slow down"}}', headers=[("Retry-After", "4")])
+    server = hostile({"/v1/chat/completions": limited})
+    q(conn, "SELECT tuvl.register_llm(%s)",
+      (f"name: hostile_429_auto\nprovider: openai\nbase_url: {server.base}/v1\nmodel: m\ntimeout: 5s\n",))
+    q(conn, "SELECT tuvl.register_workflow(%s)", ("""
+name: hostile_429_auto
+steps:
+  - id: triage
+    kind: Agent
+    mode: autonomous
+    agent:
+      model: hostile_429_auto
+      tools: [{ ref: lookup }]
+      outcome: { enum: [resolved] }
+      retry: { attempts: 5 }
+    routes: { resolved: done, aborted: stopped, error: done }
+  - { id: lookup, kind: ModelOp, description: Look something up, sql: "SELECT 1 AS one" }
+ends:
+  - { id: done, status: completed }
+  - { id: stopped, status: completed, response: aborted }
+""",))
+    run_id = q1(conn, "SELECT tuvl.start_run('hostile_429_auto', '{}')")
+    wait_until(lambda: server.count() >= 1, 10, message="the first request")
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    q(conn, "SELECT tuvl.abort_run(%s, 'enough')", (run_id,))
+    assert q1(conn, "SELECT tuvl.wait(%s, '10 s')", (run_id,)) in ("aborted", "completed")
+    assert time.monotonic() - t0 < 2
+    time.sleep(5)
+    assert server.count() == 1
+
+
+# ---------------------------------------------------------------------------
 # Crash loops: a run whose worker keeps dying is retried tuvl.max_recoveries times
+# (last in the module: they restart the server, which closes the module's connection)
 
 
 SLOW = """

@@ -144,7 +144,7 @@ def test_only_the_owner_and_operators_start_slots(cron):
     try:
         with pytest.raises(psycopg2.errors.InsufficientPrivilege) as exc:
             q(outsider, "SELECT tuvl.start_scheduled(%s, '2026-02-01 00:00+00')", (name,))
-        assert "row-level security" in str(exc.value)
+        assert "permission denied to start the scheduled runs of workflow" in str(exc.value)
         assert q1(cron, "SELECT count(*) FROM tuvl.schedule_slots WHERE workflow = %s", (name,)) == 0
         q(cron, f"GRANT tuvl_operator TO {OUTSIDER}")
         run_id = q1(outsider, "SELECT tuvl.start_scheduled(%s, '2026-02-01 00:00+00')", (name,))
