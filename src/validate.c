@@ -298,7 +298,7 @@ check_duration(ValidateState *vs, Jsonb *obj, const char *key, const char *path)
 
 	if (v && !DurationFromJson(v, &ms))
 		add_finding(vs, "error", psprintf("%s.%s", path, key),
-					"\"%s\" must be a duration such as 500ms, 10s or 5m", key);
+					"\"%s\" must be a duration such as 500ms, 10s, 5m or 2d (at most 24 days)", key);
 }
 
 /*
@@ -338,6 +338,38 @@ check_use(ValidateState *vs, UseKind kind, const char *name, int version, const 
 	{
 		JsonObjAddInt(&vs->pins, pin_key, owner);
 	}
+}
+
+/* An optional text field of a mapping (description, ...). */
+static void
+check_text(ValidateState *vs, Jsonb *obj, const char *key, const char *path)
+{
+	JsonbValue *v = JsonGetField(obj, key);
+
+	if (v && v->type != jbvString)
+		add_finding(vs, "error", psprintf("%s.%s", path, key), "%s must be text, not %s",
+					key, json_type_name(v));
+}
+
+/*
+ * A mapping of names to values sent as text (headers, a query): each
+ * value is text (a template), a number or a boolean.
+ */
+static void
+check_scalar_values(ValidateState *vs, JsonbValue *map, const char *path)
+{
+	JsonbIterator *it;
+	JsonbValue	v;
+	char	   *key;
+
+	if (!is_mapping(map))
+		return;
+	it = JsonbIteratorInit(map->val.binary.data);
+	while (next_key(&it, &key, &v))
+		if (v.type != jbvString && v.type != jbvNumeric && v.type != jbvBool)
+			add_finding(vs, "error", psprintf("%s.%s", path, key),
+						"the value of \"%s\" is sent as text: write text (a template), a number or a boolean, not %s",
+						key, json_type_name(&v));
 }
 
 /* Is target the id of a step or an end? */
@@ -492,10 +524,12 @@ check_http_block(ValidateState *vs, Jsonb *http, const char *hpath)
 	if (v && !is_mapping(v))
 		add_finding(vs, "error", psprintf("%s.headers", hpath),
 					"headers must be a mapping such as { Content-Type: application/json }");
+	check_scalar_values(vs, v, psprintf("%s.headers", hpath));
 	v = JsonGetField(http, "query");
 	if (v && !is_mapping(v))
 		add_finding(vs, "error", psprintf("%s.query", hpath),
 					"query must be a mapping such as { q: \"{{ term }}\" }");
+	check_scalar_values(vs, v, psprintf("%s.query", hpath));
 	v = JsonGetField(http, "idempotency");
 	if (v && !string_in(v, idem))
 		add_finding(vs, "error", psprintf("%s.idempotency", hpath),
@@ -841,6 +875,7 @@ check_mcp_server_tools(ValidateState *vs, Jsonb *entry, const char *epath)
 	if (v && !is_mapping(v))
 		add_finding(vs, "error", psprintf("%s.headers", epath),
 					"headers must be a mapping such as { Authorization: \"Bearer {{ secrets.mcp_token }}\" }");
+	check_scalar_values(vs, v, psprintf("%s.headers", epath));
 	v = JsonGetField(entry, "approval");
 	if (v && v->type != jbvBool)
 		add_finding(vs, "error", psprintf("%s.approval", epath),
@@ -890,6 +925,7 @@ check_agent_tools(ValidateState *vs, Jsonb *agent, const char *apath, const char
 			continue;
 		}
 		check_unknown_keys(vs, entry, epath, tool_keys, NULL);
+		check_text(vs, entry, "description", epath);
 		ref = JsonGetString(entry, "ref");
 		if (ref == NULL)
 		{
@@ -1163,9 +1199,20 @@ check_agent_block(ValidateState *vs, Jsonb *step, const char *path)
 	check_agent_keys(vs, agent, apath);
 	if (autonomous)
 		check_autonomous_agent(vs, step, agent, path, apath, routes);
-	else if (JsonGetField(agent, "tools"))
-		add_finding(vs, "error", psprintf("%s.tools", apath),
-					"tools are used only by mode: autonomous; remove them from a completion agent");
+	else
+	{
+		/* a key tuvl accepts does something: these do only in autonomous mode */
+		static const char *const limits[] = {"max_iterations", "token_budget", NULL};
+
+		if (JsonGetField(agent, "tools"))
+			add_finding(vs, "error", psprintf("%s.tools", apath),
+						"tools are used only by mode: autonomous; remove them from a completion agent");
+		for (int i = 0; limits[i]; i++)
+			if (JsonGetField(agent, limits[i]))
+				add_finding(vs, "error", psprintf("%s.%s", apath, limits[i]),
+							"%s bounds the turns of mode: autonomous; a completion agent makes one model call: remove it",
+							limits[i]);
+	}
 	check_context_injection(vs, step, path);
 	check_agent_artifacts(vs, agent, apath);
 	check_guardrails(vs, JsonGetField(agent, "guardrails"), psprintf("%s.guardrails", apath), autonomous);
@@ -1211,6 +1258,7 @@ check_mcp_block(ValidateState *vs, Jsonb *mcp, const char *mpath)
 	if (JsonGetField(mcp, "headers") && !is_mapping(JsonGetField(mcp, "headers")))
 		add_finding(vs, "error", psprintf("%s.headers", mpath),
 					"headers must be a mapping such as { Authorization: \"Bearer {{ secrets.mcp_token }}\" }");
+	check_scalar_values(vs, JsonGetField(mcp, "headers"), psprintf("%s.headers", mpath));
 	require_string(vs, mcp, "url", mpath, "the mcp mapping");
 	require_string(vs, mcp, "tool", mpath, "the mcp mapping");
 	check_duration(vs, mcp, "timeout", mpath);
@@ -1372,6 +1420,9 @@ check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
 			if (JsonGetField(step, "on") == NULL)
 				add_finding(vs, "error", path,
 							"a Router step is missing required key \"on\"; write on: \"{{ some.key }}\"");
+			else if (JsonGetField(step, "on")->type != jbvString)
+				add_finding(vs, "error", psprintf("%s.on", path),
+							"on must be a template whose value is the signal, such as \"{{ order.status }}\"");
 			if (JsonGetField(step, "routes") == NULL)
 				add_finding(vs, "error", path,
 							"a Router step needs routes mapping each value of \"on\" to a step or an end");
@@ -1594,6 +1645,7 @@ check_ends(ValidateState *vs, JsonbValue *ends, int nends)
 			add_finding(vs, "error", psprintf("%s.status", path),
 						"an end's status must be completed or failed");
 		check_unknown_keys(vs, end, path, end_keys, NULL);
+		check_text(vs, end, "description", path);
 		v = JsonGetField(end, "rollback");
 		if (v && v->type != jbvBool)
 			add_finding(vs, "error", psprintf("%s.rollback", path), "rollback must be true or false");
@@ -1622,6 +1674,7 @@ check_step(ValidateState *vs, Jsonb *step, const char *path)
 	if (v && (v->type != jbvString || v->val.string.len == 0))
 		add_finding(vs, "error", psprintf("%s.output", path),
 					"output must name the context key the step writes");
+	check_text(vs, step, "description", path);
 	check_routes(vs, step, path);
 	v = JsonGetField(step, "compensate");
 	if (v && (v->type != jbvString ||

@@ -106,16 +106,16 @@ DurationParseLong(const char *text, int64 *ms)
 }
 
 /*
- * Parse "250ms", "10s", "5m", "1h" or a plain number of seconds (not days:
- * an int of milliseconds holds 24 days).  Returns false when the text is
- * not a duration.
+ * Parse "250ms", "10s", "5m", "1h", "2d" or a plain number of seconds, up
+ * to what an int of milliseconds holds (24 days).  Returns false when the
+ * text is not such a duration.
  */
 bool
 DurationParse(const char *text, int *ms)
 {
 	int64		v;
 
-	if (strchr(text, 'd') || !DurationParseLong(text, &v) || v > INT_MAX)
+	if (!DurationParseLong(text, &v) || v > INT_MAX)
 		return false;
 	*ms = (int) v;
 	return true;

@@ -224,7 +224,7 @@ def test_a_rule_that_never_hits_does_nothing(conn):
     ("  rules:\n    - { rule: tool_errors, max: 3, action: abort }\n", "supervisor.rules[0].max",
      "rule tool_errors takes count, not max"),
     ("  rules:\n    - { rule: wall_time, max: soon, action: abort }\n", "supervisor.rules[0].max",
-     '"max" must be a duration such as 500ms, 10s or 5m'),
+     '"max" must be a duration such as 500ms, 10s, 5m or 2d (at most 24 days)'),
     ("  rules:\n    - { rule: iterations, action: abort }\n", "supervisor.rules[0]", "rule iterations needs max"),
     ("  rules:\n    - { rule: iterations, max: 2, action: abort, message: hi }\n", "supervisor.rules[0].message",
      "message is the text of a steer action: a string, with action: steer"),
