@@ -462,7 +462,9 @@ static const char role_objects_sql[] =
 "       (SELECT pg_catalog.count(*) FROM tuvl.runs r WHERE r.principal_id OPERATOR(pg_catalog.=) $1 "
 "          AND r.finished_at IS NULL), "
 "       (SELECT pg_catalog.count(*) FROM tuvl.secret_grants g "
-"        WHERE g.grantee OPERATOR(pg_catalog.=) $1)";
+"        WHERE g.grantee OPERATOR(pg_catalog.=) $1), "
+"       (SELECT pg_catalog.count(*) FROM tuvl.use_grants u "
+"        WHERE u.grantee OPERATOR(pg_catalog.=) $1)";
 
 static void
 add_count(StringInfo buf, int64 n, const char *one, const char *many)
@@ -505,15 +507,15 @@ check_drop_role(DropRoleStmt *stmt)
 		SecurityAsOwner(&frame);
 		SpiExec(role_objects_sql, 1, types, values, NULL, SPI_OK_SELECT);
 		SecurityRestore(&frame);
-		for (int i = 0; i < 5; i++)
+		for (int i = 0; i < 6; i++)
 		{
 			bool		isnull;
 			int64		n = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 														SPI_tuptable->tupdesc, i + 1, &isnull));
 			static const char *const one[] = {"workflow", "artifact", "LLM config",
-			"run in flight", "secret grant"};
+			"run in flight", "secret grant", "use grant"};
 			static const char *const many[] = {"workflows", "artifacts", "LLM configs",
-			"runs in flight", "secret grants"};
+			"runs in flight", "secret grants", "use grants"};
 
 			add_count(&what, n, one[i], many[i]);
 		}
@@ -524,15 +526,16 @@ check_drop_role(DropRoleStmt *stmt)
 					 errmsg("role \"%s\" cannot be dropped because it owns tuvl objects",
 							spec->rolename),
 					 errdetail("In this database it has %s.", what.data),
-					 errhint("Hand its names over with tuvl.transfer() or REASSIGN OWNED, revoke its secrets with "
-							 "tuvl.revoke_secret() or DROP OWNED, and let its runs finish or abort them with tuvl.abort_run().")));
+					 errhint("Hand its names over with tuvl.transfer() or REASSIGN OWNED, revoke its secrets and "
+							 "uses with tuvl.revoke_secret(), tuvl.revoke_use() or DROP OWNED, and let its runs "
+							 "finish or abort them with tuvl.abort_run().")));
 	}
 }
 
 /*
  * REASSIGN OWNED BY old TO new also hands over old's tuvl names in this
- * database; DROP OWNED BY old also revokes its secret grants (as it
- * revokes its privileges).  PostgreSQL has checked the caller's right to
+ * database; DROP OWNED BY old also revokes its secret and use grants (as
+ * it revokes its privileges).  PostgreSQL has checked the caller's right to
  * act for both roles.
  */
 static void
@@ -546,6 +549,8 @@ follow_owned(Node *stmt)
 	};
 	static const char revoke_sql[] =
 		"DELETE FROM tuvl.secret_grants WHERE grantee OPERATOR(pg_catalog.=) $1";
+	static const char revoke_use_sql[] =
+		"DELETE FROM tuvl.use_grants WHERE grantee OPERATOR(pg_catalog.=) $1";
 	static const Oid types[2] = {REGROLEOID, REGROLEOID};
 	List	   *roles;
 	Oid			new_owner = InvalidOid;
@@ -573,7 +578,10 @@ follow_owned(Node *stmt)
 			for (int i = 0; reassign_sql[i]; i++)
 				SpiExec(reassign_sql[i], 2, types, values, NULL, SPI_OK_UPDATE);
 		else
+		{
 			SpiExec(revoke_sql, 1, types, values, NULL, SPI_OK_DELETE);
+			SpiExec(revoke_use_sql, 1, types, values, NULL, SPI_OK_DELETE);
+		}
 	}
 	SecurityRestore(&frame);
 	SPI_finish();

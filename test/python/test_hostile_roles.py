@@ -461,3 +461,19 @@ def test_an_ordinary_role_cannot_lock_tuvls_tables(as_role):
          WHERE n.nspname = 'tuvl' AND c.relkind IN ('r', 'v', 'm', 'p')
            AND has_table_privilege(current_user, c.oid, p.privilege_type)""")
     assert rows == []
+
+
+def test_a_role_holding_use_grants_is_not_dropped_behind_them(as_role, roles):
+    admin = connect(roles)
+    mallory = as_role(MALLORY)
+    q(admin, "DROP ROLE IF EXISTS tuvl_hr_temp")
+    q(admin, "CREATE ROLE tuvl_hr_temp IN ROLE tuvl_user")
+    register_model(mallory, "hr_lent_model")
+    q(mallory, "SELECT tuvl.grant_use('llm', 'hr_lent_model', 'tuvl_hr_temp')")
+    with pytest.raises(psycopg2.errors.DependentObjectsStillExist) as e:
+        q(admin, "DROP ROLE tuvl_hr_temp")
+    assert "1 use grant" in str(e.value)
+    q(admin, "DROP OWNED BY tuvl_hr_temp")
+    assert q1(admin, "SELECT count(*) FROM tuvl.use_grants WHERE grantee::text = 'tuvl_hr_temp'") == 0
+    q(admin, "DROP ROLE tuvl_hr_temp")
+    admin.close()
