@@ -112,3 +112,7 @@ END
 $$;
 
 /* ------------------------------------------------------------------ hardening: notifications, metrics, pictures */
+
+/* ------------------------------------------------------------------ hardening: bounded work */
+
+/* Nothing in SQL: the bounds are in the C code (step_sql.c, agent.c, jsonschema.c, llm.c). */

@@ -6,8 +6,12 @@
  * The model chooses among the steps named in agent.tools, observes their
  * results and decides again, inside a loop that the workflow caps on
  * every axis: the tools it may call, the exits it may take
- * (outcome.enum plus the reserved ones), max_iterations, token_budget and
- * a wall-clock limit per tool call (tuvl.agent_tool_timeout).
+ * (outcome.enum plus the reserved ones), max_iterations, max_tool_calls
+ * (per model answer: an answer asking for more ends the step on its
+ * error exit before any of them runs), token_budget and a wall-clock
+ * limit per tool call (tuvl.agent_tool_timeout).  The work of a turn is
+ * linear in its tool calls: the records it adds are folded into the
+ * step's state once per transition (EffectRecords), not once per call.
  *
  * Durability.  Like every step, the agent is executed again from its
  * step_state at each transition: the list of what has happened in it so
@@ -79,6 +83,7 @@
 
 #define AGENT_MAX_TOOL_RESULT_CHARS 8000
 #define AGENT_DEFAULT_MAX_ITERATIONS 8
+#define AGENT_DEFAULT_MAX_TOOL_CALLS 128
 
 static const char agent_instruction[] =
 "You are an autonomous agent working on one step of a workflow. Use the tools "
@@ -116,6 +121,7 @@ typedef struct AgentLoop
 	StringInfoData msgs;		/* the conversation: array elements */
 	List	   *values;			/* outcome.enum, or NIL */
 	int			max_iterations;
+	int			max_tool_calls; /* per model answer */
 	int64		token_budget;	/* 0: none */
 	int64		tokens_used;
 	int			iteration;
@@ -1259,6 +1265,7 @@ execute_tool_step(RunState *run, const StepDef *ts, int call, Jsonb *args, Jsonb
 				  Jsonb *inner, TimestampTz deadline, StepResult *res, ErrorData **error)
 {
 	Jsonb	   *saved = run->working_effects;
+	List	   *saved_added = run->effects_added;
 	bool		sql = ExecutorFor(ts->kind)->in_transaction;
 	SpiSubxact	sub;
 	const char *volatile saved_type = StepErrorType;
@@ -1270,6 +1277,7 @@ execute_tool_step(RunState *run, const StepDef *ts, int call, Jsonb *args, Jsonb
 	PG_TRY();
 	{
 		run->working_effects = inner;
+		run->effects_added = NIL;
 		run->effect_call = call;
 		run->tool_args = JsonPublicContext(args);
 		if (sql)
@@ -1292,6 +1300,7 @@ execute_tool_step(RunState *run, const StepDef *ts, int call, Jsonb *args, Jsonb
 			(DeadlineFiredOuter() != DEADLINE_NONE || TuvlAbortRequested(run->id)))
 		{
 			run->working_effects = saved;
+			run->effects_added = saved_added;
 			run->effect_call = 0;
 			run->tool_args = NULL;
 			StepErrorType = saved_type;
@@ -1300,6 +1309,7 @@ execute_tool_step(RunState *run, const StepDef *ts, int call, Jsonb *args, Jsonb
 	}
 	PG_END_TRY();
 	run->working_effects = saved;
+	run->effects_added = saved_added;
 	run->effect_call = 0;
 	run->tool_args = NULL;
 	StepErrorType = saved_type;
@@ -1779,6 +1789,14 @@ agent_turn(AgentLoop *l)
 		finalize(l, reply.text);
 		return false;
 	}
+	/* a runaway answer: none of its calls runs */
+	if (ncalls > l->max_tool_calls)
+	{
+		agent_exit(l, "error", "max_tool_calls",
+				   psprintf("the model asked for %d tool calls in one answer, more than agent.max_tool_calls (%d); none of them ran",
+							ncalls, l->max_tool_calls));
+		return false;
+	}
 	for (int j = 0; j < ncalls; j++)
 	{
 		Jsonb	   *tc = JsonArrayAt(reply.tool_calls, j);
@@ -1842,6 +1860,7 @@ StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 	l.ctx = ctx;
 	l.values = AgentOutcomeEnum(l.agent);
 	l.max_iterations = (int) JsonGetInt(l.agent, "max_iterations", AGENT_DEFAULT_MAX_ITERATIONS);
+	l.max_tool_calls = JsonGetInt32(l.agent, "max_tool_calls", AGENT_DEFAULT_MAX_TOOL_CALLS);
 	budget = JsonGetJsonb(l.agent, "token_budget");
 	l.token_budget = budget ? JsonGetInt(l.agent, "token_budget", 0) : 0;
 	l.keep = CurrentMemoryContext;

@@ -182,6 +182,8 @@ AgentShouldRetry(Jsonb *agent, LlmReply *reply, int attempts_made, int *delay_ms
 const char *
 AgentFailureType(LlmReply *reply)
 {
+	if (reply->error_type)
+		return reply->error_type;
 	return strcmp(reply->error_class ? reply->error_class : "error", "timeout") == 0
 		? "timeout" : "llm_error";
 }

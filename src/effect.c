@@ -210,19 +210,46 @@ SecretScrubJsonb(Jsonb *j, List *secrets)
 int
 EffectCount(RunState *run)
 {
-	if (run->working_effects == NULL)
-		return 0;
-	return JsonContainerSize(&run->working_effects->root);
+	int			folded = run->working_effects ? JsonContainerSize(&run->working_effects->root) : 0;
+
+	return folded + list_length(run->effects_added);
 }
 
 /* The journaled result of the step's effect at position, or NULL. */
 Jsonb *
 EffectAt(RunState *run, int position)
 {
+	int			folded = run->working_effects ? JsonContainerSize(&run->working_effects->root) : 0;
+
 	if (position < 0 || position >= EffectCount(run))
 		return NULL;
+	if (position >= folded)
+		return list_nth(run->effects_added, position - folded);
 	return JsonValueToJsonb(getIthJsonbValueFromContainer(&run->working_effects->root,
 														  position));
+}
+
+/*
+ * The step's records as one array (NULL: none yet), with those
+ * EffectRecord appended folded in: one copy of the array per call that
+ * folds something, not one per record, so a step that records many
+ * things in a transition (an agent's tool calls) stays linear.
+ */
+Jsonb *
+EffectRecords(RunState *run)
+{
+	if (run->effects_added != NIL)
+	{
+		JsonArrayBuilder ab;
+		ListCell   *lc;
+
+		JsonArrayBuildStart(&ab, run->working_effects);
+		foreach(lc, run->effects_added)
+			JsonArrayBuildAdd(&ab, lfirst(lc));
+		run->working_effects = JsonArrayBuildEnd(&ab);
+		run->effects_added = NIL;
+	}
+	return run->working_effects;
 }
 
 /* The step's latest effect record whose "op" is op, or NULL. */
@@ -306,7 +333,7 @@ EffectKeyBase(RunState *run)
 void
 EffectRecord(RunState *run, Jsonb *record)
 {
-	run->working_effects = JsonArrayAppend(run->working_effects, record);
+	run->effects_added = lappend(run->effects_added, record);
 }
 
 EffectRequest *

@@ -51,6 +51,7 @@ extern Jsonb *SecretScrubJsonb(Jsonb *j, List *secrets);
 
 extern int	EffectCount(RunState *run);
 extern Jsonb *EffectAt(RunState *run, int position);
+extern Jsonb *EffectRecords(RunState *run);
 extern Jsonb *EffectFindOp(RunState *run, const char *op);
 extern char *EffectKey(RunState *run, int logical);
 extern char *EffectKeyBase(RunState *run);

@@ -21,6 +21,17 @@
  * object keys in input order, so "schema order" means jsonb's canonical
  * key order (shorter keys first, then bytewise).
  *
+ * Both walks are bounded.  A $ref, like an anyOf entry, applies another
+ * schema to the same value, while properties, items and
+ * additionalProperties apply theirs to a part of it.  A recursive schema
+ * (a tree whose children are nodes) therefore ends with the value it
+ * validates, but a chain of $ref that comes back to where it started
+ * never does: JsonSchemaCheck refuses such cycles (and chains longer
+ * than JSON_SCHEMA_MAX_REF_CHAIN), and the validator, which may meet a
+ * schema nobody checked (an MCP server's), stops after that many $ref in
+ * a row on one value.  Nesting deeper than JSON_SCHEMA_MAX_DEPTH schemas
+ * is an error of either walk, never a stack overflow.
+ *
  * src/jsonschema.c
  *
  *-------------------------------------------------------------------------
@@ -34,6 +45,7 @@
 #include "utils/json.h"
 #include "utils/jsonb.h"
 #include "utils/builtins.h"
+#include "utils/hsearch.h"
 #include "utils/numeric.h"
 
 #include "jsonschema.h"
@@ -44,6 +56,12 @@ static JsonbValue *validation_root = NULL;
 
 /* longest rendering of a JSON value we put into a message, in bytes */
 #define MAX_SHOWN_LEN 64
+
+/* schemas nested in one another (a walk deeper than this is an error) */
+#define JSON_SCHEMA_MAX_DEPTH 1000
+
+/* $ref followed in a row on one value */
+#define JSON_SCHEMA_MAX_REF_CHAIN 100
 
 /* JSON Schema view of an instance's type; integers are a subset of numbers */
 typedef enum JsKind
@@ -62,7 +80,7 @@ static const char *const kind_names[] = {
 };
 
 static JsonSchemaError *validate_node(JsonbValue *schema, JsonbValue *inst,
-									  StringInfo path);
+									  StringInfo path, int depth, int refs);
 
 /* ---------- small helpers ---------- */
 
@@ -345,7 +363,7 @@ validate_bound(JsonbContainer *sc, const char *kw, bool is_min, Numeric value,
  * additionalProperties (in instance key order).
  */
 static JsonSchemaError *
-validate_object(JsonbContainer *sc, JsonbValue *inst, StringInfo path)
+validate_object(JsonbContainer *sc, JsonbValue *inst, StringInfo path, int depth)
 {
 	JsonbContainer *ic = inst->val.binary.data;
 	int			saved = path->len;
@@ -367,7 +385,7 @@ validate_object(JsonbContainer *sc, JsonbValue *inst, StringInfo path)
 										  key.val.string.len, &found))
 			continue;
 		append_key(path, key.val.string.val, key.val.string.len);
-		err = validate_node(&val, &found, path);
+		err = validate_node(&val, &found, path, depth + 1, 0);
 		truncate_path(path, saved);
 		if (err)
 			return err;
@@ -403,7 +421,7 @@ validate_object(JsonbContainer *sc, JsonbValue *inst, StringInfo path)
 									   quote_str(key.val.string.val,
 												 key.val.string.len)));
 		append_key(path, key.val.string.val, key.val.string.len);
-		err = validate_node(&addl, &val, path);
+		err = validate_node(&addl, &val, path, depth + 1, 0);
 		truncate_path(path, saved);
 		if (err)
 			return err;
@@ -460,12 +478,43 @@ resolve_ref(JsonbValue *ref, JsonbValue *target)
 }
 
 /*
- * Validate one instance value against one (sub)schema.  "path" holds the
- * instance path and is restored before returning.  Returns the first
- * violation (palloc'd) or NULL.  Raises only on stack overflow.
+ * anyOf (a non-empty array of schemas): the first violation of none of
+ * them.  A walk that went too deep or round a cycle is reported as such,
+ * not as a mismatch.
  */
 static JsonSchemaError *
-validate_node(JsonbValue *schema, JsonbValue *inst, StringInfo path)
+validate_any_of(JsonbValue *schemas, JsonbValue *inst, StringInfo path, int depth, int refs)
+{
+	JsonbIterator *it = JsonbIteratorInit(schemas->val.binary.data);
+	JsonbValue	elem;
+	int			saved = path->len;
+
+	while (next_elem(&it, &elem))
+	{
+		JsonSchemaError *err = validate_node(&elem, inst, path, depth + 1, refs);
+
+		truncate_path(path, saved);
+		if (err == NULL)
+			return NULL;
+		if (strcmp(err->rule, "depth") == 0 || strcmp(err->rule, "$ref") == 0)
+			return err;
+	}
+	return make_error(path->data, "anyOf",
+					  psprintf("value %s matches none of the schemas of anyOf",
+							   value_to_text(inst)));
+}
+
+/*
+ * Validate one instance value against one (sub)schema.  "path" holds the
+ * instance path and is restored before returning; depth counts the
+ * schemas applied above this one, refs the $ref followed in a row on this
+ * value.  Returns the first violation (palloc'd) or NULL; a walk past
+ * JSON_SCHEMA_MAX_DEPTH or JSON_SCHEMA_MAX_REF_CHAIN is a violation too.
+ * Raises only on stack overflow (with a max_stack_depth too small for
+ * JSON_SCHEMA_MAX_DEPTH).
+ */
+static JsonSchemaError *
+validate_node(JsonbValue *schema, JsonbValue *inst, StringInfo path, int depth, int refs)
 {
 	JsonbContainer *sc;
 	JsonbValue	kw,
@@ -479,6 +528,10 @@ validate_node(JsonbValue *schema, JsonbValue *inst, StringInfo path)
 	check_stack_depth();
 	if (!is_object_value(schema))
 		return NULL;
+	if (depth >= JSON_SCHEMA_MAX_DEPTH)
+		return make_error(path->data, "depth",
+						  psprintf("more than %d nested schemas apply here; the schema or the value is nested too deeply",
+								   JSON_SCHEMA_MAX_DEPTH));
 	sc = schema->val.binary.data;
 	kind = kind_of(inst);
 
@@ -486,27 +539,20 @@ validate_node(JsonbValue *schema, JsonbValue *inst, StringInfo path)
 	{
 		JsonbValue	target;
 
-		if (resolve_ref(&kw, &target) && (err = validate_node(&target, inst, path)) != NULL)
+		if (refs >= JSON_SCHEMA_MAX_REF_CHAIN)
+			return make_error(path->data, "$ref",
+							  psprintf("more than %d $ref in a row apply to this value; the schema's $ref form a cycle",
+									   JSON_SCHEMA_MAX_REF_CHAIN));
+		if (resolve_ref(&kw, &target) &&
+			(err = validate_node(&target, inst, path, depth + 1, refs + 1)) != NULL)
 			return err;
 	}
 	if (get_keyword(sc, "const", &kw) && !values_equal(&kw, inst))
 		return make_error(path->data, "const",
 						  psprintf("value %s is not %s", value_to_text(inst), value_to_text(&kw)));
-	if (get_keyword(sc, "anyOf", &kw) && is_array_value(&kw))
-	{
-		bool		any = false;
-
-		it = JsonbIteratorInit(kw.val.binary.data);
-		while (!any && next_elem(&it, &elem))
-		{
-			any = validate_node(&elem, inst, path) == NULL;
-			truncate_path(path, saved);
-		}
-		if (!any)
-			return make_error(path->data, "anyOf",
-							  psprintf("value %s matches none of the schemas of anyOf",
-									   value_to_text(inst)));
-	}
+	if (get_keyword(sc, "anyOf", &kw) && is_array_value(&kw) &&
+		(err = validate_any_of(&kw, inst, path, depth, refs)) != NULL)
+		return err;
 	if (get_keyword(sc, "type", &kw) &&
 		(err = validate_type(&kw, kind, path->data)) != NULL)
 		return err;
@@ -550,7 +596,7 @@ validate_node(JsonbValue *schema, JsonbValue *inst, StringInfo path)
 				break;
 			}
 		case JSK_OBJECT:
-			err = validate_object(sc, inst, path);
+			err = validate_object(sc, inst, path, depth);
 			break;
 		case JSK_ARRAY:
 			{
@@ -566,7 +612,7 @@ validate_node(JsonbValue *schema, JsonbValue *inst, StringInfo path)
 			while (err == NULL && next_elem(&it, &elem))
 			{
 				appendStringInfo(path, "[%d]", i++);
-				err = validate_node(&kw, &elem, path);
+				err = validate_node(&kw, &elem, path, depth + 1, 0);
 				truncate_path(path, saved);
 			}
 			break;
@@ -597,7 +643,7 @@ JsonSchemaValidate(Jsonb *schema, Jsonb *instance)
 	validation_root = &sv;
 	PG_TRY();
 	{
-		err = validate_node(&sv, &iv, &path);
+		err = validate_node(&sv, &iv, &path, 0, 0);
 	}
 	PG_FINALLY();
 	{
@@ -741,10 +787,11 @@ check_order(JsonbContainer *sc, const char *lo, const char *hi,
  * maxItems, pattern, anyOf, $defs, definitions, $ref and const.  Returns
  * false for any other keyword.
  */
-static void check_node(JsonbValue *node, StringInfo path, const char *ctxrule, List **out);
+static void check_node(JsonbValue *node, StringInfo path, const char *ctxrule, List **out,
+					   int depth);
 
 static bool
-check_composite(const char *kw, JsonbValue *v, StringInfo path, List **out)
+check_composite(const char *kw, JsonbValue *v, StringInfo path, List **out, int depth)
 {
 	JsonbIterator *pit;
 	JsonbValue	pkey,
@@ -775,7 +822,7 @@ check_composite(const char *kw, JsonbValue *v, StringInfo path, List **out)
 			while (next_elem(&ait, &sub))
 			{
 				appendStringInfo(path, "[%d]", i++);
-				check_node(&sub, path, kw, out);
+				check_node(&sub, path, kw, out, depth + 1);
 				truncate_path(path, asaved);
 			}
 		}
@@ -792,7 +839,7 @@ check_composite(const char *kw, JsonbValue *v, StringInfo path, List **out)
 			while (next_pair(&pit, &pkey, &sub))
 			{
 				append_key(path, pkey.val.string.val, pkey.val.string.len);
-				check_node(&sub, path, kw, out);
+				check_node(&sub, path, kw, out, depth + 1);
 				truncate_path(path, dsaved);
 			}
 		}
@@ -814,11 +861,11 @@ check_composite(const char *kw, JsonbValue *v, StringInfo path, List **out)
 /*
  * Check one (sub)schema, appending findings to *out in schema order.
  * "path" is the schema location and is restored before returning;
- * "ctxrule" is the rule reported if the node is not an object.  Raises only
- * on stack overflow.
+ * "ctxrule" is the rule reported if the node is not an object; depth
+ * counts the schemas it is nested in.  Raises only on stack overflow.
  */
 static void
-check_node(JsonbValue *node, StringInfo path, const char *ctxrule, List **out)
+check_node(JsonbValue *node, StringInfo path, const char *ctxrule, List **out, int depth)
 {
 	JsonbIterator *it,
 			   *pit;
@@ -833,6 +880,12 @@ check_node(JsonbValue *node, StringInfo path, const char *ctxrule, List **out)
 	{
 		add_finding(out, path, ctxrule,
 					psprintf("schema must be an object, got %s", JsonbTypeName(node)));
+		return;
+	}
+	if (depth >= JSON_SCHEMA_MAX_DEPTH)
+	{
+		add_finding(out, path, "depth",
+					psprintf("the schema is nested more than %d levels deep", JSON_SCHEMA_MAX_DEPTH));
 		return;
 	}
 
@@ -855,13 +908,13 @@ check_node(JsonbValue *node, StringInfo path, const char *ctxrule, List **out)
 			while (next_pair(&pit, &pkey, &sub))
 			{
 				append_key(path, pkey.val.string.val, pkey.val.string.len);
-				check_node(&sub, path, kw, out);
+				check_node(&sub, path, kw, out, depth + 1);
 				truncate_path(path, psaved);
 			}
 		}
 		else if (strcmp(kw, "items") == 0 ||
 				 (strcmp(kw, "additionalProperties") == 0 && is_object_value(&val)))
-			check_node(&val, path, kw, out);
+			check_node(&val, path, kw, out, depth + 1);
 		else if (strcmp(kw, "additionalProperties") == 0)
 		{
 			if (val.type != jbvBool)
@@ -888,7 +941,7 @@ check_node(JsonbValue *node, StringInfo path, const char *ctxrule, List **out)
 							psprintf("%s must be a non-negative integer, got %s",
 									 kw, value_to_text(&val)));
 		}
-		else if (check_composite(kw, &val, path, out))
+		else if (check_composite(kw, &val, path, out, depth))
 			;					/* handled */
 		else if (strcmp(kw, "description") != 0 && strcmp(kw, "title") != 0 &&
 				 strcmp(kw, "default") != 0 && strcmp(kw, "$schema") != 0)
@@ -902,10 +955,206 @@ check_node(JsonbValue *node, StringInfo path, const char *ctxrule, List **out)
 	check_order(node->val.binary.data, "minItems", "maxItems", path, out);
 }
 
+/* ---------- $ref cycles ---------- */
+
+/* Where a walk of the $ref graph stands with a definition. */
+typedef struct RefVisit
+{
+	JsonbContainer *schema;		/* the definition (the hash key) */
+	bool		on_chain;		/* being followed now */
+	int			height;			/* the most $ref in a row from it, once walked */
+} RefVisit;
+
+typedef struct RefWalk
+{
+	HTAB	   *visits;			/* definitions reached: RefVisit */
+	List	   *chain;			/* the $ref strings followed, in order */
+	List	   *targets;		/* ... and the definition each reached */
+	bool		too_long;		/* a chain past the limit was reported */
+	const char *base;			/* the schema's own location */
+	List	  **out;
+} RefWalk;
+
+static int	walk_same_value(RefWalk *w, JsonbValue *node, StringInfo path, int depth);
+
+/* "#/$defs/a -> #/$defs/b -> ..." from chain entry from, then last. */
+static char *
+chain_text(RefWalk *w, int from, const char *last)
+{
+	StringInfoData buf;
+
+	initStringInfo(&buf);
+	for (int i = from; i < list_length(w->chain); i++)
+		appendStringInfo(&buf, "%s -> ", (char *) list_nth(w->chain, i));
+	appendStringInfoString(&buf, last);
+	return buf.data;
+}
+
+/* Walk the definition a $ref named reached: its height. */
+static int
+walk_target(RefWalk *w, char *name, JsonbValue *target, int depth)
+{
+	const char *section = strncmp(name, "#/$defs/", 8) == 0 ? "$defs" : "definitions";
+	const char *key = name + 3 + strlen(section);
+	StringInfoData tpath;
+	int			height;
+
+	w->chain = lappend(w->chain, name);
+	w->targets = lappend(w->targets, target->val.binary.data);
+	initStringInfo(&tpath);
+	appendStringInfoString(&tpath, w->base);
+	append_key(&tpath, section, strlen(section));
+	append_key(&tpath, key, strlen(key));
+	height = walk_same_value(w, target, &tpath, depth + 1);
+	w->chain = list_delete_last(w->chain);
+	w->targets = list_delete_last(w->targets);
+	return height;
+}
+
+/*
+ * Follow the $ref at path (unresolved ones are check_composite's to
+ * report): a target on the chain already closes a cycle, reported; one
+ * not reached before is walked (the chain never grows past the limit).
+ * Returns how many $ref in a row it starts, at most.
+ */
+static int
+follow_ref(RefWalk *w, JsonbValue *ref, StringInfo path, int depth)
+{
+	JsonbValue	target;
+	RefVisit   *visit;
+	bool		found;
+	char	   *name;
+
+	if (!resolve_ref(ref, &target) || !is_object_value(&target))
+		return 1;
+	name = pnstrdup(ref->val.string.val, ref->val.string.len);
+	visit = hash_search(w->visits, &target.val.binary.data, HASH_ENTER, &found);
+	if (found && visit->on_chain)
+	{
+		int			from = 0;
+
+		while (list_nth(w->targets, from) != target.val.binary.data)
+			from++;
+		add_finding(w->out, path, "$ref",
+					psprintf("$ref cycle: %s applies the same schemas to one value forever; recurse through properties or items instead",
+							 chain_text(w, from, name)));
+		return 1;
+	}
+	if (!found)
+	{
+		visit->on_chain = true;
+		visit->height = 0;
+		if (list_length(w->chain) < JSON_SCHEMA_MAX_REF_CHAIN)
+			visit->height = walk_target(w, name, &target, depth);
+		visit->on_chain = false;
+	}
+	if (list_length(w->chain) + 1 + visit->height > JSON_SCHEMA_MAX_REF_CHAIN && !w->too_long)
+	{
+		add_finding(w->out, path, "$ref",
+					psprintf("more than %d $ref in a row apply to one value, from %s",
+							 JSON_SCHEMA_MAX_REF_CHAIN,
+							 w->chain ? (char *) linitial(w->chain) : name));
+		w->too_long = true;
+	}
+	return 1 + visit->height;
+}
+
+/*
+ * Walk the schemas node applies to its own value, depth-first: its $ref
+ * and its anyOf entries.  Returns the most $ref in a row they start.
+ */
+static int
+walk_same_value(RefWalk *w, JsonbValue *node, StringInfo path, int depth)
+{
+	JsonbValue	kw,
+				elem;
+	int			saved = path->len;
+	int			height = 0;
+
+	check_stack_depth();
+	if (!is_object_value(node) || depth >= JSON_SCHEMA_MAX_DEPTH)
+		return 0;
+	if (get_keyword(node->val.binary.data, "$ref", &kw) && kw.type == jbvString)
+	{
+		append_key(path, "$ref", 4);
+		height = follow_ref(w, &kw, path, depth);
+		truncate_path(path, saved);
+	}
+	if (get_keyword(node->val.binary.data, "anyOf", &kw) && is_array_value(&kw))
+	{
+		JsonbIterator *it = JsonbIteratorInit(kw.val.binary.data);
+		int			i = 0;
+
+		while (next_elem(&it, &elem))
+		{
+			int			h;
+
+			append_key(path, "anyOf", 5);
+			appendStringInfo(path, "[%d]", i++);
+			h = walk_same_value(w, &elem, path, depth + 1);
+			height = Max(height, h);
+			truncate_path(path, saved);
+		}
+	}
+	return height;
+}
+
+/*
+ * Report the $ref cycles of the document (validation_root): every cycle
+ * goes through a definition, so walking from the root and from each
+ * definition finds each one once.
+ */
+static void
+check_ref_cycles(StringInfo path, List **out)
+{
+	static const char *const sections[] = {"$defs", "definitions"};
+	HASHCTL		ctl;
+	RefWalk		w;
+
+	memset(&w, 0, sizeof(w));
+	ctl.keysize = sizeof(JsonbContainer *);
+	ctl.entrysize = sizeof(RefVisit);
+	ctl.hcxt = CurrentMemoryContext;
+	w.visits = hash_create("tuvl schema $ref walk", 64, &ctl,
+						   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	w.out = out;
+	w.base = pstrdup(path->data);
+	(void) walk_same_value(&w, validation_root, path, 0);
+	for (int i = 0; i < (int) lengthof(sections); i++)
+	{
+		JsonbValue	defs,
+					key,
+					sub;
+		JsonbIterator *it;
+		int			saved = path->len;
+
+		if (!is_object_value(validation_root) ||
+			!get_keyword(validation_root->val.binary.data, sections[i], &defs) ||
+			!is_object_value(&defs))
+			continue;
+		it = JsonbIteratorInit(defs.val.binary.data);
+		while (next_pair(&it, &key, &sub))
+		{
+			JsonbValue	ref;
+
+			/* as if the root referred to it */
+			ref.type = jbvString;
+			ref.val.string.val = psprintf("#/%s/%.*s", sections[i], key.val.string.len,
+										  key.val.string.val);
+			ref.val.string.len = strlen(ref.val.string.val);
+			append_key(path, sections[i], strlen(sections[i]));
+			append_key(path, key.val.string.val, key.val.string.len);
+			(void) follow_ref(&w, &ref, path, 0);
+			truncate_path(path, saved);
+		}
+	}
+	hash_destroy(w.visits);
+}
+
 /*
  * JsonSchemaCheck: see jsonschema.h.  Findings come depth-first in schema
- * (jsonb key) order; the list and its members are palloc'd in
- * CurrentMemoryContext.  Raises only on stack overflow.
+ * (jsonb key) order, then the $ref cycles; the list and its members are
+ * palloc'd in CurrentMemoryContext.  Raises only on stack overflow.
  */
 List *
 JsonSchemaCheck(Jsonb *schema, const char *basepath)
@@ -922,7 +1171,8 @@ JsonSchemaCheck(Jsonb *schema, const char *basepath)
 	validation_root = &root;
 	PG_TRY();
 	{
-		check_node(&root, &path, "schema", &out);
+		check_node(&root, &path, "schema", &out, 0);
+		check_ref_cycles(&path, &out);
 	}
 	PG_FINALLY();
 	{

@@ -475,30 +475,151 @@ JsonSetKey(Jsonb *obj, const char *key, Jsonb *value)
 	return JsonbValueToJsonb(res);
 }
 
+/* ---------------------------------------------------------------- arrays
+ *
+ * A JsonArrayBuilder writes an array in jsonb's own format, element by
+ * element, without a tree of JsonbValues: the elements' bytes are copied
+ * as they are.  An array's data is its header, a JEntry per element, then
+ * the elements' data; a container or numeric element starts at a 4-byte
+ * boundary, the padding before it counted in its length; every
+ * JB_OFFSET_STRIDE'th JEntry holds the element's end offset instead of its
+ * length (convertJsonbArray, jsonb_util.c).  Offsets are relative to the
+ * start of the data, which is itself 4-byte aligned in any array, so the
+ * elements of an existing array keep their bytes, JEntries and offsets.
+ */
+
+/* Room for one more JEntry. */
+static void
+array_grow(JsonArrayBuilder *ab)
+{
+	if (ab->n < ab->max)
+		return;
+	ab->max = Max(ab->max * 2, 16);
+	ab->entries = ab->entries ? repalloc(ab->entries, sizeof(JEntry) * ab->max)
+		: palloc(sizeof(JEntry) * ab->max);
+}
+
 /*
- * arr (a JSON array, or NULL for an empty one) with elem appended, in
- * one pass: no text round trip, the elements are not unpacked.
+ * Start an array holding prefix's elements (prefix: an array, or NULL or
+ * anything else for none); O(size of prefix), a copy of its bytes.
+ */
+void
+JsonArrayBuildStart(JsonArrayBuilder *ab, Jsonb *prefix)
+{
+	memset(ab, 0, sizeof(JsonArrayBuilder));
+	initStringInfo(&ab->data);
+	if (prefix && JB_ROOT_IS_ARRAY(prefix) && !JB_ROOT_IS_SCALAR(prefix))
+	{
+		int			n = JB_ROOT_COUNT(prefix);
+		char	   *base = (char *) &prefix->root.children[n];
+
+		ab->max = Max(n, 8);
+		ab->entries = palloc(sizeof(JEntry) * ab->max);
+		memcpy(ab->entries, prefix->root.children, sizeof(JEntry) * n);
+		ab->n = n;
+		appendBinaryStringInfo(&ab->data, base, (char *) prefix + VARSIZE(prefix) - base);
+	}
+}
+
+/* Append bytes of type (a JENTRY_IS* value) as the next element. */
+static void
+array_add_bytes(JsonArrayBuilder *ab, uint32 type, const char *bytes, int len, bool aligned)
+{
+	static const char zeros[ALIGNOF_INT] = {0};
+	int			pad = aligned ? INTALIGN(ab->data.len) - ab->data.len : 0;
+	JEntry		meta;
+
+	if ((int64) ab->data.len + pad + len > JENTRY_OFFLENMASK)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("total size of jsonb array elements exceeds the maximum of %u bytes",
+						JENTRY_OFFLENMASK)));
+	array_grow(ab);
+	appendBinaryStringInfo(&ab->data, zeros, pad);
+	appendBinaryStringInfo(&ab->data, bytes, len);
+	meta = type | (pad + len);
+	if (ab->n % JB_OFFSET_STRIDE == 0)
+		meta = type | JENTRY_HAS_OFF | ab->data.len;
+	ab->entries[ab->n++] = meta;
+}
+
+/*
+ * Append elem (any JSON value; NULL is JSON null): a container is copied
+ * whole, a scalar as the one element of its raw-scalar array.
+ */
+void
+JsonArrayBuildAdd(JsonArrayBuilder *ab, Jsonb *elem)
+{
+	JEntry		je;
+	uint32		type;
+
+	if (elem == NULL)
+	{
+		array_add_bytes(ab, JENTRY_ISNULL, NULL, 0, false);
+		return;
+	}
+	if (!JB_ROOT_IS_SCALAR(elem))
+	{
+		array_add_bytes(ab, JENTRY_ISCONTAINER, (char *) &elem->root,
+						VARSIZE(elem) - VARHDRSZ, true);
+		return;
+	}
+	/* a raw scalar: [header, one JEntry, its data from an aligned start] */
+	je = elem->root.children[0];
+	type = je & JENTRY_TYPEMASK;
+	array_add_bytes(ab, type, (char *) &elem->root.children[1], JBE_OFFLENFLD(je),
+					type == JENTRY_ISNUMERIC);
+}
+
+/* The bytes the array would take as a jsonb datum, with extra bytes more data. */
+int64
+JsonArrayBuildSize(JsonArrayBuilder *ab, int64 extra)
+{
+	return (int64) VARHDRSZ + sizeof(uint32) + (int64) sizeof(JEntry) * (ab->n + 1) +
+		ab->data.len + extra;
+}
+
+/*
+ * The array: the header and the JEntries go in front of the data, in the
+ * data's own buffer (no second copy).  The builder is used up.
+ */
+Jsonb *
+JsonArrayBuildEnd(JsonArrayBuilder *ab)
+{
+	int			head = VARHDRSZ + sizeof(uint32) + sizeof(JEntry) * ab->n;
+	Jsonb	   *res;
+
+	if ((int64) head - VARHDRSZ + ab->data.len > JENTRY_OFFLENMASK)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("total size of jsonb array elements exceeds the maximum of %u bytes",
+						JENTRY_OFFLENMASK)));
+	enlargeStringInfo(&ab->data, head);
+	memmove(ab->data.data + head, ab->data.data, ab->data.len);
+	res = (Jsonb *) ab->data.data;
+	SET_VARSIZE(res, head + ab->data.len);
+	res->root.header = (uint32) ab->n | JB_FARRAY;
+	if (ab->n > 0)
+		memcpy(res->root.children, ab->entries, sizeof(JEntry) * ab->n);
+	if (ab->entries)
+		pfree(ab->entries);
+	ab->entries = NULL;
+	ab->data.data = NULL;
+	return res;
+}
+
+/*
+ * arr (a JSON array, or NULL for an empty one) with elem appended: a copy
+ * of arr's bytes and elem's, the elements are not unpacked.
  */
 Jsonb *
 JsonArrayAppend(Jsonb *arr, Jsonb *elem)
 {
-	JsonbParseState *state = NULL;
-	JsonbIterator *it;
-	JsonbValue	v;
-	JsonbIteratorToken tok;
-	JsonbValue *res;
+	JsonArrayBuilder ab;
 
-	pushJsonbValue(&state, WJB_BEGIN_ARRAY, NULL);
-	if (arr && JB_ROOT_IS_ARRAY(arr) && !JB_ROOT_IS_SCALAR(arr))
-	{
-		it = JsonbIteratorInit(&arr->root);
-		while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
-			if (tok == WJB_ELEM)
-				pushJsonbValue(&state, WJB_ELEM, &v);
-	}
-	push_jsonb(&state, WJB_ELEM, elem);
-	res = pushJsonbValue(&state, WJB_END_ARRAY, NULL);
-	return JsonbValueToJsonb(res);
+	JsonArrayBuildStart(&ab, arr);
+	JsonArrayBuildAdd(&ab, elem);
+	return JsonArrayBuildEnd(&ab);
 }
 
 Jsonb *

@@ -9,6 +9,7 @@
 #ifndef TUVL_JSONUTIL_H
 #define TUVL_JSONUTIL_H
 
+#include "lib/stringinfo.h"
 #include "utils/jsonb.h"
 #include "utils/palloc.h"
 
@@ -58,5 +59,22 @@ extern void JsonObjAddBool(JsonObjBuilder *b, const char *key, bool val);
 extern void JsonObjAddJsonb(JsonObjBuilder *b, const char *key, Jsonb *val);
 extern void JsonObjAddNull(JsonObjBuilder *b, const char *key);
 extern Jsonb *JsonObjEnd(JsonObjBuilder *b);
+
+/*
+ * An array built element by element in jsonb's format (no JsonbValue
+ * tree): JsonArrayBuildStart, JsonArrayBuildAdd, JsonArrayBuildEnd.
+ */
+typedef struct JsonArrayBuilder
+{
+	StringInfoData data;		/* the elements' data */
+	JEntry	   *entries;		/* one per element */
+	int			n;
+	int			max;
+} JsonArrayBuilder;
+
+extern void JsonArrayBuildStart(JsonArrayBuilder *ab, Jsonb *prefix);
+extern void JsonArrayBuildAdd(JsonArrayBuilder *ab, Jsonb *elem);
+extern int64 JsonArrayBuildSize(JsonArrayBuilder *ab, int64 extra);
+extern Jsonb *JsonArrayBuildEnd(JsonArrayBuilder *ab);
 
 #endif							/* TUVL_JSONUTIL_H */

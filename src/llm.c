@@ -33,6 +33,7 @@
 #include "utils/jsonb.h"
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
+#include "utils/numeric.h"
 #include "utils/timestamp.h"
 
 #include "jsonutil.h"
@@ -1033,6 +1034,103 @@ call_id(const char *given, int i, const char *name, const char *arguments)
 					(uint32) hash_bytes((const unsigned char *) what, strlen(what)));
 }
 
+/*
+ * Where a provider puts its token counts: keys of usage, and of the
+ * objects in usage that hold the cached and the reasoning tokens (NULL:
+ * usage itself; a NULL count: none).
+ */
+typedef struct UsageShape
+{
+	const char *prompt;
+	const char *completion;
+	const char *total;			/* NULL: prompt + completion */
+	const char *cached_in;
+	const char *cached;
+	const char *reasoning_in;
+	const char *reasoning;
+} UsageShape;
+
+static const UsageShape openai_usage = {
+	"prompt_tokens", "completion_tokens", "total_tokens",
+	"prompt_tokens_details", "cached_tokens", "completion_tokens_details", "reasoning_tokens"
+};
+static const UsageShape anthropic_usage = {
+	"input_tokens", "output_tokens", NULL, NULL, "cache_read_input_tokens", NULL, NULL
+};
+static const UsageShape responses_usage = {
+	"input_tokens", "output_tokens", "total_tokens",
+	"input_tokens_details", "cached_tokens", "output_tokens_details", "reasoning_tokens"
+};
+
+/*
+ * A token count of obj (the object at where): a whole number from 0 to
+ * PG_INT32_MAX, or absent or null (0).  Anything else (a string, a
+ * fraction, a negative or larger number) counts 0 and is noted in
+ * r->malformed, the first one only: the answer is refused as a whole.
+ */
+static int
+usage_count(Jsonb *obj, const char *where, const char *key, LlmReply *r)
+{
+	JsonbValue *v = key && obj ? JsonGetField(obj, key) : NULL;
+	bool		bad = false;
+	int32		n = 0;
+
+	if (v == NULL || v->type == jbvNull)
+		return 0;
+	if (v->type != jbvNumeric)
+		bad = true;
+	else
+	{
+		Numeric		num = v->val.numeric;
+		Datum		fl = DirectFunctionCall1(numeric_floor, NumericGetDatum(num));
+
+		bad = DatumGetInt32(DirectFunctionCall2(numeric_cmp, fl, NumericGetDatum(num))) != 0;
+		if (!bad)
+			n = numeric_int4_opt_error(num, &bad);
+		bad = bad || n < 0;
+	}
+	if (bad && r->malformed == NULL)
+		r->malformed = psprintf("%s.%s is %s, not a token count (a whole number from 0 to %d)",
+								where, key, JsonClipText(JsonText(JsonValueToJsonb(v)), 40), PG_INT32_MAX);
+	return bad ? 0 : n;
+}
+
+/* The token counts of a response's usage, in the provider's shape. */
+static void
+parse_usage(Jsonb *body, const UsageShape *shape, LlmReply *r)
+{
+	JsonbValue *u = JsonGetField(body, "usage");
+	Jsonb	   *usage;
+	Jsonb	   *in;
+	int64		sum;
+
+	if (u == NULL || u->type == jbvNull)
+		return;
+	usage = JsonValueToJsonb(u);
+	if (!JsonIsObject(usage))
+	{
+		r->malformed = psprintf("usage is %s, not an object", JsonClipText(JsonText(usage), 40));
+		return;
+	}
+	r->prompt_tokens = usage_count(usage, "usage", shape->prompt, r);
+	r->completion_tokens = usage_count(usage, "usage", shape->completion, r);
+	r->total_tokens = usage_count(usage, "usage", shape->total, r);
+	in = shape->cached_in ? JsonGetJsonb(usage, shape->cached_in) : usage;
+	if (in && JsonIsObject(in))
+		r->cached_tokens = usage_count(in, shape->cached_in ? psprintf("usage.%s", shape->cached_in) : "usage",
+									   shape->cached, r);
+	in = shape->reasoning_in ? JsonGetJsonb(usage, shape->reasoning_in) : usage;
+	if (in && JsonIsObject(in))
+		r->reasoning_tokens = usage_count(in, shape->reasoning_in ? psprintf("usage.%s", shape->reasoning_in) : "usage",
+										  shape->reasoning, r);
+	sum = (int64) r->prompt_tokens + r->completion_tokens;
+	if (r->total_tokens == 0 && sum > PG_INT32_MAX && r->malformed == NULL)
+		r->malformed = psprintf("usage.%s and usage.%s add up to " INT64_FORMAT ", more than %d tokens",
+								shape->prompt, shape->completion, sum, PG_INT32_MAX);
+	else if (r->total_tokens == 0)
+		r->total_tokens = (int) sum;
+}
+
 static void
 parse_openai(Jsonb *body, LlmReply *r)
 {
@@ -1040,7 +1138,6 @@ parse_openai(Jsonb *body, LlmReply *r)
 	Jsonb	   *choice;
 	Jsonb	   *msg;
 	Jsonb	   *calls;
-	Jsonb	   *usage = JsonGetJsonb(body, "usage");
 
 	if (JsonArraySize(choices) == 0)
 	{
@@ -1080,19 +1177,7 @@ parse_openai(Jsonb *body, LlmReply *r)
 		appendStringInfoChar(&buf, ']');
 		r->tool_calls = JsonFromCString(buf.data);
 	}
-	if (usage && JsonIsObject(usage))
-	{
-		Jsonb	   *pd = JsonGetJsonb(usage, "prompt_tokens_details");
-		Jsonb	   *cd = JsonGetJsonb(usage, "completion_tokens_details");
-
-		r->prompt_tokens = JsonGetInt32(usage, "prompt_tokens", 0);
-		r->completion_tokens = JsonGetInt32(usage, "completion_tokens", 0);
-		r->total_tokens = JsonGetInt32(usage, "total_tokens", 0);
-		r->cached_tokens = pd && JsonIsObject(pd) ? JsonGetInt32(pd, "cached_tokens", 0) : 0;
-		r->reasoning_tokens = cd && JsonIsObject(cd) ? JsonGetInt32(cd, "reasoning_tokens", 0) : 0;
-		if (r->total_tokens == 0)
-			r->total_tokens = r->prompt_tokens + r->completion_tokens;
-	}
+	parse_usage(body, &openai_usage, r);
 	r->ok = true;
 }
 
@@ -1100,7 +1185,6 @@ static void
 parse_anthropic(Jsonb *body, LlmReply *r)
 {
 	Jsonb	   *content = JsonGetJsonb(body, "content");
-	Jsonb	   *usage = JsonGetJsonb(body, "usage");
 	StringInfoData text;
 	StringInfoData calls;
 	StringInfoData thinking;
@@ -1158,13 +1242,7 @@ parse_anthropic(Jsonb *body, LlmReply *r)
 		r->thinking = JsonFromCString(thinking.data);
 	}
 	r->finish_reason = JsonGetString(body, "stop_reason");
-	if (usage && JsonIsObject(usage))
-	{
-		r->prompt_tokens = JsonGetInt32(usage, "input_tokens", 0);
-		r->completion_tokens = JsonGetInt32(usage, "output_tokens", 0);
-		r->cached_tokens = JsonGetInt32(usage, "cache_read_input_tokens", 0);
-		r->total_tokens = r->prompt_tokens + r->completion_tokens;
-	}
+	parse_usage(body, &anthropic_usage, r);
 	r->ok = true;
 }
 
@@ -1190,7 +1268,6 @@ static void
 parse_responses(Jsonb *body, LlmReply *r)
 {
 	Jsonb	   *output = JsonGetJsonb(body, "output");
-	Jsonb	   *usage = JsonGetJsonb(body, "usage");
 	char	   *status = JsonGetString(body, "status");
 	StringInfoData text;
 	StringInfoData calls;
@@ -1265,17 +1342,7 @@ parse_responses(Jsonb *body, LlmReply *r)
 	}
 	else
 		r->finish_reason = "stop";
-	if (usage && JsonIsObject(usage))
-	{
-		Jsonb	   *in = JsonGetJsonb(usage, "input_tokens_details");
-		Jsonb	   *out = JsonGetJsonb(usage, "output_tokens_details");
-
-		r->prompt_tokens = JsonGetInt32(usage, "input_tokens", 0);
-		r->completion_tokens = JsonGetInt32(usage, "output_tokens", 0);
-		r->total_tokens = JsonGetInt32(usage, "total_tokens", r->prompt_tokens + r->completion_tokens);
-		r->cached_tokens = in && JsonIsObject(in) ? JsonGetInt32(in, "cached_tokens", 0) : 0;
-		r->reasoning_tokens = out && JsonIsObject(out) ? JsonGetInt32(out, "reasoning_tokens", 0) : 0;
-	}
+	parse_usage(body, &responses_usage, r);
 	r->ok = true;
 }
 
@@ -1333,6 +1400,14 @@ LlmParseResult(LlmConfig *cfg, Jsonb *result, LlmReply *r)
 		parse_responses(body, r);
 	else
 		parse_openai(body, r);
+	/* a count that is not one: the answer is not used, the step's error route is taken */
+	if (r->ok && r->malformed)
+	{
+		r->ok = false;
+		r->error = psprintf("the model's response is malformed: %s", r->malformed);
+		r->error_class = "error";
+		r->error_type = "bad_response";
+	}
 }
 
 /*

@@ -49,7 +49,10 @@ typedef struct LlmReply
 	bool		retryable;		/* a transient failure (408, 429, 529, 5xx,
 								 * transport error or timeout) */
 	const char *error_class;	/* "timeout" or "error", for retry.on */
+	const char *error_type;		/* _last_error_type when it is not the
+								 * class's (bad_response), or NULL */
 	int			retry_after_ms; /* -1: none */
+	char	   *malformed;		/* while parsing: what is wrong with a count */
 } LlmReply;
 
 extern LlmConfig *LlmConfigLoad(const char *name, TimestampTz as_of);

@@ -427,7 +427,9 @@ rpc_answer(Jsonb *result, const char *id, const char *what)
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 				 errmsg("MCP %s failed: %s", what, m ? m : "JSON-RPC error"),
-				 errdetail("JSON-RPC error code %d.", JsonIsObject(e) ? JsonGetInt32(e, "code", 0) : 0)));
+				 errdetail("JSON-RPC error code %s.",
+						   JsonIsObject(e) && JsonGetField(e, "code") ?
+						   JsonClipText(JsonGetText(e, "code"), 40) : "0")));
 	}
 	return JsonGetJsonb(msg, "result");
 }

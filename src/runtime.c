@@ -250,7 +250,7 @@ pending_step_state(Transition *t, EffectRequest *effect)
 	if (t->deadline != 0)
 		JsonObjAddInt(&b, "deadline", t->deadline);
 	JsonObjAddInt(&b, "entered", t->entered);
-	JsonObjAddJsonb(&b, "effects", t->run->working_effects ? t->run->working_effects
+	JsonObjAddJsonb(&b, "effects", EffectRecords(t->run) ? EffectRecords(t->run)
 					: JsonFromCString("[]"));
 	if (t->run->working_judged)
 		JsonObjAddJsonb(&b, "judged", t->run->working_judged);
@@ -347,7 +347,7 @@ finish_park(Transition *t, StepResult *result)
 		JsonObjAddInt(&b, "time_left_ms",
 					  Max((t->deadline - GetCurrentTimestamp()) / 1000, 0));
 	JsonObjAddInt(&b, "entered", t->entered);
-	JsonObjAddJsonb(&b, "effects", run->working_effects ? run->working_effects
+	JsonObjAddJsonb(&b, "effects", EffectRecords(run) ? EffectRecords(run)
 					: JsonFromCString("[]"));
 	if (run->working_judged)
 		JsonObjAddJsonb(&b, "judged", run->working_judged);
@@ -857,6 +857,7 @@ prepare_transition(Transition *t)
 	{
 		run->entry_seq = (int) JsonGetInt(run->step_state, "entry_seq", 0);
 		run->working_effects = JsonGetJsonb(run->step_state, "effects");
+		run->effects_added = NIL;
 		run->working_judged = JsonGetField(run->step_state, "judged")
 			? JsonGetJsonb(run->step_state, "judged") : NULL;
 		t->entered = (TimestampTz) JsonGetInt(run->step_state, "entered", GetCurrentTimestamp());
@@ -872,6 +873,7 @@ prepare_transition(Transition *t)
 		JournalAdd(&t->events, "agent_started", t->step->id, t->step->kind_name, payload_step(t->step));
 		run->entry_seq = run->last_seq + list_length(t->events);
 		run->working_effects = NULL;
+		run->effects_added = NIL;
 		run->working_judged = NULL;
 		t->first_entry = true;
 		t->entered = GetCurrentTimestamp();
@@ -969,6 +971,7 @@ in_subtransaction(Transition *t, ErrorData *step_error, bool *step_failed)
 		edata = SpiSubxactAbort(&sub);
 		/* what the step recorded is gone with its subtransaction */
 		run->working_effects = t->effects;
+		run->effects_added = NIL;
 		run->working_judged = t->judged;
 		run->step_events = NIL;
 		run->effect_call = 0;
@@ -1160,7 +1163,7 @@ take_fresh_effect(Transition *t)
 	}
 	run->fresh_position = EffectCount(run);
 	run->fresh_event = ev;
-	run->working_effects = JsonArrayAppend(run->working_effects, kept);
+	run->working_effects = JsonArrayAppend(EffectRecords(run), kept);
 }
 
 /*
@@ -1189,6 +1192,7 @@ RunAdvance(RunState *run)
 	}
 	RunKeepJsonb(run, &run->next_llm_prev_request, NULL);
 	run->working_effects = NULL;
+	run->effects_added = NIL;
 	run->working_judged = NULL;
 	run->fresh_judge = NULL;
 	RunForgetSend(run);

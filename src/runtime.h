@@ -74,6 +74,8 @@ typedef struct RunState
 
 	/* during a transition */
 	Jsonb	   *working_effects;	/* journaled results of this step's effects */
+	List	   *effects_added;	/* records appended since (EffectRecord),
+								 * not yet folded into working_effects */
 	Jsonb	   *working_judged; /* its judge calls' results by id (judge.c),
 								 * or NULL */
 	char	   *fresh_judge;	/* the id of the judge call that came back

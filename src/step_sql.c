@@ -13,6 +13,15 @@
  * SQL text and role) and values are always bound as parameters, never
  * spliced into the SQL.
  *
+ * A ModelOp's rows never pile up: a DestReceiver converts each row as the
+ * executor sends it and appends it to the jsonb array being built (in the
+ * jsonb format itself, so no tree of the whole result is ever made), with
+ * an interrupt check per row.  The step stops with an error as soon as
+ * the array would pass tuvl.max_output_size, or the process has grown by
+ * more than tuvl.max_worker_memory while the rows were converted; an
+ * abort, the step's timeout or pg_terminate_backend stop it at the next
+ * row.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -23,12 +32,14 @@
 #include "funcapi.h"
 #include "lib/stringinfo.h"
 #include "miscadmin.h"
+#include "nodes/params.h"
 #include "nodes/parsenodes.h"
 #include "parser/analyze.h"
 #include "parser/parser.h"
 #include "utils/builtins.h"
 #include "utils/fmgrprotos.h"
 #include "utils/guc.h"
+#include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/regproc.h"
@@ -38,6 +49,7 @@
 #include "jsonutil.h"
 #include "security.h"
 #include "template.h"
+#include "tuvl.h"
 
 /* Upper bound on cached workflow statements per backend. */
 #define MAX_USER_PLANS 256
@@ -146,32 +158,164 @@ prepare_user_sql(const char *sql, int nvalues)
 }
 
 /*
- * The rows of the last SPI result as a jsonb array of objects, one per
- * row, keyed by column name.
+ * The process's memory is checked after so many rows, or so many more
+ * bytes of output, since the last check (the sum walks every memory
+ * context: a result of a few rows never pays for it).
  */
-static Jsonb *
-rows_to_jsonb(void)
+#define ROWS_PER_MEMORY_CHECK 4096
+#define BYTES_PER_MEMORY_CHECK (1024 * 1024)
+
+/*
+ * The receiver of a ModelOp's rows: the array is built in the step's
+ * memory context (cxt); what converting one row takes lives in row_cxt,
+ * reset after each row.
+ */
+typedef struct RowsReceiver
 {
-	StringInfoData buf;
-	TupleDesc	tupdesc;
+	DestReceiver pub;
+	MemoryContext cxt;			/* where the array is built */
+	MemoryContext row_cxt;		/* one row's conversion */
+	TupleDesc	tupdesc;		/* a blessed copy of the rows' descriptor */
+	JsonArrayBuilder array;
+	int64		mem_base;		/* the process's memory before the step's
+								 * rows, as of the first check; -1 before */
+	int			checked_len;	/* bytes of output at the last check */
+	uint64		nrows;
+} RowsReceiver;
 
-	initStringInfo(&buf);
-	appendStringInfoChar(&buf, '[');
-	if (SPI_tuptable != NULL)
+/*
+ * Stop the step if the process grew by more than tuvl.max_worker_memory
+ * while its rows were converted.  The first check takes the baseline: the
+ * process's memory then, less what the array being built holds.
+ */
+static void
+rows_check_memory(RowsReceiver *r)
+{
+	int64		now = (int64) MemoryContextMemAllocated(TopMemoryContext, true);
+	int64		grown;
+
+	r->checked_len = r->array.data.len;
+	if (r->mem_base < 0)
 	{
-		tupdesc = BlessTupleDesc(SPI_tuptable->tupdesc);
-		for (uint64 i = 0; i < SPI_processed; i++)
-		{
-			Datum		rec = heap_copy_tuple_as_datum(SPI_tuptable->vals[i], tupdesc);
-			Datum		json = DirectFunctionCall1(row_to_json, rec);
-
-			if (i > 0)
-				appendStringInfoChar(&buf, ',');
-			appendStringInfoString(&buf, TextDatumGetCString(json));
-		}
+		r->mem_base = now - r->array.data.maxlen - (int64) sizeof(JEntry) * r->array.max;
+		return;
 	}
-	appendStringInfoChar(&buf, ']');
-	return JsonFromCString(buf.data);
+	grown = now - r->mem_base;
+	if (grown > (int64) tuvl_max_worker_memory * 1024)
+	{
+		StepErrorType = "too_large";
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("the step's rows took more than tuvl.max_worker_memory (%s) at row " UINT64_FORMAT,
+						TuvlSizeText((int64) tuvl_max_worker_memory * 1024), r->nrows),
+				 errdetail("The process executing the step grew by %s while the rows were converted to JSON.",
+						   TuvlSizeText(grown)),
+				 errhint("Return fewer or smaller rows (LIMIT, fewer columns), or raise tuvl.max_worker_memory.")));
+	}
+}
+
+/* The rows' descriptor: bless a copy, so that row_to_json knows the type. */
+static void
+rows_startup(DestReceiver *self, int operation, TupleDesc typeinfo)
+{
+	RowsReceiver *r = (RowsReceiver *) self;
+	MemoryContext old = MemoryContextSwitchTo(r->cxt);
+
+	/* only the last statement's rows count (a rule may add statements) */
+	r->tupdesc = BlessTupleDesc(CreateTupleDescCopy(typeinfo));
+	if (r->array.n > 0)
+		JsonArrayBuildStart(&r->array, NULL);
+	MemoryContextSwitchTo(old);
+}
+
+/*
+ * One row: to JSON text (row_to_json), to jsonb, onto the array, unless
+ * the array would pass tuvl.max_output_size.
+ */
+static bool
+rows_receive(TupleTableSlot *slot, DestReceiver *self)
+{
+	RowsReceiver *r = (RowsReceiver *) self;
+	MemoryContext old;
+	HeapTuple	tuple;
+	Datum		json;
+	Jsonb	   *row;
+
+	CHECK_FOR_INTERRUPTS();
+	r->nrows++;
+	if (r->nrows % ROWS_PER_MEMORY_CHECK == 0 ||
+		r->array.data.len - r->checked_len >= BYTES_PER_MEMORY_CHECK)
+		rows_check_memory(r);
+	old = MemoryContextSwitchTo(r->row_cxt);
+	slot_getallattrs(slot);
+	tuple = heap_form_tuple(r->tupdesc, slot->tts_values, slot->tts_isnull);
+	json = DirectFunctionCall1(row_to_json, HeapTupleGetDatum(tuple));
+	row = DatumGetJsonbP(DirectFunctionCall1(jsonb_in, CStringGetDatum(TextDatumGetCString(json))));
+	/* a container, padded to 4 bytes: at most 3 bytes more than itself */
+	if (JsonArrayBuildSize(&r->array, VARSIZE(row) - VARHDRSZ + ALIGNOF_INT - 1) > tuvl_max_output_size)
+	{
+		StepErrorType = "too_large";
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("the step's rows pass tuvl.max_output_size (%s) at row " UINT64_FORMAT,
+						TuvlSizeText(tuvl_max_output_size), r->nrows),
+				 errdetail("The output would be larger than the limit; the statement was stopped there."),
+				 errhint("Return fewer or smaller rows (LIMIT, fewer columns), or have a superuser raise tuvl.max_output_size.")));
+	}
+	MemoryContextSwitchTo(r->cxt);
+	JsonArrayBuildAdd(&r->array, row);
+	MemoryContextSwitchTo(old);
+	MemoryContextReset(r->row_cxt);
+	return true;
+}
+
+static void
+rows_shutdown(DestReceiver *self)
+{
+}
+
+static void
+rows_destroy(DestReceiver *self)
+{
+}
+
+/* A receiver building the array in the current memory context. */
+static void
+rows_receiver_init(RowsReceiver *r)
+{
+	memset(r, 0, sizeof(RowsReceiver));
+	r->pub.receiveSlot = rows_receive;
+	r->pub.rStartup = rows_startup;
+	r->pub.rShutdown = rows_shutdown;
+	r->pub.rDestroy = rows_destroy;
+	/* the rows go to the caller, as PL/pgSQL's RETURN QUERY sends them */
+	r->pub.mydest = DestTuplestore;
+	r->cxt = CurrentMemoryContext;
+	r->row_cxt = AllocSetContextCreate(CurrentMemoryContext, "tuvl ModelOp row",
+									   ALLOCSET_DEFAULT_SIZES);
+	JsonArrayBuildStart(&r->array, NULL);
+	r->mem_base = -1;
+}
+
+/* The values of a statement's parameters, as the executor takes them. */
+static ParamListInfo
+bind_params(UserPlan *up, Datum *values, const char *nulls)
+{
+	ParamListInfo params;
+
+	if (up->nargs == 0)
+		return NULL;
+	params = makeParamList(up->nargs);
+	for (int i = 0; i < up->nargs; i++)
+	{
+		ParamExternData *prm = &params->params[i];
+
+		prm->value = values[i];
+		prm->isnull = nulls[i] == 'n';
+		prm->pflags = PARAM_FLAG_CONST;
+		prm->ptype = up->argtypes[i];
+	}
+	return params;
 }
 
 /*
@@ -189,6 +333,8 @@ StepExecuteModelOp(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 	char	  **texts;
 	UserPlan   *up;
 	SecurityFrame frame;
+	RowsReceiver rows;
+	SPIExecuteOptions options;
 	int			rc;
 
 	/* Render every parameter before touching SQL. */
@@ -223,11 +369,15 @@ StepExecuteModelOp(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 		getTypeInputInfo(up->argtypes[i], &typinput, &typioparam);
 		values[i] = OidInputFunctionCall(typinput, texts[i], typioparam, -1);
 	}
-	rc = SPI_execute_plan(up->plan, values, nulls, false, 0);
+	rows_receiver_init(&rows);
+	memset(&options, 0, sizeof(options));
+	options.params = bind_params(up, values, nulls);
+	options.dest = (DestReceiver *) &rows;
+	rc = SPI_execute_plan_extended(up->plan, &options);
 	if (rc < 0)
-		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
-	result->output = rows_to_jsonb();
-	SPI_freetuptable(SPI_tuptable);
+		elog(ERROR, "SPI_execute_plan_extended failed: %s", SPI_result_code_string(rc));
+	MemoryContextDelete(rows.row_cxt);
+	result->output = JsonArrayBuildEnd(&rows.array);
 	SecurityRestore(&frame);
 	result->has_output = true;
 }

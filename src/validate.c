@@ -1007,7 +1007,7 @@ static void
 check_agent_keys(ValidateState *vs, Jsonb *agent, const char *apath)
 {
 	static const char *const agent_keys[] = {"model", "system", "prompt", "steering", "skills",
-		"tools", "outcome", "max_iterations", "token_budget", "guardrails", "retry", NULL};
+		"tools", "outcome", "max_iterations", "max_tool_calls", "token_budget", "guardrails", "retry", NULL};
 	static const struct
 	{
 		const char *key;
@@ -1052,6 +1052,7 @@ check_autonomous_agent(ValidateState *vs, Jsonb *step, Jsonb *agent, const char 
 					"agent.steering is missing; without it the model knows only the context and the tools");
 	check_agent_tools(vs, agent, apath, JsonGetString(step, "id") ? JsonGetString(step, "id") : "");
 	check_positive_int(vs, agent, "max_iterations", apath);
+	check_positive_int(vs, agent, "max_tool_calls", apath);
 	check_positive_int(vs, agent, "token_budget", apath);
 	for (int i = 0; exits[i]; i++)
 		if ((strcmp(exits[i], "budget_exceeded") != 0 || JsonGetField(agent, "token_budget")) &&
