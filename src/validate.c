@@ -353,7 +353,7 @@ check_text(ValidateState *vs, Jsonb *obj, const char *key, const char *path)
 
 /*
  * A mapping of names to values sent as text (headers, a query): each
- * value is text (a template), a number or a boolean.
+ * value is text (a template), a number or a boolean, or null (left out).
  */
 static void
 check_scalar_values(ValidateState *vs, JsonbValue *map, const char *path)
@@ -366,9 +366,9 @@ check_scalar_values(ValidateState *vs, JsonbValue *map, const char *path)
 		return;
 	it = JsonbIteratorInit(map->val.binary.data);
 	while (next_key(&it, &key, &v))
-		if (v.type != jbvString && v.type != jbvNumeric && v.type != jbvBool)
+		if (v.type == jbvBinary)
 			add_finding(vs, "error", psprintf("%s.%s", path, key),
-						"the value of \"%s\" is sent as text: write text (a template), a number or a boolean, not %s",
+						"the value of \"%s\" is sent as text: write text (a template), a number, a boolean or null (left out), not %s",
 						key, json_type_name(&v));
 }
 

@@ -184,7 +184,9 @@ def test_a_model_call_is_abandoned_at_the_steps_timeout(res, conns, mode):
     assert "the step's timeout of 1 s passed" in out["error"], out
 
 
-def test_timeout_must_be_a_duration_and_is_refused_on_human_steps(res, conns):
+def test_timeout_must_be_a_duration_and_a_human_step_waits_days(res, conns):
+    """A Human step waits for a person: timeout: 2d, as the contract writes
+    it (durations take days up to 24), with a route for the timeout."""
     conn = conns(res)
     rows = q(conn, "SELECT severity, path, message FROM tuvl.validate(%s)", ("""
 name: bad_timeouts
@@ -193,7 +195,8 @@ steps:
   - { id: b, kind: Human, form: { type: object }, timeout: 2d }
 """,))
     assert ("error", "steps[0].timeout") in [(r[0], r[1]) for r in rows], rows
-    assert ("error", "steps[1].timeout") in [(r[0], r[1]) for r in rows], rows
+    assert ("error", "steps[1].timeout") not in [(r[0], r[1]) for r in rows], rows
+    assert ("error", "steps[1].routes") in [(r[0], r[1]) for r in rows], rows
 
 
 # ---------------------------------------------------------------------------
