@@ -49,6 +49,7 @@ OBJS = \
 	src/supervisor.o \
 	src/template.o \
 	src/trace.o \
+	src/tokens.o \
 	src/tuvl.o \
 	src/uses.o \
 	src/validate.o \

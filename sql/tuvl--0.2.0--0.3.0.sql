@@ -116,3 +116,227 @@ $$;
 /* ------------------------------------------------------------------ hardening: bounded work */
 
 /* Nothing in SQL: the bounds are in the C code (step_sql.c, agent.c, jsonschema.c, llm.c). */
+
+/* ------------------------------------------------------------------ insight: tokens and scopes
+ *
+ * API tokens for the HTTP front door (insight/): each stands for a role,
+ * with scopes, and is stored as the SHA-256 of its secret (tokens.c).  A
+ * request's transaction calls tuvl.authenticate(token) first; the
+ * functions of the API and the row security of tuvl.runs then check the
+ * token's scopes themselves.
+ */
+CREATE TABLE tuvl.token_store (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    role pg_catalog.regrole NOT NULL,
+    scopes text[] NOT NULL,
+    secret_hash bytea NOT NULL,
+    created_by pg_catalog.regrole NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    expires_at timestamptz,
+    last_used_at timestamptz,
+    revoked_at timestamptz
+);
+COMMENT ON TABLE tuvl.token_store IS 'API tokens: the role each stands for, its scopes and the SHA-256 of its secret (read tuvl.tokens)';
+SELECT pg_catalog.pg_extension_config_dump('tuvl.token_store', '');
+
+CREATE VIEW tuvl.tokens WITH (security_barrier = true) AS
+    SELECT t.id, t.role, t.scopes, t.created_at, t.expires_at, t.last_used_at, t.revoked_at
+    FROM tuvl.token_store t
+    WHERE pg_catalog.pg_has_role(t.role, 'MEMBER') OR pg_catalog.pg_has_role('tuvl_admin', 'MEMBER');
+COMMENT ON VIEW tuvl.tokens IS 'API tokens without their secrets: a role sees the tokens of the roles it belongs to, tuvl_admin all';
+GRANT SELECT ON tuvl.tokens TO tuvl_user;
+
+CREATE FUNCTION tuvl.create_token(role pg_catalog.regrole, scopes text[],
+                                  expires interval DEFAULT '90 days')
+RETURNS text
+AS 'MODULE_PATHNAME', 'tuvl_create_token'
+LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION tuvl.create_token(pg_catalog.regrole, text[], interval) IS 'a new API token for a role (a member of it, or tuvl_admin), with scopes among runs:start, runs:read, runs:control, people:answer, workflows:write, admin; shown once, stored hashed; expires NULL: never';
+
+CREATE FUNCTION tuvl.revoke_token(id bigint)
+RETURNS void
+AS 'MODULE_PATHNAME', 'tuvl_revoke_token'
+LANGUAGE C VOLATILE STRICT;
+COMMENT ON FUNCTION tuvl.revoke_token(bigint) IS 'the token authenticates nothing from now on';
+
+CREATE FUNCTION tuvl.authenticate(token text)
+RETURNS pg_catalog.regrole
+AS 'MODULE_PATHNAME', 'tuvl_authenticate'
+LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION tuvl.authenticate(text) IS 'the role a token stands for, its scopes recorded for the rest of the transaction (call it first in each request''s transaction, then SET LOCAL ROLE to the role); 28000 for a token that is not valid';
+
+CREATE FUNCTION tuvl._has_scope(scope text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'tuvl_has_scope'
+LANGUAGE C STABLE STRICT PARALLEL RESTRICTED;
+COMMENT ON FUNCTION tuvl._has_scope(text) IS 'does the transaction''s token (if it authenticated one) allow the scope? true without a token';
+
+CREATE FUNCTION tuvl._require_scope(scope text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'tuvl_require_scope'
+LANGUAGE C VOLATILE STRICT;
+COMMENT ON FUNCTION tuvl._require_scope(text) IS 'raise unless the transaction''s token (if any) allows the scope';
+
+REVOKE ALL ON FUNCTION tuvl.create_token(pg_catalog.regrole, text[], interval), tuvl.revoke_token(bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tuvl.create_token(pg_catalog.regrole, text[], interval), tuvl.revoke_token(bigint) TO tuvl_user;
+GRANT EXECUTE ON FUNCTION tuvl.authenticate(text), tuvl._has_scope(text), tuvl._require_scope(text) TO PUBLIC;
+
+/* a token's runs:read scope governs what a request reads of runs and journals */
+ALTER POLICY runs_visible ON tuvl.runs
+    USING ((principal_id::pg_catalog.oid OPERATOR(pg_catalog.=)
+                (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER)
+            OR pg_catalog.pg_has_role('tuvl_operator', 'USAGE'))
+           AND tuvl._has_scope('runs:read'));
+
+/* the secrets' functions: a token needs its admin scope */
+CREATE OR REPLACE FUNCTION tuvl.set_secret(name text, value text)
+RETURNS void
+LANGUAGE sql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT tuvl._require_scope('admin');
+    INSERT INTO tuvl.secrets AS s (name, value, updated_by) VALUES ($1, $2, SESSION_USER)
+    ON CONFLICT ON CONSTRAINT secrets_pkey
+    DO UPDATE SET value = excluded.value, updated_at = pg_catalog.now(), updated_by = excluded.updated_by;
+END;
+
+CREATE OR REPLACE FUNCTION tuvl.grant_secret(name text, role pg_catalog.regrole)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM tuvl._require_scope('admin');
+    IF role IS NULL OR name IS NULL THEN
+        RAISE EXCEPTION 'secret name and role must not be null' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM tuvl.secrets s WHERE s.name OPERATOR(pg_catalog.=) grant_secret.name) THEN
+        RAISE EXCEPTION 'secret "%" does not exist', grant_secret.name
+            USING ERRCODE = 'undefined_object', HINT = 'Store it first with tuvl.set_secret().';
+    END IF;
+    INSERT INTO tuvl.secret_grants AS g (secret, grantee, granted_by)
+    VALUES (grant_secret.name, grant_secret.role, SESSION_USER)
+    ON CONFLICT (secret, grantee) DO NOTHING;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION tuvl.revoke_secret(name text, role pg_catalog.regrole)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM tuvl._require_scope('admin');
+    DELETE FROM tuvl.secret_grants g
+    WHERE g.secret OPERATOR(pg_catalog.=) revoke_secret.name
+      AND g.grantee OPERATOR(pg_catalog.=) revoke_secret.role;
+    IF NOT FOUND THEN
+        RAISE NOTICE 'role "%" held no grant for secret "%"', revoke_secret.role, revoke_secret.name;
+    END IF;
+END
+$$;
+
+/* ------------------------------------------------------------------ insight: the timeline */
+
+/*
+ * tuvl.timeline(run_id): the journal as a person reads it, one row per
+ * event: the time since the run was created, the step, the event and a
+ * one-line summary.  Reads tuvl.events as the caller: a run it may not see
+ * has no rows.
+ */
+CREATE FUNCTION tuvl._event_summary(type text, payload jsonb, tokens integer, latency_ms double precision)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+RETURN pg_catalog.left(CASE type
+    WHEN 'run_queued' THEN pg_catalog.concat_ws(' ', 'queued', payload OPERATOR(pg_catalog.->>) 'workflow', 'v' OPERATOR(pg_catalog.||) (payload OPERATOR(pg_catalog.->>) 'version'),
+                                                'by ' OPERATOR(pg_catalog.||) (payload OPERATOR(pg_catalog.->>) 'principal'), 'key ' OPERATOR(pg_catalog.||) (payload OPERATOR(pg_catalog.->>) 'key'),
+                                                'held by ' OPERATOR(pg_catalog.||) (payload OPERATOR(pg_catalog.->>) 'held_by'))
+    WHEN 'run_started' THEN pg_catalog.concat_ws(' ', 'started, attempt', payload OPERATOR(pg_catalog.->>) 'attempt')
+    WHEN 'agent_started' THEN pg_catalog.concat_ws(' ', 'entered', payload OPERATOR(pg_catalog.->>) 'kind', 'step')
+    WHEN 'agent_completed' THEN CASE WHEN payload OPERATOR(pg_catalog.?) 'error'
+        THEN pg_catalog.concat_ws(' ', 'failed', '(' OPERATOR(pg_catalog.||) (payload OPERATOR(pg_catalog.->>) 'error_type') OPERATOR(pg_catalog.||) '):', payload OPERATOR(pg_catalog.->>) 'error')
+        ELSE pg_catalog.concat_ws(' ', 'done, signal', payload OPERATOR(pg_catalog.->>) 'signal',
+                                  'output ' OPERATOR(pg_catalog.||) (payload OPERATOR(pg_catalog.->>) 'output_key')) END
+    WHEN 'signal' THEN 'signal ' OPERATOR(pg_catalog.||) (payload OPERATOR(pg_catalog.->>) 'signal')
+    WHEN 'checkpoint' THEN CASE WHEN payload OPERATOR(pg_catalog.?) 'end' THEN pg_catalog.concat_ws(' ', 'end', payload OPERATOR(pg_catalog.->>) 'end', '->', payload OPERATOR(pg_catalog.->>) 'status')
+        ELSE pg_catalog.concat_ws(' ', 'next', coalesce(payload OPERATOR(pg_catalog.->>) 'step', '(none)'), '->', payload OPERATOR(pg_catalog.->>) 'status') END
+    WHEN 'tool_call' THEN pg_catalog.concat_ws(' ', 'request',
+        coalesce(payload OPERATOR(pg_catalog.#>>) '{request,method}', payload OPERATOR(pg_catalog.#>>) '{request,rpc}', payload OPERATOR(pg_catalog.->>) 'tool'),
+        coalesce(payload OPERATOR(pg_catalog.#>>) '{request,url}', payload OPERATOR(pg_catalog.#>>) '{request,tool}'),
+        'after ' OPERATOR(pg_catalog.||) (payload OPERATOR(pg_catalog.->>) 'delay_ms') OPERATOR(pg_catalog.||) ' ms')
+    WHEN 'tool_result' THEN pg_catalog.concat_ws(' ', coalesce('HTTP ' OPERATOR(pg_catalog.||) (payload OPERATOR(pg_catalog.#>>) '{result,status}'), 'no response'),
+        (payload OPERATOR(pg_catalog.#>>) '{result,error}'), 'in ' OPERATOR(pg_catalog.||) pg_catalog.round(latency_ms) OPERATOR(pg_catalog.||) ' ms')
+    WHEN 'llm_turn' THEN pg_catalog.concat_ws(' ', payload OPERATOR(pg_catalog.->>) 'model', coalesce(tokens, 0) OPERATOR(pg_catalog.||) ' tokens',
+        'in ' OPERATOR(pg_catalog.||) pg_catalog.round(latency_ms) OPERATOR(pg_catalog.||) ' ms', payload OPERATOR(pg_catalog.->>) 'finish_reason', payload OPERATOR(pg_catalog.->>) 'error')
+    WHEN 'judge_verdict' THEN pg_catalog.concat_ws(' ', payload OPERATOR(pg_catalog.->>) 'source', payload OPERATOR(pg_catalog.->>) 'rule', 'verdict',
+        payload OPERATOR(pg_catalog.->>) 'verdict', '->', payload OPERATOR(pg_catalog.->>) 'action', '(' OPERATOR(pg_catalog.||) (payload OPERATOR(pg_catalog.->>) 'reason') OPERATOR(pg_catalog.||) ')')
+    WHEN 'decision' THEN pg_catalog.concat_ws(' ', 'decision by', payload OPERATOR(pg_catalog.->>) 'by', payload OPERATOR(pg_catalog.->>) 'kind',
+        payload OPERATOR(pg_catalog.->>) 'message')
+    WHEN 'approval_requested' THEN pg_catalog.concat_ws(' ', 'approval requested for', payload OPERATOR(pg_catalog.->>) 'tool')
+    WHEN 'approval_decided' THEN pg_catalog.concat_ws(' ', CASE WHEN (payload OPERATOR(pg_catalog.->>) 'approved')::pg_catalog.bool
+        THEN 'approved' ELSE 'rejected' END, 'by', payload OPERATOR(pg_catalog.->>) 'by', payload OPERATOR(pg_catalog.->>) 'note')
+    WHEN 'paused' THEN pg_catalog.concat_ws(' ', 'paused by', payload OPERATOR(pg_catalog.->>) 'by', payload OPERATOR(pg_catalog.->>) 'reason')
+    WHEN 'resumed' THEN pg_catalog.concat_ws(' ', 'resumed by', payload OPERATOR(pg_catalog.->>) 'by')
+    WHEN 'run_completed' THEN pg_catalog.concat_ws(' ', 'completed at', payload OPERATOR(pg_catalog.->>) 'end',
+        'response ' OPERATOR(pg_catalog.||) (payload OPERATOR(pg_catalog.->>) 'response'))
+    WHEN 'run_failed' THEN pg_catalog.concat_ws(' ', 'failed:', payload OPERATOR(pg_catalog.->>) 'error')
+    WHEN 'run_aborted' THEN pg_catalog.concat_ws(' ', 'aborted by', payload OPERATOR(pg_catalog.->>) 'by', payload OPERATOR(pg_catalog.->>) 'reason')
+    WHEN 'compensation_started' THEN pg_catalog.concat_ws(' ', 'compensating with', payload OPERATOR(pg_catalog.->>) 'step')
+    WHEN 'compensation_completed' THEN pg_catalog.concat_ws(' ', 'compensated', payload OPERATOR(pg_catalog.->>) 'step',
+        payload OPERATOR(pg_catalog.->>) 'error')
+    WHEN 'children_started' THEN pg_catalog.concat_ws(' ', 'started', payload OPERATOR(pg_catalog.->>) 'count', 'runs of', payload OPERATOR(pg_catalog.->>) 'workflow')
+    WHEN 'children_ended' THEN pg_catalog.concat_ws(' ', payload OPERATOR(pg_catalog.->>) 'count', 'runs of', payload OPERATOR(pg_catalog.->>) 'workflow',
+        'ended', payload OPERATOR(pg_catalog.->>) 'error')
+    ELSE payload::pg_catalog.text END, 200);
+COMMENT ON FUNCTION tuvl._event_summary(text, jsonb, integer, double precision) IS 'one line saying what a journal event says (tuvl.timeline)';
+
+CREATE FUNCTION tuvl.timeline(run_id bigint)
+RETURNS TABLE (at interval, seq integer, step text, event text, summary text)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT tuvl._require_scope('runs:read');
+    SELECT e.ts OPERATOR(pg_catalog.-) r.created_at, e.seq, e.agent_id, e.type,
+           tuvl._event_summary(e.type, e.payload, e.tokens, e.latency_ms)
+    FROM tuvl.runs r JOIN tuvl.events e ON e.run_id OPERATOR(pg_catalog.=) r.id
+    WHERE r.id OPERATOR(pg_catalog.=) timeline.run_id
+    ORDER BY e.seq;
+END;
+COMMENT ON FUNCTION tuvl.timeline(bigint) IS 'a run''s journal as readable rows: time since the run was created, seq, step, event, one-line summary';
+REVOKE ALL ON FUNCTION tuvl.timeline(bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tuvl.timeline(bigint) TO tuvl_user;
+
+/* ------------------------------------------------------------------ insight: routes of workflows */
+
+/*
+ * The server of insight/ serves a workflow with trigger.http at
+ * /hooks<path>: it looks the route up, then authenticates the request
+ * with a token or, for a signed route, with tuvl.verify_hook().
+ */
+CREATE FUNCTION tuvl.http_route(path text)
+RETURNS TABLE (workflow text, method text, sync_timeout text, signature_header text)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+BEGIN ATOMIC
+    SELECT w.name,
+           pg_catalog.upper(coalesce(w.definition OPERATOR(pg_catalog.#>>) '{trigger,http,method}', 'POST')),
+           coalesce(w.definition OPERATOR(pg_catalog.#>>) '{trigger,http,sync_timeout}',
+                    w.definition OPERATOR(pg_catalog.#>>) '{trigger,sync_timeout}'),
+           CASE WHEN w.definition OPERATOR(pg_catalog.#>) '{trigger,http,signature}' IS NOT NULL
+                THEN coalesce(w.definition OPERATOR(pg_catalog.#>>) '{trigger,http,signature,header}', 'X-Signature') END
+    FROM tuvl.workflows w
+    WHERE w.definition OPERATOR(pg_catalog.#>>) '{trigger,http,path}' OPERATOR(pg_catalog.=) http_route.path
+      AND w.version OPERATOR(pg_catalog.=) (SELECT pg_catalog.max(x.version) FROM tuvl.workflows x
+                                            WHERE x.name OPERATOR(pg_catalog.=) w.name)
+    LIMIT 1;
+END;
+COMMENT ON FUNCTION tuvl.http_route(text) IS 'the workflow served at /hooks<path> (trigger.http of its newest version): name, method, sync timeout, and the header of its signature when it is signed';
+
+CREATE FUNCTION tuvl.verify_hook(path text, body text, signature text)
+RETURNS pg_catalog.regrole
+AS 'MODULE_PATHNAME', 'tuvl_verify_hook'
+LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION tuvl.verify_hook(text, text, text) IS 'the owner of the workflow served at path, when signature (hex, or sha256=<hex>) is the HMAC-SHA256 of body under its trigger.http.signature secret; authenticates the transaction as that role with scope runs:start; 28000 otherwise';
+
+GRANT EXECUTE ON FUNCTION tuvl.http_route(text), tuvl.verify_hook(text, text, text) TO PUBLIC;

@@ -1212,8 +1212,8 @@ ends:
   - { id: done }
 $$);
 
--- trigger.http is reserved: an error until it is available (an empty supervisor is an error
--- too).  The hooks and the concurrency here are fine.
+-- An empty supervisor is an error.  The hooks, the concurrency and trigger.http here
+-- are fine.
 SELECT * FROM tuvl.validate($$
 name: v
 hooks: [artifact://audit@1]
@@ -1222,6 +1222,14 @@ concurrency: { key: x, limit: 1 }
 trigger: { http: { path: /orders } }
 steps:
   - { id: a, kind: Functional, function: f, hooks: [artifact://audit@1] }
+$$);
+
+-- trigger.http: a route under /hooks, POST or PUT, a sync timeout, a signature's secret.
+SELECT * FROM tuvl.validate($$
+name: v
+trigger: { http: { path: orders/, method: GET, sync_timeout: soon, signature: { header: "X Sig" }, cors: true } }
+steps:
+  - { id: a, kind: Functional, function: f }
 $$);
 
 -- An unknown key is an error naming its path, at the top level too.

@@ -47,6 +47,7 @@
 #include "validate.h"
 #include "workflow.h"
 #include "yamlparse.h"
+#include "tokens.h"
 
 PG_FUNCTION_INFO_V1(tuvl_version);
 PG_FUNCTION_INFO_V1(tuvl_register_workflow);
@@ -166,6 +167,7 @@ tuvl_register_workflow(PG_FUNCTION_ARGS)
 	ListCell   *lc;
 	int			version;
 
+	TokenRequireScope("workflows:write");
 	if (FindingsHaveErrors(findings))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_OBJECT_DEFINITION),
@@ -567,6 +569,7 @@ tuvl_start_run(PG_FUNCTION_ARGS)
 	Jsonb	   *input;
 	int64		id;
 
+	TokenRequireScope("runs:start");
 	run_arguments(fcinfo, &workflow, &input);
 	memset(&start, 0, sizeof(start));
 	start.workflow = workflow;
@@ -668,6 +671,7 @@ tuvl_run(PG_FUNCTION_ARGS)
 	JsonObjBuilder b;
 	RunStart	start;
 
+	TokenRequireScope("runs:start");
 	run_arguments(fcinfo, &workflow, &input);
 	TuvlRefuseWhileReplaying("tuvl.run()");
 
@@ -751,6 +755,7 @@ tuvl_wait(PG_FUNCTION_ARGS)
 													   interval_ms(PG_GETARG_INTERVAL_P(1)));
 	char	   *status;
 
+	TokenRequireScope("runs:read");
 	if (IsolationUsesXactSnapshot())
 		ereport(ERROR,
 				(errcode(ERRCODE_ACTIVE_SQL_TRANSACTION),
@@ -842,6 +847,7 @@ tuvl_worker_status(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 
+	TokenRequireScope("runs:read");
 	InitMaterializedSRF(fcinfo, 0);
 	if (TuvlShmem == NULL)
 		return (Datum) 0;
@@ -873,6 +879,8 @@ tuvl_worker_status(PG_FUNCTION_ARGS)
 Datum
 tuvl_transfer(PG_FUNCTION_ARGS)
 {
+	TokenRequireScope("workflows:write");
+
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),

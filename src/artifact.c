@@ -40,6 +40,7 @@
 #include "uses.h"
 #include "workflow.h"
 #include "yamlparse.h"
+#include "tokens.h"
 
 PG_FUNCTION_INFO_V1(tuvl_register_artifact);
 
@@ -809,6 +810,7 @@ tuvl_register_artifact(PG_FUNCTION_ARGS)
 	int			version;
 	SecurityFrame frame;
 
+	TokenRequireScope("workflows:write");
 	check_artifact(def, &name, &type, &body);
 	SPI_connect();
 	RegistryLockName("artifact",

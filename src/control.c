@@ -51,6 +51,7 @@
 #include "spiutil.h"
 #include "tuvl.h"
 #include "workflow.h"
+#include "tokens.h"
 
 PG_FUNCTION_INFO_V1(tuvl_pause_run);
 PG_FUNCTION_INFO_V1(tuvl_resume_run);
@@ -305,6 +306,7 @@ tuvl_pause_run(PG_FUNCTION_ARGS)
 	static const RunStatus allowed[] = {RUN_QUEUED, RUN_RUNNING, RUN_PAUSED, RUN_NONE};
 	LockedRun	r;
 
+	TokenRequireScope("runs:control");
 	SPI_connect();
 	lock_run(PG_GETARG_INT64(0), &r, "pause");
 	require_status(&r, "pause", allowed,
@@ -334,6 +336,7 @@ tuvl_resume_run(PG_FUNCTION_ARGS)
 	RUN_WAITING_APPROVAL, RUN_NONE};
 	LockedRun	r;
 
+	TokenRequireScope("runs:control");
 	SPI_connect();
 	lock_run(PG_GETARG_INT64(0), &r, "resume");
 	require_status(&r, "resume", allowed, "Only a paused run can be resumed.");
@@ -484,6 +487,8 @@ ControlAbortChildren(int64 parent_id, const char *reason, const char *by)
 Datum
 tuvl_abort_run(PG_FUNCTION_ARGS)
 {
+	TokenRequireScope("runs:control");
+
 	if (PG_ARGISNULL(0))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -509,6 +514,7 @@ tuvl_steer_run(PG_FUNCTION_ARGS)
 	JsonObjBuilder b;
 	Jsonb	   *steer;
 
+	TokenRequireScope("runs:control");
 	if (*message == '\0')
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -653,6 +659,7 @@ tuvl_submit(PG_FUNCTION_ARGS)
 {
 	PersonAnswer answer;
 
+	TokenRequireScope("people:answer");
 	memset(&answer, 0, sizeof(answer));
 	answer.human = true;
 	answer.data = PG_GETARG_JSONB_P(1);
@@ -670,6 +677,7 @@ tuvl_decide(PG_FUNCTION_ARGS)
 {
 	PersonAnswer answer;
 
+	TokenRequireScope("people:answer");
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),

@@ -46,6 +46,7 @@
 #include "uses.h"
 #include "workflow.h"
 #include "yamlparse.h"
+#include "tokens.h"
 
 PG_FUNCTION_INFO_V1(tuvl_register_llm);
 
@@ -205,6 +206,7 @@ tuvl_register_llm(PG_FUNCTION_ARGS)
 	char	   *name = check_config(def);
 	char	   *provider = JsonGetString(def, "provider");
 
+	TokenRequireScope("workflows:write");
 	SPI_connect();
 	SecurityCheckNameOwner("LLM config", name,
 						   SecurityNameOwner("SELECT owner FROM tuvl.llms WHERE name OPERATOR(pg_catalog.=) $1",

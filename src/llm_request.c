@@ -41,6 +41,7 @@
 #include "llm.h"
 #include "security.h"
 #include "spiutil.h"
+#include "tokens.h"
 
 PG_FUNCTION_INFO_V1(tuvl_llm_request);
 
@@ -396,6 +397,7 @@ tuvl_llm_request(PG_FUNCTION_ARGS)
 	Jsonb	   *result = NULL;
 	MemoryContext outer = CurrentMemoryContext;
 
+	TokenRequireScope("runs:read");
 	SPI_connect();
 	if (SpiExec("SELECT agent_id, payload FROM tuvl.events WHERE run_id OPERATOR(pg_catalog.=) $1 "
 				"AND seq OPERATOR(pg_catalog.=) $2 AND type OPERATOR(pg_catalog.=) 'llm_turn'",

@@ -50,6 +50,7 @@
 #include "template.h"
 #include "tuvl.h"
 #include "workflow.h"
+#include "tokens.h"
 
 PG_FUNCTION_INFO_V1(tuvl_mcp_list_tools);
 
@@ -943,6 +944,7 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 	char	   *session;
 	char	   *version;
 
+	TokenRequireScope("workflows:write");
 	if (PG_ARGISNULL(0))
 		PG_RETURN_NULL();
 	url = text_to_cstring(PG_GETARG_TEXT_PP(0));

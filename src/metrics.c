@@ -48,6 +48,7 @@
 #include "jsonutil.h"
 #include "metrics.h"
 #include "spiutil.h"
+#include "tokens.h"
 
 PG_FUNCTION_INFO_V1(tuvl_metric_series);
 
@@ -485,6 +486,7 @@ tuvl_metric_series(PG_FUNCTION_ARGS)
 	List	   *rows = NIL;
 	ListCell   *lc;
 
+	TokenRequireScope("runs:read");
 	InitMaterializedSRF(fcinfo, 0);
 	if (metrics_table == NULL)
 		PG_RETURN_VOID();
@@ -607,6 +609,7 @@ tuvl_metrics_prometheus(PG_FUNCTION_ARGS)
 	char	   *family = NULL;
 	uint64		n;
 
+	TokenRequireScope("runs:read");
 	initStringInfo(&buf);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "could not connect to SPI");

@@ -56,6 +56,7 @@
 #include "spiutil.h"
 #include "tuvl.h"
 #include "workflow.h"
+#include "tokens.h"
 
 PG_FUNCTION_INFO_V1(tuvl_pin_run);
 PG_FUNCTION_INFO_V1(tuvl_replay);
@@ -360,6 +361,7 @@ tuvl_pin_run(PG_FUNCTION_ARGS)
 	int64		tokens = 0;
 	Jsonb	   *result;
 
+	TokenRequireScope("runs:read");
 	SPI_connect();
 	read_pinnable_run(id, &tup, &td, &workflow, &version, &status);
 
@@ -902,6 +904,7 @@ tuvl_replay(PG_FUNCTION_ARGS)
 	int			transitions = 0;
 	RunPerformer performer = {serve_effect, serve_person, serve_between, &rp};
 
+	TokenRequireScope("runs:start");
 	if (PG_ARGISNULL(0))
 		PG_RETURN_NULL();
 	fixture = PG_GETARG_JSONB_P(0);

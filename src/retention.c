@@ -28,6 +28,7 @@
 #include "security.h"
 #include "spiutil.h"
 #include "tuvl.h"
+#include "tokens.h"
 
 PG_FUNCTION_INFO_V1(tuvl_purge);
 
@@ -86,6 +87,7 @@ tuvl_purge(PG_FUNCTION_ARGS)
 	int64		events = 0;
 	SecurityFrame frame;
 
+	TokenRequireScope("admin");
 	TuvlRefuseWhileReplaying("tuvl.purge()");
 	if (!SecurityIsAdmin(GetUserId()))
 		ereport(ERROR,

@@ -43,6 +43,7 @@
 #include "security.h"
 #include "spiutil.h"
 #include "uses.h"
+#include "tokens.h"
 
 PG_FUNCTION_INFO_V1(tuvl_grant_use);
 PG_FUNCTION_INFO_V1(tuvl_revoke_use);
@@ -263,6 +264,7 @@ tuvl_grant_use(PG_FUNCTION_ARGS)
 	char	   *name;
 	Oid			role;
 
+	TokenRequireScope("workflows:write");
 	SPI_connect();
 	use_arguments(fcinfo, &kind, &name, &role);
 	SecurityExecArgs("INSERT INTO tuvl.use_grants (kind, name, grantee, granted_by) "
@@ -283,6 +285,7 @@ tuvl_revoke_use(PG_FUNCTION_ARGS)
 	char	   *name;
 	Oid			role;
 
+	TokenRequireScope("workflows:write");
 	SPI_connect();
 	use_arguments(fcinfo, &kind, &name, &role);
 	SecurityExecArgs("DELETE FROM tuvl.use_grants WHERE kind OPERATOR(pg_catalog.=) $1 "

@@ -19,17 +19,20 @@
 
 #include <ctype.h>
 
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
 #include "lib/stringinfo.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/numeric.h"
 #include "utils/jsonb.h"
 
-#include "executor/spi.h"
 #include "artifact.h"
 #include "jsonschema.h"
 #include "jsonutil.h"
 #include "llm.h"
+#include "security.h"
+#include "spiutil.h"
 #include "uses.h"
 #include "validate.h"
 #include "workflow.h"
@@ -75,8 +78,6 @@ typedef struct ReservedKey
 } ReservedKey;
 
 static const ReservedKey reserved_keys[] = {
-	{"http", "trigger", "trigger.http is not available in this version of tuvl; remove it "
-	"and start runs with tuvl.start_run()"},
 	{"retry", "step", "a step-level retry is not available in this version of tuvl; "
 	"an APICall retries per http.retry, an Agent's model calls per agent.retry"},
 	{NULL, NULL, NULL}
@@ -370,6 +371,30 @@ check_scalar_values(ValidateState *vs, JsonbValue *map, const char *path)
 			add_finding(vs, "error", psprintf("%s.%s", path, key),
 						"the value of \"%s\" is sent as text: write text (a template), a number, a boolean or null (left out), not %s",
 						key, json_type_name(&v));
+}
+
+/* No other workflow's newest version serves this trigger.http path. */
+static void
+check_http_path_free(ValidateState *vs, const char *path)
+{
+	static const Oid types[2] = {TEXTOID, TEXTOID};
+	char	   *name = JsonGetString(vs->definition, "name");
+	Datum		d;
+	char	   *other = NULL;
+
+	SPI_connect();
+	if (SecurityExecArgs("SELECT w.name FROM tuvl.workflows w "
+						 "WHERE w.definition OPERATOR(pg_catalog.#>>) '{trigger,http,path}' OPERATOR(pg_catalog.=) $1 "
+						 "  AND w.name OPERATOR(pg_catalog.<>) $2 "
+						 "  AND w.version OPERATOR(pg_catalog.=) (SELECT pg_catalog.max(x.version) FROM tuvl.workflows x "
+						 "                                        WHERE x.name OPERATOR(pg_catalog.=) w.name) "
+						 "LIMIT 1", SPI_OK_SELECT, 2, types, CStringGetTextDatum(path),
+						 CStringGetTextDatum(name ? name : "")) == 1 && SpiValue(1, &d))
+		other = TextDatumGetCString(d);
+	SPI_finish();
+	if (other)
+		add_finding(vs, "error", "trigger.http.path",
+					"path %s is served by workflow \"%s\" already; choose another", path, other);
 }
 
 /* Is target the id of a step or an end? */
@@ -1509,11 +1534,72 @@ valid_cron(const char *text)
 	return fields == 5;
 }
 
+/*
+ * trigger.http: the workflow's own route of the HTTP front door (insight/),
+ * {path, method, sync_timeout, signature: {secret, header}}.  The path is
+ * /[a-z0-9_-]+ segments, and no other workflow's (the newest versions)
+ * may serve it.
+ */
+static void
+check_trigger_http(ValidateState *vs, JsonbValue *hv)
+{
+	static const char *const http_keys[] = {"path", "method", "sync_timeout", "signature", NULL};
+	static const char *const signature_keys[] = {"secret", "header", NULL};
+	static const char *const methods[] = {"POST", "PUT", "post", "put", NULL};
+	Jsonb	   *http;
+	char	   *path;
+	JsonbValue *v;
+
+	if (hv == NULL)
+		return;
+	if (!is_mapping(hv))
+	{
+		add_finding(vs, "error", "trigger.http",
+					"http must be a mapping such as { path: /refunds, sync_timeout: 30s }");
+		return;
+	}
+	http = JsonValueToJsonb(hv);
+	check_unknown_keys(vs, http, "trigger.http", http_keys, NULL);
+	path = require_string(vs, http, "path", "trigger.http", "trigger.http");
+	if (path)
+	{
+		bool		ok = path[0] == '/' && strlen(path) <= 200 && path[strlen(path) - 1] != '/';
+
+		for (const char *c = path; ok && *c; c++)
+			ok = (*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '_' || *c == '-' ||
+				(*c == '/' && c[1] != '/');
+		if (!ok)
+			add_finding(vs, "error", "trigger.http.path",
+						"path must be a route such as /refunds or /shop/refunds: segments of a-z, 0-9, _ and -, served under /hooks");
+		else
+			check_http_path_free(vs, path);
+	}
+	v = JsonGetField(http, "method");
+	if (v && !string_in(v, methods))
+		add_finding(vs, "error", "trigger.http.method", "method must be POST (the default) or PUT");
+	check_duration(vs, http, "sync_timeout", "trigger.http");
+	v = JsonGetField(http, "signature");
+	if (v && !is_mapping(v))
+		add_finding(vs, "error", "trigger.http.signature",
+					"signature must be a mapping such as { secret: payments_webhook, header: X-Signature }");
+	else if (v)
+	{
+		Jsonb	   *sig = JsonValueToJsonb(v);
+		char	   *header = JsonGetString(sig, "header");
+
+		check_unknown_keys(vs, sig, "trigger.http.signature", signature_keys, NULL);
+		(void) require_string(vs, sig, "secret", "trigger.http.signature", "trigger.http.signature");
+		if (JsonGetField(sig, "header") && (header == NULL || !valid_identifier(header, true)))
+			add_finding(vs, "error", "trigger.http.signature.header",
+						"header must name the request header that carries the signature, such as X-Signature");
+	}
+}
+
 /* The trigger mapping: input schema, schedule and sync_timeout. */
 static void
 check_trigger(ValidateState *vs, JsonbValue *tv)
 {
-	static const char *const trigger_keys[] = {"input", "schedule", "sync_timeout", "catch_up", NULL};
+	static const char *const trigger_keys[] = {"input", "schedule", "sync_timeout", "catch_up", "http", NULL};
 	Jsonb	   *trigger;
 	JsonbValue *input;
 	JsonbValue *schedule;
@@ -1542,6 +1628,7 @@ check_trigger(ValidateState *vs, JsonbValue *tv)
 		else if (schedule == NULL)
 			add_finding(vs, "error", "trigger.catch_up", "catch_up needs a schedule");
 	}
+	check_trigger_http(vs, JsonGetField(trigger, "http"));
 	if (schedule && (schedule->type != jbvString ||
 					 !valid_cron(pnstrdup(schedule->val.string.val, schedule->val.string.len))))
 		add_finding(vs, "error", "trigger.schedule",
