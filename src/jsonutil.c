@@ -246,18 +246,18 @@ jsonb_from_valid_text(const char *text, const char **why)
 }
 
 /*
- * Parse len bytes of text from outside as JSON.  Returns NULL, with *why
- * set to the reason ("is not valid JSON", ...: it completes a sentence
- * whose subject is the text), when it cannot be stored as jsonb; never
- * raises for anything the text holds.  why may be NULL.
+ * Parse len bytes of text from outside as JSON; text[len] must be the
+ * terminating NUL (it is not copied: a response may be megabytes).
+ * Returns NULL, with *why set to the reason ("is not valid JSON", ...: it
+ * completes a sentence whose subject is the text), when it cannot be
+ * stored as jsonb; never raises for anything the text holds.  why may be
+ * NULL.
  */
 Jsonb *
 JsonParseExternal(const char *text, size_t len, const char **why)
 {
 	const char *dummy;
 	JsonLexContext *lex;
-	char	   *copy;
-	Jsonb	   *result;
 
 	if (why == NULL)
 		why = &dummy;
@@ -283,10 +283,8 @@ JsonParseExternal(const char *text, size_t len, const char **why)
 		*why = "is not valid JSON";
 		return NULL;
 	}
-	copy = pnstrdup(text, len);
-	result = jsonb_from_valid_text(copy, why);
-	pfree(copy);
-	return result;
+	Assert(text[len] == '\0');
+	return jsonb_from_valid_text(text, why);
 }
 
 /*
