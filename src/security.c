@@ -172,6 +172,7 @@ static ProcessUtility_hook_type prev_utility_hook = NULL;
 
 static void check_drop_role(DropRoleStmt *stmt);
 static void follow_owned(Node *stmt);
+static void check_new_owner(const char *what, const char *name, Oid new_owner);
 
 /* ---------------------------------------------------------------- frames */
 
@@ -512,23 +513,26 @@ check_drop_role(DropRoleStmt *stmt)
 
 /*
  * REASSIGN OWNED BY old TO new also hands over old's tuvl names in this
- * database; DROP OWNED BY old also revokes its secret grants (as it
- * revokes its privileges).  PostgreSQL has checked the caller's right to
- * act for both roles.
+ * database (and fails when new is one of tuvl's group roles, as
+ * tuvl.transfer() does); DROP OWNED BY old also revokes its secret grants
+ * (as it revokes its privileges).  PostgreSQL has checked the caller's
+ * right to act for both roles.
  */
 static void
 follow_owned(Node *stmt)
 {
 	static const char *const reassign_sql[] = {
-		"UPDATE tuvl.workflows SET owner = $2 WHERE owner OPERATOR(pg_catalog.=) $1",
-		"UPDATE tuvl.artifacts SET owner = $2 WHERE owner OPERATOR(pg_catalog.=) $1",
-		"UPDATE tuvl.llms SET owner = $2 WHERE owner OPERATOR(pg_catalog.=) $1",
+		"UPDATE tuvl.workflows SET owner = $2 WHERE owner OPERATOR(pg_catalog.=) $1 RETURNING name",
+		"UPDATE tuvl.artifacts SET owner = $2 WHERE owner OPERATOR(pg_catalog.=) $1 RETURNING name",
+		"UPDATE tuvl.llms SET owner = $2 WHERE owner OPERATOR(pg_catalog.=) $1 RETURNING name",
 		NULL
 	};
+	static const char *const reassign_what[] = {"workflow", "artifact", "LLM config"};
 	static const char revoke_sql[] =
 		"DELETE FROM tuvl.secret_grants WHERE grantee OPERATOR(pg_catalog.=) $1";
 	static const Oid types[2] = {REGROLEOID, REGROLEOID};
 	List	   *roles;
+	List	   *role_ids = NIL;
 	Oid			new_owner = InvalidOid;
 	ListCell   *lc;
 	SecurityFrame frame;
@@ -542,17 +546,25 @@ follow_owned(Node *stmt)
 	}
 	else
 		roles = ((DropOwnedStmt *) stmt)->roles;
+	/* as the caller: inside the owner frame CURRENT_USER is the owner */
+	foreach(lc, roles)
+		role_ids = lappend_oid(role_ids, get_rolespec_oid(lfirst(lc), false));
 	SPI_connect();
 	SecurityAsOwner(&frame);
-	foreach(lc, roles)
+	foreach(lc, role_ids)
 	{
 		Datum		values[2];
 
-		values[0] = ObjectIdGetDatum(get_rolespec_oid(lfirst(lc), false));
+		values[0] = ObjectIdGetDatum(lfirst_oid(lc));
 		values[1] = ObjectIdGetDatum(new_owner);
 		if (OidIsValid(new_owner))
+		{
 			for (int i = 0; reassign_sql[i]; i++)
-				SpiExec(reassign_sql[i], 2, types, values, NULL, SPI_OK_UPDATE);
+				if (SpiExec(reassign_sql[i], 2, types, values, NULL, SPI_OK_UPDATE_RETURNING) > 0)
+					check_new_owner(reassign_what[i],
+									SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1),
+									new_owner);
+		}
 		else
 			SpiExec(revoke_sql, 1, types, values, NULL, SPI_OK_DELETE);
 	}
@@ -586,6 +598,34 @@ static const NameKind name_kinds[] = {
 };
 
 /*
+ * tuvl's own group roles, through which its privileges are granted: no
+ * name may belong to one of them (nor to PUBLIC).  A name owned by
+ * tuvl_user would look official to every user, and only a member of
+ * tuvl_admin could register versions of it.  Raise when new_owner is one
+ * of them; what and name are for the message.
+ */
+static void
+check_new_owner(const char *what, const char *name, Oid new_owner)
+{
+	static const char *const groups[] = {"tuvl_user", "tuvl_operator", "tuvl_admin"};
+
+	if (!OidIsValid(new_owner))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("cannot hand %s \"%s\" to PUBLIC", what, name),
+				 errdetail("A name belongs to one role."),
+				 errhint("Name the role that is to register its versions.")));
+	for (int i = 0; i < (int) lengthof(groups); i++)
+		if (new_owner == get_role_oid(groups[i], true))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("cannot hand %s \"%s\" to role \"%s\"", what, name, groups[i]),
+					 errdetail("tuvl_user, tuvl_operator and tuvl_admin are the roles tuvl's privileges are granted through: "
+							   "a name one of them owned would look official to every user, and only a member of tuvl_admin could register its versions."),
+					 errhint("Hand it to a role of its own (CREATE ROLE ... NOLOGIN), granted to the people who maintain it.")));
+}
+
+/*
  * Hand the name of a workflow, artifact or model config (every version of
  * it) to new_owner.  Its owner, members of tuvl_admin and superusers may;
  * to anyone else a name it does not own is refused without saying whose
@@ -609,6 +649,7 @@ SecurityTransferName(const char *kind, const char *name, Oid new_owner)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("\"%s\" is not a kind of name tuvl.transfer() hands over", kind),
 				 errhint("Use 'workflow', 'artifact' or 'llm'.")));
+	check_new_owner(k->what, name, new_owner);
 	if (!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(new_owner)))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),

@@ -1,0 +1,309 @@
+"""Hardening: what an ordinary role holding only tuvl_user must not be able to do.
+
+Each test is an attack by MALLORY (a LOGIN role granted only tuvl_user)
+against VICTIM (another tuvl_user), the operators or the server, one test
+(or a few) per finding of the hardening issue: notification channels per
+role, metric series in fixed shared memory, tuvl.graph() escaping, PUBLIC's
+privileges, tuvl.transfer() to group roles, the session user inside a step,
+limits on child workflows, and timeout: 0.  docs/security.md ("What an
+ordinary role can and cannot do") lists them with what stops each.
+"""
+import os
+import re
+
+import psycopg2
+import psycopg2.errors
+import pytest
+
+from conftest import connect, q, q1
+from httputil import execute, unique
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+
+MALLORY = "tuvl_hb_mallory"
+VICTIM = "tuvl_hb_victim"
+ONCALL = "tuvl_hb_oncall"
+ADMIN = "tuvl_hb_admin"
+NOBODY = "tuvl_hb_nobody"
+ROLES = [MALLORY, VICTIM, ONCALL, ADMIN, NOBODY]
+
+
+@pytest.fixture(scope="module")
+def hb(db):
+    admin = connect("postgres")
+    for role in reversed(ROLES):
+        q(admin, f"DROP ROLE IF EXISTS {role}")
+    for role in (MALLORY, VICTIM):
+        q(admin, f"CREATE ROLE {role} LOGIN IN ROLE tuvl_user")
+    q(admin, f"CREATE ROLE {ONCALL} LOGIN IN ROLE tuvl_operator")
+    q(admin, f"CREATE ROLE {ADMIN} LOGIN IN ROLE tuvl_admin")
+    q(admin, f"CREATE ROLE {NOBODY} LOGIN")
+    yield db
+    conn = connect(db)
+    q(conn, "DELETE FROM tuvl.journal WHERE run_id IN (SELECT id FROM tuvl.runs "
+            "WHERE principal_id::text = ANY (%s))", (ROLES,))
+    q(conn, "DELETE FROM tuvl.runs WHERE principal_id::text = ANY (%s)", (ROLES,))
+    for table in ("workflows", "artifacts", "llms"):
+        q(conn, f"DELETE FROM tuvl.{table} WHERE owner::text = ANY (%s)", (ROLES,))
+    q(conn, "DELETE FROM tuvl.llm_versions WHERE registered_by::text = ANY (%s)", (ROLES,))
+    conn.close()
+    for role in reversed(ROLES):
+        q(admin, f"DROP ROLE IF EXISTS {role}")
+    admin.close()
+
+
+@pytest.fixture
+def as_role(hb, conns):
+    return lambda role=None: conns(hb, user=role)
+
+
+def sqlerror(conn, sql, params=None):
+    with pytest.raises(psycopg2.Error) as e:
+        q(conn, sql, params)
+    d = e.value.diag
+    return e.value.pgcode, d.message_primary, d.message_detail or "", d.message_hint or ""
+
+
+def register(conn, source):
+    return q1(conn, "SELECT tuvl.register_workflow(%s)", (source,))
+
+
+# ---------------------------------------------------------------------------
+# 3. tuvl.graph() escapes what a workflow names
+
+HOSTILE_KEYS = [
+    'x"] \n click s_r "javascript:alert(1)"',   # a Mermaid click line
+    'a\\',                                       # a backslash before dot's closing quote
+    'q|p -->|y| s_r',                            # an edge label ending early
+    'l"]; "s_r" -> "e_done" [label="forged',     # a dot edge
+    '#quot; & &amp; <b>bold</b> `md` %s',
+]
+
+
+def hostile_workflow(name):
+    routes = "\n".join(f"      {json_str(k)}: done" for k in HOSTILE_KEYS)
+    return f"""
+name: {name}
+steps:
+  - id: r
+    kind: Router
+    on: "{{{{ x }}}}"
+    routes:
+{routes}
+      "evil": {json_str('bad"]-->x')}
+  - {{ id: a-b, kind: ModelOp, sql: "SELECT 1" }}
+ends:
+  - {{ id: done, status: completed }}
+  - {{ id: {json_str('bad"]-->x')}, status: failed }}
+"""
+
+
+def json_str(s):
+    import json
+    return json.dumps(s)
+
+
+MERMAID_LINE = re.compile(
+    r'^(flowchart TD'
+    r'|  [se]x?_[A-Za-z0-9_]+\["[^"\n]*"\]'
+    r'|  [se]x?_[A-Za-z0-9_]+\(\["[^"\n]*"\]\)'
+    r'|  implicit_end\(\["\(end\): completed"\]\)'
+    r'|  [se]x?_[A-Za-z0-9_]+ -\.?->\|"[^"|\n]*"\| ([se]x?_[A-Za-z0-9_]+|implicit_end))$')
+
+
+def dot_tokens(line):
+    """The tokens of a line of dot as Graphviz's lexer reads it: in a quoted
+    string only \\" is an escape (a lone backslash is itself), so a
+    backslash right before the closing quote escapes it."""
+    tokens, i = [], 0
+    while i < len(line):
+        c = line[i]
+        if c in " \t":
+            i += 1
+        elif c == '"':
+            j, text = i + 1, ""
+            while True:
+                if j >= len(line):
+                    raise AssertionError(f"unterminated string in {line!r}")
+                if line[j] == "\\" and j + 1 < len(line) and line[j + 1] == '"':
+                    text += '"'
+                    j += 2
+                elif line[j] == '"':
+                    break
+                else:
+                    text += line[j]
+                    j += 1
+            tokens.append(("str", text))
+            i = j + 1
+        elif line.startswith("->", i):
+            tokens.append(("op", "->"))
+            i += 2
+        elif re.match(r"[A-Za-z0-9_]", c):
+            m = re.match(r"[A-Za-z0-9_]+", line[i:])
+            tokens.append(("id", m.group(0)))
+            i += len(m.group(0))
+        else:
+            tokens.append(("op", c))
+            i += 1
+    return tokens
+
+
+def test_graph_escapes_hostile_route_keys_and_ids(as_role):
+    mal = as_role(MALLORY)
+    name = unique("drawn_")
+    register(mal, hostile_workflow(name))
+
+    mermaid = q1(mal, "SELECT tuvl.graph(%s)", (name,))
+    lines = mermaid.rstrip("\n").split("\n")
+    for line in lines:
+        assert MERMAID_LINE.match(line), (line, mermaid)
+    # one line per node and edge: 2 steps, 2 ends, 6 routes, 2 default flows, the implicit end
+    assert len(lines) == 1 + 2 + 2 + len(HOSTILE_KEYS) + 1 + 2 + 1, mermaid
+    assert not any(l.lstrip().startswith("click") for l in lines), mermaid
+    assert "<b>" not in mermaid and "`" not in mermaid
+    # the label still says what the key was
+    assert '-->|"a#92;"| e_done' in mermaid
+    assert 'x#34;#93;   click s_r #34;javascript#58;alert#40;1#41;#34;' in mermaid
+
+    dot = q1(mal, "SELECT tuvl.graph(%s, 'dot')", (name,))
+    lines = dot.rstrip("\n").split("\n")
+    assert len(lines) == 2 + 2 + 2 + len(HOSTILE_KEYS) + 1 + 2 + 1 + 1, dot
+    labels = []
+    for line in lines[2:-1]:
+        t = dot_tokens(line)
+        kinds = [k for k, _ in t]
+        if kinds[:2] == ["str", "op"] and t[1][1] == "[":
+            # "node" [shape=..., label="..."];
+            assert kinds == ["str", "op", "id", "op", "id", "op", "id", "op", "str", "op", "op"], line
+            assert re.match(r"^([se]x?_[A-Za-z0-9_]+|implicit_end)$", t[0][1]), line
+        else:
+            # "a" -> "b" [label="..."]; or with style=dashed
+            assert kinds[:4] == ["str", "op", "str", "op"] and t[1][1] == "->", line
+            assert kinds[4:] in (["id", "op", "str", "op", "op"],
+                                 ["id", "op", "id", "op", "id", "op", "str", "op", "op"]), line
+            labels.append(t[-3][1])
+    assert lines[-1] == "}"
+    # a backslash is shown through its entity, never as an escape of the quote
+    assert "a&#92;" in labels
+    assert 'l"]; "s_r" -> "e_done" [label="forged' in labels
+    if os.path.exists("/usr/bin/dot"):
+        import subprocess
+        subprocess.run(["/usr/bin/dot", "-Tsvg"], input=dot.encode(), check=True, capture_output=True)
+
+
+# ---------------------------------------------------------------------------
+# 4. PUBLIC reads nothing it should not
+
+
+def documented_public_privileges():
+    """The rows of the table under "### What PUBLIC may do" in docs/security.md:
+    {(object, privilege)}."""
+    text = open(os.path.join(ROOT, "docs", "security.md"), encoding="utf-8").read()
+    section = text.split("### What PUBLIC may do", 1)[1].split("\n#", 1)[0]
+    rows = set()
+    for line in section.splitlines():
+        m = re.match(r"^\| `([^`]+)` \| ([A-Z]+) \|", line)
+        if m:
+            rows.add((m.group(1), m.group(2)))
+    assert rows, "no table under '### What PUBLIC may do' in docs/security.md"
+    return rows
+
+
+PUBLIC_PRIVILEGES_SQL = """
+WITH members AS (
+    SELECT d.classid, d.objid FROM pg_depend d
+    WHERE d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
+      AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'tuvl'))
+SELECT c.oid::regclass::text, a.privilege_type
+FROM pg_class c
+CROSS JOIN LATERAL aclexplode(coalesce(c.relacl, acldefault(CASE WHEN c.relkind = 'S' THEN 's' ELSE 'r' END::"char",
+                                                           c.relowner))) a
+WHERE a.grantee = 0 AND (c.relnamespace = 'tuvl'::regnamespace
+                         OR (c.tableoid, c.oid) IN (SELECT classid, objid FROM members))
+UNION ALL
+SELECT p.oid::regprocedure::text, a.privilege_type
+FROM pg_proc p CROSS JOIN LATERAL aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+WHERE a.grantee = 0 AND (p.pronamespace = 'tuvl'::regnamespace
+                         OR (p.tableoid, p.oid) IN (SELECT classid, objid FROM members))
+UNION ALL
+SELECT t.oid::regtype::text, a.privilege_type
+FROM pg_type t CROSS JOIN LATERAL aclexplode(coalesce(t.typacl, acldefault('T', t.typowner))) a
+WHERE a.grantee = 0 AND (t.tableoid, t.oid) IN (SELECT classid, objid FROM members)
+UNION ALL
+SELECT 'schema ' || n.nspname, a.privilege_type
+FROM pg_namespace n CROSS JOIN LATERAL aclexplode(n.nspacl) a
+WHERE a.grantee = 0 AND n.nspname = 'tuvl'
+"""
+
+
+def test_public_has_exactly_the_documented_privileges(as_role):
+    admin = as_role()
+    granted = {(obj, priv) for obj, priv in q(admin, PUBLIC_PRIVILEGES_SQL)}
+    documented = documented_public_privileges()
+    assert granted == documented, (
+        f"granted to PUBLIC but not in docs/security.md: {sorted(granted - documented)}; "
+        f"documented but not granted: {sorted(documented - granted)}")
+
+
+def test_a_role_without_tuvl_user_reads_no_table_and_calls_only_public_functions(as_role):
+    nobody, admin = as_role(NOBODY), as_role()
+    tables = [r[0] for r in q(admin, "SELECT c.oid::regclass::text FROM pg_class c "
+                                     "WHERE c.relnamespace = 'tuvl'::regnamespace AND c.relkind IN ('r', 'v', 'p')")]
+    assert "tuvl.llm_versions" in tables
+    for t in tables:
+        assert not q1(nobody, "SELECT has_table_privilege(%s, 'SELECT')", (t,)), t
+        code, _, _, _ = sqlerror(nobody, f"SELECT 1 FROM {t} LIMIT 1")
+        assert code == "42501", t
+    callable_ = {r[0] for r in q(nobody, "SELECT p.oid::regprocedure::text FROM pg_proc p "
+                                         "WHERE p.pronamespace = 'tuvl'::regnamespace "
+                                         "AND has_function_privilege(p.oid, 'EXECUTE')")}
+    assert callable_ == {"tuvl.version()", "tuvl.validate(text,boolean)", "tuvl.render(jsonb,jsonb)"}
+
+
+def test_llm_versions_are_read_like_llms(as_role):
+    mal, nobody = as_role(MALLORY), as_role(NOBODY)
+    model = unique("hb_model_")
+    q(mal, "SELECT tuvl.register_llm(%s)", (f"name: {model}\nprovider: openai\nbase_url: http://127.0.0.1:1/v1\nmodel: x\n",))
+    assert q1(mal, "SELECT count(*) FROM tuvl.llm_versions WHERE name = %s", (model,)) == 1
+    assert q1(mal, "SELECT count(*) FROM tuvl.llms WHERE name = %s", (model,)) == 1
+    code, msg, _, _ = sqlerror(nobody, "SELECT source FROM tuvl.llm_versions")
+    assert code == "42501" and "llm_versions" in msg
+
+
+# ---------------------------------------------------------------------------
+# 5. transfer() to group roles
+
+
+def test_transfer_to_tuvls_group_roles_or_public_is_refused(as_role):
+    mal, adm = as_role(MALLORY), as_role(ADMIN)
+    name = unique("official_")
+    register(mal, f"name: {name}\nsteps:\n  - {{ id: one, kind: ModelOp, sql: 'SELECT 1 AS x' }}\n")
+    for group in ("tuvl_user", "tuvl_operator", "tuvl_admin"):
+        for conn in (mal, adm):
+            code, msg, detail, hint = sqlerror(conn, "SELECT tuvl.transfer('workflow', %s, %s)", (name, group))
+            assert code == "22023", (group, code, msg)
+            assert msg == f'cannot hand workflow "{name}" to role "{group}"'
+            assert "look official" in detail and "CREATE ROLE" in hint
+    code, msg, detail, _ = sqlerror(mal, "SELECT tuvl.transfer('workflow', %s, 0::oid::regrole)", (name,))
+    assert code == "22023" and msg == f'cannot hand workflow "{name}" to PUBLIC', msg
+    # PUBLIC cannot be named as a role at all
+    code, _, _, _ = sqlerror(mal, "SELECT tuvl.transfer('workflow', %s, 'public')", (name,))
+    assert code == "42704"
+    # REASSIGN OWNED is the other door: the same refusal
+    code, msg, _, _ = sqlerror(mal, "REASSIGN OWNED BY CURRENT_USER TO tuvl_user")
+    assert code == "22023" and re.match(r'^cannot hand workflow ".*" to role "tuvl_user"$', msg), msg
+    assert q1(mal, "SELECT owner::text FROM tuvl.workflows WHERE name = %s", (name,)) == MALLORY
+
+
+def test_reassign_owned_by_current_user_never_reaches_the_owners_names(as_role):
+    # REASSIGN OWNED BY CURRENT_USER once resolved CURRENT_USER inside tuvl's
+    # owner frame: the extension owner's names went to the caller
+    mal, admin = as_role(MALLORY), as_role()
+    name = unique("owners_")
+    register(admin, f"name: {name}\nsteps:\n  - {{ id: one, kind: ModelOp, sql: 'SELECT 1 AS x' }}\n")
+    mine = unique("mine_")
+    register(mal, f"name: {mine}\nsteps:\n  - {{ id: one, kind: ModelOp, sql: 'SELECT 1 AS x' }}\n")
+    q(mal, "REASSIGN OWNED BY CURRENT_USER TO CURRENT_USER")
+    q(mal, "DROP OWNED BY CURRENT_USER")
+    assert q1(admin, "SELECT owner::text FROM tuvl.workflows WHERE name = %s", (name,)) == "postgres"
+    assert q1(admin, "SELECT owner::text FROM tuvl.workflows WHERE name = %s", (mine,)) == MALLORY
