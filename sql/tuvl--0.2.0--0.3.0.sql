@@ -167,6 +167,14 @@ END
 $graph$;
 GRANT EXECUTE ON FUNCTION tuvl._graph_text(text, text), tuvl._graph_node(text, text) TO tuvl_user;
 
+/*
+ * tuvl.max_step_timeout (src/tuvl.c) bounds every step's timeout, and
+ * timeout: 0 means it.  It is superuser-only; members of tuvl_admin may
+ * set it too, in a session (for tuvl.run()) and with ALTER SYSTEM (for
+ * the workers, at the next reload).
+ */
+GRANT SET, ALTER SYSTEM ON PARAMETER tuvl.max_step_timeout TO tuvl_admin;
+
 /* the sweep: keep it the last statements of the script */
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA tuvl FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA tuvl FROM PUBLIC;

@@ -54,6 +54,7 @@ int			tuvl_agent_tool_timeout = 300;
 int			tuvl_agent_pause_max = 300;
 int			TuvlReplayDepth = 0;
 int			tuvl_step_timeout = 10 * 60 * 1000;
+int			tuvl_max_step_timeout = 60 * 60 * 1000;
 int			tuvl_max_batch_time = 50;
 int			tuvl_max_input_size = 8 * 1024 * 1024;
 int			tuvl_max_output_size = 16 * 1024 * 1024;
@@ -515,8 +516,12 @@ static const IntGuc limit_gucs[] = {
 	&tuvl_agent_tool_timeout, 300, 1, INT_MAX / 1000, PGC_SUSET, GUC_UNIT_S, false},
 	{"tuvl.step_timeout",
 		"Wall-clock limit of a step that sets no timeout of its own.",
-		"SQL is cancelled at the deadline; the step takes its error route with _last_error_type timeout. Time spent paused or waiting for a person does not count. 0 means no limit.",
+		"SQL is cancelled at the deadline; the step takes its error route with _last_error_type timeout. Time spent paused or waiting for a person does not count. 0 means tuvl.max_step_timeout, and more is cut to it.",
 	&tuvl_step_timeout, 10 * 60 * 1000, 0, INT_MAX, PGC_USERSET, GUC_UNIT_MS, false},
+	{"tuvl.max_step_timeout",
+		"Longest wall-clock limit of any step.",
+		"A step's timeout and tuvl.step_timeout are cut to it, and timeout: 0 means it: no step occupies a worker longer.",
+	&tuvl_max_step_timeout, 60 * 60 * 1000, 1000, INT_MAX, PGC_SUSET, GUC_UNIT_MS, false},
 	{"tuvl.max_batch_time",
 		"How long a worker's batch of transitions may run before it commits.",
 		"A transition still running at the limit is cancelled and executed again on its own, so a slow step never holds up other runs' commits.",

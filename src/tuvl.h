@@ -113,6 +113,7 @@ extern int	tuvl_http_timeout;
 extern int	tuvl_agent_tool_timeout;
 extern int	tuvl_agent_pause_max;
 extern int	tuvl_step_timeout;
+extern int	tuvl_max_step_timeout;
 extern int	tuvl_max_batch_time;
 extern int	tuvl_max_input_size;
 extern int	tuvl_max_output_size;

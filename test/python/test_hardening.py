@@ -307,3 +307,47 @@ def test_reassign_owned_by_current_user_never_reaches_the_owners_names(as_role):
     q(mal, "DROP OWNED BY CURRENT_USER")
     assert q1(admin, "SELECT owner::text FROM tuvl.workflows WHERE name = %s", (name,)) == "postgres"
     assert q1(admin, "SELECT owner::text FROM tuvl.workflows WHERE name = %s", (mine,)) == MALLORY
+
+
+# ---------------------------------------------------------------------------
+# 8. timeout: 0 is bounded by tuvl.max_step_timeout
+
+
+SLEEPER = """
+name: {name}
+steps:
+  - id: nap
+    kind: ModelOp
+    sql: SELECT pg_sleep(60)
+    {timeout}
+    routes: {{ error: stopped }}
+ends:
+  - {{ id: stopped, status: failed, response: {{ type: "{{{{ _last_error_type }}}}", error: "{{{{ _last_error }}}}" }} }}
+"""
+
+
+def test_timeout_zero_means_the_maximum_in_the_workers_and_in_run(as_role, set_gucs):
+    import time
+    mal, adm = as_role(MALLORY), as_role(ADMIN)
+    set_gucs({"tuvl.max_step_timeout": ("2s", "2s")})
+    zero, default = unique("nap0_"), unique("napd_")
+    register(mal, SLEEPER.format(name=zero, timeout="timeout: 0"))
+    register(mal, SLEEPER.format(name=default, timeout=""))
+    # a role may not raise the maximum, only lower or raise its own step_timeout
+    code, msg, _, _ = sqlerror(mal, "SET tuvl.max_step_timeout = '1h'")
+    assert code == "42501", msg
+    q(mal, "SET tuvl.step_timeout = 0")
+    for name in (zero, default):
+        for mode in ("worker", "sync"):
+            started = time.monotonic()
+            res = execute(mal, name, {}, mode, timeout=30)
+            took = time.monotonic() - started
+            assert res["status"] == "failed", res
+            assert res["response"] == {"type": "timeout", "error": "the step's timeout of 2 s passed"}, res
+            assert took < 15, (name, mode, took)
+    q(mal, "SET tuvl.step_timeout = '1d'")
+    res = execute(mal, default, {}, "sync")
+    assert res["response"]["type"] == "timeout", res
+    # a member of tuvl_admin may change it (a superuser's ALTER SYSTEM reaches the workers)
+    q(adm, "SET tuvl.max_step_timeout = '4h'")
+    assert q1(adm, "SHOW tuvl.max_step_timeout") == "4h"
