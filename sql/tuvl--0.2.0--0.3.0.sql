@@ -175,6 +175,18 @@ GRANT EXECUTE ON FUNCTION tuvl._graph_text(text, text), tuvl._graph_node(text, t
  */
 GRANT SET, ALTER SYSTEM ON PARAMETER tuvl.max_step_timeout TO tuvl_admin;
 
+/*
+ * Child workflows have limits (src/step_workflow.c): a Workflow step
+ * starts no child deeper than tuvl.max_child_depth below the root run,
+ * nor more runs under one root than tuvl.max_run_tree.  A child names
+ * the root of its tree in root_run_id, so the runs under a root are
+ * counted through one index.  Children of before this release have none
+ * and are not counted.
+ */
+ALTER TABLE tuvl.runs ADD COLUMN root_run_id bigint;
+COMMENT ON COLUMN tuvl.runs.root_run_id IS 'for a child run (parent_step set): the run at the top of its tree of Workflow steps; NULL otherwise';
+CREATE INDEX runs_root_idx ON tuvl.runs (root_run_id) WHERE root_run_id IS NOT NULL;
+
 /* the sweep: keep it the last statements of the script */
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA tuvl FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA tuvl FROM PUBLIC;

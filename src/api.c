@@ -360,10 +360,10 @@ journal_queued(int64 id, const RunStart *start, int version, const char *princip
 	"INSERT INTO tuvl.runs (workflow, workflow_version, status, input, context, " \
 	"  principal, attempt, lease_owner, lease_epoch, lease_expires_at, started_at, last_seq, " \
 	"  artifacts, principal_id, key, priority, traceparent, wake_at, parent_run_id, parent_step, " \
-	"  held_by, concurrency_key, concurrency_limit) " \
+	"  held_by, concurrency_key, concurrency_limit, root_run_id) " \
 	"VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8, pg_catalog.now() OPERATOR(pg_catalog.+) $9, " \
 	"  CASE WHEN $6 OPERATOR(pg_catalog.>) 0 THEN pg_catalog.now() END, 1, $10, $11, $12, $13, $14, $15, " \
-	"  $16, $17, $18, $19, $20) "
+	"  $16, $17, $18, $19, $20, $21) "
 
 /*
  * Validate input and insert a run of the latest version of workflow with
@@ -373,16 +373,16 @@ journal_queued(int64 id, const RunStart *start, int version, const char *princip
 int64
 ApiCreateRun(const RunStart *start, bool running, int *version_out)
 {
-	static const Oid types[20] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, TEXTOID,
+	static const Oid types[21] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, TEXTOID,
 		INT4OID, INT4OID, INT8OID, INTERVALOID, JSONBOID, REGROLEOID, TEXTOID, INT4OID,
-	TEXTOID, TIMESTAMPTZOID, INT8OID, TEXTOID, TEXTOID, TEXTOID, INT4OID};
+	TEXTOID, TIMESTAMPTZOID, INT8OID, TEXTOID, TEXTOID, TEXTOID, INT4OID, INT8OID};
 	const char *workflow = start->workflow;
 	Jsonb	   *input = start->input;
 	int			version = start->version > 0 ? start->version : WorkflowLatestVersion(workflow, false);
 	WorkflowDef *wf = WorkflowLoad(workflow, version);
 	char	   *principal = GetUserNameFromId(GetUserId(), false);
-	Datum		values[20];
-	char		nulls[20];
+	Datum		values[21];
+	char		nulls[21];
 	ConcurrencyKey conc;
 	const char *held_by;
 	/* a run not to be claimed yet sleeps until then, out of the queue */
@@ -451,11 +451,13 @@ ApiCreateRun(const RunStart *start, bool running, int *version_out)
 	nulls[18] = conc.key ? ' ' : 'n';
 	values[19] = Int32GetDatum(conc.limit);
 	nulls[19] = conc.key ? ' ' : 'n';
+	values[20] = Int64GetDatum(start->root_id);
+	nulls[20] = start->root_id ? ' ' : 'n';
 	SecurityAsOwner(&frame);
 	/* a key another start of this role holds: that run (the unique index decides races) */
 	if (SpiExec(start->key ? INSERT_RUN_SQL "ON CONFLICT (principal_id, workflow, key) WHERE key IS NOT NULL DO NOTHING RETURNING id"
 				: INSERT_RUN_SQL "RETURNING id",
-				20, types, values, nulls, SPI_OK_INSERT_RETURNING) == 0)
+				21, types, values, nulls, SPI_OK_INSERT_RETURNING) == 0)
 	{
 		id = keyed_run(workflow, start->key);
 		SecurityRestore(&frame);

@@ -55,6 +55,8 @@ int			tuvl_agent_pause_max = 300;
 int			TuvlReplayDepth = 0;
 int			tuvl_step_timeout = 10 * 60 * 1000;
 int			tuvl_max_step_timeout = 60 * 60 * 1000;
+int			tuvl_max_child_depth = 8;
+int			tuvl_max_run_tree = 10000;
 int			tuvl_max_batch_time = 50;
 int			tuvl_max_input_size = 8 * 1024 * 1024;
 int			tuvl_max_output_size = 16 * 1024 * 1024;
@@ -522,6 +524,14 @@ static const IntGuc limit_gucs[] = {
 		"Longest wall-clock limit of any step.",
 		"A step's timeout and tuvl.step_timeout are cut to it, and timeout: 0 means it: no step occupies a worker longer.",
 	&tuvl_max_step_timeout, 60 * 60 * 1000, 1000, INT_MAX, PGC_SUSET, GUC_UNIT_MS, false},
+	{"tuvl.max_child_depth",
+		"How many Workflow steps deep child runs may nest below a run.",
+		"A Workflow step that would start a child deeper fails with _last_error_type child_limit.",
+	&tuvl_max_child_depth, 8, 0, 1000, PGC_SUSET, 0, false},
+	{"tuvl.max_run_tree",
+		"How many child runs Workflow steps may start under one run, at every depth.",
+		"A Workflow step that would start more fails with _last_error_type child_limit, before starting any.",
+	&tuvl_max_run_tree, 10000, 1, 100000000, PGC_SUSET, 0, false},
 	{"tuvl.max_batch_time",
 		"How long a worker's batch of transitions may run before it commits.",
 		"A transition still running at the limit is cancelled and executed again on its own, so a slow step never holds up other runs' commits.",

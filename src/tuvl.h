@@ -114,6 +114,8 @@ extern int	tuvl_agent_tool_timeout;
 extern int	tuvl_agent_pause_max;
 extern int	tuvl_step_timeout;
 extern int	tuvl_max_step_timeout;
+extern int	tuvl_max_child_depth;
+extern int	tuvl_max_run_tree;
 extern int	tuvl_max_batch_time;
 extern int	tuvl_max_input_size;
 extern int	tuvl_max_output_size;

@@ -351,3 +351,97 @@ def test_timeout_zero_means_the_maximum_in_the_workers_and_in_run(as_role, set_g
     # a member of tuvl_admin may change it (a superuser's ALTER SYSTEM reaches the workers)
     q(adm, "SET tuvl.max_step_timeout = '4h'")
     assert q1(adm, "SHOW tuvl.max_step_timeout") == "4h"
+
+
+# ---------------------------------------------------------------------------
+# 7. child workflows have depth and total limits
+
+RECURSIVE = """
+name: {name}
+steps:
+  - id: again
+    kind: Workflow
+    workflow: {name}
+    output: inner
+    routes: {{ error: limited, default: done }}
+ends:
+  - {{ id: limited, status: completed, response: {{ type: "{{{{ _last_error_type }}}}", error: "{{{{ _last_error }}}}" }} }}
+  - {{ id: done, status: completed, response: {{ depth_below: "{{{{ inner }}}}" }} }}
+"""
+
+
+def test_a_workflow_that_starts_itself_stops_at_max_child_depth(as_role):
+    mal, admin = as_role(MALLORY), as_role()
+    name = unique("rec_")
+    register(mal, RECURSIVE.format(name=name))
+    code, _, _, _ = sqlerror(mal, "SET tuvl.max_child_depth = 1000")
+    assert code == "42501"
+    for mode in ("worker", "sync"):
+        if mode == "worker":
+            root = q1(mal, "SELECT tuvl.start_run(%s)", (name,))
+        else:
+            root = q1(mal, "SELECT (tuvl.run(%s) ->> 'run_id')::bigint", (name,))
+        assert q1(mal, "SELECT tuvl.wait(%s, '60 s')", (root,)) == "completed"
+        rows = q(admin, "SELECT id, status, response, root_run_id FROM tuvl.runs "
+                        "WHERE id = %s OR root_run_id = %s ORDER BY id", (root, root))
+        # the root and 8 children below it, a chain; the ninth was never started
+        assert len(rows) == 1 + 8, rows
+        assert all(r[1] == "completed" for r in rows)
+        deepest = rows[-1][2]
+        assert deepest["type"] == "child_limit", deepest
+        assert deepest["error"] == (f'Workflow step "again" would start a child run 9 levels below run {root}, '
+                                    'more than tuvl.max_child_depth (8)'), deepest
+        # journaled: the deepest step failed with the error, on its error route
+        failed = q1(admin, "SELECT payload FROM tuvl.events WHERE run_id = %s AND type = 'agent_completed'",
+                    (rows[-1][0],))
+        assert failed["error_type"] == "child_limit" and failed["signal"] == "error", failed
+        assert failed["sqlstate"] == "54000" and failed["detail"].endswith("a chain of 8 Workflow steps."), failed
+
+
+WIDE = """
+name: {name}
+steps:
+  - id: first
+    kind: Workflow
+    workflow: {leaf}
+    for_each: "{{{{ first }}}}"
+    max_parallel: 4
+    input: {{ n: "{{{{ item }}}}" }}
+    output: a
+    routes: {{ error: limited }}
+  - id: second
+    kind: Workflow
+    workflow: {leaf}
+    for_each: "{{{{ second }}}}"
+    input: {{ n: "{{{{ item }}}}" }}
+    output: b
+    routes: {{ error: limited, default: done }}
+ends:
+  - {{ id: limited, status: failed, response: {{ type: "{{{{ _last_error_type }}}}", error: "{{{{ _last_error }}}}" }} }}
+  - {{ id: done, status: completed }}
+"""
+
+
+def test_a_for_each_past_max_run_tree_starts_none_of_its_children(as_role, set_gucs):
+    mal, admin = as_role(MALLORY), as_role()
+    set_gucs({"tuvl.max_run_tree": ("50", "50")})
+    leaf, name = unique("leaf_"), unique("wide_")
+    register(mal, f"name: {leaf}\nsteps:\n  - {{ id: s, kind: ModelOp, sql: 'SELECT 1 AS x' }}\n")
+    register(mal, WIDE.format(name=name, leaf=leaf))
+    code, _, _, _ = sqlerror(mal, "SET tuvl.max_run_tree = 1000000")
+    assert code == "42501"
+    # one list too big: refused before any child exists
+    res = execute(mal, name, {"first": list(range(51)), "second": []}, "worker", timeout=60)
+    assert res["status"] == "failed" and res["response"]["type"] == "child_limit", res
+    assert res["response"]["error"] == (
+        f'Workflow step "first" would start 51 child runs under run {res["run_id"]}, which has 0 already, '
+        'more than tuvl.max_run_tree (50)'), res
+    assert q1(admin, "SELECT count(*) FROM tuvl.runs WHERE parent_run_id = %s", (res["run_id"],)) == 0
+    # the runs of every step under the root count: 30 fit, 30 more do not
+    res = execute(mal, name, {"first": list(range(30)), "second": list(range(30))}, "worker", timeout=60)
+    assert res["status"] == "failed" and res["response"]["type"] == "child_limit", res
+    assert "would start 30 child runs" in res["response"]["error"] and "which has 30 already" in res["response"]["error"]
+    assert q1(admin, "SELECT count(*) FROM tuvl.runs WHERE root_run_id = %s", (res["run_id"],)) == 30
+    # within the limit, both steps run
+    res = execute(mal, name, {"first": list(range(25)), "second": list(range(25))}, "worker", timeout=60)
+    assert res["status"] == "completed", res
