@@ -57,6 +57,7 @@ int			tuvl_step_timeout = 10 * 60 * 1000;
 int			tuvl_max_step_timeout = 60 * 60 * 1000;
 int			tuvl_max_child_depth = 8;
 int			tuvl_max_run_tree = 10000;
+int			tuvl_metric_series_per_role = 2048;
 int			tuvl_max_batch_time = 50;
 int			tuvl_max_input_size = 8 * 1024 * 1024;
 int			tuvl_max_output_size = 16 * 1024 * 1024;
@@ -532,6 +533,10 @@ static const IntGuc limit_gucs[] = {
 		"How many child runs Workflow steps may start under one run, at every depth.",
 		"A Workflow step that would start more fails with _last_error_type child_limit, before starting any.",
 	&tuvl_max_run_tree, 10000, 1, 100000000, PGC_SUSET, 0, false},
+	{"tuvl.metric_series_per_role",
+		"How many metric series the runs of one role may create, of the 8,192 the server holds.",
+		"Additions to a new series past it are dropped and counted in tuvl.metrics.dropped.",
+	&tuvl_metric_series_per_role, 2048, 0, 8192, PGC_SIGHUP, 0, false},
 	{"tuvl.max_batch_time",
 		"How long a worker's batch of transitions may run before it commits.",
 		"A transition still running at the limit is cancelled and executed again on its own, so a slow step never holds up other runs' commits.",

@@ -116,6 +116,7 @@ extern int	tuvl_step_timeout;
 extern int	tuvl_max_step_timeout;
 extern int	tuvl_max_child_depth;
 extern int	tuvl_max_run_tree;
+extern int	tuvl_metric_series_per_role;
 extern int	tuvl_max_batch_time;
 extern int	tuvl_max_input_size;
 extern int	tuvl_max_output_size;

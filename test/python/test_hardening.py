@@ -47,6 +47,8 @@ def hb(db):
         q(conn, f"DELETE FROM tuvl.{table} WHERE owner::text = ANY (%s)", (ROLES,))
     q(conn, "DELETE FROM tuvl.llm_versions WHERE registered_by::text = ANY (%s)", (ROLES,))
     conn.close()
+    admin.close()
+    admin = connect("postgres")     # a test restarts the server
     for role in reversed(ROLES):
         q(admin, f"DROP ROLE IF EXISTS {role}")
     admin.close()
@@ -445,3 +447,96 @@ def test_a_for_each_past_max_run_tree_starts_none_of_its_children(as_role, set_g
     # within the limit, both steps run
     res = execute(mal, name, {"first": list(range(25)), "second": list(range(25))}, "worker", timeout=60)
     assert res["status"] == "completed", res
+
+
+# ---------------------------------------------------------------------------
+# 2. metric series live in fixed shared memory, with a quota per role
+
+SIGNAL = """
+name: {name}
+steps:
+  - {{ id: r, kind: Router, on: "{{{{ v }}}}", routes: {{ default: done }} }}
+ends:
+  - {{ id: done, status: completed }}
+"""
+
+
+def flood(conn, workflow, prefix, n, batch=4000):
+    """n runs of workflow, each routing on a value never seen before: one new series each."""
+    for first in range(0, n, batch):
+        q(conn, "SELECT count(tuvl.run(%s, jsonb_build_object('v', %s || g))) "
+                "FROM generate_series(%s, %s) g", (workflow, prefix, first, min(first + batch, n) - 1))
+
+
+def free_shared_memory(admin):
+    return q1(admin, "SELECT size FROM pg_shmem_allocations WHERE name IS NULL")
+
+
+def lock_heavy(conn, n=12000):
+    """One statement taking n locks in the shared lock table (it grows into free shared memory)."""
+    return q1(conn, "SELECT count(pg_advisory_xact_lock(g)) FROM generate_series(1, %s) g", (n,))
+
+
+def dropped(conn, role, reason):
+    return q1(conn, "SELECT value FROM tuvl.metrics WHERE name = 'tuvl.metrics.dropped' "
+                    "AND labels = jsonb_build_object('role', %s::text, 'reason', %s::text)", (role, reason))
+
+
+def steps_of(conn, workflow):
+    return q(conn, "SELECT labels ->> 'signal', value FROM tuvl.metrics "
+                   "WHERE name = 'tuvl.steps' AND labels ->> 'workflow' = %s ORDER BY 1", (workflow,))
+
+
+def test_a_role_flooding_metric_labels_gets_its_quota_and_no_more(as_role):
+    mal, vic, oncall, admin = as_role(MALLORY), as_role(VICTIM), as_role(ONCALL), as_role()
+    quota = int(q1(admin, "SHOW tuvl.metric_series_per_role"))
+    assert quota == 2048
+    hostile, own = unique("sig_"), unique("vsig_")
+    register(mal, SIGNAL.format(name=hostile))
+    register(vic, SIGNAL.format(name=own))
+    free = free_shared_memory(admin)
+    # 0.2.0 took the server's free shared memory from 14,500 distinct values
+    # on: every transaction needing a lock slot failed with "out of shared memory"
+    flood(mal, hostile, "x", 16000)
+    assert free_shared_memory(admin) >= free - 65536, (free, free_shared_memory(admin))
+    assert lock_heavy(vic) == 12000
+    series = steps_of(mal, hostile)
+    assert 0 < len(series) <= quota, len(series)
+    over = dropped(mal, MALLORY, "role_quota")
+    assert over is not None and over >= 16000 - quota, over
+    # another role's metrics keep being recorded
+    execute(vic, own, {"v": "mine"}, "sync")
+    assert steps_of(vic, own) == [("mine", 1.0)]
+    # a role sees its own drops, operators everyone's
+    assert dropped(vic, MALLORY, "role_quota") is None
+    assert dropped(oncall, MALLORY, "role_quota") == over
+    prom = q1(mal, "SELECT tuvl.metrics_prometheus()")
+    assert f'tuvl_metrics_dropped_total{{reason="role_quota",role="{MALLORY}"}}' in prom \
+        or f'tuvl_metrics_dropped_total{{role="{MALLORY}",reason="role_quota"}}' in prom, prom
+
+
+def test_a_full_table_of_series_takes_no_more_shared_memory(hb, as_role, set_gucs):
+    from conftest import SERVER_LOG, pg_ctl, query, wait_for_server, wait_until, worker_pids
+    mal, vic, admin = as_role(MALLORY), as_role(VICTIM), as_role()
+    set_gucs({"tuvl.metric_series_per_role": ("8192", "8192")})
+    hostile, own = unique("sig_"), unique("vsig_")
+    register(mal, SIGNAL.format(name=hostile))
+    register(vic, SIGNAL.format(name=own))
+    execute(vic, own, {"v": "before"}, "sync")
+    free = free_shared_memory(admin)
+    try:
+        flood(mal, hostile, "y", 9000)
+        assert free_shared_memory(admin) >= free - 65536, (free, free_shared_memory(admin))
+        assert lock_heavy(vic) == 12000
+        assert dropped(mal, MALLORY, "table_full") > 0
+        # a series that exists keeps counting; a new one of any role is dropped, and counted
+        execute(vic, own, {"v": "before"}, "sync")
+        execute(vic, own, {"v": "after"}, "sync")
+        assert steps_of(vic, own) == [("before", 2.0)]
+        assert dropped(vic, VICTIM, "table_full") >= 1
+    finally:
+        # series are never removed: a restart empties the table for the tests after this one
+        pg_ctl("-l", SERVER_LOG, "-m", "fast", "-w", "-t", "60", "restart")
+        wait_for_server()
+        want = int(query("postgres", "SHOW tuvl.workers_per_database")[0][0])
+        wait_until(lambda: len(worker_pids(hb)) == want, 10, message="the workers after the restart")
