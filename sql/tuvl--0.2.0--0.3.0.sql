@@ -187,6 +187,40 @@ ALTER TABLE tuvl.runs ADD COLUMN root_run_id bigint;
 COMMENT ON COLUMN tuvl.runs.root_run_id IS 'for a child run (parent_step set): the run at the top of its tree of Workflow steps; NULL otherwise';
 CREATE INDEX runs_root_idx ON tuvl.runs (root_run_id) WHERE root_run_id IS NOT NULL;
 
+/*
+ * NOTIFY channels per role (src/channel.c).  Every journal event used to
+ * go to the one channel tuvl_events, where any role could LISTEN (and
+ * learn when other roles' runs ran and which steps they took) or NOTIFY
+ * forged payloads.  Now each event goes to the channel of its run's
+ * principal and to the operators' channel, each "tuvl_" and 32 hex digits
+ * of an HMAC of the role (or "operators") keyed by this secret, which
+ * only the extension's owner reads.  It is not dumped: a restored
+ * database makes a new one, and so new channels.
+ */
+CREATE TABLE tuvl.notify_secret (
+    secret bytea NOT NULL CHECK (pg_catalog.octet_length(secret) OPERATOR(pg_catalog.=) 32),
+    rotated_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+COMMENT ON TABLE tuvl.notify_secret IS 'the key of the NOTIFY channels of the journal (one row); readable by the extension owner only; tuvl.rotate_events_channels() replaces it';
+CREATE UNIQUE INDEX notify_secret_one_row ON tuvl.notify_secret ((true));
+INSERT INTO tuvl.notify_secret (secret)
+    VALUES (pg_catalog.decode(pg_catalog.replace(pg_catalog.gen_random_uuid()::pg_catalog.text
+                                                 OPERATOR(pg_catalog.||) pg_catalog.gen_random_uuid()::pg_catalog.text,
+                                                 '-', ''), 'hex'));
+REVOKE ALL ON tuvl.notify_secret FROM PUBLIC;
+
+CREATE FUNCTION tuvl.events_channel() RETURNS text
+AS 'MODULE_PATHNAME', 'tuvl_events_channel' LANGUAGE C STABLE STRICT PARALLEL RESTRICTED;
+COMMENT ON FUNCTION tuvl.events_channel() IS 'the NOTIFY channel to LISTEN on for the journal events of your runs (for a member of tuvl_operator: of every run)';
+GRANT EXECUTE ON FUNCTION tuvl.events_channel() TO tuvl_user;
+
+CREATE FUNCTION tuvl.rotate_events_channels() RETURNS void
+AS 'MODULE_PATHNAME', 'tuvl_rotate_events_channels' LANGUAGE C VOLATILE STRICT;
+COMMENT ON FUNCTION tuvl.rotate_events_channels() IS 'a new key for the NOTIFY channels: every role and the operators get new channels (after a role lost tuvl_operator, say)';
+GRANT EXECUTE ON FUNCTION tuvl.rotate_events_channels() TO tuvl_admin;
+
+COMMENT ON VIEW tuvl.events IS 'the journal of every run, one row per event: seq is 1, 2, ... without gaps within a run; tuvl announces every event with NOTIFY on the channel of the run''s principal and on the operators'' channel (tuvl.events_channel())';
+
 /* the sweep: keep it the last statements of the script */
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA tuvl FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA tuvl FROM PUBLIC;

@@ -314,12 +314,14 @@ keyed_run(const char *workflow, const char *key)
 
 /*
  * The run_queued event of run id: what start set, the version, the
- * principal, the artifact pins, not_before (0: none), the concurrency key
+ * principal (its name; principal_id is the role, whose channel is
+ * notified), the artifact pins, not_before (0: none), the concurrency key
  * and why it is held (or NULLs).
  */
 static void
-journal_queued(int64 id, const RunStart *start, int version, const char *principal, Jsonb *pins,
-			   TimestampTz not_before, const char *conc_key, const char *held_by)
+journal_queued(int64 id, const RunStart *start, int version, const char *principal,
+			   Oid principal_id, Jsonb *pins, TimestampTz not_before, const char *conc_key,
+			   const char *held_by)
 {
 	JsonObjBuilder b;
 	List	   *events = NIL;
@@ -349,7 +351,7 @@ journal_queued(int64 id, const RunStart *start, int version, const char *princip
 	if (held_by)
 		JsonObjAddString(&b, "held_by", held_by);
 	JournalAdd(&events, "run_queued", NULL, NULL, JsonObjEnd(&b));
-	(void) JournalWrite(id, 0, events);
+	(void) JournalWrite(id, principal_id, 0, events);
 }
 
 /*
@@ -467,8 +469,8 @@ ApiCreateRun(const RunStart *start, bool running, int *version_out)
 	}
 	id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 
-	journal_queued(id, start, version, principal, pins, sleeping ? start->not_before : 0,
-				   conc.key, running ? NULL : held_by);
+	journal_queued(id, start, version, principal, DatumGetObjectId(values[10]), pins,
+				   sleeping ? start->not_before : 0, conc.key, running ? NULL : held_by);
 	SecurityRestore(&frame);
 	if (!running && !sleeping && held_by == NULL)
 		QueueNoteAtCommit(GetUserId(), start->priority, id);

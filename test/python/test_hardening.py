@@ -8,6 +8,7 @@ privileges, tuvl.transfer() to group roles, the session user inside a step,
 limits on child workflows, and timeout: 0.  docs/security.md ("What an
 ordinary role can and cannot do") lists them with what stops each.
 """
+import json
 import os
 import re
 
@@ -15,7 +16,7 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
-from conftest import connect, q, q1
+from conftest import connect, listen_events, listen_notifies, q, q1
 from httputil import execute, unique
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
@@ -540,3 +541,111 @@ def test_a_full_table_of_series_takes_no_more_shared_memory(hb, as_role, set_guc
         wait_for_server()
         want = int(query("postgres", "SHOW tuvl.workers_per_database")[0][0])
         wait_until(lambda: len(worker_pids(hb)) == want, 10, message="the workers after the restart")
+
+
+# ---------------------------------------------------------------------------
+# 1. NOTIFY channels per role
+
+ONE_STEP = "name: {name}\nsteps:\n  - {{ id: one, kind: ModelOp, sql: 'SELECT 1 AS x' }}\n"
+
+
+def heard(conn, run_id, seconds=1.0):
+    """The payloads about run_id that conn has received within seconds."""
+    got = listen_notifies(conn, seconds, lambda got: False, complete=True)
+    return [json.loads(n.payload) for n in got
+            if n.payload.startswith("{") and json.loads(n.payload).get("run_id") == run_id]
+
+
+def heard_until_end(conn, run_id):
+    def ended(got):
+        return any(json.loads(n.payload).get("run_id") == run_id
+                   and json.loads(n.payload)["type"] == "run_completed" for n in got)
+    got = listen_notifies(conn, 15, ended)
+    return [json.loads(n.payload) for n in got if json.loads(n.payload).get("run_id") == run_id]
+
+
+def test_each_role_hears_its_own_runs_and_operators_hear_every_run(as_role):
+    mal, vic, oncall, admin = as_role(MALLORY), as_role(VICTIM), as_role(ONCALL), as_role()
+    channels = {role: q1(as_role(role), "SELECT tuvl.events_channel()") for role in (MALLORY, VICTIM, ONCALL)}
+    operators = channels[ONCALL]
+    assert q1(admin, "SELECT tuvl.events_channel()") == operators        # a superuser is an operator
+    assert len(set(channels.values())) == 3
+    for c in channels.values():
+        assert re.match(r"^tuvl_[0-9a-f]{32}$", c), c
+    name = unique("quiet_")
+    register(vic, ONE_STEP.format(name=name))
+    spies = {}
+    for listener_role in (MALLORY, VICTIM, ONCALL):
+        spies[listener_role] = as_role(listener_role)
+        listen_events(spies[listener_role])
+    # MALLORY also listens where every event went before, and on every channel she can name
+    q(spies[MALLORY], "LISTEN tuvl_events")
+    for mode in ("worker", "sync"):
+        res = execute(vic, name, {}, mode)
+        assert res["status"] == "completed"
+        journal = [tuple(r) for r in q(vic, "SELECT seq, type FROM tuvl.events WHERE run_id = %s ORDER BY seq",
+                                       (res["run_id"],))]
+        for role in (VICTIM, ONCALL):
+            got = heard_until_end(spies[role], res["run_id"])
+            assert [(p["seq"], p["type"]) for p in got] == journal, (role, got)
+        assert heard(spies[MALLORY], res["run_id"]) == []
+
+
+def test_a_role_cannot_learn_or_forge_another_roles_channel(as_role):
+    mal, vic, nobody = as_role(MALLORY), as_role(VICTIM), as_role(NOBODY)
+    code, _, _, _ = sqlerror(mal, "SELECT secret FROM tuvl.notify_secret")
+    assert code == "42501"
+    code, _, _, _ = sqlerror(mal, "SELECT tuvl.rotate_events_channels()")
+    assert code == "42501"
+    code, msg, _, _ = sqlerror(nobody, "SELECT tuvl.events_channel()")
+    assert code == "42501" and "events_channel" in msg
+    # a forged event reaches only the channel MALLORY names: her own
+    listener = as_role(VICTIM)
+    listen_events(listener)
+    q(mal, "SELECT pg_notify(tuvl.events_channel(), %s)", ('{"run_id": 1, "type": "run_failed"}',))
+    q(mal, "NOTIFY tuvl_events, '{\"run_id\": 1, \"type\": \"run_failed\"}'")
+    assert listen_notifies(listener, 1, lambda got: False, complete=True) == []
+
+
+def test_an_operators_own_runs_reach_the_operators_channel_once(as_role):
+    oncall = as_role(ONCALL)
+    name = unique("op_")
+    register(oncall, ONE_STEP.format(name=name))
+    listener = as_role(ONCALL)
+    listen_events(listener)
+    res = execute(oncall, name, {}, "worker")
+    got = heard_until_end(listener, res["run_id"])
+    seqs = [p["seq"] for p in got]
+    assert seqs == sorted(set(seqs)), got          # each event once
+
+
+def test_granting_and_revoking_tuvl_operator_moves_a_role_between_channels(as_role):
+    admin, adm = as_role(), as_role(ADMIN)
+    role = "tuvl_hb_temp_op"
+    q(admin, f"DROP ROLE IF EXISTS {role}")
+    q(admin, f"CREATE ROLE {role} LOGIN IN ROLE tuvl_user")
+    conn = as_role(role)
+    try:
+        own = q1(conn, "SELECT tuvl.events_channel()")
+        operators = q1(admin, "SELECT tuvl.events_channel()")
+        q(admin, f"GRANT tuvl_operator TO {role}")
+        assert q1(conn, "SELECT tuvl.events_channel()") == operators
+        q(admin, f"REVOKE tuvl_operator FROM {role}")
+        assert q1(conn, "SELECT tuvl.events_channel()") == own
+        # it still knows the operators' channel: a member of tuvl_admin makes new ones
+        q(adm, "SELECT tuvl.rotate_events_channels()")
+        new_operators = q1(admin, "SELECT tuvl.events_channel()")
+        assert new_operators != operators and q1(conn, "SELECT tuvl.events_channel()") != own
+        # and the workers announce on the new ones
+        vic = as_role(VICTIM)
+        name = unique("rot_")
+        register(vic, ONE_STEP.format(name=name))
+        old, new = as_role(), as_role()
+        q(old, f'LISTEN "{operators}"')
+        q(new, f'LISTEN "{new_operators}"')
+        res = execute(vic, name, {}, "worker")
+        assert heard_until_end(new, res["run_id"])[-1]["type"] == "run_completed"
+        assert heard(old, res["run_id"]) == []
+    finally:
+        conn.close()
+        q(admin, f"DROP ROLE IF EXISTS {role}")
