@@ -18,6 +18,10 @@
  * - A principal frame runs user code (a ModelOp's SQL, a Functional's
  *   function, an agent's SQL tool) as the run's principal, also security
  *   restricted and in a GUC nest level that is discarded afterwards.  The
+ *   principal is also the session user (session_user, and is_superuser
+ *   follows it), as if the code ran in the principal's own session: in a
+ *   worker the session user is a superuser, and row security or audit
+ *   keyed on session_user must not trust a step for it.  The
  *   restrictions refuse temporary tables, SET ROLE, LISTEN, DISCARD,
  *   cursors WITH HOLD and deferred triggers; the utility hook below also
  *   refuses PREPARE and LOAD.  A worker's session serves many principals,
@@ -29,8 +33,9 @@
  *
  * A frame is left by SecurityRestore.  When an ERROR unwinds past a frame,
  * (sub)transaction abort restores the role, the security context and the
- * GUCs, and the subtransaction callback below forgets the user code that
- * was running, so a frame never needs a PG_TRY of its own.
+ * GUCs, and the (sub)transaction callbacks below forget the user code that
+ * was running and give the session user back, so a frame never needs a
+ * PG_TRY of its own.
  *
  * The utility hook also guards DROP ROLE: a role that owns tuvl names,
  * holds secret grants or has runs in flight in this database cannot be
@@ -156,9 +161,15 @@ extension_owner(void)
 /* How deeply user code may nest (a step calling tuvl.run() ...). */
 #define MAX_USER_CODE_DEPTH 16
 
-/* The transaction nest levels at which user code is running. */
+/*
+ * The transaction nest levels at which user code is running, and for
+ * each frame the session user it replaced by the principal (InvalidOid:
+ * none), to give back when an error unwinds the frame.
+ */
 static int	user_code_depth = 0;
 static int	user_code_level[MAX_USER_CODE_DEPTH];
+static Oid	user_code_session[MAX_USER_CODE_DEPTH];
+static bool user_code_session_super[MAX_USER_CODE_DEPTH];
 
 /* A worker's session, shared by many principals (see worker.c). */
 static bool shared_session = false;
@@ -200,6 +211,28 @@ set_search_path(const char *path)
 }
 
 /*
+ * Make role the session user: what SET SESSION AUTHORIZATION does, with
+ * PostgreSQL's own assign hook of it, which also makes role the outer
+ * user and sets is_superuser (unless a SET ROLE is active: then both
+ * follow that role, as in any session).  That hook may only run outside
+ * a security context, so the current user and context are put back
+ * around it; it checks nothing, and nothing else of the GUC
+ * session_authorization changes (SHOW session_authorization still names
+ * the role the session logged in as).
+ */
+static void
+set_session_user(Oid role, bool is_superuser)
+{
+	Oid			user;
+	int			sec;
+
+	GetUserIdAndSecContext(&user, &sec);
+	SetUserIdAndSecContext(user, 0);
+	SetSessionAuthorization(role, is_superuser);
+	SetUserIdAndSecContext(user, sec);
+}
+
+/*
  * Run tuvl's own SQL as the extension owner: see the file header.  Call
  * SecurityRestore(frame) when done.
  */
@@ -211,6 +244,8 @@ SecurityAsOwner(SecurityFrame *frame)
 	GetUserIdAndSecContext(&frame->save_user, &frame->save_sec);
 	frame->user_code = false;
 	frame->temp_before = InvalidOid;
+	frame->save_session = InvalidOid;
+	frame->save_session_super = false;
 	frame->nestlevel = NewGUCNestLevel();
 	SetUserIdAndSecContext(owner, frame->save_sec | SECURITY_LOCAL_USERID_CHANGE |
 						   SECURITY_RESTRICTED_OPERATION);
@@ -238,10 +273,26 @@ SecurityAsPrincipal(SecurityFrame *frame, Oid principal)
 	GetTempNamespaceState(&frame->temp_before, &toast);
 	frame->user_code = true;
 	frame->nestlevel = NewGUCNestLevel();
+	frame->save_session = InvalidOid;
+	frame->save_session_super = false;
+	if (GetSessionUserId() != principal)
+	{
+		bool		super = superuser_arg(principal);
+
+		frame->save_session = GetSessionUserId();
+		frame->save_session_super = GetSessionUserIsSuperuser();
+		set_session_user(principal, super);
+		/* under SET ROLE is_superuser followed the role: the principal's, until the nest ends */
+		if (OidIsValid(GetCurrentRoleId()))
+			(void) set_config_option("is_superuser", super ? "on" : "off", PGC_INTERNAL,
+									 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
+	}
 	SetUserIdAndSecContext(principal, frame->save_sec | SECURITY_LOCAL_USERID_CHANGE |
 						   SECURITY_RESTRICTED_OPERATION);
 	if (shared_session && user_search_path)
 		set_search_path(user_search_path);
+	user_code_session[user_code_depth] = frame->save_session;
+	user_code_session_super[user_code_depth] = frame->save_session_super;
 	user_code_level[user_code_depth++] = GetCurrentTransactionNestLevel();
 	DeadlineUserCode(true);
 }
@@ -257,6 +308,8 @@ void
 SecurityRestore(SecurityFrame *frame)
 {
 	AtEOXact_GUC(false, frame->nestlevel);
+	if (OidIsValid(frame->save_session))
+		set_session_user(frame->save_session, frame->save_session_super);
 	SetUserIdAndSecContext(frame->save_user, frame->save_sec);
 	if (!frame->user_code)
 		return;
@@ -398,29 +451,45 @@ tuvl_utility_hook(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree
 		follow_owned(stmt);
 }
 
+/*
+ * Forget the frames of user code at transaction nest level level and
+ * deeper (an ERROR unwound them), and give back the session user the
+ * outermost of them replaced.
+ */
+static void
+unwind_user_code(int level)
+{
+	Oid			session = InvalidOid;
+	bool		session_super = false;
+
+	while (user_code_depth > 0 && user_code_level[user_code_depth - 1] >= level)
+	{
+		user_code_depth--;
+		if (OidIsValid(user_code_session[user_code_depth]))
+		{
+			session = user_code_session[user_code_depth];
+			session_super = user_code_session_super[user_code_depth];
+		}
+	}
+	if (OidIsValid(session))
+		set_session_user(session, session_super);
+	DeadlineUserCode(user_code_depth > 0);
+}
+
 /* User code whose subtransaction aborts is no longer running. */
 static void
 security_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 						  SubTransactionId parentSubid, void *arg)
 {
 	if (event == SUBXACT_EVENT_ABORT_SUB)
-	{
-		int			level = GetCurrentTransactionNestLevel();
-
-		while (user_code_depth > 0 && user_code_level[user_code_depth - 1] >= level)
-			user_code_depth--;
-		DeadlineUserCode(user_code_depth > 0);
-	}
+		unwind_user_code(GetCurrentTransactionNestLevel());
 }
 
 static void
 security_xact_callback(XactEvent event, void *arg)
 {
 	if (event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT)
-	{
-		user_code_depth = 0;
-		DeadlineUserCode(false);
-	}
+		unwind_user_code(0);
 }
 
 /* Install the hooks; from _PG_init, preloaded or not. */

@@ -649,3 +649,92 @@ def test_granting_and_revoking_tuvl_operator_moves_a_role_between_channels(as_ro
     finally:
         conn.close()
         q(admin, f"DROP ROLE IF EXISTS {role}")
+
+
+# ---------------------------------------------------------------------------
+# 6. inside a step, session_user and current_user are the principal, is_superuser is off
+
+WHO = """
+name: {name}
+steps:
+  - id: who
+    kind: ModelOp
+    sql: >-
+      SELECT session_user::text AS session_user, current_user::text AS current_user,
+             current_setting('is_superuser') AS is_superuser,
+             (SELECT count(*) FROM hb.audit) AS audit_rows
+    output: who
+  - {{ id: boom, kind: ModelOp, sql: "SELECT 1 / 0", routes: {{ error: again }} }}
+  - id: again
+    kind: ModelOp
+    sql: SELECT session_user::text AS session_user, current_setting('is_superuser') AS is_superuser
+    output: again
+"""
+
+
+@pytest.fixture
+def audit(hb):
+    """A table whose row security trusts session_user, as audit and multi-tenant schemas do."""
+    admin = connect(hb)
+    q(admin, "DROP SCHEMA IF EXISTS hb CASCADE")
+    q(admin, f"""
+        CREATE SCHEMA hb;
+        GRANT USAGE ON SCHEMA hb TO PUBLIC;
+        CREATE TABLE hb.audit (tenant name, note text);
+        INSERT INTO hb.audit VALUES ('postgres', 'superuser-only');
+        ALTER TABLE hb.audit ENABLE ROW LEVEL SECURITY;
+        CREATE POLICY by_session ON hb.audit USING (tenant = session_user);
+        GRANT SELECT ON hb.audit TO PUBLIC;
+    """)
+    yield
+    q(admin, "DROP SCHEMA hb CASCADE")
+    admin.close()
+
+
+def test_a_step_sees_its_principal_as_session_user_and_no_superuser(as_role, audit):
+    mal, vic, admin = as_role(MALLORY), as_role(VICTIM), as_role()
+    name = unique("who_")
+    for conn in (mal, vic, admin):
+        register(conn, WHO.format(name=name + "_" + q1(conn, "SELECT current_user")))
+    for mode in ("worker", "sync"):
+        ids = {}
+        for role, conn in ((MALLORY, mal), (VICTIM, vic), ("postgres", admin)):
+            ids[role] = execute(conn, f"{name}_{role}", {}, mode)["run_id"]
+        for role, run_id in ids.items():
+            ctx = q1(admin, "SELECT context FROM tuvl.runs WHERE id = %s", (run_id,))
+            su = "on" if role == "postgres" else "off"
+            assert ctx["who"] == [{"session_user": role, "current_user": role, "is_superuser": su,
+                                   "audit_rows": 1 if role == "postgres" else 0}], (mode, role, ctx)
+            # after a step failed (its subtransaction rolled back), the next step is the principal's too
+            assert ctx["again"] == [{"session_user": role, "is_superuser": su}], (mode, role, ctx)
+
+
+def test_the_session_user_comes_back_after_steps_as_another_role(as_role, audit):
+    mal, admin = as_role(MALLORY), as_role()
+    name = unique("who_")
+    register(mal, WHO.format(name=name))
+    # a superuser's session running a step as MALLORY, with SET ROLE, through a
+    # SECURITY DEFINER function, and with a statement cut short by statement_timeout
+    q(admin, "SET ROLE " + MALLORY)
+    res = q1(admin, "SELECT tuvl.run(%s)", (name,))
+    ctx = q1(mal, "SELECT context FROM tuvl.runs WHERE id = %s", (res["run_id"],))
+    assert ctx["who"][0]["session_user"] == MALLORY and ctx["who"][0]["is_superuser"] == "off", ctx
+    q(admin, "RESET ROLE")
+    assert q(admin, "SELECT session_user::text, current_user::text, current_setting('is_superuser')") == \
+        [("postgres", "postgres", "on")]
+    q(admin, f"""CREATE OR REPLACE FUNCTION hb.run_as_mallory() RETURNS jsonb LANGUAGE sql SECURITY DEFINER
+                 AS $$ SELECT tuvl.run('{name}') $$""")
+    q(admin, f"ALTER FUNCTION hb.run_as_mallory() OWNER TO {MALLORY}")
+    res = q1(admin, "SELECT hb.run_as_mallory()")
+    assert res["status"] == "completed", res
+    ctx = q1(mal, "SELECT context FROM tuvl.runs WHERE id = %s", (res["run_id"],))
+    assert ctx["again"] == [{"session_user": MALLORY, "is_superuser": "off"}], ctx
+    assert q(admin, "SELECT session_user::text, current_user::text, current_setting('is_superuser')") == \
+        [("postgres", "postgres", "on")]
+    slow = unique("slow_")
+    register(mal, f"name: {slow}\nsteps:\n  - {{ id: nap, kind: ModelOp, sql: 'SELECT pg_sleep(5)' }}\n")
+    q(admin, f"SET ROLE {MALLORY}; SET statement_timeout = '300ms'")
+    q1(admin, "SELECT tuvl.run(%s)", (slow,))
+    q(admin, "RESET statement_timeout; RESET ROLE")
+    assert q(admin, "SELECT session_user::text, current_user::text, current_setting('is_superuser')") == \
+        [("postgres", "postgres", "on")]
