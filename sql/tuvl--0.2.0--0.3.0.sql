@@ -171,9 +171,18 @@ GRANT EXECUTE ON FUNCTION tuvl._graph_text(text, text), tuvl._graph_node(text, t
  * tuvl.max_step_timeout (src/tuvl.c) bounds every step's timeout, and
  * timeout: 0 means it.  It is superuser-only; members of tuvl_admin may
  * set it too, in a session (for tuvl.run()) and with ALTER SYSTEM (for
- * the workers, at the next reload).
+ * the workers, at the next reload).  Parameter privileges are in a shared
+ * catalog: granting them again in each database would lock their row
+ * until the CREATE EXTENSION commits, and a CREATE EXTENSION in another
+ * database would wait for it.  So only the first grants them.
  */
-GRANT SET, ALTER SYSTEM ON PARAMETER tuvl.max_step_timeout TO tuvl_admin;
+DO $$
+BEGIN
+    IF NOT pg_catalog.has_parameter_privilege('tuvl_admin', 'tuvl.max_step_timeout', 'SET, ALTER SYSTEM') THEN
+        GRANT SET, ALTER SYSTEM ON PARAMETER tuvl.max_step_timeout TO tuvl_admin;
+    END IF;
+END
+$$;
 
 /*
  * Child workflows have limits (src/step_workflow.c): a Workflow step
