@@ -284,8 +284,9 @@ def test_a_run_executes_as_the_role_that_started_it(setup, conns):
     assert principal == "alice"
     assert response == {"user": "alice", "superuser": False, "reads_secrets": False}
     assert context["who_result"] == response
-    # The worker executed it (its session user is the worker's), as alice.
-    assert q(admin, "SELECT who, session_who FROM app.calls") == [("alice", "postgres")]
+    # The worker executed it as alice, who is also the step's session user
+    # (the worker's own, a superuser, is never a step's: see test_hardening.py).
+    assert q(admin, "SELECT who, session_who FROM app.calls") == [("alice", "alice")]
     assert q1(admin, "SELECT payload ->> 'principal' FROM tuvl.events "
                      "WHERE run_id = %s AND type = 'run_started'", (run_id,)) == "alice"
 
