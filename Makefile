@@ -9,6 +9,7 @@ OBJS = \
 	src/agent_shared.o \
 	src/api.o \
 	src/artifact.o \
+	src/channel.o \
 	src/checkpoint.o \
 	src/concurrency.o \
 	src/compensation.o \

@@ -7,8 +7,8 @@ trivial SQL function).  For each run:
     SELECT tuvl.start_run('wake', '{}')      -- autocommit off
     t0 = time.time(); conn.commit(); t1 = time.time()
 
-then wait for the run's journal to arrive on LISTEN tuvl_events (second
-connection) and read ts of its agent_started event.  The worker stamps each
+then wait for the run's journal to arrive on LISTEN (second connection, on
+the channel tuvl.events_channel() names: a superuser's hears every run) and read ts of its agent_started event.  The worker stamps each
 journal event with the clock when the event happens (agent_started: just
 before the step executes, after the claim transaction committed), and the
 client and the server share the machine's clock, so
@@ -51,12 +51,13 @@ def setup(dbname):
 
 
 class Listener:
-    """LISTEN tuvl_events; remembers which runs have been seen at which event."""
+    """LISTEN on tuvl.events_channel(); remembers which runs have been seen at which event."""
 
     def __init__(self, dbname):
         self.conn = connect(dbname)
         self.cur = self.conn.cursor()
-        self.cur.execute("LISTEN tuvl_events")
+        self.cur.execute("SELECT tuvl.events_channel()")
+        self.cur.execute('LISTEN "%s"' % self.cur.fetchone()[0])
         self.done = set()
 
     def wait_for(self, run_id, event_type, timeout=10.0):

@@ -39,8 +39,8 @@
  * the loop goes on; a tool that outlives its time limit ends the step on
  * the error exit.
  *
- * Progress (iteration, tool_call, outcome) is announced on tuvl_events
- * as notify-only events carrying loop metadata only.
+ * Progress (iteration, tool_call, outcome) is announced on the run's
+ * channels (journal.c) as notify-only events carrying loop metadata only.
  *
  *-------------------------------------------------------------------------
  */

@@ -323,12 +323,14 @@ keyed_run(const char *workflow, const char *key, Oid principal)
 
 /*
  * The run_queued event of run id: what start set, the version, the
- * principal, the artifact pins, not_before (0: none), the concurrency key
+ * principal (its name; principal_id is the role, whose channel is
+ * notified), the artifact pins, not_before (0: none), the concurrency key
  * and why it is held (or NULLs).
  */
 static void
-journal_queued(int64 id, const RunStart *start, int version, const char *principal, Jsonb *pins,
-			   TimestampTz not_before, const char *conc_key, const char *held_by)
+journal_queued(int64 id, const RunStart *start, int version, const char *principal,
+			   Oid principal_id, Jsonb *pins, TimestampTz not_before, const char *conc_key,
+			   const char *held_by)
 {
 	JsonObjBuilder b;
 	List	   *events = NIL;
@@ -358,7 +360,7 @@ journal_queued(int64 id, const RunStart *start, int version, const char *princip
 	if (held_by)
 		JsonObjAddString(&b, "held_by", held_by);
 	JournalAdd(&events, "run_queued", NULL, NULL, JsonObjEnd(&b));
-	(void) JournalWrite(id, 0, events);
+	(void) JournalWrite(id, principal_id, 0, events);
 }
 
 /*
@@ -369,10 +371,10 @@ journal_queued(int64 id, const RunStart *start, int version, const char *princip
 	"INSERT INTO tuvl.runs (workflow, workflow_version, status, input, context, " \
 	"  principal, attempt, lease_owner, lease_epoch, lease_expires_at, started_at, last_seq, " \
 	"  artifacts, principal_id, key, priority, traceparent, wake_at, parent_run_id, parent_step, " \
-	"  held_by, concurrency_key, concurrency_limit) " \
+	"  held_by, concurrency_key, concurrency_limit, root_run_id) " \
 	"VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8, pg_catalog.now() OPERATOR(pg_catalog.+) $9, " \
 	"  CASE WHEN $6 OPERATOR(pg_catalog.>) 0 THEN pg_catalog.now() END, 1, $10, $11, $12, $13, $14, $15, " \
-	"  $16, $17, $18, $19, $20) "
+	"  $16, $17, $18, $19, $20, $21) "
 
 /*
  * Validate input and insert a run of the latest version of workflow with
@@ -382,16 +384,16 @@ journal_queued(int64 id, const RunStart *start, int version, const char *princip
 int64
 ApiCreateRun(const RunStart *start, bool running, int *version_out)
 {
-	static const Oid types[20] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, TEXTOID,
+	static const Oid types[21] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, TEXTOID,
 		INT4OID, INT4OID, INT8OID, INTERVALOID, JSONBOID, REGROLEOID, TEXTOID, INT4OID,
-	TEXTOID, TIMESTAMPTZOID, INT8OID, TEXTOID, TEXTOID, TEXTOID, INT4OID};
+	TEXTOID, TIMESTAMPTZOID, INT8OID, TEXTOID, TEXTOID, TEXTOID, INT4OID, INT8OID};
 	const char *workflow = start->workflow;
 	Jsonb	   *input = start->input;
 	int			version = start->version > 0 ? start->version : WorkflowLatestVersion(workflow, false);
 	WorkflowDef *wf = WorkflowLoad(workflow, version);
 	char	   *principal = GetUserNameFromId(GetUserId(), false);
-	Datum		values[20];
-	char		nulls[20];
+	Datum		values[21];
+	char		nulls[21];
 	ConcurrencyKey conc;
 	const char *held_by;
 	/* a run not to be claimed yet sleeps until then, out of the queue */
@@ -460,11 +462,13 @@ ApiCreateRun(const RunStart *start, bool running, int *version_out)
 	nulls[18] = conc.key ? ' ' : 'n';
 	values[19] = Int32GetDatum(conc.limit);
 	nulls[19] = conc.key ? ' ' : 'n';
+	values[20] = Int64GetDatum(start->root_id);
+	nulls[20] = start->root_id ? ' ' : 'n';
 	SecurityAsOwner(&frame);
 	/* a key another start of this role holds: that run (the unique index decides races) */
 	if (SpiExec(start->key ? INSERT_RUN_SQL "ON CONFLICT (principal_id, workflow, key) WHERE key IS NOT NULL DO NOTHING RETURNING id"
 				: INSERT_RUN_SQL "RETURNING id",
-				20, types, values, nulls, SPI_OK_INSERT_RETURNING) == 0)
+				21, types, values, nulls, SPI_OK_INSERT_RETURNING) == 0)
 	{
 		id = keyed_run(workflow, start->key, DatumGetObjectId(values[10]));
 		SecurityRestore(&frame);
@@ -474,8 +478,8 @@ ApiCreateRun(const RunStart *start, bool running, int *version_out)
 	}
 	id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 
-	journal_queued(id, start, version, principal, pins, sleeping ? start->not_before : 0,
-				   conc.key, running ? NULL : held_by);
+	journal_queued(id, start, version, principal, DatumGetObjectId(values[10]), pins,
+				   sleeping ? start->not_before : 0, conc.key, running ? NULL : held_by);
 	SecurityRestore(&frame);
 	if (!running && !sleeping && held_by == NULL)
 		QueueNoteAtCommit(GetUserId(), start->priority, id);

@@ -24,6 +24,8 @@ typedef struct RunStart
 	TimestampTz not_before;		/* not claimed before then; 0: at once */
 	int64		parent_id;		/* a child run: its parent's id; 0: none */
 	const char *parent_step;	/* ... and the Workflow step that starts it */
+	int64		root_id;		/* ... and the run at the top of its tree;
+								 * 0: none */
 	bool		held;			/* a child beyond its step's max_parallel */
 } RunStart;
 

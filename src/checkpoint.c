@@ -228,7 +228,7 @@ CheckpointWrite(RunState *run, const Checkpoint *cp)
 	}
 	run->next_control_gen = TuvlControlGen();
 	control = fenced_update(run, cp, next_seq);
-	(void) JournalWrite(run->id, run->last_seq, cp->events);
+	(void) JournalWrite(run->id, run->principal, run->last_seq, cp->events);
 	SecurityRestore(&frame);
 	/* tuvl.wait() and tuvl.run()'s callers hear of every run that settles */
 	if (!RunStatusIsHeld(cp->status))

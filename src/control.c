@@ -196,7 +196,7 @@ update_idle_run(LockedRun *r, RunStatus status, Jsonb *control, Jsonb *step_stat
 			"  wake_at = CASE WHEN $2 OPERATOR(pg_catalog.=) ANY ('{sleeping,waiting_human,waiting_approval}'::pg_catalog.text[]) "
 			"                 THEN wake_at END "
 			"WHERE id OPERATOR(pg_catalog.=) $1", 6, types, values, nulls, SPI_OK_UPDATE);
-	(void) JournalWrite(r->id, r->last_seq, events);
+	(void) JournalWrite(r->id, r->principal_id, r->last_seq, events);
 	SecurityRestore(&frame);
 	TuvlRunChangedAtCommit();
 	if (status == RUN_QUEUED && !r->hold_here)
@@ -818,13 +818,13 @@ ControlJournalRequeued(SPITupleTable *tt, uint64 i, const char *kind, Jsonb *pay
 	bool		isnull;
 	int64		id = DatumGetInt64(SPI_getbinval(tt->vals[i], tt->tupdesc, 1, &isnull));
 	int			last_seq = DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 2, &isnull));
+	Oid			principal = DatumGetObjectId(SPI_getbinval(tt->vals[i], tt->tupdesc, 4, &isnull));
 	List	   *events = NIL;
 
-	QueueNoteAtCommit(DatumGetObjectId(SPI_getbinval(tt->vals[i], tt->tupdesc, 4, &isnull)),
-					  DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 5, &isnull)),
+	QueueNoteAtCommit(principal, DatumGetInt32(SPI_getbinval(tt->vals[i], tt->tupdesc, 5, &isnull)),
 					  id);
 	JournalAdd(&events, "resumed", SPI_getvalue(tt->vals[i], tt->tupdesc, 3), kind, payload);
-	(void) JournalWrite(id, last_seq, events);
+	(void) JournalWrite(id, principal, last_seq, events);
 }
 
 /* Queue the runs wake_sql finds, each with a resumed event; returns how many. */

@@ -239,7 +239,7 @@ notify(RunState *run, const StepDef *step, ArtifactRef *hook, HookEvent event,
 		SecurityFrame frame;
 
 		SecurityAsOwner(&frame);
-		(void) JournalWrite(id, 0, events);
+		(void) JournalWrite(id, run->principal, 0, events);
 		SecurityRestore(&frame);
 	}
 	QueueNoteAtCommit(run->principal, 0, id);

@@ -24,6 +24,7 @@
 #include "postmaster/bgworker.h"
 #include "storage/ipc.h"
 
+#include "channel.h"
 #include "executor.h"
 #include "launcher.h"
 #include "metrics.h"
@@ -123,6 +124,7 @@ _PG_init(void)
 	RegisterXactCallback(TraceXactCallback, NULL);
 	RegisterSubXactCallback(TraceSubXactCallback, NULL);
 	SecurityInit();
+	ChannelInit();
 
 	if (!process_shared_preload_libraries_in_progress)
 		return;

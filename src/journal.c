@@ -10,8 +10,9 @@
  * Events are collected in memory during a transition and written by
  * JournalWrite inside the transition's (sub)transaction, together with the
  * run's new checkpoint: they commit or vanish together, and so do their
- * NOTIFYs on tuvl_events.  Every event goes through JournalWrite.  SPI
- * must be connected.
+ * NOTIFYs, on the channel of the run's principal and on the operators'
+ * (channel.c).  Every event goes through JournalWrite.  SPI must be
+ * connected.
  *
  * A transition's events are stored as one row of tuvl.journal, a block
  * whose seq is its first event's (journal_block.c); the view tuvl.events
@@ -35,6 +36,7 @@
 #include "utils/json.h"
 #include "utils/rel.h"
 
+#include "channel.h"
 #include "journal.h"
 #include "journal_block.h"
 #include "jsonutil.h"
@@ -68,12 +70,13 @@ static const char insert_block_sql[] =
 "INSERT INTO tuvl.journal (run_id, seq, n, events) VALUES ($1, $2, $3, $4)";
 
 /*
- * NOTIFY tuvl_events with {"run_id", "seq", "type", "agent_id"}; a
- * notify-only event (agent progress) adds its payload's fields, and its
- * seq is that of the newest stored event before it.
+ * NOTIFY {"run_id", "seq", "type", "agent_id"} on channel and on the
+ * operators' channel; a notify-only event (agent progress) adds its
+ * payload's fields, and its seq is that of the newest stored event
+ * before it.
  */
 static void
-notify_event(int64 run_id, int seq, JournalEvent *ev)
+notify_event(int64 run_id, const char *channel, int seq, JournalEvent *ev)
 {
 	StringInfoData buf;
 	char	   *fields = ev->notify_only && ev->payload
@@ -92,7 +95,8 @@ notify_event(int64 run_id, int seq, JournalEvent *ev)
 		appendStringInfo(&buf, ", %s", fields + 1);
 	else
 		appendStringInfoChar(&buf, '}');
-	Async_Notify("tuvl_events", buf.data);
+	Async_Notify(channel, buf.data);
+	Async_Notify(ChannelOfOperators(), buf.data);
 	pfree(buf.data);
 }
 
@@ -110,18 +114,20 @@ JournalCount(List *events)
 
 /*
  * Write events with seq last_seq+1, last_seq+2, ... as one row of
- * tuvl.journal (journal_block.c), and
- * announce each with NOTIFY (delivered at commit, discarded on abort).
- * Returns the new last seq.  Callers hold an owner frame (security.c).
+ * tuvl.journal (journal_block.c), and announce each with NOTIFY on the
+ * channels of principal (the run's) and of the operators (delivered at
+ * commit, discarded on abort).  Returns the new last seq.  Callers hold
+ * an owner frame (security.c).
  */
 int
-JournalWrite(int64 run_id, int last_seq, List *events)
+JournalWrite(int64 run_id, Oid principal, int last_seq, List *events)
 {
 	static const Oid types[4] = {INT8OID, INT4OID, INT4OID, BYTEAOID};
 	int			n = JournalCount(events);
 	Datum		values[4];
 	int			i = 0;
 	ListCell   *lc;
+	char		channel[NAMEDATALEN];
 
 	if (n > 0)
 	{
@@ -131,11 +137,13 @@ JournalWrite(int64 run_id, int last_seq, List *events)
 		values[3] = PointerGetDatum(JournalBlockPack(events));
 		SpiExec(insert_block_sql, 4, types, values, NULL, SPI_OK_INSERT);
 	}
+	if (events != NIL)
+		strlcpy(channel, ChannelOfRole(principal), sizeof(channel));
 	foreach(lc, events)
 	{
 		JournalEvent *ev = lfirst(lc);
 
-		notify_event(run_id, ev->notify_only ? last_seq + i : last_seq + (++i), ev);
+		notify_event(run_id, channel, ev->notify_only ? last_seq + i : last_seq + (++i), ev);
 	}
 	return last_seq + n;
 }

@@ -29,6 +29,6 @@ extern JournalEvent *JournalAdd(List **events, const char *type,
 								const char *agent_id, const char *engine,
 								Jsonb *payload);
 extern int	JournalCount(List *events);
-extern int	JournalWrite(int64 run_id, int last_seq, List *events);
+extern int	JournalWrite(int64 run_id, Oid principal, int last_seq, List *events);
 
 #endif							/* TUVL_JOURNAL_H */

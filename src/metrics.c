@@ -15,11 +15,19 @@
  * scans the journal, so a scrape every few seconds costs a few
  * microseconds per series.
  *
- * The table holds TUVL_METRIC_SERIES series for the whole cluster; once it
- * is full, new series are dropped and counted in tuvl.metrics.dropped.
- * Counts start at zero when the server starts, as Prometheus expects of a
- * counter.  Histograms are kept as cumulative buckets (le), a sum and a
- * count.
+ * The table holds TUVL_METRIC_SERIES series for the whole cluster, in
+ * shared memory of a fixed size (HASH_FIXED_SIZE: it never takes the
+ * server's free shared memory, which the lock table grows into).  Labels
+ * come from run data (a Router's signal, a tool's name), so one role
+ * could make any number of series: each role may hold at most
+ * tuvl.metric_series_per_role of them (cluster-wide), and an addition to
+ * a new series past that quota, or past the table's size, is dropped and
+ * counted in tuvl.metrics.dropped, labelled with the role and why.  A
+ * second fixed table (metric_roles) keeps, per role, its number of series
+ * (key db 0) and, per database, what it had dropped.  Series are never
+ * removed: counts start at zero when the server starts, as Prometheus
+ * expects of a counter.  Histograms are kept as cumulative buckets (le),
+ * a sum and a count.
  *
  *-------------------------------------------------------------------------
  */
@@ -49,12 +57,15 @@
 #include "metrics.h"
 #include "spiutil.h"
 #include "tokens.h"
+#include "tuvl.h"
 
 PG_FUNCTION_INFO_V1(tuvl_metric_series);
 
 #define TUVL_METRIC_SERIES 8192
+#define TUVL_METRIC_ROLES 4096
 #define METRIC_LABELS_LEN 384
 #define METRIC_VALUE_MAX 63
+
 
 typedef enum MetricKind
 {
@@ -79,14 +90,36 @@ typedef struct MetricEntry
 	double		value;
 } MetricEntry;
 
+/*
+ * A role's use of the table: with db InvalidOid, how many series it holds
+ * (in every database); with a database, the additions of its runs there
+ * that were dropped.
+ */
+typedef struct MetricRoleKey
+{
+	Oid			db;
+	Oid			principal;
+} MetricRoleKey;
+
+typedef struct MetricRole
+{
+	MetricRoleKey key;
+	int			series;			/* db InvalidOid: series it holds */
+	double		over_quota;		/* a database: additions dropped past
+								 * tuvl.metric_series_per_role */
+	double		table_full;		/* ... and because the table was full */
+} MetricRole;
+
 typedef struct MetricsShared
 {
 	LWLock	   *lock;
-	double		dropped;		/* additions to series that did not fit */
+	double		dropped;		/* additions dropped because metric_roles
+								 * had no room for their role */
 } MetricsShared;
 
 static MetricsShared *metrics_shared = NULL;
 static HTAB *metrics_table = NULL;
+static HTAB *metric_roles = NULL;
 
 /* Additions of this backend's transaction, applied at commit. */
 typedef struct PendingMetric
@@ -135,8 +168,9 @@ metric_key_match(const void *key1, const void *key2, Size keysize)
 Size
 MetricsShmemSize(void)
 {
-	return add_size(MAXALIGN(sizeof(MetricsShared)),
-					hash_estimate_size(TUVL_METRIC_SERIES, sizeof(MetricEntry)));
+	return add_size(add_size(MAXALIGN(sizeof(MetricsShared)),
+							 hash_estimate_size(TUVL_METRIC_SERIES, sizeof(MetricEntry))),
+					hash_estimate_size(TUVL_METRIC_ROLES, sizeof(MetricRole)));
 }
 
 void
@@ -164,8 +198,14 @@ MetricsShmemStartup(void)
 	info.entrysize = sizeof(MetricEntry);
 	info.hash = metric_key_hash;
 	info.match = metric_key_match;
+	/* fixed size: a full table drops series, it never takes more memory */
 	metrics_table = ShmemInitHash("tuvl metric series", TUVL_METRIC_SERIES, TUVL_METRIC_SERIES,
-								  &info, HASH_ELEM | HASH_FUNCTION | HASH_COMPARE);
+								  &info, HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_FIXED_SIZE);
+	memset(&info, 0, sizeof(info));
+	info.keysize = sizeof(MetricRoleKey);
+	info.entrysize = sizeof(MetricRole);
+	metric_roles = ShmemInitHash("tuvl metric roles", TUVL_METRIC_ROLES, TUVL_METRIC_ROLES,
+								 &info, HASH_ELEM | HASH_BLOBS | HASH_FIXED_SIZE);
 	LWLockRelease(AddinShmemInitLock);
 }
 
@@ -338,6 +378,62 @@ MetricObserveMs(const char *name, Oid principal, const MetricLabel *labels, int 
 	add_pending(&key, 1);
 }
 
+/* The entry of principal in db of metric_roles (zeroed when new), or NULL. */
+static MetricRole *
+role_entry(Oid db, Oid principal)
+{
+	MetricRoleKey key;
+	bool		found;
+	MetricRole *r;
+
+	memset(&key, 0, sizeof(key));
+	key.db = db;
+	key.principal = principal;
+	r = hash_search(metric_roles, &key, HASH_ENTER_NULL, &found);
+	if (r && !found)
+	{
+		r->series = 0;
+		r->over_quota = 0;
+		r->table_full = 0;
+	}
+	return r;
+}
+
+/*
+ * Add one pending addition to the shared table, creating its series when
+ * its role may have another and the table has room; otherwise count it
+ * as dropped for its role.  The lock is held exclusively.
+ */
+static void
+flush_one(const PendingMetric *p)
+{
+	bool		found;
+	MetricEntry *e = hash_search(metrics_table, &p->key, HASH_FIND, &found);
+	MetricRole *role;
+	MetricRole *drops;
+
+	if (e)
+	{
+		e->value += p->delta;
+		return;
+	}
+	role = role_entry(InvalidOid, p->key.principal);
+	if (role && role->series < tuvl_metric_series_per_role &&
+		(e = hash_search(metrics_table, &p->key, HASH_ENTER_NULL, &found)) != NULL)
+	{
+		e->value = p->delta;
+		role->series++;
+		return;
+	}
+	drops = role ? role_entry(p->key.db, p->key.principal) : NULL;
+	if (drops == NULL)
+		metrics_shared->dropped += 1;
+	else if (role->series >= tuvl_metric_series_per_role)
+		drops->over_quota += 1;
+	else
+		drops->table_full += 1;
+}
+
 /* At commit: add what the transaction counted to the shared table. */
 static void
 flush_pending(void)
@@ -346,15 +442,7 @@ flush_pending(void)
 		return;
 	LWLockAcquire(metrics_shared->lock, LW_EXCLUSIVE);
 	for (int i = 0; i < n_pending; i++)
-	{
-		bool		found;
-		MetricEntry *e = hash_search(metrics_table, &pending[i].key, HASH_ENTER_NULL, &found);
-
-		if (e == NULL)
-			metrics_shared->dropped += pending[i].delta;
-		else
-			e->value = found ? e->value + pending[i].delta : pending[i].delta;
-	}
+		flush_one(&pending[i]);
 	LWLockRelease(metrics_shared->lock);
 	n_pending = 0;
 }
@@ -470,6 +558,72 @@ put_histograms(ReturnSetInfo *rsinfo, List *rows, bool operator)
 	}
 }
 
+/* A row of tuvl.metrics.dropped for principal (InvalidOid: none), why, value. */
+static MetricEntry *
+dropped_row(Oid principal, const char *reason, double value)
+{
+	MetricEntry *c = palloc0(sizeof(MetricEntry));
+	MetricLabel labels[2] = {{"role", NULL}, {"reason", reason}};
+
+	if (OidIsValid(principal))
+	{
+		labels[0].value = GetUserNameFromId(principal, true);
+		if (labels[0].value == NULL)
+			labels[0].value = psprintf("%u", principal);
+	}
+	c->key.db = MyDatabaseId;
+	c->key.principal = principal;
+	strlcpy(c->key.name, "tuvl.metrics.dropped", METRIC_NAME_LEN);
+	labels_text(c->key.labels, labels, lengthof(labels));
+	c->value = value;
+	return c;
+}
+
+/* Copies of the entries of metric_roles of this database.  The lock is held. */
+static List *
+copy_drops(void)
+{
+	HASH_SEQ_STATUS seq;
+	MetricRole *r;
+	List	   *drops = NIL;
+
+	hash_seq_init(&seq, metric_roles);
+	while ((r = hash_seq_search(&seq)) != NULL)
+		if (r->key.db == MyDatabaseId)
+		{
+			MetricRole *c = palloc(sizeof(MetricRole));
+
+			*c = *r;
+			drops = lappend(drops, c);
+		}
+	return drops;
+}
+
+/*
+ * The rows of tuvl.metrics.dropped, per role and reason (role_quota,
+ * table_full) from copy_drops(), and, for operators, the additions whose
+ * role found no room in metric_roles (roles_full).
+ */
+static List *
+dropped_rows(List *drops, double roles_full, bool operator)
+{
+	ListCell   *lc;
+	List	   *rows = NIL;
+
+	foreach(lc, drops)
+	{
+		MetricRole *r = lfirst(lc);
+
+		if (r->over_quota > 0)
+			rows = lappend(rows, dropped_row(r->key.principal, "role_quota", r->over_quota));
+		if (r->table_full > 0)
+			rows = lappend(rows, dropped_row(r->key.principal, "table_full", r->table_full));
+	}
+	if (operator && roles_full > 0)
+		rows = lappend(rows, dropped_row(InvalidOid, "roles_full", roles_full));
+	return rows;
+}
+
 /*
  * tuvl._metric_series(): the series of this database the caller may see
  * (its own roles' runs; every run for tuvl_operator): name, kind, labels,
@@ -484,6 +638,8 @@ tuvl_metric_series(PG_FUNCTION_ARGS)
 	HASH_SEQ_STATUS seq;
 	MetricEntry *e;
 	List	   *rows = NIL;
+	List	   *drops;
+	double		roles_full;
 	ListCell   *lc;
 
 	TokenRequireScope("runs:read");
@@ -502,17 +658,10 @@ tuvl_metric_series(PG_FUNCTION_ARGS)
 			*c = *e;
 			rows = lappend(rows, c);
 		}
-	if (operator && metrics_shared->dropped > 0)
-	{
-		MetricEntry *c = palloc0(sizeof(MetricEntry));
-
-		c->key.db = MyDatabaseId;
-		strlcpy(c->key.name, "tuvl.metrics.dropped", METRIC_NAME_LEN);
-		strlcpy(c->key.labels, "{}", METRIC_LABELS_LEN);
-		c->value = metrics_shared->dropped;
-		rows = lappend(rows, c);
-	}
+	drops = copy_drops();
+	roles_full = metrics_shared->dropped;
 	LWLockRelease(metrics_shared->lock);
+	rows = list_concat(rows, dropped_rows(drops, roles_full, operator));
 
 	foreach(lc, rows)
 	{

@@ -694,14 +694,24 @@ duration_text(int ms)
 	return psprintf("%d ms", ms);
 }
 
-/* The step's timeout in milliseconds; 0: none. */
+/*
+ * The step's timeout in milliseconds: its own, or tuvl.step_timeout, cut
+ * to tuvl.max_step_timeout, which 0 means (a role may SET
+ * tuvl.step_timeout for tuvl.run() in its session, never past the
+ * superuser's maximum).  0 (none) only for a Human step.
+ */
 static int
 step_timeout_ms(const StepDef *step)
 {
+	int			ms;
+
 	/* a Human step's timeout is how long it waits for a person (control.c) */
 	if (step->kind == STEP_HUMAN)
 		return 0;
-	return step->timeout_ms >= 0 ? step->timeout_ms : tuvl_step_timeout;
+	ms = step->timeout_ms >= 0 ? step->timeout_ms : tuvl_step_timeout;
+	if (ms <= 0 || ms > tuvl_max_step_timeout)
+		ms = tuvl_max_step_timeout;
+	return ms;
 }
 
 /* Raise the timeout failure of the step (ERRCODE_QUERY_CANCELED). */
@@ -867,6 +877,9 @@ prepare_transition(Transition *t)
 													  JsonGetInt(run->step_state, "time_left_ms", 0));
 		else
 			t->deadline = (TimestampTz) JsonGetInt(run->step_state, "deadline", 0);
+		/* entered without a limit (before tuvl.max_step_timeout): one from now */
+		if (t->deadline == 0 && timeout_ms > 0)
+			t->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
 	}
 	else
 	{

@@ -18,6 +18,10 @@
  * - A principal frame runs user code (a ModelOp's SQL, a Functional's
  *   function, an agent's SQL tool) as the run's principal, also security
  *   restricted and in a GUC nest level that is discarded afterwards.  The
+ *   principal is also the session user (session_user, and is_superuser
+ *   follows it), as if the code ran in the principal's own session: in a
+ *   worker the session user is a superuser, and row security or audit
+ *   keyed on session_user must not trust a step for it.  The
  *   restrictions refuse temporary tables, SET ROLE, LISTEN, DISCARD,
  *   cursors WITH HOLD and deferred triggers; the utility hook below also
  *   refuses PREPARE and LOAD.  A worker's session serves many principals,
@@ -29,8 +33,9 @@
  *
  * A frame is left by SecurityRestore.  When an ERROR unwinds past a frame,
  * (sub)transaction abort restores the role, the security context and the
- * GUCs, and the subtransaction callback below forgets the user code that
- * was running, so a frame never needs a PG_TRY of its own.
+ * GUCs, and the (sub)transaction callbacks below forget the user code that
+ * was running and give the session user back, so a frame never needs a
+ * PG_TRY of its own.
  *
  * The utility hook also guards DROP ROLE: a role that owns tuvl names,
  * holds secret grants or has runs in flight in this database cannot be
@@ -157,9 +162,15 @@ extension_owner(void)
 /* How deeply user code may nest (a step calling tuvl.run() ...). */
 #define MAX_USER_CODE_DEPTH 16
 
-/* The transaction nest levels at which user code is running. */
+/*
+ * The transaction nest levels at which user code is running, and for
+ * each frame the session user it replaced by the principal (InvalidOid:
+ * none), to give back when an error unwinds the frame.
+ */
 static int	user_code_depth = 0;
 static int	user_code_level[MAX_USER_CODE_DEPTH];
+static Oid	user_code_session[MAX_USER_CODE_DEPTH];
+static bool user_code_session_super[MAX_USER_CODE_DEPTH];
 
 /* A worker's session, shared by many principals (see worker.c). */
 static bool shared_session = false;
@@ -185,6 +196,7 @@ static ProcessUtility_hook_type prev_utility_hook = NULL;
 
 static void check_drop_role(DropRoleStmt *stmt);
 static void follow_owned(Node *stmt);
+static void check_new_owner(const char *what, const char *name, Oid new_owner);
 
 /* ---------------------------------------------------------------- frames */
 
@@ -212,6 +224,28 @@ set_search_path(const char *path)
 }
 
 /*
+ * Make role the session user: what SET SESSION AUTHORIZATION does, with
+ * PostgreSQL's own assign hook of it, which also makes role the outer
+ * user and sets is_superuser (unless a SET ROLE is active: then both
+ * follow that role, as in any session).  That hook may only run outside
+ * a security context, so the current user and context are put back
+ * around it; it checks nothing, and nothing else of the GUC
+ * session_authorization changes (SHOW session_authorization still names
+ * the role the session logged in as).
+ */
+static void
+set_session_user(Oid role, bool is_superuser)
+{
+	Oid			user;
+	int			sec;
+
+	GetUserIdAndSecContext(&user, &sec);
+	SetUserIdAndSecContext(user, 0);
+	SetSessionAuthorization(role, is_superuser);
+	SetUserIdAndSecContext(user, sec);
+}
+
+/*
  * Run tuvl's own SQL as the extension owner: see the file header.  Call
  * SecurityRestore(frame) when done.
  */
@@ -223,6 +257,8 @@ SecurityAsOwner(SecurityFrame *frame)
 	GetUserIdAndSecContext(&frame->save_user, &frame->save_sec);
 	frame->user_code = false;
 	frame->temp_before = InvalidOid;
+	frame->save_session = InvalidOid;
+	frame->save_session_super = false;
 	frame->nestlevel = NewGUCNestLevel();
 	SetUserIdAndSecContext(owner, frame->save_sec | SECURITY_LOCAL_USERID_CHANGE |
 						   SECURITY_RESTRICTED_OPERATION);
@@ -250,6 +286,20 @@ SecurityAsPrincipal(SecurityFrame *frame, Oid principal)
 	GetTempNamespaceState(&frame->temp_before, &toast);
 	frame->user_code = true;
 	frame->nestlevel = NewGUCNestLevel();
+	frame->save_session = InvalidOid;
+	frame->save_session_super = false;
+	if (GetSessionUserId() != principal)
+	{
+		bool		super = superuser_arg(principal);
+
+		frame->save_session = GetSessionUserId();
+		frame->save_session_super = GetSessionUserIsSuperuser();
+		set_session_user(principal, super);
+		/* under SET ROLE is_superuser followed the role: the principal's, until the nest ends */
+		if (OidIsValid(GetCurrentRoleId()))
+			(void) set_config_option("is_superuser", super ? "on" : "off", PGC_INTERNAL,
+									 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
+	}
 	SetUserIdAndSecContext(principal, frame->save_sec | SECURITY_LOCAL_USERID_CHANGE |
 						   SECURITY_RESTRICTED_OPERATION);
 	if (shared_session && user_search_path)
@@ -257,6 +307,8 @@ SecurityAsPrincipal(SecurityFrame *frame, Oid principal)
 	if (shared_session && user_lock_timeout)
 		(void) set_config_option("lock_timeout", user_lock_timeout, PGC_SUSET, PGC_S_SESSION,
 								 GUC_ACTION_SAVE, true, 0, false);
+	user_code_session[user_code_depth] = frame->save_session;
+	user_code_session_super[user_code_depth] = frame->save_session_super;
 	user_code_level[user_code_depth++] = GetCurrentTransactionNestLevel();
 	DeadlineUserCode(true);
 }
@@ -272,6 +324,8 @@ void
 SecurityRestore(SecurityFrame *frame)
 {
 	AtEOXact_GUC(false, frame->nestlevel);
+	if (OidIsValid(frame->save_session))
+		set_session_user(frame->save_session, frame->save_session_super);
 	SetUserIdAndSecContext(frame->save_user, frame->save_sec);
 	if (!frame->user_code)
 		return;
@@ -416,29 +470,45 @@ tuvl_utility_hook(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree
 		follow_owned(stmt);
 }
 
+/*
+ * Forget the frames of user code at transaction nest level level and
+ * deeper (an ERROR unwound them), and give back the session user the
+ * outermost of them replaced.
+ */
+static void
+unwind_user_code(int level)
+{
+	Oid			session = InvalidOid;
+	bool		session_super = false;
+
+	while (user_code_depth > 0 && user_code_level[user_code_depth - 1] >= level)
+	{
+		user_code_depth--;
+		if (OidIsValid(user_code_session[user_code_depth]))
+		{
+			session = user_code_session[user_code_depth];
+			session_super = user_code_session_super[user_code_depth];
+		}
+	}
+	if (OidIsValid(session))
+		set_session_user(session, session_super);
+	DeadlineUserCode(user_code_depth > 0);
+}
+
 /* User code whose subtransaction aborts is no longer running. */
 static void
 security_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
 						  SubTransactionId parentSubid, void *arg)
 {
 	if (event == SUBXACT_EVENT_ABORT_SUB)
-	{
-		int			level = GetCurrentTransactionNestLevel();
-
-		while (user_code_depth > 0 && user_code_level[user_code_depth - 1] >= level)
-			user_code_depth--;
-		DeadlineUserCode(user_code_depth > 0);
-	}
+		unwind_user_code(GetCurrentTransactionNestLevel());
 }
 
 static void
 security_xact_callback(XactEvent event, void *arg)
 {
 	if (event == XACT_EVENT_ABORT || event == XACT_EVENT_PARALLEL_ABORT)
-	{
-		user_code_depth = 0;
-		DeadlineUserCode(false);
-	}
+		unwind_user_code(0);
 }
 
 /* Install the hooks; from _PG_init, preloaded or not. */
@@ -534,25 +604,28 @@ check_drop_role(DropRoleStmt *stmt)
 
 /*
  * REASSIGN OWNED BY old TO new also hands over old's tuvl names in this
- * database; DROP OWNED BY old also revokes its secret and use grants (as
- * it revokes its privileges).  PostgreSQL has checked the caller's right to
- * act for both roles.
+ * database (and fails when new is one of tuvl's group roles, as
+ * tuvl.transfer() does); DROP OWNED BY old also revokes its secret and use
+ * grants (as it revokes its privileges).  PostgreSQL has checked the
+ * caller's right to act for both roles.
  */
 static void
 follow_owned(Node *stmt)
 {
 	static const char *const reassign_sql[] = {
-		"UPDATE tuvl.workflows SET owner = $2 WHERE owner OPERATOR(pg_catalog.=) $1",
-		"UPDATE tuvl.artifacts SET owner = $2 WHERE owner OPERATOR(pg_catalog.=) $1",
-		"UPDATE tuvl.llms SET owner = $2 WHERE owner OPERATOR(pg_catalog.=) $1",
+		"UPDATE tuvl.workflows SET owner = $2 WHERE owner OPERATOR(pg_catalog.=) $1 RETURNING name",
+		"UPDATE tuvl.artifacts SET owner = $2 WHERE owner OPERATOR(pg_catalog.=) $1 RETURNING name",
+		"UPDATE tuvl.llms SET owner = $2 WHERE owner OPERATOR(pg_catalog.=) $1 RETURNING name",
 		NULL
 	};
+	static const char *const reassign_what[] = {"workflow", "artifact", "LLM config"};
 	static const char revoke_sql[] =
 		"DELETE FROM tuvl.secret_grants WHERE grantee OPERATOR(pg_catalog.=) $1";
 	static const char revoke_use_sql[] =
 		"DELETE FROM tuvl.use_grants WHERE grantee OPERATOR(pg_catalog.=) $1";
 	static const Oid types[2] = {REGROLEOID, REGROLEOID};
 	List	   *roles;
+	List	   *role_ids = NIL;
 	Oid			new_owner = InvalidOid;
 	ListCell   *lc;
 	SecurityFrame frame;
@@ -566,17 +639,25 @@ follow_owned(Node *stmt)
 	}
 	else
 		roles = ((DropOwnedStmt *) stmt)->roles;
+	/* as the caller: inside the owner frame CURRENT_USER is the owner */
+	foreach(lc, roles)
+		role_ids = lappend_oid(role_ids, get_rolespec_oid(lfirst(lc), false));
 	SPI_connect();
 	SecurityAsOwner(&frame);
-	foreach(lc, roles)
+	foreach(lc, role_ids)
 	{
 		Datum		values[2];
 
-		values[0] = ObjectIdGetDatum(get_rolespec_oid(lfirst(lc), false));
+		values[0] = ObjectIdGetDatum(lfirst_oid(lc));
 		values[1] = ObjectIdGetDatum(new_owner);
 		if (OidIsValid(new_owner))
+		{
 			for (int i = 0; reassign_sql[i]; i++)
-				SpiExec(reassign_sql[i], 2, types, values, NULL, SPI_OK_UPDATE);
+				if (SpiExec(reassign_sql[i], 2, types, values, NULL, SPI_OK_UPDATE_RETURNING) > 0)
+					check_new_owner(reassign_what[i],
+									SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1),
+									new_owner);
+		}
 		else
 		{
 			SpiExec(revoke_sql, 1, types, values, NULL, SPI_OK_DELETE);
@@ -656,6 +737,34 @@ static const NameKind name_kinds[] = {
 };
 
 /*
+ * tuvl's own group roles, through which its privileges are granted: no
+ * name may belong to one of them (nor to PUBLIC).  A name owned by
+ * tuvl_user would look official to every user, and only a member of
+ * tuvl_admin could register versions of it.  Raise when new_owner is one
+ * of them; what and name are for the message.
+ */
+static void
+check_new_owner(const char *what, const char *name, Oid new_owner)
+{
+	static const char *const groups[] = {"tuvl_user", "tuvl_operator", "tuvl_admin"};
+
+	if (!OidIsValid(new_owner))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("cannot hand %s \"%s\" to PUBLIC", what, name),
+				 errdetail("A name belongs to one role."),
+				 errhint("Name the role that is to register its versions.")));
+	for (int i = 0; i < (int) lengthof(groups); i++)
+		if (new_owner == get_role_oid(groups[i], true))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("cannot hand %s \"%s\" to role \"%s\"", what, name, groups[i]),
+					 errdetail("tuvl_user, tuvl_operator and tuvl_admin are the roles tuvl's privileges are granted through: "
+							   "a name one of them owned would look official to every user, and only a member of tuvl_admin could register its versions."),
+					 errhint("Hand it to a role of its own (CREATE ROLE ... NOLOGIN), granted to the people who maintain it.")));
+}
+
+/*
  * Hand the name of a workflow, artifact or model config (every version of
  * it) to new_owner.  Its owner, members of tuvl_admin and superusers may;
  * to anyone else a name it does not own is refused without saying whose
@@ -679,6 +788,7 @@ SecurityTransferName(const char *kind, const char *name, Oid new_owner)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("\"%s\" is not a kind of name tuvl.transfer() hands over", kind),
 				 errhint("Use 'workflow', 'artifact' or 'llm'.")));
+	check_new_owner(k->what, name, new_owner);
 	if (!SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(new_owner)))
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),

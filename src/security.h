@@ -25,6 +25,10 @@ typedef struct SecurityFrame
 	int			nestlevel;
 	bool		user_code;		/* a principal frame */
 	Oid			temp_before;	/* the session's temp schema at entry */
+	Oid			save_session;	/* a principal frame that made the principal
+								 * the session user: the one before it;
+								 * InvalidOid: it did not */
+	bool		save_session_super;
 } SecurityFrame;
 
 extern void SecurityInit(void);

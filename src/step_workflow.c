@@ -141,6 +141,74 @@ check_child_use(RunState *run, const StepDef *step)
 	UseCheck(&by, USE_WORKFLOW, child, 0, owner);
 }
 
+/*
+ * The run's place in its tree of Workflow steps: how many Workflow steps
+ * led to it (0 for a run nobody's step started), and the run at the top,
+ * found by following parent_run_id up while parent_step is set (a notify
+ * hook's run is a root).  The walk stops past tuvl.max_child_depth.
+ */
+static int
+tree_position(RunState *run, int64 *root)
+{
+	static const Oid types[2] = {INT8OID, INT4OID};
+	bool		isnull;
+
+	if (SecurityExecArgs("WITH RECURSIVE up (id, parent, step, depth) AS ("
+					 "  SELECT r.id, r.parent_run_id, r.parent_step, 0 FROM tuvl.runs r "
+					 "  WHERE r.id OPERATOR(pg_catalog.=) $1 "
+					 "  UNION ALL "
+					 "  SELECT p.id, p.parent_run_id, p.parent_step, u.depth OPERATOR(pg_catalog.+) 1 "
+					 "  FROM up u JOIN tuvl.runs p ON p.id OPERATOR(pg_catalog.=) u.parent "
+					 "  WHERE u.step IS NOT NULL AND u.depth OPERATOR(pg_catalog.<=) $2) "
+					 "SELECT u.depth, u.id FROM up u ORDER BY u.depth DESC LIMIT 1",
+					 SPI_OK_SELECT, 2, types, Int64GetDatum(run->id), Int32GetDatum(tuvl_max_child_depth)) != 1)
+		elog(ERROR, "run " INT64_FORMAT " vanished", run->id);
+	*root = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
+	return DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+}
+
+/*
+ * Refuse to start n children beyond tuvl.max_child_depth or
+ * tuvl.max_run_tree, before any of them exists: the step fails with
+ * _last_error_type child_limit (and takes its error route).  Returns the
+ * root of the run's tree, which the children record.  The runs under a
+ * root are counted as this transaction sees them: children other
+ * transactions start at the same moment may pass the limit by what they
+ * start.
+ */
+static int64
+check_child_limits(RunState *run, const StepDef *step, int n)
+{
+	static const Oid types[2] = {INT8OID, INT4OID};
+	int64		root;
+	int			depth = tree_position(run, &root);
+	int64		under = 0;
+	Datum		d;
+
+	StepErrorType = "child_limit";
+	if (depth + 1 > tuvl_max_child_depth)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("Workflow step \"%s\" would start a child run %d levels below run " INT64_FORMAT ", more than tuvl.max_child_depth (%d)",
+						step->id, depth + 1, root, tuvl_max_child_depth),
+				 errdetail("Run " INT64_FORMAT " was started by a chain of %d Workflow steps.", run->id, depth),
+				 errhint("Stop the recursion with a Router before the Workflow step; a superuser can raise tuvl.max_child_depth.")));
+	if (SecurityExecArgs("SELECT pg_catalog.count(*) FROM (SELECT 1 FROM tuvl.runs "
+						 "  WHERE root_run_id OPERATOR(pg_catalog.=) $1 LIMIT $2) s",
+						 SPI_OK_SELECT, 2, types, Int64GetDatum(root),
+						 Int32GetDatum(tuvl_max_run_tree)) == 1 && SpiValue(1, &d))
+		under = DatumGetInt64(d);
+	if (under + n > tuvl_max_run_tree)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("Workflow step \"%s\" would start %d child runs under run " INT64_FORMAT ", which has " INT64_FORMAT " already, more than tuvl.max_run_tree (%d)",
+						step->id, n, root, under, tuvl_max_run_tree),
+				 errdetail("tuvl.max_run_tree bounds the runs that Workflow steps start under one run, at every depth."),
+				 errhint("Split the work over runs started with tuvl.start_run(); a superuser can raise tuvl.max_run_tree.")));
+	StepErrorType = "error";
+	return root;
+}
+
 /* Start the children (as the run's principal); returns their ids as a JSON array. */
 static Jsonb *
 start_children(RunState *run, const StepDef *step, Jsonb *ctx, int32 priority)
@@ -149,6 +217,7 @@ start_children(RunState *run, const StepDef *step, Jsonb *ctx, int32 priority)
 	Jsonb	   *items = fan_out ? render_items(step, ctx) : NULL;
 	int			n = fan_out ? JsonArraySize(items) : 1;
 	int			max_parallel = (int) JsonGetInt(step->spec, "max_parallel", 0);
+	int64		root = check_child_limits(run, step, n);
 	StringInfoData ids;
 	SecurityFrame frame;
 
@@ -167,6 +236,7 @@ start_children(RunState *run, const StepDef *step, Jsonb *ctx, int32 priority)
 		start.priority = priority;
 		start.parent_id = run->id;
 		start.parent_step = step->id;
+		start.root_id = root;
 		start.held = max_parallel > 0 && i >= max_parallel;
 		appendStringInfo(&ids, "%s" INT64_FORMAT, i ? "," : "", ApiCreateRun(&start, false, NULL));
 	}

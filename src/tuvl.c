@@ -55,6 +55,10 @@ int			tuvl_agent_tool_timeout = 300;
 int			tuvl_agent_pause_max = 300;
 int			TuvlReplayDepth = 0;
 int			tuvl_step_timeout = 10 * 60 * 1000;
+int			tuvl_max_step_timeout = 60 * 60 * 1000;
+int			tuvl_max_child_depth = 8;
+int			tuvl_max_run_tree = 10000;
+int			tuvl_metric_series_per_role = 2048;
 int			tuvl_max_batch_time = 50;
 int			tuvl_max_input_size = 8 * 1024 * 1024;
 int			tuvl_max_output_size = 16 * 1024 * 1024;
@@ -520,7 +524,7 @@ static const IntGuc limit_gucs[] = {
 	&tuvl_agent_tool_timeout, 300, 1, INT_MAX / 1000, PGC_SUSET, GUC_UNIT_S, false},
 	{"tuvl.step_timeout",
 		"Wall-clock limit of a step that sets no timeout of its own.",
-		"SQL is cancelled at the deadline; the step takes its error route with _last_error_type timeout. Time spent paused or waiting for a person does not count. 0 means no limit.",
+		"SQL is cancelled at the deadline; the step takes its error route with _last_error_type timeout. Time spent paused or waiting for a person does not count. 0 means tuvl.max_step_timeout, and more is cut to it.",
 	&tuvl_step_timeout, 10 * 60 * 1000, 0, INT_MAX, PGC_USERSET, GUC_UNIT_MS, false},
 	{"tuvl.max_batch_time",
 		"How long a worker's batch of transitions may run before it commits.",
@@ -572,6 +576,30 @@ define_int_gucs(const IntGuc *gucs, int n)
 								g->context, g->flags, NULL, NULL, NULL);
 	}
 }
+
+/*
+ * Bounds on what one role's runs may take from the others, in the order
+ * they are defined: no step runs for ever, child runs nest and multiply
+ * only so far, and metric series have a share per role.
+ */
+static const IntGuc bound_gucs[] = {
+	{"tuvl.max_step_timeout",
+		"Longest wall-clock limit of any step.",
+		"A step's timeout and tuvl.step_timeout are cut to it, and timeout: 0 means it: no step occupies a worker longer.",
+	&tuvl_max_step_timeout, 60 * 60 * 1000, 1000, INT_MAX, PGC_SUSET, GUC_UNIT_MS, false},
+	{"tuvl.max_child_depth",
+		"How many Workflow steps deep child runs may nest below a run.",
+		"A Workflow step that would start a child deeper fails with _last_error_type child_limit.",
+	&tuvl_max_child_depth, 8, 0, 1000, PGC_SUSET, 0, false},
+	{"tuvl.max_run_tree",
+		"How many child runs Workflow steps may start under one run, at every depth.",
+		"A Workflow step that would start more fails with _last_error_type child_limit, before starting any.",
+	&tuvl_max_run_tree, 10000, 1, 100000000, PGC_SUSET, 0, false},
+	{"tuvl.metric_series_per_role",
+		"How many metric series the runs of one role may create, of the 8,192 the server holds.",
+		"Additions to a new series past it are dropped and counted in tuvl.metrics.dropped.",
+	&tuvl_metric_series_per_role, 2048, 0, 8192, PGC_SIGHUP, 0, false},
+};
 
 /* tuvl.retention: empty, or an interval that is not negative. */
 static bool
@@ -638,6 +666,7 @@ TuvlDefineGucs(void)
 							   &tuvl_http_allowed_hosts, "",
 							   PGC_SUSET, 0, NULL, NULL, NULL);
 	define_int_gucs(limit_gucs, lengthof(limit_gucs));
+	define_int_gucs(bound_gucs, lengthof(bound_gucs));
 	DefineCustomBoolVariable("tuvl.http_verify_tls",
 							 "Verify TLS certificates and host names of HTTPS requests.",
 							 "Turn off only for testing.",

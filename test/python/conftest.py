@@ -194,6 +194,15 @@ def log_timestamp(line):
                        (f"{m.group(1)} {m.group(2)}",))[0][0])
 
 
+def listen_events(conn):
+    """LISTEN on conn for journal events: on the channel tuvl.events_channel()
+    gives its role (a superuser's or operator's carries every run's events).
+    Returns the channel's name."""
+    channel = q1(conn, "SELECT tuvl.events_channel()")
+    q(conn, f'LISTEN "{channel}"')
+    return channel
+
+
 def listen_notifies(conn, timeout, until, complete=False):
     """Collect notifications on conn until until(list) is true; returns them.
 

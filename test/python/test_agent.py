@@ -35,7 +35,8 @@ import uuid
 import psycopg2
 import pytest
 
-from conftest import ServerLog, connect, journal_violations, q, q1, report, wait_until, worker_pids
+from conftest import (ServerLog, connect, journal_violations, listen_events, q, q1, report, wait_until,
+                      worker_pids)
 from httputil import HTTP_BASE, requests_with
 
 LLM_URL = os.environ.get("TUVL_LLM_URL")
@@ -1144,7 +1145,7 @@ PROGRESS_KEYS = {
 
 
 def notifications(listener, run_id, timeout=15):
-    """Parsed tuvl_events payloads of run_id until its run_* event."""
+    """Parsed journal notifications of run_id until its run_* event."""
     got = []
     deadline = time.monotonic() + timeout
     while not any(p["type"].startswith("run_") and p["type"] not in ("run_queued", "run_started")
@@ -1156,7 +1157,7 @@ def notifications(listener, run_id, timeout=15):
         listener.poll()
         while listener.notifies:
             n = listener.notifies.pop(0)
-            assert n.channel == "tuvl_events"
+            assert re.match(r"^tuvl_[0-9a-f]{32}$", n.channel), n.channel
             p = json.loads(n.payload)
             if p["run_id"] == run_id:
                 got.append(p)
@@ -1173,7 +1174,7 @@ def test_progress_is_notified_with_loop_metadata_only(conn, conns, agdb, provide
               usage={"prompt_tokens": 20, "completion_tokens": 0})],
         ["record", "boom"], agent=ENUM, routes=ENUM_ROUTES, ends=ENUM_ENDS)
     listener = conns(agdb)
-    q(listener, "LISTEN tuvl_events")
+    listen_events(listener)
     if mode == "sync":
         # tuvl.run() in another session: its notifications arrive at its commit
         results = {}

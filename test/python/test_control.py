@@ -7,7 +7,7 @@ scripted LLM server, whose request log shows what the model was sent);
 tuvl.agent_pause_max; who may control a run (its principal, members of
 tuvl_operator, nobody else: SQLSTATE 42501); the Human step and
 tuvl.submit() (the form is enforced); tool approvals and tuvl.decide()
-(approve and reject); tuvl.wait() and LISTEN tuvl_events while a run waits;
+(approve and reject); tuvl.wait() and LISTEN on tuvl.events_channel() while a run waits;
 a worker crash while runs wait for a person or an operator; and 500 waiting
 runs holding no lease and no worker transaction.
 
@@ -25,7 +25,7 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
-from conftest import (connect, journal_violations, kill_worker, listen_notifies, q, q1, report,
+from conftest import (connect, journal_violations, kill_worker, listen_events, listen_notifies, q, q1, report,
                       wait_until, worker_pids)
 from llmutil import llm_server as _server, sent
 
@@ -524,7 +524,7 @@ def test_only_the_principal_operators_and_superusers_may_control_a_run(conn, as_
 def test_a_human_step_waits_until_a_valid_submit(conn, conns, ctldb, as_role):
     alice, carol = as_role(ALICE), as_role(CAROL)
     listener = conns(ctldb)
-    q(listener, "LISTEN tuvl_events")
+    listen_events(listener)
     run_id = start(alice, "expense", {"amount": 42})
     status, took = wait(alice, run_id, timeout=10)
     assert status == "waiting_human" and took < 3, (status, took)

@@ -20,7 +20,7 @@ import psycopg2
 import pytest
 
 from conftest import (CRASH_PATTERN, GucSetter, ServerLog, connect, expected_agent_ids,
-                      expected_event_types, journal_violations, listen_notifies, log_timestamp, q,
+                      expected_event_types, journal_violations, listen_events, listen_notifies, log_timestamp, q,
                       q1, query, report, wait_for_server, wait_until, worker_pids)
 
 N_CRASH_RUNS = 300
@@ -231,7 +231,7 @@ def stall(schema):
                    ignore=(psycopg2.OperationalError,))
         conn = connect(db)
         listener = connect(db)
-        q(listener, "LISTEN tuvl_events")
+        listen_events(listener)
         mark = log.mark()
         run_id = q1(conn, "SELECT tuvl.start_run('stall_me', %s)", ('{"key": "stall", "sleep": 4}',))
 

@@ -190,12 +190,12 @@ ends:
     mermaid = q1(conn, "SELECT tuvl.graph('drawn')")
     lines = mermaid.splitlines()
     assert lines[0] == "flowchart TD"
-    for line in ('  s_charge["charge<br/><i>ModelOp</i>"]', "  s_charge -->|error| e_failed",
-                 "  s_charge -->|default| s_check", "  s_check -->|yes| e_done", "  s_check -->|no| e_failed",
-                 "  s_charge -.->|compensate| s_refund", '  e_done(["done: completed"])'):
+    for line in ('  s_charge["charge<br/><i>ModelOp</i>"]', '  s_charge -->|"error"| e_failed',
+                 '  s_charge -->|"default"| s_check', '  s_check -->|"yes"| e_done', '  s_check -->|"no"| e_failed',
+                 '  s_charge -.->|"compensate"| s_refund', '  e_done(["done: completed"])'):
         assert line in lines, (line, mermaid)
     # refund is off the main line: nothing flows into it by default
-    assert not any(l.endswith("-->|default| s_refund") for l in lines), mermaid
+    assert not any(l.endswith('-->|"default"| s_refund') for l in lines), mermaid
     dot = q1(conn, "SELECT tuvl.graph('drawn', 'dot')")
     assert dot.startswith('digraph "drawn" {') and dot.rstrip().endswith("}")
     assert '"s_charge" -> "s_refund" [style=dashed, label="compensate"];' in dot

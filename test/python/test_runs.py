@@ -6,7 +6,7 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
-from conftest import (connect, journal_violations, listen_notifies, q, q1, wait_until, worker_pids,
+from conftest import (connect, journal_violations, listen_events, listen_notifies, q, q1, wait_until, worker_pids,
                       worker_rows)
 
 ROLES = ["alice", "bob", "carol", "dave"]
@@ -193,7 +193,7 @@ def finished(conn, run_id, timeout="10 s"):
 
 def test_listen_receives_every_journal_event_in_seq_order(setup, conns):
     listener = conns(setup)
-    q(listener, "LISTEN tuvl_events")
+    channel = listen_events(listener)
     starter = conns(setup)
     run_id = q1(starter, "SELECT tuvl.start_run('chatty', '{\"n\": 7}')")
     starter_pid = starter.get_backend_pid()
@@ -204,7 +204,7 @@ def test_listen_receives_every_journal_event_in_seq_order(setup, conns):
 
     got = listen_notifies(listener, 10, done)
     mine = [(n, json.loads(n.payload)) for n in got if json.loads(n.payload).get("run_id") == run_id]
-    assert all(n.channel == "tuvl_events" for n, _ in mine)
+    assert all(n.channel == channel for n, _ in mine)
     heard = [(p["seq"], p["type"], p["agent_id"]) for _, p in mine]
     journal = q(listener, "SELECT seq, type, agent_id FROM tuvl.events WHERE run_id = %s "
                           "ORDER BY seq", (run_id,))
@@ -284,8 +284,9 @@ def test_a_run_executes_as_the_role_that_started_it(setup, conns):
     assert principal == "alice"
     assert response == {"user": "alice", "superuser": False, "reads_secrets": False}
     assert context["who_result"] == response
-    # The worker executed it (its session user is the worker's), as alice.
-    assert q(admin, "SELECT who, session_who FROM app.calls") == [("alice", "postgres")]
+    # The worker executed it as alice, who is also the step's session user
+    # (the worker's own, a superuser, is never a step's: see test_hardening.py).
+    assert q(admin, "SELECT who, session_who FROM app.calls") == [("alice", "alice")]
     assert q1(admin, "SELECT payload ->> 'principal' FROM tuvl.events "
                      "WHERE run_id = %s AND type = 'run_started'", (run_id,)) == "alice"
 

@@ -18,7 +18,7 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
-from conftest import connect, listen_notifies, q, q1
+from conftest import connect, listen_events, listen_notifies, q, q1
 from httputil import HTTP_BASE, execute, recording_server, unique
 from llmutil import LLM_URL, script, sent
 
@@ -767,18 +767,24 @@ name: vic_notify
 steps:
   - {{ id: read, kind: ModelOp, sql: "SELECT secret FROM {VICTIM}.private" }}
 """)
+    # MALLORY listens where every event went before 0.3.0, and on her own channel
     q(mal, "LISTEN tuvl_events")
+    listen_events(mal)
+    listener = as_role(VICTIM)
+    listen_events(listener)
     res = execute(vic, "vic_notify", {}, "worker")
     assert res["status"] == "completed"
 
     def mine(got):
         return [json.loads(n.payload) for n in got if json.loads(n.payload)["run_id"] == res["run_id"]]
 
-    got = listen_notifies(mal, 10, lambda got: any(p["type"] == "run_completed" for p in mine(got)))
+    got = listen_notifies(listener, 10, lambda got: any(p["type"] == "run_completed" for p in mine(got)))
     payloads = mine(got)
     for p in payloads:
         assert set(p) <= {"run_id", "seq", "type", "agent_id"}, p
     assert "victim-only-data" not in json.dumps(payloads)
+    # the victim's own channel carried them; MALLORY heard nothing of them
+    assert mine(listen_notifies(mal, 1, lambda got: False, complete=True)) == []
 
 
 def test_concurrent_runs_of_two_roles_each_run_as_their_own_principal(as_role):
