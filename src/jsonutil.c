@@ -640,8 +640,9 @@ push_key(JsonObjBuilder *b, const char *key)
 {
 	JsonbValue	k;
 
+	/* copied, as JsonObjAddString's values are */
 	k.type = jbvString;
-	k.val.string.val = (char *) key;
+	k.val.string.val = pstrdup(key);
 	k.val.string.len = strlen(key);
 	pushJsonbValue(&b->state, WJB_KEY, &k);
 }
@@ -656,8 +657,12 @@ JsonObjAddString(JsonObjBuilder *b, const char *key, const char *val)
 		JsonObjAddNull(b, key);
 		return;
 	}
+	/*
+	 * Copied: the builder keeps pointers until JsonObjEnd, and a caller's
+	 * string may be gone by then (a buffer on its stack).
+	 */
 	v.type = jbvString;
-	v.val.string.val = (char *) val;
+	v.val.string.val = pstrdup(val);
 	v.val.string.len = strlen(val);
 	JsonObjAddValue(b, key, &v);
 }

@@ -667,9 +667,6 @@ close_sessions(int code, Datum arg)
  */
 #define MCP_MAX_SESSIONS 64
 
-/* The owner of a DELETE a worker sends and does not wait for. */
-static char delete_owner;
-
 /*
  * End a session the process does not keep: with DELETE, sent and not
  * waited for in a worker (whose loop collects and ignores the answer),
@@ -691,8 +688,9 @@ end_session(const char *server, const char *session, const char *version, List *
 	del.timeout_ms = MCP_CLOSE_TIMEOUT_MS;
 	PG_TRY();
 	{
+		/* no owner: the worker's loop frees it when it is done (collect_done) */
 		if (MyBackendType == B_BG_WORKER)
-			(void) HttpStart(&del, NIL, &delete_owner);
+			(void) HttpStart(&del, NIL, NULL);
 		else
 			(void) HttpPerform(&del, NIL);
 	}

@@ -18,7 +18,7 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
-from conftest import connect, q, q1, wait_until
+from conftest import connect, q, q1, wait_until, worker_pids
 
 MALLORY = "tuvl_hr_mallory"
 VICTIM = "tuvl_hr_victim"
@@ -385,11 +385,15 @@ def test_a_start_left_open_never_stalls_the_workers(as_role):
     assert q1(mallory, "SELECT tuvl.wait(%s, '20 s')", (second,)) == "completed"
 
 
-def test_a_run_row_locked_by_its_role_never_stalls_the_workers(as_role, roles):
+def test_a_run_row_locked_by_its_role_never_stalls_the_workers(as_role, roles, set_gucs):
     """pause_run() in a transaction left open locks the run's row; the
     worker writing that run's checkpoint waits at most a second, then
-    postpones it, and goes on with everyone else's runs."""
+    postpones it, and goes on with everyone else's runs.  One worker, so
+    that the bystanders' runs are that worker's (0.2.0: it waited for the
+    lock as long as the session kept it)."""
     from hostile import HostileServer, response
+    set_gucs({"tuvl.workers_per_database": ("1", "1")})
+    wait_until(lambda: len(worker_pids(roles)) == 1, 10, message="one worker")
     server = HostileServer(default=response(200, b"{}"))
     slow_done = threading.Event()
 
