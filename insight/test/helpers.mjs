@@ -150,6 +150,14 @@ const TOKENS = {
     revoked: ["insight_alice", ALL],
 };
 
+/* The README's refund_request, as it is written there. */
+function readmeWorkflow() {
+    const readme = readFileSync(join(ROOT, "README.md"), "utf8");
+    const m = /SELECT tuvl\.register_workflow\(\$\$\n(name: refund_request\n[^]*?)\$\$\);/.exec(readme);
+    if (!m) throw new Error("README.md has no refund_request workflow");
+    return m[1];
+}
+
 async function setupDatabase() {
     const admin = new pg.Client({ database: "postgres", application_name: "insight test" });
     await admin.connect();
@@ -162,6 +170,7 @@ async function setupDatabase() {
         IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'insight_bob') THEN CREATE ROLE insight_bob LOGIN; END IF;
         IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'insight_carol') THEN CREATE ROLE insight_carol LOGIN; END IF;
         IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'insight_nobody') THEN CREATE ROLE insight_nobody LOGIN; END IF;
+        IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'shop_app') THEN CREATE ROLE shop_app LOGIN; END IF;
         END $$`);
     await admin.end();
     const c = await connect();
@@ -171,6 +180,16 @@ async function setupDatabase() {
     await c.query("GRANT insight_alice, insight_bob, insight_carol, insight_nobody TO insight_auth");
     await c.query("CREATE SCHEMA insight_data; CREATE TABLE insight_data.notes (id serial PRIMARY KEY, note text)");
     await c.query("GRANT USAGE ON SCHEMA insight_data TO insight_alice; GRANT INSERT, SELECT ON insight_data.notes TO insight_alice; GRANT USAGE ON SEQUENCE insight_data.notes_id_seq TO insight_alice");
+    /* docs/insight.md's examples: the role of security.md, the workflow of the README */
+    await c.query("GRANT tuvl_user TO shop_app; GRANT shop_app TO insight_auth");
+    await c.query(`CREATE SCHEMA shop;
+        CREATE TABLE shop.orders (id int PRIMARY KEY, status text NOT NULL, amount numeric NOT NULL);
+        CREATE TABLE shop.refunds (order_id int NOT NULL, amount numeric NOT NULL);
+        INSERT INTO shop.orders VALUES (1, 'paid', 25.50), (2, 'shipped', 12.00);
+        GRANT USAGE ON SCHEMA shop TO shop_app; GRANT SELECT ON shop.orders TO shop_app; GRANT SELECT, INSERT ON shop.refunds TO shop_app`);
+    await c.query("SET ROLE shop_app");
+    await c.query("SELECT tuvl.register_workflow($1)", [readmeWorkflow()]);
+    await c.query("RESET ROLE");
     await c.query("SELECT tuvl.set_secret('insight_hook_secret', 'whsec_test_1234')");
     await c.query("SELECT tuvl.grant_secret('insight_hook_secret', 'insight_alice')");
     for (const [role, sources] of Object.entries(WORKFLOWS)) {

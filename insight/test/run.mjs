@@ -4,3 +4,4 @@
 import "./api.test.mjs";
 import "./sse.test.mjs";
 import "./cli.test.mjs";
+import "./docs.test.mjs";
