@@ -236,8 +236,15 @@ if (built.status !== 0) throw new Error(`insight/tuvl does not run:\n${built.std
 export const tokens = await setupDatabase();
 export const server = await startServer(["--body-limit", "65536", "--cors", "https://allowed.example", "--auth-delay", "1000"]);
 export const URL_ = server.url;
+/* Leave the cluster as it was: the suites that run after this one make roles of these names too. */
 after(async () => {
     await server.stop();
+    const admin = new pg.Client({ database: "postgres", application_name: "insight test" });
+    await admin.connect();
+    await admin.query(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '${DB}' AND pid <> pg_backend_pid()`);
+    await admin.query(`DROP DATABASE IF EXISTS ${DB}`);
+    await admin.query("DROP ROLE IF EXISTS shop_app, insight_alice, insight_bob, insight_carol, insight_nobody, insight_auth");
+    await admin.end();
 });
 
 /* A request to the server; the answer's status, headers and JSON (or text). */
