@@ -29,7 +29,7 @@
 // The runs of 1 and 2 execute (a one-step workflow) while they are timed.
 import { spawn } from "node:child_process";
 import { createRequire } from "node:module";
-import { writeFileSync } from "node:fs";
+import { readFileSync, writeFileSync } from "node:fs";
 import http from "node:http";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -118,6 +118,16 @@ async function startServer() {
     return { url, child };
 }
 
+/* CPU seconds (user + system) of a process so far, from /proc. */
+function cpuSeconds(pid) {
+    try {
+        const f = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1].split(" ");
+        return (Number(f[11]) + Number(f[12])) / 100;      /* utime, stime in clock ticks (100/s) */
+    } catch {
+        return null;
+    }
+}
+
 /* A keep-alive HTTP client for the starts (node:http, no pooling surprises). */
 function httpClient(base, token) {
     const u = new URL(base);
@@ -155,12 +165,13 @@ async function drain() {
 }
 
 /* 1. One start at a time, in alternating blocks of 100. */
-async function latency(url, token) {
+async function latency(url, token, pid) {
     const h = httpClient(url, token);
     const d = await directClient();
     for (let i = 0; i < 50; i++) { await h(); await d.call(); }       /* warm-up */
     await drain();
     const times = { http: [], direct: [] };
+    const cpu0 = cpuSeconds(pid);
     for (let block = 0; block < (2 * LAT_N) / 100; block++) {
         const which = block % 2 ? "direct" : "http";
         const f = which === "http" ? h : d.call;
@@ -170,11 +181,15 @@ async function latency(url, token) {
             times[which].push(Number(process.hrtime.bigint() - t0) / 1e6);
         }
     }
+    const cpu1 = cpuSeconds(pid);
     await d.end();
     await drain();
     const http_ = summarize(times.http);
     const direct = summarize(times.direct);
-    return { http: http_, direct, overhead_p50_ms: http_.median - direct.median };
+    /* the server's CPU per HTTP start (it idles during the direct blocks) */
+    const serverCpuMs = cpu0 === null || cpu1 === null ? null : ((cpu1 - cpu0) * 1000) / times.http.length;
+    return { http: http_, direct, overhead_p50_ms: http_.median - direct.median, server_cpu_ms_per_start: serverCpuMs,
+             load_after: readFileSync("/proc/loadavg", "utf8").split(" ").slice(0, 3).join(" ") };
 }
 
 /* 2. CLIENTS at once for SECONDS; rounds alternate the order. */
@@ -319,8 +334,8 @@ async function main() {
     try {
         if (!args["streams-only"]) {
             log(`latency: ${LAT_N} starts each way, one at a time, alternating blocks of 100`);
-            out.latency = await latency(server.url, token);
-            log(`latency p50: HTTP ${out.latency.http.median.toFixed(3)} ms, direct ${out.latency.direct.median.toFixed(3)} ms, overhead ${out.latency.overhead_p50_ms.toFixed(3)} ms`);
+            out.latency = await latency(server.url, token, server.child.pid);
+            log(`latency p50: HTTP ${out.latency.http.median.toFixed(3)} ms, direct ${out.latency.direct.median.toFixed(3)} ms, overhead ${out.latency.overhead_p50_ms.toFixed(3)} ms; server CPU ${out.latency.server_cpu_ms_per_start?.toFixed(3)} ms per start; load ${out.latency.load_after}`);
             log(`throughput: ${CLIENTS} clients, ${SECONDS} s each way, ${ROUNDS} rounds`);
             out.throughput = await throughput(server.url, token);
         }
