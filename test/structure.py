@@ -29,7 +29,9 @@ def long_functions():
         lines = open(path, encoding="utf-8").read().split("\n")
         i = 0
         while i < len(lines):
-            if lines[i] == "{":
+            # a function's "{" follows its parameter list; a struct's or an
+            # enum's follows its name
+            if lines[i] == "{" and lines[i - 1].rstrip().endswith(")"):
                 j = i - 1
                 while j > 0 and "(" not in lines[j]:
                     j -= 1
