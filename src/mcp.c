@@ -431,20 +431,22 @@ add_header(EffectRequest *req, const char *name, const char *value)
 
 /*
  * A request of the stateless revision: params with the _meta every
- * 2026-07-28 request carries (the revision, tuvl's capabilities, none yet,
+ * 2026-07-28 request carries (the revision, tuvl's capabilities: form
+ * elicitation when elicit, the step answering input requests, else none;
  * and its name), and the headers the revision asks for, which the server
  * checks against the body: MCP-Protocol-Version, Mcp-Method and, when name
  * is given (tools/call), Mcp-Name.
  */
 static EffectRequest *
 stateless_request(const char *url, const char *method, Jsonb *params, const char *name,
-				  const char *id, const char *op, int timeout_ms, List *extra)
+				  const char *id, const char *op, int timeout_ms, List *extra, bool elicit)
 {
-	Jsonb	   *meta = JsonFromCString("{\"io.modelcontextprotocol/protocolVersion\": \""
-									   MCP_STATELESS_VERSION "\", "
-									   "\"io.modelcontextprotocol/clientCapabilities\": {}, "
-									   "\"io.modelcontextprotocol/clientInfo\": "
-									   "{\"name\": \"tuvl\", \"version\": \"" TUVL_VERSION "\"}}");
+	Jsonb	   *meta = JsonFromCString(psprintf("{\"io.modelcontextprotocol/protocolVersion\": \""
+												MCP_STATELESS_VERSION "\", "
+												"\"io.modelcontextprotocol/clientCapabilities\": %s, "
+												"\"io.modelcontextprotocol/clientInfo\": "
+												"{\"name\": \"tuvl\", \"version\": \"" TUVL_VERSION "\"}}",
+												elicit ? "{\"elicitation\": {\"form\": {}}}" : "{}"));
 	EffectRequest *req;
 
 	if (name && strpbrk(name, "\r\n"))
@@ -707,7 +709,13 @@ typedef struct McpProgress
 	bool		stateless;		/* ... and it is MCP_STATELESS_VERSION */
 	bool		learned;		/* this step learned it (not from memory) */
 	bool		downgraded;		/* a stateless call was refused with -32022 */
+	const char *elicitation;	/* mcp.elicitation: NULL, accept_defaults, decline */
+	Jsonb	   *input_required; /* the last answer asked for input: retry */
+	int			rounds;			/* answers that asked for input */
 } McpProgress;
+
+/* A server asking for input more often than this in one call fails it. */
+#define MCP_MAX_INPUT_ROUNDS 8
 
 /*
  * The revisions of the protocol this client implements: the one it asks
@@ -739,6 +747,112 @@ answer_id(Jsonb *r, int i)
 
 	/* recorded before ids were keys: the position */
 	return id ? id : psprintf("%d", i + 1);
+}
+
+/*
+ * Does the answer to a stateless call ask for input (resultType
+ * "input_required")?  With mcp.elicitation set, p remembers it for the
+ * retry; without, or past MCP_MAX_INPUT_ROUNDS, the step fails.  Any
+ * other resultType than "complete" is an error too.
+ */
+static bool
+input_required(Jsonb *answer, McpProgress *p)
+{
+	char	   *type = answer ? JsonGetString(answer, "resultType") : NULL;
+
+	if (type == NULL || strcmp(type, "complete") == 0)
+		return false;
+	StepErrorType = "mcp_error";
+	if (strcmp(type, "input_required") != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+				 errmsg("MCP tools/call failed: the server answered with resultType \"%s\"", type)));
+	if (p->elicitation == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("MCP tools/call failed: the server answered with resultType \"input_required\""),
+				 errdetail("The server needs more input for this call, such as a person's answer."),
+				 errhint("Set mcp.elicitation to accept_defaults or decline to answer it unattended.")));
+	if (++p->rounds > MCP_MAX_INPUT_ROUNDS)
+		ereport(ERROR,
+				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+				 errmsg("MCP tools/call failed: the server asked for input %d times", p->rounds),
+				 errdetail("tuvl answers at most %d input requests in one call.", MCP_MAX_INPUT_ROUNDS)));
+	p->input_required = answer;
+	return true;
+}
+
+/*
+ * The values of a requested schema's properties that have a default:
+ * accept_defaults's answer to a form elicitation.
+ */
+static Jsonb *
+schema_defaults(Jsonb *schema)
+{
+	Jsonb	   *props = schema && JsonIsObject(schema) ? JsonGetJsonb(schema, "properties") : NULL;
+	Jsonb	   *out = JsonEmptyObject();
+	JsonbIterator *it;
+	JsonbValue	v;
+	char	   *name;
+
+	if (props == NULL || !JsonIsObject(props))
+		return out;
+	it = JsonbIteratorInit(&props->root);
+	while (JsonObjectNext(&it, &name, &v))
+	{
+		Jsonb	   *prop = JsonValueToJsonb(&v);
+
+		if (JsonIsObject(prop) && JsonGetField(prop, "default"))
+			out = JsonSetKey(out, name, JsonGetJsonb(prop, "default"));
+	}
+	return out;
+}
+
+/*
+ * inputResponses for the inputRequests of an input_required answer, as
+ * mcp.elicitation says: accept_defaults accepts each form elicitation
+ * with its schema's defaults (and declines one that sends the person to a
+ * URL, which nobody will visit); decline declines them all.  A request of
+ * another kind (sampling, roots) fails the step.
+ */
+static Jsonb *
+input_responses(Jsonb *answer, const char *policy)
+{
+	Jsonb	   *requests = JsonGetJsonb(answer, "inputRequests");
+	Jsonb	   *out = JsonEmptyObject();
+	JsonbIterator *it;
+	JsonbValue	v;
+	char	   *key;
+
+	StepErrorType = "mcp_error";
+	if (requests == NULL || !JsonIsObject(requests))
+		ereport(ERROR,
+				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+				 errmsg("MCP tools/call failed: an input_required answer without an inputRequests object")));
+	it = JsonbIteratorInit(&requests->root);
+	while (JsonObjectNext(&it, &key, &v))
+	{
+		Jsonb	   *req = JsonValueToJsonb(&v);
+		char	   *method = JsonIsObject(req) ? JsonGetString(req, "method") : NULL;
+		Jsonb	   *params = method ? JsonGetJsonb(req, "params") : NULL;
+		char	   *mode = params && JsonIsObject(params) ? JsonGetString(params, "mode") : NULL;
+		bool		accept = strcmp(policy, "accept_defaults") == 0 && (mode == NULL || strcmp(mode, "form") == 0);
+		Jsonb	   *resp = JsonSetKey(JsonEmptyObject(), "action",
+									  JsonStringValue(accept ? "accept" : "decline"));
+
+		if (method == NULL || strcmp(method, "elicitation/create") != 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("MCP tools/call failed: the server asked for %s, which tuvl does not answer",
+							method ? method : "an input without a method"),
+					 errdetail("tuvl answers elicitation/create only.")));
+		if (accept)
+			resp = JsonSetKey(resp, "content",
+							  schema_defaults(params && JsonIsObject(params) ?
+											  JsonGetJsonb(params, "requestedSchema") : NULL));
+		out = JsonSetKey(out, key, resp);
+	}
+	return out;
 }
 
 /*
@@ -814,17 +928,9 @@ walk_effects(RunState *run, int n, const char *url, McpProgress *p, Jsonb **answ
 			if (status < 200 || status >= 300)
 				fail_transport(r, "tools/call");
 			*answer = rpc_answer(r, answer_id(r, i), "tools/call");
-			if (*answer && JsonGetString(*answer, "resultType") &&
-				strcmp(JsonGetString(*answer, "resultType"), "complete") != 0)
-			{
-				StepErrorType = "mcp_error";
-				ereport(ERROR,
-						(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-						 errmsg("MCP tools/call failed: the server answered with resultType \"%s\"",
-								JsonGetString(*answer, "resultType")),
-						 errdetail("The server needs more input for this call (a person's answer, say); "
-								   "tuvl does not answer such requests yet.")));
-			}
+			p->input_required = NULL;
+			if (input_required(*answer, p))
+				continue;
 			return true;
 		}
 		else if (strcmp(op, "call") == 0)
@@ -840,9 +946,12 @@ walk_effects(RunState *run, int n, const char *url, McpProgress *p, Jsonb **answ
 			if ((status == 404 || status == 400) && p->from_cache)
 			{
 				/* the server lost the session: initialize again */
+				const char *elicitation = p->elicitation;
+
 				session_forget(url, p->session);
 				memset(p, 0, sizeof(McpProgress));
 				p->discovered = true;	/* still a 2025 server */
+				p->elicitation = elicitation;
 				continue;
 			}
 			if (status < 200 || status >= 300)
@@ -1025,16 +1134,30 @@ next_request(const char *url, const char *tool, Jsonb *args, const char *id, Mcp
 	EffectRequest *req;
 
 	if (!p->discovered)
-		return stateless_request(url, "server/discover", NULL, NULL, id, "discover", timeout_ms, extra);
+		return stateless_request(url, "server/discover", NULL, NULL, id, "discover", timeout_ms, extra,
+								 false);
 	if (p->stateless)
 	{
+		Jsonb	   *responses = NULL;
+
 		JsonObjStart(&b);
 		JsonObjAddString(&b, "name", tool);
 		JsonObjAddJsonb(&b, "arguments", args);
-		req = stateless_request(url, "tools/call", JsonObjEnd(&b), tool, id, "call", timeout_ms, extra);
+		if (p->input_required)
+		{
+			/* the same call again, with the answers (and the server's state) */
+			responses = input_responses(p->input_required, p->elicitation);
+			JsonObjAddJsonb(&b, "inputResponses", responses);
+			if (JsonGetField(p->input_required, "requestState"))
+				JsonObjAddJsonb(&b, "requestState", JsonGetJsonb(p->input_required, "requestState"));
+		}
+		req = stateless_request(url, "tools/call", JsonObjEnd(&b), tool, id, "call", timeout_ms, extra,
+								p->elicitation != NULL);
 		req->journal = JsonMerge(req->journal, JsonSetKey(JsonSetKey(JsonEmptyObject(), "tool",
 																	 JsonStringValue(tool)),
 														  "arguments", args));
+		if (responses)
+			req->journal = JsonSetKey(req->journal, "input_responses", responses);
 		return req;
 	}
 	if (p->session == NULL && p->version == NULL)
@@ -1091,6 +1214,7 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 
 	/* walk what happened so far */
 	memset(&p, 0, sizeof(p));
+	p.elicitation = JsonGetString(mcp, "elicitation");
 	if (walk_effects(run, n, skey, &p, &answer))
 	{
 		if (p.learned)
@@ -1238,7 +1362,7 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 	}
 	/* which revision: server/discover, as a step asks */
 	req = stateless_request(url, "server/discover", NULL, NULL, "tuvl-list-0", "discover",
-							tuvl_http_timeout, list_copy(extra));
+							tuvl_http_timeout, list_copy(extra), false);
 	req->secrets = use.values;
 	r = EffectPerform(req);
 	if (JsonGetInt32(r, "status", 0) == 0)
@@ -1282,7 +1406,7 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 
 			if (stateless)
 				req = stateless_request(url, "tools/list", params, NULL, psprintf("tuvl-list-%d", 2 + page),
-										"list", tuvl_http_timeout, list_copy(extra));
+										"list", tuvl_http_timeout, list_copy(extra), false);
 			else
 				req = rpc_request(url, "tools/list", params, psprintf("tuvl-list-%d", 2 + page), session,
 								  version, "list", tuvl_http_timeout, list_copy(extra));

@@ -111,6 +111,32 @@ def wf(db):
     conn.close()
     return db
 
+ELICIT = """
+name: mcp_rev_{policy}
+steps:
+  - id: tool
+    kind: MCP
+    mcp:
+      url: "{{{{ url }}}}"
+      tool: confirm
+      arguments: {{ operation: "{{{{ op }}}}" }}
+      elicitation: {policy}
+    output: res
+    routes: {{ default: done, error: oops }}
+ends:
+  - {{ id: done, status: completed, response: "{{{{ res }}}}" }}
+  - {{ id: oops, status: completed, response: {{ error: "{{{{ _last_error }}}}" }} }}
+"""
+
+
+@pytest.fixture(scope="module")
+def elicit_wf(wf):
+    conn = connect(wf)
+    for policy in ("accept_defaults", "decline"):
+        q(conn, "SELECT tuvl.register_workflow(%s)", (ELICIT.format(policy=policy),))
+    conn.close()
+    return wf
+
 
 def call(conn, url, tool, args, mode="sync"):
     return execute(conn, "mcp_rev", {"url": url, "tool": tool, "args": args}, mode)
@@ -339,3 +365,56 @@ def test_a_stateless_call_replays_with_zero_requests(wf, conns, server, remember
     assert out["end"] == "done" and out["response"]["text"] == "The sum of 1 and 2 is 3", out
     assert out["effects_served"] == len(fixture["effects"])
     assert server.log() == [], "the replay sent a request"
+
+
+
+@pytest.mark.parametrize("mode", ["sync", "worker"])
+def test_input_required_is_answered_with_the_schema_defaults(elicit_wf, conns, server, mode):
+    c = conns(elicit_wf)
+    res = execute(c, "mcp_rev_accept_defaults", {"url": server.url, "op": "deploy"}, mode)
+    assert completed(res)["text"] == "deploy: accepted confirmed=false note=none"
+    assert rpcs(c, res["run_id"])[-2:] == ["tools/call", "tools/call"]
+    calls = [e for e in server.log() if e["method"] == "tools/call"]
+    assert len(calls) == 2
+    first, retry = calls[0]["body"]["params"], calls[1]["body"]["params"]
+    caps = first["_meta"]["io.modelcontextprotocol/clientCapabilities"]
+    assert caps == {"elicitation": {"form": {}}}
+    assert "inputResponses" not in first
+    assert retry["inputResponses"] == {"confirm": {"action": "accept",
+                                                   "content": {"confirmed": False, "note": "none"}}}
+    assert retry["requestState"] and retry["arguments"] == {"operation": "deploy"}
+    assert calls[0]["body"]["id"] != calls[1]["body"]["id"]
+    # the answer given is journaled with the retried call
+    journaled = payloads(c, res["run_id"], "tool_call")[-1]["request"]
+    assert journaled["input_responses"]["confirm"]["action"] == "accept"
+
+
+def test_input_required_is_declined(elicit_wf, conns, server):
+    c = conns(elicit_wf)
+    res = execute(c, "mcp_rev_decline", {"url": server.url, "op": "drop"})
+    assert completed(res)["text"] == "drop: declined"
+    retry = [e for e in server.log() if e["method"] == "tools/call"][1]["body"]["params"]
+    assert retry["inputResponses"] == {"confirm": {"action": "decline"}}
+
+
+def test_an_elicited_call_replays_with_zero_requests(elicit_wf, conns, server):
+    c = conns(elicit_wf)
+    res = execute(c, "mcp_rev_accept_defaults", {"url": server.url, "op": "ship"})
+    assert completed(res)["text"] == "ship: accepted confirmed=false note=none"
+    fixture = q1(c, "SELECT tuvl.pin_run(%s)", (res["run_id"],))
+    server.clear()
+    out = q1(conns(elicit_wf), "SELECT tuvl.replay(%s::jsonb)", (json.dumps(fixture),))
+    assert out["response"]["text"] == "ship: accepted confirmed=false note=none", out
+    assert out["effects_served"] == len(fixture["effects"])
+    assert server.log() == []
+
+
+def test_the_elicitation_key_is_validated_with_its_path(wf, conns):
+    c = conns(wf)
+    bad = ELICIT.format(policy="maybe").replace("mcp_rev_maybe", "mcp_rev_bad")
+    found = q(c, "SELECT severity, path, message FROM tuvl.validate(%s)", (bad,))
+    assert found == [("error", "steps[0].mcp.elicitation",
+                      "elicitation must be accept_defaults (answer the server's questions with the "
+                      "defaults of its schema) or decline (line 10, column 20)")], found
+    for policy in ("accept_defaults", "decline"):
+        assert q(c, "SELECT * FROM tuvl.validate(%s)", (ELICIT.format(policy=policy),)) == []
