@@ -25,11 +25,11 @@
 # that redirect to tuvl.mcp_connect_finish() and runs the workflow again; at
 # most three times, as a person would give up (auth/scope-retry-limit).
 #
-# The auth/* and elicitation branches are written against the interface
-# issue 40 plans (the mcp.auth and mcp.elicitation keys, tuvl.mcp_connect(),
-# tuvl.mcp_connect_finish()), which tuvl does not have yet: those scenarios
-# fail with "the workflow was not registered" and are listed, with that
-# reason, in test/mcp/conformance-expected.yml until the features land.
+# The auth/* branches are written against the interface issue 40 plans
+# (the mcp.auth key, tuvl.mcp_connect(), tuvl.mcp_connect_finish()), which
+# tuvl does not have yet: those scenarios fail with "the workflow was not
+# registered" and are listed, with that reason, in
+# test/mcp/conformance-expected.yml until the feature lands.
 set -uo pipefail
 
 url=${1:?usage: MCP_CONFORMANCE_SCENARIO=<scenario> $0 <server-url>}
