@@ -372,6 +372,7 @@ class Handler(BaseHTTPRequestHandler):
 class Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 1024     # hundreds of calls connect at once
 
 
 def main():
