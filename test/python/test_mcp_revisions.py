@@ -326,7 +326,8 @@ def test_an_ordinary_role_calls_a_stateless_server(wf, conns, server):
 def test_kill_9_during_a_stateless_call_resumes_without_any_session(wf, conns, server, server_log):
     c = conns(wf)
     run_id = q1(c, "SELECT tuvl.start_run('mcp_rev', %s::jsonb)",
-                (json.dumps({"url": server.url, "tool": "slow", "args": {"ms": 3000}}),))
+                (json.dumps({"url": server.url, "tool": "slow", "args": {"ms": 6000}}),))
+    # the server logs a request when it arrives: the call is in flight now
     wait_until(lambda: "tools/call" in server.methods(), 20, message="the call to reach the server")
     holder = q1(c, "SELECT lease_owner FROM tuvl.runs WHERE id = %s", (run_id,))
     assert holder
@@ -336,7 +337,7 @@ def test_kill_9_during_a_stateless_call_resumes_without_any_session(wf, conns, s
         wait_run_finished(c2, run_id, timeout=60)
         res = q1(c2, "SELECT pg_catalog.jsonb_build_object('status', status, 'response', response) "
                      "FROM tuvl.runs WHERE id = %s", (run_id,))
-        assert res["status"] == "completed" and res["response"]["text"] == "slept 3000", res
+        assert res["status"] == "completed" and res["response"]["text"] == "slept 6000", res
     finally:
         c2.close()
     log = server.log()

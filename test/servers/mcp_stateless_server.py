@@ -74,7 +74,8 @@ authorization_servers, scopes_supported, bearer_methods_supported}.
 Control endpoints:
 
   GET    /_log        {"requests": [...]}: each {t, method, path, headers
-                      (lower case), body, status, version, error}
+                      (lower case), body, status, version, error}, logged
+                      when it arrives (status null while in flight)
   DELETE /_log        clear it
   POST   /_config     {"versions": [...]}: change the revisions spoken (a
                       server upgraded or downgraded while clients remember
@@ -259,6 +260,8 @@ class Handler(BaseHTTPRequestHandler):
                  "headers": {k.lower(): v for k, v in self.headers.items()},
                  "body": None, "status": None, "version": None, "error": None}
         msg_id = None
+        # logged on arrival (status null while in flight), completed below
+        self.st.record(entry)
         try:
             try:
                 msg = json.loads(raw)
@@ -291,8 +294,6 @@ class Handler(BaseHTTPRequestHandler):
                 err["data"] = e.data
             reply = {"jsonrpc": "2.0", "id": msg_id, "error": err}
             status = e.status
-        finally:
-            self.st.record(entry)
         entry["status"] = status
         if sse and status == 200:
             body = ("id: 0\ndata: \n\n" + "event: message\ndata: " + json.dumps(reply) + "\n\n").encode()
