@@ -177,6 +177,7 @@ def main():
     fair = load(d, "fairness.json")
     tracing = load(d, "tracing.json")
     mcp = load(d, "mcp.json")
+    mcp26 = load(d, "mcp_stateless.json")
     ret = load(d, "retention.json")
     peers = load(d, "peers.json")
     wal = load(d, "wal.json")
@@ -334,6 +335,19 @@ def main():
         p("| MCP calls: %s runs at once, one tools/call each on the workers' shared sessions (reference server-everything): wall time with a 0 ms / 200 ms tool, each round | %s | every call answered and 200 ms wall <= 2 x 200 ms + the 0 ms wall: **%s** (%d of %d rounds) |"
           % (num(mcp["runs"]), "; ".join(cells), "met" if met == len(mcp["rounds"]) else "missed",
              met, len(mcp["rounds"])))
+    if mcp26 and mcp26.get("rounds"):
+        cells = ["%.3f s / %.3f s (limit %.3f s; answered %d + %d; %.3f ms worker CPU per call)"
+                 % (r["fast"]["wall_s"], r["slow"]["wall_s"], r["limit_s"], r["fast"]["answered"],
+                    r["slow"]["answered"], r["fast"].get("cpu_ms_per_call", float("nan")))
+                 for r in mcp26["rounds"]]
+        met = sum(1 for r in mcp26["rounds"] if r["met"])
+        base = ""
+        if mcp and mcp.get("rounds") and all("cpu_ms_per_call" in r["fast"] for r in mcp["rounds"]):
+            base = " (session-based: %s ms)" % " / ".join("%.3f" % r["fast"]["cpu_ms_per_call"]
+                                                        for r in mcp["rounds"])
+        p("| MCP calls on the stateless revision 2026-07-28: %s runs at once, one tools/call each without a session (scripted server): wall time with a 0 ms / 200 ms tool, each round%s | %s | every call answered and 200 ms wall <= 2 x 200 ms + the 0 ms wall: **%s** (%d of %d rounds) |"
+          % (num(mcp26["runs"]), base, "; ".join(cells), "met" if met == len(mcp26["rounds"]) else "missed",
+             met, len(mcp26["rounds"])))
     if tracing and tracing.get("rounds"):
         ratios = [r["ratio_on_off"] for r in tracing["rounds"]]
         cpu = [r["on"]["cpu_us_per_step_workers"] / r["off"]["cpu_us_per_step_workers"]

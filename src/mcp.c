@@ -17,9 +17,20 @@
  * Responses arrive as application/json or text/event-stream; in a stream,
  * priming events (empty data), comments and notifications (progress) are
  * skipped, multi-line data is joined, and the response is the message
- * whose id matches the request.  The transport is stateless apart from
- * the session header, so the stateless 2026-07-28 revision only needs a
- * different handshake here.
+ * whose id matches the request.
+ *
+ * Revisions.  A step first asks a server it does not know yet which
+ * revisions it speaks (`server/discover`, an effect like the others) and
+ * the process remembers the answer per URL for MCP_REVISION_TTL_MS.  A
+ * server that offers the stateless revision 2026-07-28 is called without
+ * any handshake or session: one `tools/call` carrying the revision and
+ * tuvl's capabilities in `_meta`, with the MCP-Protocol-Version, Mcp-Method
+ * and Mcp-Name headers.  Any other answer to `server/discover` (an error, a
+ * 4xx, a result without 2026-07-28) means a 2025 server: `initialize` and
+ * sessions as above.  A stateless call answered 400 with error -32022 (the
+ * server no longer speaks 2026-07-28) negotiates down to `initialize` within
+ * the step; an `initialize` answered -32022 by a server that names
+ * 2026-07-28 among its revisions negotiates up.
  *
  *-------------------------------------------------------------------------
  */
@@ -68,6 +79,75 @@ typedef struct McpSession
 } McpSession;
 
 static HTAB *sessions = NULL;
+
+/*
+ * The revision servers speak, by URL, as this process learned it from
+ * server/discover (or a -32022 answer); forgotten after
+ * MCP_REVISION_TTL_MS so that a server upgraded in place is found out.
+ */
+typedef struct McpServerRevision
+{
+	char		url[1024];		/* hash key */
+	bool		stateless;		/* it speaks MCP_STATELESS_VERSION */
+	TimestampTz learned;
+} McpServerRevision;
+
+#define MCP_REVISION_TTL_MS (10 * 60 * 1000)
+
+static HTAB *revisions = NULL;
+
+static McpServerRevision *
+revision_lookup(const char *url, bool create)
+{
+	char		key[1024];
+
+	if (revisions == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(key);
+		ctl.entrysize = sizeof(McpServerRevision);
+		revisions = hash_create("tuvl MCP server revisions", 16, &ctl, HASH_ELEM | HASH_STRINGS);
+	}
+	if (strlen(url) >= sizeof(key))
+		return NULL;
+	memset(key, 0, sizeof(key));
+	strlcpy(key, url, sizeof(key));
+	return hash_search(revisions, key, create ? HASH_ENTER : HASH_FIND, NULL);
+}
+
+/* What the process knows of url: 1 stateless, 0 a 2025 server, -1 nothing. */
+static int
+revision_known(const char *url)
+{
+	McpServerRevision *r = revision_lookup(url, false);
+
+	if (r == NULL)
+		return -1;
+	if (TimestampDifferenceExceeds(r->learned, GetCurrentTimestamp(), MCP_REVISION_TTL_MS))
+	{
+		hash_search(revisions, r->url, HASH_REMOVE, NULL);
+		return -1;
+	}
+	return r->stateless ? 1 : 0;
+}
+
+static void
+revision_remember(const char *url, bool stateless)
+{
+	McpServerRevision *r;
+
+	/* bounded like the sessions: past the bound, nothing more is learned */
+	if (revision_lookup(url, false) == NULL && revisions &&
+		hash_get_num_entries(revisions) >= 1024)
+		return;
+	r = revision_lookup(url, true);
+	if (r)
+	{
+		r->stateless = stateless;
+		r->learned = GetCurrentTimestamp();
+	}
+}
 
 static McpSession *
 session_lookup(const char *url, bool create)
@@ -339,6 +419,55 @@ rpc_request(const char *url, const char *method, Jsonb *params, const char *id,
 	return req;
 }
 
+static void
+add_header(EffectRequest *req, const char *name, const char *value)
+{
+	HttpHeader *h = palloc(sizeof(HttpHeader));
+
+	h->name = (char *) name;
+	h->value = pstrdup(value);
+	req->http.headers = lappend(req->http.headers, h);
+}
+
+/*
+ * A request of the stateless revision: params with the _meta every
+ * 2026-07-28 request carries (the revision, tuvl's capabilities: form
+ * elicitation when elicit, the step answering input requests, else none;
+ * and its name), and the headers the revision asks for, which the server
+ * checks against the body: MCP-Protocol-Version, Mcp-Method and, when name
+ * is given (tools/call), Mcp-Name.
+ */
+static EffectRequest *
+stateless_request(const char *url, const char *method, Jsonb *params, const char *name,
+				  const char *id, const char *op, int timeout_ms, List *extra, bool elicit)
+{
+	Jsonb	   *meta = JsonFromCString(psprintf("{\"io.modelcontextprotocol/protocolVersion\": \""
+												MCP_STATELESS_VERSION "\", "
+												"\"io.modelcontextprotocol/clientCapabilities\": %s, "
+												"\"io.modelcontextprotocol/clientInfo\": "
+												"{\"name\": \"tuvl\", \"version\": \"" TUVL_VERSION "\"}}",
+												elicit ? "{\"elicitation\": {\"form\": {}}}" : "{}"));
+	EffectRequest *req;
+
+	if (name && strpbrk(name, "\r\n"))
+	{
+		StepErrorType = "mcp_error";
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("MCP tool name contains a line break"),
+				 errdetail("Revision %s sends the tool's name as the Mcp-Name header.",
+						   MCP_STATELESS_VERSION)));
+	}
+	params = JsonSetKey(params ? params : JsonEmptyObject(), "_meta", meta);
+	req = rpc_request(url, method, params, id, NULL, MCP_STATELESS_VERSION, op, timeout_ms, NIL);
+	add_header(req, "Mcp-Method", method);
+	if (name)
+		add_header(req, "Mcp-Name", name);
+	/* the step's own headers last, as rpc_request places them */
+	req->http.headers = list_concat(req->http.headers, extra);
+	return req;
+}
+
 static Jsonb *
 initialize_params(void)
 {
@@ -384,6 +513,72 @@ session_of(Jsonb *result)
 						MCP_MAX_SESSION_ID - 1)));
 	}
 	return sid;
+}
+
+/* Does list (a JSON array) name the stateless revision? */
+static bool
+names_stateless(Jsonb *list)
+{
+	int			n;
+
+	if (list == NULL || !JB_ROOT_IS_ARRAY(list) || JB_ROOT_IS_SCALAR(list))
+		return false;
+	n = JsonContainerSize(&list->root);
+	for (int i = 0; i < n; i++)
+	{
+		JsonbValue *v = getIthJsonbValueFromContainer(&list->root, i);
+
+		if (v->type == jbvString && v->val.string.len == strlen(MCP_STATELESS_VERSION) &&
+			strncmp(v->val.string.val, MCP_STATELESS_VERSION, v->val.string.len) == 0)
+			return true;
+	}
+	return false;
+}
+
+/*
+ * Does the answer to server/discover (the effect result r, request id)
+ * offer the stateless revision?  Anything but a result whose
+ * supportedVersions names it (an error, a 4xx such as a 2025 server's
+ * "no session", a body that is not JSON) says no.
+ */
+static bool
+discover_offers_stateless(Jsonb *r, const char *id)
+{
+	int			status = JsonGetInt32(r, "status", 0);
+	char	   *error;
+	Jsonb	   *msg;
+	Jsonb	   *res;
+
+	if (status < 200 || status >= 300)
+		return false;
+	msg = McpParseMessage(JsonGetText(r, "body"), header_of(r, "content-type"), id, &error);
+	res = msg ? JsonGetJsonb(msg, "result") : NULL;
+	return res && JsonIsObject(res) && names_stateless(JsonGetJsonb(res, "supportedVersions"));
+}
+
+/*
+ * Is the effect result r the revision's "unsupported protocol version":
+ * HTTP 400 with JSON-RPC error -32022?  *offers_stateless tells whether its
+ * data.supported names the stateless revision.
+ */
+static bool
+version_mismatch(Jsonb *r, bool *offers_stateless)
+{
+	char	   *body = JsonGetText(r, "body");
+	Jsonb	   *msg;
+	Jsonb	   *e;
+	Jsonb	   *data;
+
+	*offers_stateless = false;
+	if (JsonGetInt32(r, "status", 0) != 400 || body == NULL)
+		return false;
+	msg = JsonParseExternal(body, strlen(body), NULL);
+	e = msg && JsonIsObject(msg) ? JsonGetJsonb(msg, "error") : NULL;
+	if (e == NULL || !JsonIsObject(e) || JsonGetInt32(e, "code", 0) != -32022)
+		return false;
+	data = JsonGetJsonb(e, "data");
+	*offers_stateless = data && JsonIsObject(data) && names_stateless(JsonGetJsonb(data, "supported"));
+	return true;
 }
 
 /* Fail the step with what a transport-level failure says. */
@@ -510,7 +705,17 @@ typedef struct McpProgress
 	char	   *version;
 	bool		notified;		/* notifications/initialized was sent */
 	bool		from_cache;		/* the session came from this process's cache */
+	bool		discovered;		/* the server's revision is known */
+	bool		stateless;		/* ... and it is MCP_STATELESS_VERSION */
+	bool		learned;		/* this step learned it (not from memory) */
+	bool		downgraded;		/* a stateless call was refused with -32022 */
+	const char *elicitation;	/* mcp.elicitation: NULL, accept_defaults, decline */
+	Jsonb	   *input_required; /* the last answer asked for input: retry */
+	int			rounds;			/* answers that asked for input */
 } McpProgress;
+
+/* A server asking for input more often than this in one call fails it. */
+#define MCP_MAX_INPUT_ROUNDS 8
 
 /*
  * The revisions of the protocol this client implements: the one it asks
@@ -545,6 +750,112 @@ answer_id(Jsonb *r, int i)
 }
 
 /*
+ * Does the answer to a stateless call ask for input (resultType
+ * "input_required")?  With mcp.elicitation set, p remembers it for the
+ * retry; without, or past MCP_MAX_INPUT_ROUNDS, the step fails.  Any
+ * other resultType than "complete" is an error too.
+ */
+static bool
+input_required(Jsonb *answer, McpProgress *p)
+{
+	char	   *type = answer ? JsonGetString(answer, "resultType") : NULL;
+
+	if (type == NULL || strcmp(type, "complete") == 0)
+		return false;
+	StepErrorType = "mcp_error";
+	if (strcmp(type, "input_required") != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+				 errmsg("MCP tools/call failed: the server answered with resultType \"%s\"", type)));
+	if (p->elicitation == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("MCP tools/call failed: the server answered with resultType \"input_required\""),
+				 errdetail("The server needs more input for this call, such as a person's answer."),
+				 errhint("Set mcp.elicitation to accept_defaults or decline to answer it unattended.")));
+	if (++p->rounds > MCP_MAX_INPUT_ROUNDS)
+		ereport(ERROR,
+				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+				 errmsg("MCP tools/call failed: the server asked for input %d times", p->rounds),
+				 errdetail("tuvl answers at most %d input requests in one call.", MCP_MAX_INPUT_ROUNDS)));
+	p->input_required = answer;
+	return true;
+}
+
+/*
+ * The values of a requested schema's properties that have a default:
+ * accept_defaults's answer to a form elicitation.
+ */
+static Jsonb *
+schema_defaults(Jsonb *schema)
+{
+	Jsonb	   *props = schema && JsonIsObject(schema) ? JsonGetJsonb(schema, "properties") : NULL;
+	Jsonb	   *out = JsonEmptyObject();
+	JsonbIterator *it;
+	JsonbValue	v;
+	char	   *name;
+
+	if (props == NULL || !JsonIsObject(props))
+		return out;
+	it = JsonbIteratorInit(&props->root);
+	while (JsonObjectNext(&it, &name, &v))
+	{
+		Jsonb	   *prop = JsonValueToJsonb(&v);
+
+		if (JsonIsObject(prop) && JsonGetField(prop, "default"))
+			out = JsonSetKey(out, name, JsonGetJsonb(prop, "default"));
+	}
+	return out;
+}
+
+/*
+ * inputResponses for the inputRequests of an input_required answer, as
+ * mcp.elicitation says: accept_defaults accepts each form elicitation
+ * with its schema's defaults (and declines one that sends the person to a
+ * URL, which nobody will visit); decline declines them all.  A request of
+ * another kind (sampling, roots) fails the step.
+ */
+static Jsonb *
+input_responses(Jsonb *answer, const char *policy)
+{
+	Jsonb	   *requests = JsonGetJsonb(answer, "inputRequests");
+	Jsonb	   *out = JsonEmptyObject();
+	JsonbIterator *it;
+	JsonbValue	v;
+	char	   *key;
+
+	StepErrorType = "mcp_error";
+	if (requests == NULL || !JsonIsObject(requests))
+		ereport(ERROR,
+				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+				 errmsg("MCP tools/call failed: an input_required answer without an inputRequests object")));
+	it = JsonbIteratorInit(&requests->root);
+	while (JsonObjectNext(&it, &key, &v))
+	{
+		Jsonb	   *req = JsonValueToJsonb(&v);
+		char	   *method = JsonIsObject(req) ? JsonGetString(req, "method") : NULL;
+		Jsonb	   *params = method ? JsonGetJsonb(req, "params") : NULL;
+		char	   *mode = params && JsonIsObject(params) ? JsonGetString(params, "mode") : NULL;
+		bool		accept = strcmp(policy, "accept_defaults") == 0 && (mode == NULL || strcmp(mode, "form") == 0);
+		Jsonb	   *resp = JsonSetKey(JsonEmptyObject(), "action",
+									  JsonStringValue(accept ? "accept" : "decline"));
+
+		if (method == NULL || strcmp(method, "elicitation/create") != 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("MCP tools/call failed: the server asked for %s, which tuvl does not answer",
+							method ? method : "an input without a method"),
+					 errdetail("tuvl answers elicitation/create only.")));
+		if (accept)
+			resp = JsonSetKey(resp, "content",
+							  schema_defaults(params && JsonIsObject(params) ?
+											  JsonGetJsonb(params, "requestedSchema") : NULL));
+		out = JsonSetKey(out, key, resp);
+	}
+	return out;
+}
+
+/*
  * Walk the step's effects so far, updating p.  Returns true with *answer
  * set to the result of tools/call when it arrived (the step is done);
  * raises for a failure.
@@ -560,10 +871,27 @@ walk_effects(RunState *run, int n, const char *url, McpProgress *p, Jsonb **answ
 
 		if (op == NULL)
 			continue;
-		if (strcmp(op, "initialize") == 0)
+		if (strcmp(op, "discover") == 0)
+		{
+			/* a server that cannot be reached fails here, not in initialize */
+			if (status == 0)
+				fail_transport(r, "server/discover");
+			p->discovered = p->learned = true;
+			p->stateless = discover_offers_stateless(r, answer_id(r, i));
+		}
+		else if (strcmp(op, "initialize") == 0)
 		{
 			Jsonb	   *init;
+			bool		up;
 
+			/* a server that speaks the stateless revision only: use it */
+			if (version_mismatch(r, &up) && up && !p->downgraded)
+			{
+				p->discovered = p->stateless = p->learned = true;
+				continue;
+			}
+			p->discovered = true;
+			p->stateless = false;
 			if (status < 200 || status >= 300)
 				fail_transport(r, "initialize");
 			init = rpc_answer(r, answer_id(r, i), "initialize");
@@ -581,11 +909,36 @@ walk_effects(RunState *run, int n, const char *url, McpProgress *p, Jsonb **answ
 				fail_transport(r, "notifications/initialized");
 			p->notified = true;
 		}
+		else if (strcmp(op, "call") == 0 && JsonGetString(r, "session") == NULL &&
+				 JsonGetString(r, "version") &&
+				 strcmp(JsonGetString(r, "version"), MCP_STATELESS_VERSION) == 0)
+		{
+			bool		up;
+
+			/* a stateless call; the first effect: the server was known */
+			if (i == 0)
+				p->discovered = p->stateless = true;
+			if (version_mismatch(r, &up))
+			{
+				/* the server no longer speaks it: negotiate down */
+				p->stateless = false;
+				p->downgraded = p->learned = true;
+				continue;
+			}
+			if (status < 200 || status >= 300)
+				fail_transport(r, "tools/call");
+			*answer = rpc_answer(r, answer_id(r, i), "tools/call");
+			p->input_required = NULL;
+			if (input_required(*answer, p))
+				continue;
+			return true;
+		}
 		else if (strcmp(op, "call") == 0)
 		{
 			if (i == 0)
 			{
 				/* the first call used a session cached by this process */
+				p->discovered = true;
 				p->session = JsonGetString(r, "session");
 				p->version = JsonGetString(r, "version");
 				p->from_cache = true;
@@ -593,8 +946,12 @@ walk_effects(RunState *run, int n, const char *url, McpProgress *p, Jsonb **answ
 			if ((status == 404 || status == 400) && p->from_cache)
 			{
 				/* the server lost the session: initialize again */
+				const char *elicitation = p->elicitation;
+
 				session_forget(url, p->session);
 				memset(p, 0, sizeof(McpProgress));
+				p->discovered = true;	/* still a 2025 server */
+				p->elicitation = elicitation;
 				continue;
 			}
 			if (status < 200 || status >= 300)
@@ -776,6 +1133,33 @@ next_request(const char *url, const char *tool, Jsonb *args, const char *id, Mcp
 	JsonObjBuilder b;
 	EffectRequest *req;
 
+	if (!p->discovered)
+		return stateless_request(url, "server/discover", NULL, NULL, id, "discover", timeout_ms, extra,
+								 false);
+	if (p->stateless)
+	{
+		Jsonb	   *responses = NULL;
+
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "name", tool);
+		JsonObjAddJsonb(&b, "arguments", args);
+		if (p->input_required)
+		{
+			/* the same call again, with the answers (and the server's state) */
+			responses = input_responses(p->input_required, p->elicitation);
+			JsonObjAddJsonb(&b, "inputResponses", responses);
+			if (JsonGetField(p->input_required, "requestState"))
+				JsonObjAddJsonb(&b, "requestState", JsonGetJsonb(p->input_required, "requestState"));
+		}
+		req = stateless_request(url, "tools/call", JsonObjEnd(&b), tool, id, "call", timeout_ms, extra,
+								p->elicitation != NULL);
+		req->journal = JsonMerge(req->journal, JsonSetKey(JsonSetKey(JsonEmptyObject(), "tool",
+																	 JsonStringValue(tool)),
+														  "arguments", args));
+		if (responses)
+			req->journal = JsonSetKey(req->journal, "input_responses", responses);
+		return req;
+	}
 	if (p->session == NULL && p->version == NULL)
 		return rpc_request(url, "initialize", initialize_params(), id, NULL, NULL,
 						   "initialize", timeout_ms, extra);
@@ -830,8 +1214,11 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 
 	/* walk what happened so far */
 	memset(&p, 0, sizeof(p));
+	p.elicitation = JsonGetString(mcp, "elicitation");
 	if (walk_effects(run, n, skey, &p, &answer))
 	{
+		if (p.learned)
+			revision_remember(url, p.stateless);
 		end_own_session(skey, &p, url, extra);
 		result->output = call_output(answer, tool);
 		result->output = SecretScrubJsonb(result->output, use.values);
@@ -840,7 +1227,17 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	}
 
 	/* what next */
+	if (p.learned)
+		revision_remember(url, p.stateless);
 	sync_session_cache(skey, n, &p, url, extra);
+	if (n == 0)
+	{
+		/* a cached session is a 2025 server's; else what the process knows */
+		int			known = p.session ? 0 : revision_known(url);
+
+		p.discovered = known >= 0;
+		p.stateless = known == 1;
+	}
 	/* the effect's idempotency key: no other request of any run repeats it */
 	req = next_request(url, tool, args, EffectKey(run, n), &p, timeout_ms, extra);
 	req->secrets = use.values;
@@ -925,8 +1322,10 @@ McpListedTools(const char *url)
 }
 
 /*
- * tuvl.mcp_list_tools(url): initialize a session and list the server's
- * tools, synchronously in this backend.  Returns the tools array.
+ * tuvl.mcp_list_tools(url): ask the server's revisions (server/discover);
+ * list its tools statelessly when it speaks 2026-07-28, else in a session
+ * of its own (initialize, then DELETE); synchronously in this backend.
+ * Returns the tools array.
  */
 Datum
 tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
@@ -941,6 +1340,7 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 	Jsonb	   *list;
 	char	   *session;
 	char	   *version;
+	bool		stateless;
 
 	TokenRequireScope("workflows:write");
 	if (PG_ARGISNULL(0))
@@ -960,24 +1360,39 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 		hv.val.binary.len = hdrs ? VARSIZE(hdrs) : 0;
 		extra = hdrs ? render_headers(&hv, JsonEmptyObject(), &use) : NIL;
 	}
-	req = rpc_request(url, "initialize", initialize_params(), "tuvl-list-1", NULL, NULL, "initialize",
-					  tuvl_http_timeout, extra);
+	/* which revision: server/discover, as a step asks */
+	req = stateless_request(url, "server/discover", NULL, NULL, "tuvl-list-0", "discover",
+							tuvl_http_timeout, list_copy(extra), false);
 	req->secrets = use.values;
 	r = EffectPerform(req);
-	if (JsonGetInt32(r, "status", 0) < 200 || JsonGetInt32(r, "status", 0) >= 300)
-		fail_transport(r, "initialize");
-	init = rpc_answer(r, "tuvl-list-1", "initialize");
-	session = session_of(r);
-	version = init ? JsonGetString(init, "protocolVersion") : NULL;
-	if (version)
-		check_version(version);
-	req = rpc_request(url, "notifications/initialized", NULL, NULL, session,
-					  version ? version : MCP_PROTOCOL_VERSION, "initialized",
-					  tuvl_http_timeout, list_copy(extra));
-	req->secrets = use.values;
-	r = EffectPerform(req);
-	if (JsonGetInt32(r, "status", 0) >= 400 || JsonGetInt32(r, "status", 0) == 0)
-		fail_transport(r, "notifications/initialized");
+	if (JsonGetInt32(r, "status", 0) == 0)
+		fail_transport(r, "server/discover");
+	stateless = discover_offers_stateless(r, "tuvl-list-0");
+	revision_remember(url, stateless);
+	session = NULL;
+	version = MCP_STATELESS_VERSION;
+	if (!stateless)
+	{
+		req = rpc_request(url, "initialize", initialize_params(), "tuvl-list-1", NULL, NULL, "initialize",
+						  tuvl_http_timeout, extra);
+		req->secrets = use.values;
+		r = EffectPerform(req);
+		if (JsonGetInt32(r, "status", 0) < 200 || JsonGetInt32(r, "status", 0) >= 300)
+			fail_transport(r, "initialize");
+		init = rpc_answer(r, "tuvl-list-1", "initialize");
+		session = session_of(r);
+		version = init ? JsonGetString(init, "protocolVersion") : NULL;
+		if (version)
+			check_version(version);
+		else
+			version = MCP_PROTOCOL_VERSION;
+		req = rpc_request(url, "notifications/initialized", NULL, NULL, session, version, "initialized",
+						  tuvl_http_timeout, list_copy(extra));
+		req->secrets = use.values;
+		r = EffectPerform(req);
+		if (JsonGetInt32(r, "status", 0) >= 400 || JsonGetInt32(r, "status", 0) == 0)
+			fail_transport(r, "notifications/initialized");
+	}
 	{
 		Jsonb	   *all = JsonFromCString("[]");
 		char	   *cursor = NULL;
@@ -989,9 +1404,12 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 				: JsonEmptyObject();
 			Jsonb	   *tools;
 
-			req = rpc_request(url, "tools/list", params, psprintf("tuvl-list-%d", 2 + page), session,
-							  version ? version : MCP_PROTOCOL_VERSION, "list",
-							  tuvl_http_timeout, list_copy(extra));
+			if (stateless)
+				req = stateless_request(url, "tools/list", params, NULL, psprintf("tuvl-list-%d", 2 + page),
+										"list", tuvl_http_timeout, list_copy(extra), false);
+			else
+				req = rpc_request(url, "tools/list", params, psprintf("tuvl-list-%d", 2 + page), session,
+								  version, "list", tuvl_http_timeout, list_copy(extra));
 			req->secrets = use.values;
 			r = EffectPerform(req);
 			if (JsonGetInt32(r, "status", 0) < 200 || JsonGetInt32(r, "status", 0) >= 300)

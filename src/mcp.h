@@ -11,6 +11,8 @@
 #include "utils/jsonb.h"
 
 #define MCP_PROTOCOL_VERSION "2025-11-25"
+/* The stateless revision: no initialize, no session, _meta on every request. */
+#define MCP_STATELESS_VERSION "2026-07-28"
 
 extern Jsonb *McpParseMessage(const char *body, const char *content_type, const char *id,
 							  char **error);
