@@ -8,6 +8,7 @@ OBJS = \
 	src/agent.o \
 	src/agent_shared.o \
 	src/api.o \
+	src/run_create.o \
 	src/artifact.o \
 	src/channel.o \
 	src/checkpoint.o \

@@ -43,7 +43,7 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
-#include "api.h"
+#include "run_create.h"
 #include "control.h"
 #include "driver.h"
 #include "effect.h"
@@ -752,7 +752,7 @@ replay_run(Jsonb *fixture, const char *workflow, Jsonb *input, int *version)
 	memset(&start, 0, sizeof(start));
 	start.workflow = workflow;
 	start.input = input;
-	id = ApiCreateRun(&start, true, version);
+	id = RunCreate(&start, true, version);
 
 	if (artifacts && JsonIsObject(artifacts))
 	{

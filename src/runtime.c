@@ -5,7 +5,7 @@
  *
  * How a run flows
  * ---------------
- * 1. tuvl.start_run() (api.c, ApiCreateRun) inserts the run as queued,
+ * 1. tuvl.start_run() (run_create.c, RunCreate) inserts the run as queued,
  *    journals run_queued and notes it in the shared queue (queue.c) at
  *    commit, waking a worker.
  * 2. A worker (worker.c) claims queued runs with FOR UPDATE SKIP LOCKED

@@ -36,7 +36,7 @@
 #include "utils/builtins.h"
 #include "utils/rel.h"
 
-#include "api.h"
+#include "run_create.h"
 #include "concurrency.h"
 #include "control.h"
 #include "effect.h"
@@ -238,7 +238,7 @@ start_children(RunState *run, const StepDef *step, Jsonb *ctx, int32 priority)
 		start.parent_step = step->id;
 		start.root_id = root;
 		start.held = max_parallel > 0 && i >= max_parallel;
-		appendStringInfo(&ids, "%s" INT64_FORMAT, i ? "," : "", ApiCreateRun(&start, false, NULL));
+		appendStringInfo(&ids, "%s" INT64_FORMAT, i ? "," : "", RunCreate(&start, false, NULL));
 	}
 	SecurityRestore(&frame);
 	appendStringInfoChar(&ids, ']');

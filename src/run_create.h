@@ -1,14 +1,13 @@
 /*-------------------------------------------------------------------------
  *
- * api.h
- *	  SQL-callable functions of schema tuvl.
+ * run_create.h
+ *	  Creating a run (run_create.c).
  *
  *-------------------------------------------------------------------------
  */
-#ifndef TUVL_API_H
-#define TUVL_API_H
+#ifndef TUVL_RUN_CREATE_H
+#define TUVL_RUN_CREATE_H
 
-#include "fmgr.h"
 #include "datatype/timestamp.h"
 #include "utils/jsonb.h"
 
@@ -29,6 +28,12 @@ typedef struct RunStart
 	bool		held;			/* a child beyond its step's max_parallel */
 } RunStart;
 
-extern int64 ApiCreateRun(const RunStart *start, bool running, int *version);
+/*
+ * Insert a run (queued, or with running = true held by this backend) and
+ * journal run_queued; returns its id, and its version in *version unless
+ * NULL.  A start with a key another run of the role holds returns that run.
+ */
+extern int64 RunCreate(const RunStart *start, bool running, int *version);
+extern bool RunCreatedHere(int64 id);
 
-#endif							/* TUVL_API_H */
+#endif							/* TUVL_RUN_CREATE_H */
