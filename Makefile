@@ -15,6 +15,9 @@ OBJS = \
 	src/concurrency.o \
 	src/compensation.o \
 	src/control.o \
+	src/run_control.o \
+	src/step_human.o \
+	src/timers.o \
 	src/deadline.o \
 	src/driver.o \
 	src/effect.o \

@@ -62,7 +62,7 @@
 
 #include "agent.h"
 #include "artifact.h"
-#include "control.h"
+#include "run_control.h"
 #include "effect.h"
 #include "deadline.h"
 #include "executor.h"

@@ -83,7 +83,7 @@ extern StepExecuteFunc StepExecuteRouter;		/* executor.c */
 extern StepExecuteFunc StepExecuteAPICall;		/* step_http.c */
 extern StepExecuteFunc StepExecuteAgent;		/* step_agent.c */
 extern StepExecuteFunc StepExecuteAutonomous;	/* agent.c: mode autonomous */
-extern StepExecuteFunc StepExecuteHuman;		/* control.c */
+extern StepExecuteFunc StepExecuteHuman;		/* step_human.c */
 extern StepExecuteFunc StepExecuteMCP;			/* mcp.c */
 extern StepExecuteFunc StepExecuteFunctional;	/* step_sql.c */
 extern StepExecuteFunc StepExecuteModelOp;		/* step_sql.c */

@@ -44,7 +44,7 @@
 #include "utils/timestamp.h"
 
 #include "run_create.h"
-#include "control.h"
+#include "run_control.h"
 #include "driver.h"
 #include "effect.h"
 #include "executor.h"

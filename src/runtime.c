@@ -64,7 +64,7 @@
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
 
-#include "control.h"
+#include "run_control.h"
 #include "deadline.h"
 #include "effect.h"
 #include "hook.h"

@@ -38,7 +38,8 @@
 
 #include "run_create.h"
 #include "concurrency.h"
-#include "control.h"
+#include "run_control.h"
+#include "timers.h"
 #include "effect.h"
 #include "executor.h"
 #include "journal.h"
