@@ -48,6 +48,7 @@ OBJS = \
 	src/status.o \
 	src/step_agent.o \
 	src/step_http.o \
+	src/step_router.o \
 	src/step_sleep.o \
 	src/step_sql.o \
 	src/step_workflow.o \

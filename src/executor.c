@@ -1,7 +1,7 @@
 /*-------------------------------------------------------------------------
  *
  * executor.c
- *	  The one dispatch table of step kinds, and the Router.
+ *	  The one dispatch table of step kinds.
  *
  * Every kind has an entry: the workers, tuvl.run(), tuvl.replay() and an
  * agent dispatching a tool all execute a step through it, and ask it
@@ -11,29 +11,9 @@
  */
 #include "postgres.h"
 
-#include "utils/builtins.h"
-
 #include "executor.h"
-#include "jsonutil.h"
-#include "template.h"
 
 const char *StepErrorType = "error";
-
-/* Router: the rendered value of "on" is the signal. */
-void
-StepExecuteRouter(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *result)
-{
-	JsonbValue *on = JsonGetField(step->spec, "on");
-	JsonbValue *v;
-
-	StepErrorType = "template_error";
-	v = TemplateRenderValue(on, ctx, NULL);
-	if (v->type == jbvNull)
-		result->signal = "default";
-	else
-		result->signal = JsonValueToText(v);
-	result->has_output = false;
-}
 
 /* The kinds, as init.c registers them when the library is loaded. */
 static const StepExecutor *executors[STEP_KIND_COUNT];

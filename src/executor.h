@@ -79,7 +79,7 @@ extern const StepExecutor *ExecutorFor(StepKind kind);
 extern bool ExecutorIsReservedExit(const StepDef *step, const char *signal);
 
 /* The executors of the kinds, each in the file of its kind (init.c lists them). */
-extern StepExecuteFunc StepExecuteRouter;		/* executor.c */
+extern StepExecuteFunc StepExecuteRouter;		/* step_router.c */
 extern StepExecuteFunc StepExecuteAPICall;		/* step_http.c */
 extern StepExecuteFunc StepExecuteAgent;		/* step_agent.c */
 extern StepExecuteFunc StepExecuteAutonomous;	/* agent.c: mode autonomous */
