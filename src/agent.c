@@ -784,7 +784,7 @@ control_checkpoint(AgentLoop *l)
 
 	/* a replay takes the operators' actions of the recording here */
 	if (l->run->replay)
-		control = ReplayControl(l->run, l->step->id, control);
+		control = ExecutorReplayControl(l->run, l->step->id, control);
 	if (control == NULL)
 		return true;
 	steer = JsonGetJsonb(control, "steer");

@@ -15,6 +15,9 @@
 
 const char *StepErrorType = "error";
 
+Jsonb	   *(*ExecutorReplayChildren) (RunState *run, const char *step) = NULL;
+Jsonb	   *(*ExecutorReplayControl) (RunState *run, const char *step, Jsonb *control) = NULL;
+
 /* The kinds, as init.c registers them when the library is loaded. */
 static const StepExecutor *executors[STEP_KIND_COUNT];
 

@@ -91,8 +91,15 @@ extern StepExecuteFunc StepExecuteSleep;		/* step_sleep.c */
 extern void SleepAddWake(JsonObjBuilder *b, TimestampTz until);
 extern StepExecuteFunc StepExecuteWorkflow;	/* step_workflow.c */
 extern void WorkflowChildEnded(int64 parent_id, bool completed);
-extern Jsonb *ReplayTakeChildren(RunState *run, const char *step);	/* replay.c */
-extern Jsonb *ReplayControl(RunState *run, const char *step, Jsonb *control);
+
+/*
+ * What a replay (replay.c) serves in place of the world, registered by
+ * init.c so the step kinds below the SQL layer never call it by name:
+ * the recorded outcome of a Workflow step's children, and the operator's
+ * actions at the top of an agent turn.  Called only while run->replay.
+ */
+extern Jsonb *(*ExecutorReplayChildren) (RunState *run, const char *step);
+extern Jsonb *(*ExecutorReplayControl) (RunState *run, const char *step, Jsonb *control);
 
 extern const char *const AgentReservedExits[];	/* agent.c */
 

@@ -44,6 +44,7 @@
 #include "utils/timestamp.h"
 
 #include "run_create.h"
+#include "replay.h"
 #include "run_control.h"
 #include "driver.h"
 #include "effect.h"

@@ -367,7 +367,7 @@ child_failed(StepResult *result, const char *failure)
 static void
 replay_children(RunState *run, const StepDef *step, StepResult *result)
 {
-	Jsonb	   *rec = ReplayTakeChildren(run, step->id);
+	Jsonb	   *rec = ExecutorReplayChildren(run, step->id);
 	char	   *error = JsonGetString(rec, "error");
 
 	if (error)
