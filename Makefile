@@ -22,6 +22,7 @@ OBJS = \
 	src/driver.o \
 	src/effect.o \
 	src/executor.o \
+	src/gucs.o \
 	src/guardrail.o \
 	src/hook.o \
 	src/http.o \
@@ -56,7 +57,7 @@ OBJS = \
 	src/template.o \
 	src/trace.o \
 	src/tokens.o \
-	src/tuvl.o \
+	src/shmem.o \
 	src/uses.o \
 	src/validate.o \
 	src/worker.o \
