@@ -20,6 +20,7 @@ OBJS = \
 	src/timers.o \
 	src/deadline.o \
 	src/driver.o \
+	src/duration.o \
 	src/effect.o \
 	src/executor.o \
 	src/gucs.o \
@@ -37,6 +38,7 @@ OBJS = \
 	src/llm_request.o \
 	src/mcp.o \
 	src/metrics.o \
+	src/nameindex.o \
 	src/queue.o \
 	src/replay.o \
 	src/retention.o \

@@ -27,7 +27,9 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 
+#include "duration.h"
 #include "jsonutil.h"
+#include "nameindex.h"
 #include "spiutil.h"
 #include "security.h"
 #include "uses.h"
@@ -67,139 +69,6 @@ StepKindFromName(const char *name, StepKind *kind)
 		}
 	}
 	return false;
-}
-
-/*
- * Parse "250ms", "10s", "5m", "1h", "2d" or a plain number of seconds,
- * into milliseconds that may exceed an int (a Sleep step's for:).
- * Returns false when the text is not a duration.
- */
-bool
-DurationParseLong(const char *text, int64 *ms)
-{
-	char	   *end;
-	double		v;
-	double		mult;
-
-	errno = 0;
-	v = strtod(text, &end);
-	if (end == text || errno != 0 || v < 0)
-		return false;
-	while (isspace((unsigned char) *end))
-		end++;
-	if (*end == '\0' || strcmp(end, "s") == 0)
-		mult = 1000;
-	else if (strcmp(end, "ms") == 0)
-		mult = 1;
-	else if (strcmp(end, "m") == 0 || strcmp(end, "min") == 0)
-		mult = 60000;
-	else if (strcmp(end, "h") == 0)
-		mult = 3600000;
-	else if (strcmp(end, "d") == 0)
-		mult = 86400000;
-	else
-		return false;
-	if (v * mult > (double) PG_INT64_MAX / 2)
-		return false;
-	*ms = (int64) (v * mult);
-	return true;
-}
-
-/*
- * Parse "250ms", "10s", "5m", "1h", "2d" or a plain number of seconds, up
- * to what an int of milliseconds holds (24 days).  Returns false when the
- * text is not such a duration.
- */
-bool
-DurationParse(const char *text, int *ms)
-{
-	int64		v;
-
-	if (!DurationParseLong(text, &v) || v > INT_MAX)
-		return false;
-	*ms = (int) v;
-	return true;
-}
-
-/* A duration given as a YAML number (seconds) or string. */
-bool
-DurationFromJson(JsonbValue *v, int *ms)
-{
-	char	   *text;
-
-	if (v == NULL)
-		return false;
-	if (v->type == jbvNumeric)
-		text = DatumGetCString(DirectFunctionCall1(numeric_out,
-												   NumericGetDatum(v->val.numeric)));
-	else if (v->type == jbvString)
-		text = pnstrdup(v->val.string.val, v->val.string.len);
-	else
-		return false;
-	return DurationParse(text, ms);
-}
-
-/* ---------------------------------------------------------------- names
- *
- * A NameIndex maps names to integers through a dynahash table whose keys
- * are pointers to the names (hashed and compared as strings), so a name
- * may be of any length.  The names are not copied: they must live as long
- * as the index, in the same memory context or a longer-lived one.
- */
-typedef struct NameEntry
-{
-	const char *name;			/* the key: a pointer to the name */
-	int			value;
-} NameEntry;
-
-static uint32
-name_hash(const void *key, Size keysize)
-{
-	const char *name = *(const char *const *) key;
-
-	return hash_bytes((const unsigned char *) name, strlen(name));
-}
-
-static int
-name_match(const void *key1, const void *key2, Size keysize)
-{
-	return strcmp(*(const char *const *) key1, *(const char *const *) key2);
-}
-
-/* A new, empty index in CurrentMemoryContext, sized for about expected names. */
-NameIndex *
-NameIndexCreate(int expected)
-{
-	HASHCTL		ctl;
-
-	ctl.keysize = sizeof(const char *);
-	ctl.entrysize = sizeof(NameEntry);
-	ctl.hash = name_hash;
-	ctl.match = name_match;
-	ctl.hcxt = CurrentMemoryContext;
-	return (NameIndex *) hash_create("tuvl names", Max(expected, 8), &ctl,
-									 HASH_ELEM | HASH_FUNCTION | HASH_COMPARE | HASH_CONTEXT);
-}
-
-/* Add name with value; false (and no change) when the name is there already. */
-bool
-NameIndexAdd(NameIndex *ix, const char *name, int value)
-{
-	bool		found;
-	NameEntry  *e = hash_search((HTAB *) ix, &name, HASH_ENTER, &found);
-
-	if (!found)
-		e->value = value;
-	return !found;
-}
-
-/* The value of name, or -1 when it is not in the index. */
-int
-NameIndexGet(NameIndex *ix, const char *name)
-{
-	NameEntry  *e = hash_search((HTAB *) ix, &name, HASH_FIND, NULL);
-
-	return e ? e->value : -1;
 }
 
 /*

@@ -11,6 +11,9 @@
 #include "nodes/pg_list.h"
 #include "utils/jsonb.h"
 
+#include "duration.h"
+#include "nameindex.h"
+
 typedef enum StepKind
 {
 	STEP_FUNCTIONAL,
@@ -48,12 +51,6 @@ typedef struct EndDef
 	bool		rollback;
 } EndDef;
 
-/*
- * Names (step and end ids) to integers, by hash: lookups by id cost the
- * same in a workflow of 3 steps or 3,000 (see NameIndexCreate).
- */
-typedef struct NameIndex NameIndex;
-
 typedef struct WorkflowDef
 {
 	char	   *name;
@@ -83,11 +80,5 @@ extern int	WorkflowFindStep(WorkflowDef *wf, const char *id);
 struct UseReferrer;
 extern void WorkflowReferrer(WorkflowDef *wf, struct UseReferrer *by);
 extern EndDef *WorkflowFindEnd(WorkflowDef *wf, const char *id);
-extern bool DurationParse(const char *text, int *ms);
-extern bool DurationFromJson(JsonbValue *v, int *ms);
-extern bool DurationParseLong(const char *text, int64 *ms);
-extern NameIndex *NameIndexCreate(int expected);
-extern bool NameIndexAdd(NameIndex *ix, const char *name, int value);
-extern int	NameIndexGet(NameIndex *ix, const char *name);
 
 #endif							/* TUVL_WORKFLOW_H */
