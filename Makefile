@@ -38,6 +38,7 @@ OBJS = \
 	src/llm_request.o \
 	src/mcp.o \
 	src/metrics.o \
+	src/model.o \
 	src/nameindex.o \
 	src/queue.o \
 	src/replay.o \
