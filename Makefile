@@ -47,6 +47,7 @@ OBJS = \
 	src/retry.o \
 	src/runtime.o \
 	src/schedule.o \
+	src/secret.o \
 	src/security.o \
 	src/spiutil.o \
 	src/status.o \

@@ -13,6 +13,7 @@
 
 #include "http.h"
 #include "runtime.h"
+#include "secret.h"
 #include "template.h"
 
 /*
@@ -32,22 +33,7 @@ typedef struct EffectRequest
 								 * re-executed step knows what it asked for */
 } EffectRequest;
 
-/* Secrets used while rendering one step's request. */
-typedef struct SecretUse
-{
-	TemplateOptions opts;
-	List	   *values;			/* char *, the values read */
-	RunState   *run;			/* whose principal's grants apply */
-	const char *named_by;		/* for messages: "LLM config \"x\"", or NULL */
-	Oid			author;			/* the role that wrote what names the secrets
-								 * (a model config), who must hold the grants
-								 * too; InvalidOid: the principal alone */
-} SecretUse;
-
-extern void SecretUseInit(SecretUse *use, RunState *run);
-extern char *SecretScrub(const char *text, List *secrets);
 extern void EffectCheckAllowed(const char *url, List *secrets);
-extern Jsonb *SecretScrubJsonb(Jsonb *j, List *secrets);
 
 extern int	EffectCount(RunState *run);
 extern Jsonb *EffectAt(RunState *run, int position);
