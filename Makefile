@@ -5,8 +5,9 @@ EXTVERSION = $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" tuvl.control)
 
 MODULE_big = tuvl
 OBJS = \
-	src/agent.o \
-	src/agent_shared.o \
+	src/agent_loop.o \
+	src/agent_outcome.o \
+	src/agent_completion.o \
 	src/api.o \
 	src/run_create.o \
 	src/artifact.o \
@@ -51,7 +52,6 @@ OBJS = \
 	src/security.o \
 	src/spiutil.o \
 	src/status.o \
-	src/step_agent.o \
 	src/step_http.o \
 	src/step_router.o \
 	src/step_sleep.o \

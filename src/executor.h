@@ -81,8 +81,8 @@ extern bool ExecutorIsReservedExit(const StepDef *step, const char *signal);
 /* The executors of the kinds, each in the file of its kind (init.c lists them). */
 extern StepExecuteFunc StepExecuteRouter;		/* step_router.c */
 extern StepExecuteFunc StepExecuteAPICall;		/* step_http.c */
-extern StepExecuteFunc StepExecuteAgent;		/* step_agent.c */
-extern StepExecuteFunc StepExecuteAutonomous;	/* agent.c: mode autonomous */
+extern StepExecuteFunc StepExecuteAgent;		/* agent_completion.c */
+extern StepExecuteFunc StepExecuteAutonomous;	/* agent_loop.c: mode autonomous */
 extern StepExecuteFunc StepExecuteHuman;		/* step_human.c */
 extern StepExecuteFunc StepExecuteMCP;			/* mcp.c */
 extern StepExecuteFunc StepExecuteFunctional;	/* step_sql.c */
@@ -101,6 +101,6 @@ extern void WorkflowChildEnded(int64 parent_id, bool completed);
 extern Jsonb *(*ExecutorReplayChildren) (RunState *run, const char *step);
 extern Jsonb *(*ExecutorReplayControl) (RunState *run, const char *step, Jsonb *control);
 
-extern const char *const AgentReservedExits[];	/* agent.c */
+extern const char *const AgentReservedExits[];	/* agent_loop.c */
 
 #endif							/* TUVL_EXECUTOR_H */

@@ -26,7 +26,7 @@
  * its judges after all its other checks, on the content they let
  * through (masked by pii_mask), so the cheap checks fail first and a
  * judge model never sees what a mask hid.  GuardrailRun skips them;
- * AgentGateJudge (agent_shared.c) asks them, one durable call each.
+ * AgentGateJudge (agent_outcome.c) asks them, one durable call each.
  *
  * Patterns are PostgreSQL regular expressions (the ~ operator, advanced
  * syntax, case-sensitive); schemas are the subset of JSON Schema that
@@ -638,7 +638,7 @@ GuardrailRun(Jsonb *definition, char **content, int *check_no, char **check_name
 			*content = run_pii_mask(check, *content);
 			continue;
 		}
-		/* a judge runs after every other check of the gate (agent_shared.c) */
+		/* a judge runs after every other check of the gate (agent_outcome.c) */
 		if (strcmp(JsonGetString(check, "check"), "llm_judge") == 0)
 			continue;
 		why = run_check(check, *content);

@@ -8,7 +8,7 @@
  * on_error, before_tool, after_tool) and its action.  Attached to the
  * whole workflow (top-level hooks) or to one step (hooks on the step),
  * it fires where every surface executes steps: in the transition
- * (runtime.c) and in the agent's tool dispatch (agent.c), so workers,
+ * (runtime.c) and in the agent's tool dispatch (agent_loop.c), so workers,
  * tuvl.run() and tuvl.replay() behave alike.
  *
  * A hook never changes the context or the flow.  The metric action adds 1

@@ -4,8 +4,8 @@
  *	  Retry policies of effects: the retry block of a step, the backoff
  *	  between attempts and the server's Retry-After.
  *
- * The APICall step (step_http.c) and the Agent step (step_agent.c, agent.c)
- * read the same retry block {on: [...], attempts: n, backoff: duration}
+ * The APICall step (step_http.c) and the Agent step (agent_completion.c,
+ * agent_loop.c) read the same retry block {on: [...], attempts: n, backoff: duration}
  * and wait the same way: base * 2^(failures - 1) plus up to half again of
  * jitter, at most RETRY_MAX_BACKOFF_MS, unless the server said how long
  * (Retry-After), which wins.  What differs is kept by the callers:

@@ -8,7 +8,7 @@
  * for it is stored in tuvl.runs.control ({"abort": {reason, by},
  * "pause": {by}, "steer": [{message, by}]}) and applied by the holder,
  * cooperatively: between steps (runtime.c), at the top of every agent
- * turn and, for abort, between an agent's tool calls (agent.c); never in
+ * turn and, for abort, between an agent's tool calls (agent_loop.c); never in
  * the middle of a call.  A run nobody holds (queued, paused or waiting
  * for a person) is changed here directly, under its row lock, with its
  * journal events: a worker's claim skips a locked row.

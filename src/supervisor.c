@@ -13,7 +13,7 @@
  *		  - { rule: iterations, max: 6, action: steer, message: "Wrap up now." }
  *		judge: { model: judge, prompt: artifact://judge_prompt@1, every: 2, on_error: pass }
  *
- * The agent loop (agent.c) asks SupervisorCheck at the top of a turn it
+ * The agent loop (agent_loop.c) asks SupervisorCheck at the top of a turn it
  * is about to take, right after the operator's control checkpoint: in
  * the worker (or the backend running tuvl.run()), with no process of its
  * own, and not at all when the workflow has no supervisor.  The rules

@@ -1,11 +1,11 @@
 /*-------------------------------------------------------------------------
  *
- * agent_shared.c
+ * agent_outcome.c
  *	  What the two modes of the Agent step share: the outcome contract and
  *	  when a failed model call is retried.
  *
- * The completion mode (step_agent.c) and the autonomous loop (agent.c)
- * end the same way: the model's final answer goes through
+ * The completion mode (agent_completion.c) and the autonomous loop
+ * (agent_loop.c) end the same way: the model's final answer goes through
  * AgentApplyOutcome, and a transport failure is retried per agent.retry
  * (retry.c) or gives up with the same _last_error_type.
  *

@@ -1,6 +1,6 @@
 /*-------------------------------------------------------------------------
  *
- * step_agent.c
+ * agent_completion.c
  *	  The Agent step.  This file holds the completion mode: one model call
  *	  (retried on transport failures), its answer written to the context.
  *
@@ -161,7 +161,7 @@ execute_completion(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 }
 
 /*
- * The Agent step: mode completion here; autonomous in agent.c.
+ * The Agent step: mode completion here; autonomous in agent_loop.c.
  */
 void
 StepExecuteAgent(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *result)

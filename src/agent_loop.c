@@ -1,6 +1,6 @@
 /*-------------------------------------------------------------------------
  *
- * agent.c
+ * agent_loop.c
  *	  The autonomous Agent: a bounded tool loop, durable turn by turn.
  *
  * The model chooses among the steps named in agent.tools, observes their
