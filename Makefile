@@ -4,69 +4,14 @@ EXTENSION = tuvl
 EXTVERSION = $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" tuvl.control)
 
 MODULE_big = tuvl
-OBJS = \
-	src/agent_loop.o \
-	src/agent_outcome.o \
-	src/agent_completion.o \
-	src/api.o \
-	src/run_create.o \
-	src/artifact.o \
-	src/channel.o \
-	src/checkpoint.o \
-	src/concurrency.o \
-	src/compensation.o \
-	src/control.o \
-	src/run_control.o \
-	src/step_human.o \
-	src/timers.o \
-	src/deadline.o \
-	src/driver.o \
-	src/duration.o \
-	src/effect.o \
-	src/executor.o \
-	src/gucs.o \
-	src/guardrail.o \
-	src/hook.o \
-	src/http.o \
-	src/init.o \
-	src/journal.o \
-	src/journal_block.o \
-	src/judge.o \
-	src/jsonschema.o \
-	src/jsonutil.o \
-	src/launcher.o \
-	src/llm.o \
-	src/llm_request.o \
-	src/mcp.o \
-	src/metrics.o \
-	src/model.o \
-	src/nameindex.o \
-	src/queue.o \
-	src/replay.o \
-	src/retention.o \
-	src/lease.o \
-	src/retry.o \
-	src/runtime.o \
-	src/schedule.o \
-	src/secret.o \
-	src/security.o \
-	src/spiutil.o \
-	src/status.o \
-	src/step_http.o \
-	src/step_router.o \
-	src/step_sleep.o \
-	src/step_sql.o \
-	src/step_workflow.o \
-	src/supervisor.o \
-	src/template.o \
-	src/trace.o \
-	src/tokens.o \
-	src/shmem.o \
-	src/uses.o \
-	src/validate.o \
-	src/worker.o \
-	src/workflow.o \
-	src/yamlparse.o
+# src/ is in one folder a layer (docs/internals.md, "The files, by layer"):
+# the objects are every .c of those folders, and init.c, the entry point.
+# A new file needs no line here.  The paths are taken from the Makefile's
+# own directory, so a VPATH build (test/lib.sh's ASan build) finds them.
+TUVL_LAYERS = api agent steps runtime telemetry catalog effects storage support
+tuvl_top := $(patsubst %/,%,$(dir $(firstword $(MAKEFILE_LIST))))
+tuvl_srcs := $(sort $(wildcard $(tuvl_top)/src/*.c $(foreach d,$(TUVL_LAYERS),$(tuvl_top)/src/$(d)/*.c)))
+OBJS = $(patsubst $(tuvl_top)/%.c,%.o,$(tuvl_srcs))
 
 DATA = $(wildcard sql/tuvl--*.sql)
 DOCS = README.md
@@ -86,7 +31,8 @@ PG_CONFIG ?= pg_config
 
 # -Wall -Wextra, except -Wunused-parameter, which PostgreSQL's own headers
 # (lib/ilist.h, storage/bufpage.h, fmgr.h) and every callback signature trip.
-PG_CPPFLAGS = -I$(srcdir)/src $(shell pkg-config --cflags libcurl yaml-0.1) \
+PG_CPPFLAGS = -I$(srcdir)/src $(foreach d,$(TUVL_LAYERS),-I$(srcdir)/src/$(d)) \
+	$(shell pkg-config --cflags libcurl yaml-0.1) \
 	-DTUVL_VERSION=\"$(EXTVERSION)\" -Wall -Wextra -Wno-unused-parameter
 SHLIB_LINK = $(shell pkg-config --libs libcurl yaml-0.1)
 
@@ -98,4 +44,4 @@ include $(PGXS)
 
 # Every object depends on every local header (a changed struct rebuilds all)
 # and on the control file (TUVL_VERSION comes from it).
-$(OBJS): $(wildcard src/*.h) tuvl.control
+$(OBJS): $(wildcard $(tuvl_top)/src/*.h $(foreach d,$(TUVL_LAYERS),$(tuvl_top)/src/$(d)/*.h)) tuvl.control

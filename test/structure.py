@@ -3,12 +3,12 @@
 
 Three rules of CONTRIBUTING.md that a compiler does not enforce:
 
-  functions   no function in src/*.c is longer than 120 lines
+  functions   no function in src/**/*.c is longer than 120 lines
   calls       no cycle of calls between files: the symbols each object file
               uses (nm) never lead back to it through other files
-  includes    no cycle of #include "..." between the headers in src/
+  includes    no cycle of #include "..." between the headers in src/**
 
-Run after a build (it reads src/*.o).  Prints one line per check,
+Run after a build (it reads src/**/*.o).  Prints one line per check,
 "ok <check>" or "not ok <check>: <what>", and exits 1 when one fails.
 """
 import glob
@@ -25,7 +25,7 @@ def long_functions():
     """(file, line, name, length) of every function over MAX_LINES lines; a
     function runs from its "{" in column 0 to the next "}" in column 0."""
     found = []
-    for path in sorted(glob.glob(os.path.join(SRC, "*.c"))):
+    for path in sorted(glob.glob(os.path.join(SRC, "**", "*.c"), recursive=True)):
         lines = open(path, encoding="utf-8").read().split("\n")
         i = 0
         while i < len(lines):
@@ -47,7 +47,7 @@ def long_functions():
 def call_graph():
     """{file: set of files whose symbols it uses}, from the object files."""
     defined, used = {}, {}
-    for obj in sorted(glob.glob(os.path.join(SRC, "*.o"))):
+    for obj in sorted(glob.glob(os.path.join(SRC, "**", "*.o"), recursive=True)):
         name = os.path.basename(obj)[:-2]
         out = subprocess.run(["nm", obj], capture_output=True, text=True, check=True).stdout
         used[name] = set()
@@ -97,14 +97,14 @@ def cycles(graph):
 
 def include_graph():
     graph = {}
-    for path in glob.glob(os.path.join(SRC, "*.h")):
+    for path in glob.glob(os.path.join(SRC, "**", "*.h"), recursive=True):
         graph[os.path.basename(path)] = set(
             re.findall(r'#include "([^"]+)"', open(path, encoding="utf-8").read()))
     return graph
 
 
 def main():
-    if not glob.glob(os.path.join(SRC, "*.o")):
+    if not glob.glob(os.path.join(SRC, "**", "*.o"), recursive=True):
         print("not ok calls: no object files in src/ (build first)")
         return 1
     failed = 0
