@@ -9,7 +9,8 @@ The rules of CONTRIBUTING.md that a compiler does not enforce:
   includes    no cycle of #include "..." between the headers in src/**
   folders     src/'s folders are the layers of docs/internals.md's table
               ("The files, by layer"), in the order of the Makefile's
-              TUVL_LAYERS, and every .c is in one of them
+              TUVL_LAYERS, and every .c is in one of them and named in
+              that section
   layers      no call goes up the table: a file calls only into its own
               layer or one below it (the step kinds are called through the
               step table, never by name)
@@ -123,10 +124,15 @@ def folder_problems(table):
     m = re.search(r"^TUVL_LAYERS = (.*)$", open(MAKEFILE, encoding="utf-8").read(), re.M)
     if not m or m.group(1).split() != folders:
         problems.append(f"the Makefile's TUVL_LAYERS is not {' '.join(folders)}")
+    text = open(INTERNALS, encoding="utf-8").read()
+    section = text[text.find("## The files, by layer"):]
+    section = section[:section.find("\n## ", 1)]
     for path in sorted(glob.glob(os.path.join(SRC, "**", "*.c"), recursive=True)):
         f = os.path.relpath(path, SRC)[:-2]
         if layer_of(table, f) is None:
             problems.append(f"src/{f}.c is in no layer of the table")
+        if f"`{os.path.basename(f)}.c`" not in section:
+            problems.append(f"src/{f}.c is not named in internals.md's \"The files, by layer\"")
     return problems
 
 

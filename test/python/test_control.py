@@ -1,4 +1,5 @@
-"""Operator control and people in the loop (src/control.c).
+"""Operator control and people in the loop (src/api/control.c,
+src/runtime/run_control.c).
 
 pause_run, resume_run, abort_run and steer_run on a running Functional
 workflow (three steps that each call ctl.slow, a SQL function that sleeps

@@ -1,4 +1,4 @@
-"""Metrics (src/metrics.c): tuvl.metrics and tuvl.metrics_prometheus().
+"""Metrics (src/telemetry/metrics.c): tuvl.metrics and tuvl.metrics_prometheus().
 
 Runs with known outcomes, then the counters they must have left: steps by
 signal, step durations, agent turns, tool calls, tokens by model, aborts,

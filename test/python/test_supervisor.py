@@ -1,4 +1,4 @@
-"""The workflow's supervisor (src/supervisor.c): rules and an LLM judge that
+"""The workflow's supervisor (src/agent/supervisor.c): rules and an LLM judge that
 watch every autonomous agent of a run at the top of each turn, and steer,
 pause or abort it through the same paths operators use.
 

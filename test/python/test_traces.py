@@ -1,4 +1,4 @@
-"""Traces (src/trace.c): spans of runs, steps, agent turns, tool calls and
+"""Traces (src/telemetry/trace.c): spans of runs, steps, agent turns, tool calls and
 requests, exported over OTLP/HTTP to tuvl.otlp_endpoint.
 
 The receiver (test/servers/otlp_receiver.js, started by test/run) reads every
