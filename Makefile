@@ -16,15 +16,17 @@ OBJS = $(patsubst $(tuvl_top)/%.c,%.o,$(tuvl_srcs))
 DATA = $(wildcard sql/tuvl--*.sql)
 DOCS = README.md
 
-# pg_regress: one file per area, inputs in sql/, outputs in expected/.
+# pg_regress: one file per area, in test/regress/ (sql/ and expected/);
+# sql/ holds only the install and update scripts.
 REGRESS = version workflow validation template runs steps journal permissions cleanup
-REGRESS_OPTS = --load-extension=tuvl
+REGRESS_OPTS = --inputdir=$(srcdir)/test/regress --load-extension=tuvl
 
-# pg_isolation_regress: sessions racing on the same run (specs/*.spec).
+# pg_isolation_regress: sessions racing on the same run
+# (test/regress/specs/*.spec, outputs in test/regress/expected/).
 # decide_abort talks to the scripted LLM server: test/run passes its URL as
 # PGOPTIONS="-c tuvl_test.llm_url=http://127.0.0.1:PORT/v1".
 ISOLATION = start_key submit_abort pause_resume abort_step claim_locked decide_abort zz_drop
-ISOLATION_OPTS = --load-extension=tuvl
+ISOLATION_OPTS = --inputdir=$(srcdir)/test/regress --load-extension=tuvl
 
 
 PG_CONFIG ?= pg_config
