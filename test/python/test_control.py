@@ -882,7 +882,7 @@ def test_a_null_decision_is_refused(conn):
 # A crash while runs wait
 
 
-def test_a_worker_crash_leaves_waiting_runs_waiting(ctldb, server_log):
+def test_crash_of_a_worker_leaves_waiting_runs_waiting(ctldb, server_log):
     conn = connect(ctldb)
     try:
         human = start(conn, "expense", {"amount": 7})

@@ -92,7 +92,7 @@ def first_log_line(text, pattern):
     return None
 
 
-def test_kill_9_of_a_worker_resumes_every_run_at_once_and_exactly_once(schema, server_log):
+def test_crash_kill_9_of_a_worker_resumes_every_run_at_once_and_exactly_once(schema, server_log):
     db = schema
     lease_ms = int(query(db, "SELECT setting FROM pg_settings WHERE name = 'tuvl.lease_timeout'")[0][0])
     assert lease_ms == 30000, "this test measures recovery against the default 30 s lease"

@@ -27,7 +27,7 @@ ends:
 """
 
 
-def test_fast_restart_mid_batch_resumes_every_run_at_once(db):
+def test_crash_fast_restart_mid_batch_resumes_every_run_at_once(db):
     conn = connect(db)
     q(conn, "CREATE SCHEMA rr")
     q(conn, "CREATE TABLE rr.sink (k integer NOT NULL)")  # no unique key: duplicates would show

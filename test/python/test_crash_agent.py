@@ -69,7 +69,7 @@ def events(conn, run_id):
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
-def test_kill_9_in_turn_3_repeats_only_the_call_in_flight(crashdb, provider, server_log):
+def test_crash_kill_9_in_turn_3_repeats_only_the_call_in_flight(crashdb, provider, server_log):
     name = f"crash_{uuid.uuid4().hex[:12]}"
     tag = name
     turn = {"tool_calls": [{"name": "ins", "arguments": {"tag": tag + "-{{turn}}"}}]}
@@ -130,7 +130,7 @@ def test_kill_9_in_turn_3_repeats_only_the_call_in_flight(crashdb, provider, ser
         conn.close()
 
 
-def test_kill_9_while_a_judge_weighs_a_tool_result_asks_it_again_and_runs_the_tool_once(crashdb,
+def test_crash_kill_9_while_a_judge_weighs_a_tool_result_asks_it_again_and_runs_the_tool_once(crashdb,
                                                                                       server_log):
     """An llm_judge on the tools gate: the worker dies while the judge's call
     is in flight.  The tool's row and its record committed before the call
