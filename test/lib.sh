@@ -115,7 +115,8 @@ tuvl_build() {
         return
     fi
     tuvl_log "building tuvl"
-    make -s -C "$TUVL_ROOT" >/dev/null
+    # warnings are errors in the test build (COPT=... to override)
+    make -s -C "$TUVL_ROOT" COPT="${COPT--Werror}" >/dev/null
     make -s -C "$TUVL_ROOT" install >/dev/null
 }
 
@@ -234,9 +235,12 @@ tuvl_asan_build() {
     ln -sf "$TUVL_ROOT/tuvl.control" "$TUVL_ROOT/README.md" "$b/"
     find "$b/src" -name '*.h' -type l -delete
     ln -sf "$TUVL_ROOT"/src/*.h "$b/src/"
+    # src/'s layer folders, where the objects of their files go
+    (cd "$TUVL_ROOT/src" && find . -mindepth 1 -type d) | while read -r d; do mkdir -p "$b/src/$d"; done
     # objects of other flags or another tree are built again
     if [ "$(cat "$b/.flags" 2>/dev/null)" != "$TUVL_ROOT $PG_CONFIG recover" ]; then
-        rm -f "$b"/src/*.o "$b"/*.so
+        find "$b/src" -name '*.o' -delete
+        rm -f "$b"/*.so
         echo "$TUVL_ROOT $PG_CONFIG recover" >"$b/.flags"
     fi
     make -s -C "$b" -f "$TUVL_ROOT/Makefile" VPATH="$TUVL_ROOT" PG_CONFIG="$PG_CONFIG" \

@@ -663,7 +663,7 @@ def test_echo(server, fmt):
      "refund, escalate, deny.", "refund"),
     ('Return JSON: {"outcome": "yes" | "no", "result": string}', "yes"),
     ("Respond with JSON. Allowed values for outcome: `auto`, `manual`.", "auto"),
-    # What tuvl's Agent step asks for (src/step_agent.c, AgentFinalFormat).
+    # What tuvl's Agent step asks for (src/agent/agent_outcome.c, AgentFinalFormat).
     ('You review refunds.\n\nAnswer with a single JSON object and nothing else: '
      '{"outcome": <one of "needs review", "approve">, "result": <your answer>}. '
      'Do not wrap it in markdown code fences.', "needs review"),
