@@ -39,7 +39,8 @@ def mb(kb):
     return "n/a" if kb is None else "%.1f" % (kb / 1024.0)
 
 
-PEER_NAMES = {"tuvl": "tuvl", "pgboss": "pg-boss", "graphile": "graphile-worker"}
+PEER_NAMES = {"tuvl": "tuvl", "pgboss": "pg-boss", "graphile": "graphile-worker", "dbos": "DBOS Transact",
+              "langgraph": "LangGraph JS"}
 
 
 def span(xs, fmt):
@@ -52,21 +53,23 @@ def span(xs, fmt):
 
 
 def peers_section(peers, p):
-    """The Peers section: bench/peers.py's JSON, tuvl against pg-boss and graphile-worker."""
+    """The Peers section: bench/peers.py's JSON, tuvl against pg-boss, graphile-worker, DBOS and LangGraph."""
     cfg = peers["config"]
     rounds = peers["rounds"]
     names = cfg["peers"]
     systems = ["tuvl"] + names
     n = cfg["n"]
-    p("### Peers: tuvl against %s on the same cluster" % " and ".join(PEER_NAMES[x] for x in names))
+    p("### Peers: tuvl against %s on the same cluster" % ", ".join(PEER_NAMES[x] for x in names))
     p("")
     p("%s on Node %s; %d round%s; in each round every measure ran tuvl and each peer in turn (the order "
       "reversed every round); each peer with %s. "
-      "tuvl / peer > 1 means tuvl is better (wake-up: peer latency / tuvl latency)."
-      % (", ".join("%s %s" % (PEER_NAMES[x], cfg["versions"][x]) for x in names), cfg["node"], len(rounds),
+      "tuvl / peer > 1 means tuvl is better (wake-up, agents' wall and CPU: peer / tuvl)."
+      % (", ".join("%s %s" % (PEER_NAMES[x], cfg["versions"][x]) for x in names)
+         + (" with %s" % cfg["checkpointer"] if cfg.get("checkpointer") else ""), cfg["node"], len(rounds),
          "" if len(rounds) == 1 else "s",
-         "its best setting from a search over its grid (%s wake-up jobs, %s trivial jobs, %s chains)" % (
-             num(cfg["search_n"]["wakeup"]), num(cfg["search_n"]["trivial"]), num(cfg["search_n"]["chains"]))
+         "its best setting from a search over its grid (%s wake-up jobs, %s trivial jobs, %s chains, %s agents)" % (
+             num(cfg["search_n"]["wakeup"]), num(cfg["search_n"]["trivial"]), num(cfg["search_n"]["chains"]),
+             num(cfg["search_n"].get("agents", 0)))
          if cfg.get("searched") else "the first setting of its grid (no search)"))
     p("")
     measures = [
@@ -78,17 +81,22 @@ def peers_section(peers, p):
          % (num(n["chains"]), cfg["steps_per_chain"]), lambda r: r["steps_per_s"], num, "ratio_"),
         ("chains", "the same chains: steps/s, commit -> all complete (wall)",
          lambda r: r["steps_per_s_wall"], num, "ratio_wall_"),
+        ("agents", "%s three-turn agents, 0 ms model (load generator): wall s" % num(n.get("agents", 0)),
+         lambda r: r["wall_s"], "%.2f", "ratio_"),
+        ("agents", "the same agents: CPU per model turn, ms (tuvl: workers; peer: its processes and their backends)",
+         lambda r: r["cpu_per_turn_ms"], "%.3f", "ratio_cpu_"),
     ]
+    measured_by = cfg.get("measured_by") or {m: systems for m in cfg["measures"]}
     p("| measure | system (setting) | median (range) over rounds | tuvl / peer, median (range) | WAL bytes / step | commits / step |")
     p("|---|---|---|---|---|---|")
     for m, label, value, fmt, rkey in measures:
         if m not in cfg["measures"]:
             continue
-        for system in systems:
+        for system in measured_by[m]:
             res = [r[m][system] for r in rounds if "error" not in r[m][system]]
             setting = "" if system == "tuvl" else " `%s`" % peers["best"][system][m]
             cost = ["", ""]
-            if m != "wakeup" and rkey == "ratio_":
+            if m in ("trivial", "chains") and rkey == "ratio_":
                 cost = [span([x.get("wal_bytes_per_step") for x in res], num),
                         span([x.get("commits_per_step") for x in res], "%.3f")]
             failed = len(rounds) - len(res)
@@ -111,6 +119,8 @@ def peers_section(peers, p):
             return ms4(res["before_commit_ms"])
         if m == "trivial":
             return "%s jobs/s" % num(res["jobs_per_s"])
+        if m == "agents":
+            return "%.2f s, %.3f ms CPU/turn" % (res["wall_s"], res["cpu_per_turn_ms"])
         return "%s steps/s (wall %s)" % (num(res["steps_per_s"]), num(res["steps_per_s_wall"]))
 
     for i, r in enumerate(rounds):
@@ -119,9 +129,12 @@ def peers_section(peers, p):
             for x in names:
                 v = r[m].get("ratio_" + x)
                 w = r[m].get("ratio_wall_" + x)
-                ratios.append("n/a" if v is None else "%.2f%s" % (v, " (wall %.2f)" % w if w is not None else ""))
+                c = r[m].get("ratio_cpu_" + x)
+                ratios.append("" if x not in r[m] else "n/a" if v is None else "%.2f%s%s" % (
+                    v, " (wall %.2f)" % w if w is not None else "", " (CPU %.2f)" % c if c is not None else ""))
             p("| %d (%s) | %s | %s | %s |" % (i + 1, PEER_NAMES[r["order"][0]], m,
-                                             " | ".join(cell(m, r[m][x]) for x in systems), " | ".join(ratios)))
+                                             " | ".join(cell(m, r[m][x]) if x in r[m] else "" for x in systems),
+                                             " | ".join(ratios)))
     p("")
     if not cfg.get("searched"):
         return
@@ -130,10 +143,13 @@ def peers_section(peers, p):
     p("")
     for x in names:
         for m in cfg["measures"]:
+            if m not in peers["search"][x]:
+                continue
             cells = []
             for e in peers["search"][x][m]:
                 runs = ["failed" if r.get("score") is None else
-                        "%.3f" % r["score"] if m == "wakeup" else num(r["score"]) for r in e["runs"]]
+                        "%.3f" % r["score"] if m == "wakeup" else "%.2f s" % r["score"] if m == "agents"
+                        else num(r["score"]) for r in e["runs"]]
                 text = "`%s` %s" % (e["setting"], " / ".join(runs))
                 cells.append("**%s**" % text if e["setting"] == peers["best"][x][m] else text)
             p("- %s, %s: %s" % (PEER_NAMES[x], m, "; ".join(cells)))
