@@ -40,7 +40,7 @@ import time
 import psycopg2
 
 import agents
-from agents import SCRIPT, TURN_SCRIPT, TURNS, setup_tool
+from agents import SCRIPT, TURN_SCRIPT, setup_tool
 from agents_scale import clean
 from common import Loadgen, connect, log, percentile, settle_workers, wait_runs_done, write_json
 

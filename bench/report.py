@@ -156,6 +156,63 @@ def peers_section(peers, p):
     p("")
 
 
+def tls_section(tls, p):
+    """bench/agents_tls.py: a model turn against a step, by transport."""
+    cfg = tls["config"]
+    p("Agents over HTTPS and HTTP/2 (bench/agents_tls.py): %s three-turn agents at 0 ms per transport against "
+      "%s five-step runs, %d rounds alternating; the workers' CPU from /proc:" % (
+          num(cfg["agents"]), num(cfg["steps_runs"]), len(tls["rounds"])))
+    p("")
+    p("| transport | CPU per turn, median (range) | turn / step (target <= 3) | / plain HTTP (target <= 1.3) "
+      "| connections per worker over the batch (target <= 8 over HTTP/2) | TLS handshakes (resumed) |")
+    p("|---|---|---|---|---|---|")
+    summary = tls.get("summary", {})
+    for m in ("http", "https_h1", "https_h2"):
+        if m in tls.get("not_run", {}):
+            p("| %s | not run: %s | | | | |" % (m, tls["not_run"][m].replace("|", "/")))
+            continue
+        rs = [r[m] for r in tls["rounds"] if m in r]
+        if not rs:
+            continue
+        s = summary.get(m, {})
+        p("| %s | %s µs | %s | %s | %s | %s |" % (
+            m, span([r["cpu_per_turn_us"] for r in rs], "%.0f"), span([r["turn_per_step"] for r in rs], "%.2f"),
+            "%.2f" % s["cpu_vs_http"] if s.get("cpu_vs_http") else "",
+            span([r["connections_per_worker"] for r in rs], "%.1f"),
+            " / ".join("%d (%d)" % (r["tls"]["handshakes"], r["tls"]["resumed"]) for r in rs)))
+    p("")
+    p("A step: %s µs of worker CPU (median of the rounds)." % f1(summary.get("cpu_per_step_us")))
+    p("")
+
+
+def flow_section(flow, p):
+    """bench/flow_control.py: a provider's rate limits."""
+    cfg = flow["config"]
+    p("Flow control (bench/flow_control.py): %s three-turn agents on one key limited to %s requests and %s tokens "
+      "a minute (429 with Retry-After beyond), %d agents of a second model on another key %g s in:" % (
+          num(cfg["agents"]), num(cfg["rpm"]), num(cfg["tpm"]), cfg["second"], cfg["second_after"]))
+    p("")
+    p("| case | wall | completed / failed | requests | 429s (target <= 1 %) | admitted a minute / allowed "
+      "(target >= 95 %) | second model p99 / idle (target <= 2) |")
+    p("|---|---|---|---|---|---|---|")
+    idle = flow.get("idle") or {}
+    for case in ("no_limits", "limits"):
+        if case in flow.get("not_run", {}):
+            p("| %s | not run: %s | | | | | |" % (case, flow["not_run"][case].replace("|", "/")))
+            continue
+        r = flow.get("cases", {}).get(case)
+        if not r:
+            continue
+        b = r["second_model"]
+        ratio = b["p99_ms"] / idle["p99_ms"] if b.get("p99_ms") and idle.get("p99_ms") else None
+        p("| %s | %.0f s | %d / %d | %s | %s (%.1f %%) | %s / %s (%s) | %s ms / %s ms (%s) |" % (
+            case, r["wall_s"], r["completed"], r["failed"], num(r["requests"]), num(r["rejected_429"]),
+            100 * r["share_429"], "%.0f" % r["admitted_per_min"] if r.get("admitted_per_min") else "n/a",
+            num(r["allowed_per_min"]), "%.0f %%" % (100 * r["rate_vs_allowed"]) if r.get("rate_vs_allowed") else "n/a",
+            num(b.get("p99_ms")), num(idle.get("p99_ms")), "%.2f" % ratio if ratio else "n/a"))
+    p("")
+
+
 def main():
     d = sys.argv[1]
     env = load(d, "env.json") or {}
@@ -170,6 +227,8 @@ def main():
     mcp = load(d, "mcp.json")
     ret = load(d, "retention.json")
     peers = load(d, "peers.json")
+    tls = load(d, "agents_tls.json")
+    flow = load(d, "flow.json")
     wal = load(d, "wal.json")
     out = []
     p = out.append
@@ -439,6 +498,10 @@ def main():
                  "%s / %s" % (f1(r["on"].get("cpu_us_per_step_launcher")), f1(r["on"].get("cpu_us_per_step_receiver"))),
                  num(r["on"].get("spans_accepted"))))
         p("")
+    if tls and tls.get("rounds"):
+        tls_section(tls, p)
+    if flow and (flow.get("cases") or flow.get("not_run")):
+        flow_section(flow, p)
     if peers and peers.get("rounds"):
         peers_section(peers, p)
     if iso:
