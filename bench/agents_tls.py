@@ -25,7 +25,8 @@ workers:
   <mode>    --agents (2,000) autonomous agents per mode: the workers' CPU
             per model turn (tool calls and checkpoints included: the
             batch's CPU / 3 x agents), and the connections the workers
-            opened to the load generator over the batch (its GET /_conns:
+            opened to the load generator over the batch, which closes the
+            idle ones of the batch before (DELETE /_conns) (its GET /_conns:
             connections that carried a model request, by protocol; TLS
             handshakes and resumptions; HTTP/2 streams)
 
@@ -124,6 +125,10 @@ def agents_batch(db, lg, mode, n):
     conn = connect(db)
     clean(conn.cursor(), workflow)
     conn.close()
+    # every batch starts without the workers' connections of the last one
+    # (DELETE /_conns closes the idle ones, as a server's idle timeout would)
+    lg.call("DELETE", "/_conns")
+    time.sleep(0.5)
     lg.call("DELETE", "/_stats")
     lg.call("DELETE", "/_log")
     r = start_batch(db, workflow, n)

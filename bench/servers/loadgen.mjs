@@ -142,6 +142,9 @@
 //                            per connection {port, address, protocol,
 //                            opened_s, closed_s, requests, streams,
 //                            tls_resumed}
+//   DELETE /_conns           close every connection with no request in flight
+//                            (HTTP/2: GOAWAY), as a server's idle timeout
+//                            would: {"ok": true, "closed": n}
 //   GET    /_limits[?series=1]
 //                            the rate limits and, per API key ("(none)":
 //                            no key), admitted, rejected {requests, tokens,
@@ -1405,6 +1408,7 @@ function control(p, path, query) {
     if (m === "GET") return reply(p, 200, logJson(query));
   }
   if (path === "/_conns" && m === "GET") return reply(p, 200, connsJson(query));
+  if (path === "/_conns" && m === "DELETE") return reply(p, 200, { ok: true, closed: closeIdle() });
   if (path === "/_limits") {
     if (m === "GET") return reply(p, 200, limits.json(query));
     if (m === "DELETE") { limits.configure({ reset: true }); return reply(p, 200, { ok: true }); }
@@ -1627,12 +1631,26 @@ function accepted(socket) {
                 requests: 0, streams: 0, tls_resumed: null };
   if (conns.records.length < CONN_RECORDS_MAX) conns.records.push(rec);
   else conns.dropped++;
+  live.add(rec);
   socket.on("close", () => {
     openConnections--;
     a.open--;
     rec.closed_s = sinceReset();
+    live.delete(rec);
   });
   return rec;
+}
+
+// The open connections' records; rec.idle() says whether a connection
+// has no request in flight, rec.shut() closes it (DELETE /_conns).
+const live = new Set();
+
+function closeIdle() {
+  let closed = 0;
+  for (const rec of live) {
+    if (rec.idle && rec.idle()) { rec.shut(); closed++; }
+  }
+  return closed;
 }
 
 function setProtocol(rec, protocol) {
@@ -1645,6 +1663,8 @@ function startH1(socket, rec, protocol, first) {
   setProtocol(rec, protocol);
   const conn = new Conn(socket);
   conn.rec = rec;
+  rec.idle = () => !conn.closing && !conn.closed && conn.queue.length === 0 && conn.head === null;
+  rec.shut = () => { conn.closing = true; socket.end(); };
   socket.on("data", (chunk) => conn.onData(chunk));
   socket.on("end", () => conn.onEnd());
   socket.on("close", () => conn.onClose());
@@ -1677,6 +1697,10 @@ if (h2server) {
     nextSessionRec = null;
     session[REC] = rec;
     session[OPEN_STREAMS] = 0;
+    if (rec) {
+      rec.idle = () => !session.closed && !session.destroyed && session[OPEN_STREAMS] === 0;
+      rec.shut = () => session.close();
+    }
     conns.h2.sessions++;
     session.on("error", () => { stats.clientErrors++; });
     session.on("goaway", () => { conns.h2.goaways++; });

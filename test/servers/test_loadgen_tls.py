@@ -19,7 +19,7 @@ import tempfile
 
 import pytest
 
-from test_loadgen import AGENT_SCRIPT, CHAT, call, start_server, stop_server
+from test_loadgen import AGENT_SCRIPT, CHAT, NODE, call, start_server, stop_server
 
 CURL = shutil.which("curl")
 pytestmark = [
@@ -189,3 +189,47 @@ def test_stats_file_written_on_exit(tmp_path):
     assert data["stats"]["rate_limited"] == {"requests": 1, "tokens": 0}
     assert data["connections"]["by_protocol"] == {"http/1.1": 2}
     assert data["limits"]["keys"]["(none)"]["admitted"] == 1
+
+
+# An HTTP/2 client whose session stays open until the server ends it.
+H2_CLIENT = """
+const s = require("node:http2").connect(process.argv[1]);
+s.on("goaway", () => console.log("goaway"));
+s.on("close", () => process.exit(0));
+const r = s.request({":path": "/_health"});
+r.on("data", () => {});
+r.on("end", () => console.log("answered"));
+setTimeout(() => process.exit(3), 10000);
+"""
+
+
+def test_idle_connections_closed_on_request():
+    srv = start_server("--http2")
+    try:
+        idle = []
+        for _ in range(3):
+            c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+            c.request("GET", "/slow?ms=0")
+            assert c.getresponse().read() == b'{"slept_ms":0}'
+            idle.append(c)
+        # one connection with a request in flight is left alone
+        busy = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+        busy.request("GET", "/slow?ms=3000")
+        # and an HTTP/2 session with none in flight gets a GOAWAY (a Node
+        # client that keeps its session open)
+        base = "http://127.0.0.1:%d" % srv.port
+        h2 = subprocess.Popen([NODE, "-e", H2_CLIENT, base], stdout=subprocess.PIPE, text=True)
+        assert h2.stdout.readline() == "answered\n"
+        status, _, body = call(base, "DELETE", "/_conns")
+        assert status == 200 and body == {"ok": True, "closed": 4}, body
+        assert h2.stdout.readline() == "goaway\n"
+        assert h2.wait(10) == 0
+        assert busy.getresponse().read() == b'{"slept_ms":3000}'
+        for c in idle:                   # the server closed them: EOF
+            assert c.sock.recv(10) == b""
+            c.close()
+        busy.close()
+        _, _, c = call(base, "GET", "/_conns")
+        assert c["open"] == 1            # the connection of this request
+    finally:
+        assert stop_server(srv) == []
