@@ -194,7 +194,7 @@ def main():
         if out["http_ca_file_guc"]:
             old_gucs = set_gucs({"tuvl.http_ca_file": ca})
         else:
-            log("agents_tls: this build has no tuvl.http_ca_file: the workers cannot trust the bench CA")
+            log("agents_tls: this build has no CA-file setting (http_ca_file): the workers cannot trust the bench CA")
         setup(args.db, lgs)
         wait_for_workers(args.db)
         for mode in [m for m in modes if m != "http"]:

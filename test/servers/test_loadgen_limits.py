@@ -102,8 +102,9 @@ def test_burst_of_700_gets_exactly_100_429s(server):
     assert stats["requests"]["by_status"] == {"200": 601, "429": 101}
 
 
-@pytest.mark.parametrize("server", [("--limit-rpm", "5", "--limit-window-ms", "1500")], indirect=True)
+@pytest.mark.parametrize("server", [("--limit-rpm", "5", "--limit-window-ms", "4000")], indirect=True)
 def test_the_window_slides(server):
+    # a window of 4 s: a busy machine's pauses do not decide the outcome
     t0 = time.monotonic()
     for _ in range(5):
         status, headers, _ = chat(server, "k")
@@ -111,16 +112,21 @@ def test_the_window_slides(server):
     status, headers, body = chat(server, "k")
     assert status == 429, body
     retry_ms = int(headers["retry-after-ms"])
-    assert headers["Retry-After"] == "2"     # whole seconds, rounded up
+    assert headers["Retry-After"] == str(-(-retry_ms // 1000))     # whole seconds, rounded up
     elapsed_ms = (time.monotonic() - t0) * 1000
-    assert 1500 - elapsed_ms - 50 <= retry_ms <= 1500
+    assert 4000 - elapsed_ms - 50 <= retry_ms <= 4000
     # before the first request leaves the window: still limited
-    assert chat(server, "k")[0] == 429
+    if (time.monotonic() - t0) * 1000 < 4000 - 500:
+        assert chat(server, "k")[0] == 429
     time.sleep(retry_ms / 1000.0 + 0.1)
-    # the first requests left the window: capacity again, and as much as left
+    # the first requests left the window: capacity again, never more than 5
+    # in a window
+    t1 = time.monotonic()
     got = [chat(server, "k")[0] for _ in range(6)]
-    assert got[0] == 200 and got.count(200) >= 1 and got[-1] == 429
-    time.sleep(1.6)
+    assert got[0] == 200 and set(got) <= {200, 429} and got.count(200) <= 5
+    if time.monotonic() - t1 < 4.0:
+        assert 429 in got, got
+    time.sleep(4.1)
     assert [chat(server, "k")[0] for _ in range(5)] == [200] * 5
 
 
