@@ -140,9 +140,12 @@ def grids():
 def peer_measure(args, peer, measure, setting, n, counters=True):
     """One invocation of bench.mjs; its JSON, or {"error": ...} when it failed."""
     with tempfile.NamedTemporaryFile(suffix=".json") as tmp:
+        # the agents take minutes where the queues take seconds: three times
+        # the timeout (a loaded machine took LangGraph over 300 s for 1,000)
+        timeout = args.timeout * (3 if measure == "agents" else 1)
         cmd = [NODE, BENCH_MJS, "--peer", peer, "--measure", measure, "--setting", setting,
                "--db", PEER_DB[peer], "--n", str(n), "--warmup", str(args.warmup),
-               "--poll-ms", str(args.poll_ms), "--timeout", str(args.timeout), "--json", tmp.name]
+               "--poll-ms", str(args.poll_ms), "--timeout", str(timeout), "--json", tmp.name]
         if not counters:
             cmd.append("--no-counters")
         if measure == "agents":
@@ -150,9 +153,9 @@ def peer_measure(args, peer, measure, setting, n, counters=True):
         # bench.mjs logs its own summary line on stderr, which is ours
         try:
             p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               timeout=args.timeout + 120)
+                               timeout=timeout + 120)
         except subprocess.TimeoutExpired:
-            return {"error": "bench.mjs did not end within %.0f s" % (args.timeout + 120), "setting": setting}
+            return {"error": "bench.mjs did not end within %.0f s" % (timeout + 120), "setting": setting}
         sys.stderr.write(p.stderr)
         if p.returncode not in (0, 3):  # 3: ran, but not every job completed (res["ok"] false)
             why = [l for l in p.stderr.splitlines() if "bench.mjs:" in l][:1] or ["exit status %d" % p.returncode]
