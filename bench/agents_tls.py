@@ -189,6 +189,11 @@ def main():
         for mode in modes:     # (https_h1 first makes the certificate, https_h2 reuses it)
             lgs[mode] = Loadgen(args=[a.format(dir=tls_dir) for a in LG_ARGS[mode]])
         ca = os.path.join(tls_dir, "ca.pem")
+        # the server runs as another user (postgres): the CA, not the key,
+        # must be readable by it
+        os.chmod(tls_dir, 0o755)
+        if os.path.exists(ca):
+            os.chmod(ca, 0o644)
         out["http_ca_file_guc"] = has_guc(args.db, "tuvl.http_ca_file")
         out["http2_guc"] = has_guc(args.db, "tuvl.http2")
         if out["http_ca_file_guc"]:
