@@ -1,6 +1,6 @@
 # tuvl: durable, agentic workflows inside PostgreSQL (PGXS build)
 
-EXTENSION = tuvl
+EXTENSION = tuvl tuvl_router
 EXTVERSION = $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" tuvl.control)
 
 MODULE_big = tuvl
@@ -58,7 +58,7 @@ OBJS = \
 	src/workflow.o \
 	src/yamlparse.o
 
-DATA = $(wildcard sql/tuvl--*.sql)
+DATA = $(wildcard sql/tuvl--*.sql) $(wildcard sql/tuvl_router--*.sql)
 DOCS = README.md
 
 # pg_regress: one file per area, inputs in sql/, outputs in expected/.
