@@ -291,3 +291,13 @@ COMMENT ON VIEW tuvl_router.events IS 'tuvl.events of every partition, with the 
 COMMENT ON VIEW tuvl_router.runs_in_flight IS 'tuvl.runs_in_flight of every partition, with the partition';
 COMMENT ON VIEW tuvl_router.people_queue IS 'tuvl.people_queue of every partition, with the partition';
 COMMENT ON VIEW tuvl_router.metrics IS 'tuvl.metrics of every partition, each series labelled with its partition';
+
+/*
+ * Every role may call the router: each call runs on the partitions as the
+ * calling role (PL/Proxy connects as it unless the user mapping names
+ * another), where tuvl's privileges and row security decide.  A role also
+ * needs USAGE on the foreign server tuvl_cluster (docs/scaling.md).
+ */
+GRANT USAGE ON SCHEMA tuvl_router TO PUBLIC;
+GRANT SELECT ON tuvl_router.runs, tuvl_router.events, tuvl_router.runs_in_flight,
+    tuvl_router.people_queue, tuvl_router.metrics TO PUBLIC;
