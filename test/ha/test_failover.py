@@ -13,6 +13,9 @@ new primary, the clients reconnect, and tuvl's workers wait quietly while
 the promoted node is still read-only.  Prints the measured times (lines
 starting with "ha:").
 
+TUVL_HA_ASYNC=1 makes the standby asynchronous (replication-quorum false),
+to see what synchronous replication buys.
+
 Needs pg_autoctl on PATH and pg_auto_failover's extension in PGBIN's
 installation: test/run installs them; missing, the suite fails.
 """
@@ -204,6 +207,11 @@ class Formation:
                     cur.execute("CREATE EXTENSION tuvl")
                 c.close()
         self.wait_states({"node1": "primary", "node2": "secondary"}, 180)
+        if os.environ.get("TUVL_HA_ASYNC"):
+            # to see the test fail without synchronous replication
+            self.ctl("set", "node", "replication-quorum", "false", "--pgdata", f"{t}/node2")
+            self.wait_sql("node1", "SELECT current_setting('synchronous_standby_names')", "", 60)
+            return
         # synchronous: a commit returns once the standby has it
         self.wait_sql("node1", "SELECT current_setting('synchronous_standby_names') <> ''", True, 60)
 
