@@ -572,6 +572,8 @@ COMMENT ON FUNCTION tuvl.verify_hook(text, text, text) IS 'the owner of the work
  */
 CREATE SEQUENCE tuvl.run_id_seq AS bigint MINVALUE 1 MAXVALUE 17592186044415;
 SELECT pg_catalog.setval('tuvl.run_id_seq', s.last_value, s.is_called) FROM tuvl.runs_id_seq s;
+/* out of the extension first, which also takes it off its dump list */
+ALTER EXTENSION tuvl DROP SEQUENCE tuvl.runs_id_seq;
 ALTER TABLE tuvl.runs ALTER COLUMN id DROP IDENTITY;
 ALTER SEQUENCE tuvl.run_id_seq OWNED BY tuvl.runs.id;
 SELECT pg_catalog.pg_extension_config_dump('tuvl.run_id_seq', '');
