@@ -1,6 +1,6 @@
 # tuvl: durable, agentic workflows inside PostgreSQL (PGXS build)
 
-EXTENSION = tuvl
+EXTENSION = tuvl tuvl_router
 EXTVERSION = $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" tuvl.control)
 
 MODULE_big = tuvl
@@ -13,7 +13,7 @@ tuvl_top := $(patsubst %/,%,$(dir $(firstword $(MAKEFILE_LIST))))
 tuvl_srcs := $(sort $(wildcard $(tuvl_top)/src/*.c $(foreach d,$(TUVL_LAYERS),$(tuvl_top)/src/$(d)/*.c)))
 OBJS = $(patsubst $(tuvl_top)/%.c,%.o,$(tuvl_srcs))
 
-DATA = $(wildcard sql/tuvl--*.sql)
+DATA = $(wildcard sql/tuvl--*.sql) $(wildcard sql/tuvl_router--*.sql)
 DOCS = README.md
 
 # pg_regress: one file per area, in test/regress/ (sql/ and expected/);

@@ -29,7 +29,8 @@ TUVL_PIDS=()
 
 TUVL_PACKAGES="postgresql-15 postgresql-server-dev-15 libcurl4-openssl-dev libyaml-dev
 postgresql-15-cron postgresql-15-pgtap libtap-parser-sourcehandler-pgtap-perl
-python3 python3-psycopg2 python3-pytest python3-prometheus-client make gcc pkg-config procps iproute2"
+python3 python3-psycopg2 python3-pytest python3-prometheus-client make gcc pkg-config procps iproute2
+postgresql-15-auto-failover pg-auto-failover-cli postgresql-15-plproxy"
 # clang with libFuzzer's and AddressSanitizer's runtimes and the symbolizer:
 # the fuzz harness (test/fuzz) and test/run asan add them to the install
 TUVL_CLANG_PACKAGES="clang-14 libclang-rt-14-dev llvm-14"
@@ -332,6 +333,19 @@ tuvl_setup() {
         tuvl_install_packages || return 1
     fi
     tuvl_build
+}
+
+# The suites beyond one server need pg_autoctl (on PATH) and the
+# pgautofailover and plproxy extensions in the installation PG_CONFIG
+# names.  Debian's packages put them into the system PostgreSQL, which is
+# PG_CONFIG's on CI; a private installation (PG_CONFIG elsewhere) must
+# hold copies of its own.  Missing, the suite fails: it never skips.
+tuvl_require_extension() {
+    local share
+    share=$("${PG_CONFIG:-pg_config}" --sharedir)
+    [ -f "$share/extension/$1.control" ] && return 0
+    echo "extension $1 is not installed in $share (package $2)" >&2
+    return 1
 }
 
 # Wait until something listens on 127.0.0.1:$1.

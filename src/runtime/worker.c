@@ -1625,6 +1625,37 @@ handle_interrupts(void)
 }
 
 /*
+ * While default_transaction_read_only is on, no claim, renewal or
+ * transition can write: pg_auto_failover sets it on a standby it is
+ * promoting until the old primary is surely down.  Wait for the reload
+ * that turns it off instead of failing every second, and say so once each
+ * way.  Returns true when the server is read-only (after a wait).
+ */
+static bool
+wait_while_read_only(void)
+{
+	static bool waiting = false;
+
+	if (!DefaultXactReadOnly)
+	{
+		if (waiting)
+			ereport(LOG,
+					(errmsg("tuvl worker resumes: default_transaction_read_only is off")));
+		waiting = false;
+		return false;
+	}
+	if (!waiting)
+		ereport(LOG,
+				(errmsg("tuvl worker waits: default_transaction_read_only is on"),
+				 errdetail("No run can be claimed or advanced while transactions are read-only; the worker resumes when the setting is turned off.")));
+	waiting = true;
+	(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+					 MAINTENANCE_INTERVAL_MS, PG_WAIT_EXTENSION);
+	ResetLatch(MyLatch);
+	return true;
+}
+
+/*
  * Run the maintenance when it is due, renewing our leases when that is
  * due too; returns true when it ran.
  */
@@ -1731,6 +1762,8 @@ TuvlWorkerMain(Datum main_arg)
 		handle_interrupts();
 		MemoryContextReset(round_cxt);
 		heartbeat_timeout();
+		if (wait_while_read_only())
+			continue;
 
 		if (maintain_when_due(&next_maintenance, &next_renewal))
 			want_claim = true;

@@ -54,6 +54,7 @@ bool		tuvl_log_agent_events = false;
 char	   *tuvl_otlp_endpoint = NULL;
 char	   *tuvl_retention = NULL;
 char	   *tuvl_databases = NULL;
+static int	tuvl_partition = -1;	/* read in SQL: tuvl._next_run_id() */
 
 /* "50 MB", "512 kB" or "300 bytes", for messages about sizes. */
 char *
@@ -288,6 +289,21 @@ check_databases(char **newval, void **extra, GucSource source)
 	return ok;
 }
 
+/*
+ * tuvl.partition: run ids carry it, and tuvl_router routes by them, so a
+ * session must not change it; it comes from the configuration file, ALTER
+ * SYSTEM, or ALTER DATABASE ... SET (a partition may be a database).
+ */
+static bool
+check_partition(int *newval, void **extra, GucSource source)
+{
+	if (source <= PGC_S_DATABASE || source == PGC_S_TEST)
+		return true;
+	GUC_check_errdetail("tuvl.partition is set per server or per database, not per role or session.");
+	GUC_check_errhint("Use ALTER DATABASE ... SET tuvl.partition = N, or the server's configuration.");
+	return false;
+}
+
 void
 TuvlDefineGucs(void)
 {
@@ -335,5 +351,10 @@ TuvlDefineGucs(void)
 							 "Each line is \"tuvl agent event\" and a JSON object with the event, run, step, iteration and trace id.",
 							 &tuvl_log_agent_events, false,
 							 PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("tuvl.partition",
+							"The number of this database's partition behind tuvl_router; -1: not partitioned.",
+							"Run ids created here carry it: id = partition * 2^44 + n. Set it before the first run and never change it.",
+							&tuvl_partition, -1, -1, 511,
+							PGC_SUSET, 0, check_partition, NULL, NULL);
 	MarkGUCPrefixReserved("tuvl");
 }
