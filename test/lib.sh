@@ -225,28 +225,30 @@ tuvl_asan_pg() {
     export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 }
 
-# tuvl built with the ASan build's flags, out of the tree: the sources by
-# VPATH, the headers linked so that a changed one rebuilds everything; its
-# reports do not stop the process (tuvl_asan_options).
+# tuvl built with the ASan build's flags, out of the tree, from a copy of
+# its sources in $TUVL_ASAN_DIR/tuvl; its reports do not stop the process
+# (tuvl_asan_options).
 tuvl_asan_build() {
     local b=$TUVL_ASAN_DIR/tuvl
     tuvl_log "building tuvl with AddressSanitizer in $b"
     mkdir -p "$b/src"
-    ln -sfn "$TUVL_ROOT/sql" "$b/sql"
-    ln -sf "$TUVL_ROOT/tuvl.control" "$TUVL_ROOT/README.md" "$b/"
-    find "$b/src" -name '*.h' -type l -delete
-    ln -sf "$TUVL_ROOT"/src/*.h "$b/src/"
-    # src/'s layer folders, where the objects of their files go
-    (cd "$TUVL_ROOT/src" && find . -mindepth 1 -type d) | while read -r d; do mkdir -p "$b/src/$d"; done
     # objects of other flags or another tree are built again
-    if [ "$(cat "$b/.flags" 2>/dev/null)" != "$TUVL_ROOT $PG_CONFIG recover" ]; then
-        find "$b/src" -name '*.o' -delete
-        rm -f "$b"/*.so
-        echo "$TUVL_ROOT $PG_CONFIG recover" >"$b/.flags"
+    if [ "$(cat "$b/.flags" 2>/dev/null)" != "$TUVL_ROOT $PG_CONFIG recover copy" ]; then
+        rm -rf "$b"
+        mkdir -p "$b"
+        echo "$TUVL_ROOT $PG_CONFIG recover copy" >"$b/.flags"
     fi
-    make -s -C "$b" -f "$TUVL_ROOT/Makefile" VPATH="$TUVL_ROOT" PG_CONFIG="$PG_CONFIG" \
-        COPT=-fsanitize-recover=address >/dev/null &&
-        make -s -C "$b" -f "$TUVL_ROOT/Makefile" VPATH="$TUVL_ROOT" PG_CONFIG="$PG_CONFIG" install >/dev/null
+    # a copy of the sources, without the plain build's objects (through
+    # VPATH, make would take those for up to date ones and link them
+    # uninstrumented); mtimes are kept, so only what changed is built again
+    find "$b/src" \( -name '*.c' -o -name '*.h' \) -delete
+    (cd "$TUVL_ROOT" && tar cf - --exclude='*.o' --exclude='*.bc' --exclude='*.so' \
+        Makefile ./*.control README.md sql src) | (cd "$b" && tar xf -) || return 1
+    make -s -C "$b" PG_CONFIG="$PG_CONFIG" COPT=-fsanitize-recover=address >/dev/null &&
+        make -s -C "$b" PG_CONFIG="$PG_CONFIG" install >/dev/null &&
+        # instrumented, or nothing checks tuvl's own memory accesses
+        nm "$b/tuvl.so" | grep -q '__asan_report_load' ||
+        { echo "tuvl.so in $b is not instrumented by AddressSanitizer" >&2; return 1; }
 }
 
 # The server's ASAN_OPTIONS: reports to $1.<pid>; no leak checks (a
