@@ -289,7 +289,8 @@ def test_the_steps_timeout_stops_a_step_converting_a_million_rows(bnd, user, big
     assert res["response"]["type"] == "timeout", res
     assert res["response"]["error"] == "the step's timeout of 2 s passed", res
     report(f"timeout: 2s on a ModelOp of {DOC_ROWS:,} rows of 60 kB: routed after {took:.2f} s")
-    assert took < 3.5, took
+    # within a second or two of the deadline; more on a machine others load
+    assert took < 5, took
 
 
 def test_pg_terminate_backend_stops_a_worker_converting_a_million_rows(bnd, user, big_outputs,
