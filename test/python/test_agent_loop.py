@@ -7,6 +7,7 @@ which also bounds the final-answer turn; max_iterations.
 The helpers and fixtures are agentutil.py's; it says how these tests work.
 """
 from agentutil import *  # noqa: F401,F403
+from conftest import not_under_asan
 
 
 # ---------------------------------------------------------------------------
@@ -253,6 +254,7 @@ def test_runs_waiting_at_a_step_found_slow_once_go_back_into_batches(conn):
     assert took < 4.0, took
 
 
+@not_under_asan
 def test_a_worker_left_fragmented_by_thousands_of_agents_starts_afresh(conn, agdb, server_log):
     # thousands of agents held at once leave a worker's heap in pieces: as
     # many free chunks, which every later allocation of a block walks.  Idle
