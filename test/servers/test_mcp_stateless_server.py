@@ -11,15 +11,13 @@ import hashlib
 import json
 import os
 import secrets
-import subprocess
-import sys
-import tempfile
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 
 import pytest
+
+from peer import start, stop
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MCP = os.path.join(HERE, "mcp_stateless_server.py")
@@ -27,44 +25,6 @@ OAUTH = os.path.join(HERE, "oauth_server.py")
 V26 = "2026-07-28"
 V25 = "2025-11-25"
 CALLBACK = "http://127.0.0.1:9/callback"
-
-
-class Running:
-    def __init__(self, proc, port, errfile):
-        self.proc, self.port, self.errfile = proc, port, errfile
-        self.base = f"http://127.0.0.1:{port}"
-
-
-def start(script, banner, *args):
-    errfile = tempfile.NamedTemporaryFile(prefix="mcp_peer.", suffix=".err", delete=False)
-    proc = subprocess.Popen([sys.executable, script, "--port", "0", *args],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errfile)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        with open(errfile.name) as f:
-            line = f.readline()
-        if line.startswith(banner) and line.endswith("\n"):
-            return Running(proc, int(line.rsplit(":", 1)[1]), errfile)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.02)
-    stop(Running(proc, 0, errfile))
-    with open(errfile.name) as f:
-        raise RuntimeError("the server did not start: " + f.read())
-
-
-def stop(srv):
-    srv.proc.terminate()
-    try:
-        srv.proc.wait(5)
-    except subprocess.TimeoutExpired:
-        srv.proc.kill()
-        srv.proc.wait(5)
-    srv.errfile.close()
-    with open(srv.errfile.name) as f:
-        errors = f.read().splitlines()[1:]
-    os.unlink(srv.errfile.name)
-    return errors
 
 
 def start_mcp(*args):
