@@ -173,8 +173,13 @@ fenced_update(RunState *run, const Checkpoint *cp, int last_seq)
 	set_param(values, nulls, 15, same ? (Datum) 0 : RunHeldStatusesParam(), same);
 	set_param(values, nulls, 16, BoolGetDatum(made_progress(run, cp)), false);
 
-	if (SpiExec(fence_sql[same][control], FENCE_NARGS, types, values, nulls,
-				SPI_OK_UPDATE_RETURNING) != 1)
+	/*
+	 * Always the generic plan, through the primary key: a custom plan would
+	 * fold the context (megabytes, maybe hundreds) into the plan as a
+	 * constant, copying it several times per transition.
+	 */
+	if (SpiExecIndexed(fence_sql[same][control], FENCE_NARGS, types, values, nulls,
+					   SPI_OK_UPDATE_RETURNING) != 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 				 errmsg("lease on run " INT64_FORMAT " was lost", run->id),

@@ -609,6 +609,8 @@ journal_checkpoint(Transition *t, Checkpoint *cp)
 		trace_run(t, cp);
 }
 
+static void step_deadline_end(Transition *t);
+
 /*
  * Everything after the step: context update, journal, routing and the
  * checkpoint.  result is NULL when the step failed with edata.  Runs in
@@ -645,6 +647,7 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 	HookFire(run, step, edata || strcmp(signal, "error") == 0 ||
 			 ExecutorIsReservedExit(step, signal) ? HOOK_ON_ERROR : HOOK_AFTER_STEP,
 			 NULL, signal, edata ? edata->message : result ? result->exit_error : NULL);
+	step_deadline_end(t);
 	if (CompensationActive(run))
 	{
 		CompensationFinish(t, result, edata);
@@ -722,6 +725,27 @@ step_timed_out(Transition *t)
 	ereport(ERROR,
 			(errcode(ERRCODE_QUERY_CANCELED),
 			 errmsg("the step's timeout of %s passed", duration_text(step_timeout_ms(t->step)))));
+}
+
+/*
+ * The step's work is done: executed, and its end hooks fired.  Its
+ * deadline is lifted before the transition is recorded, so that a step
+ * that produced a large output in time is not cancelled while tuvl
+ * writes it.  A step found past its deadline fails with type timeout.
+ */
+static void
+step_deadline_end(Transition *t)
+{
+	int			level = t->deadline_level;
+
+	if (level < 0)
+		return;
+	t->deadline_level = -1;
+	if (DeadlinePop(level) == DEADLINE_STEP || GetCurrentTimestamp() >= t->deadline)
+	{
+		t->timed_out = true;
+		step_timed_out(t);
+	}
 }
 
 /* step_state of a step paused now: its clock stops, keeping the time left */
@@ -927,11 +951,12 @@ in_subtransaction(Transition *t, ErrorData *step_error, bool *step_failed)
 	RunState   *run = t->run;
 	SpiSubxact	sub;
 	volatile bool in_step = false;
-	volatile int level = -1;
 	ErrorData  *volatile edata = NULL;
 
 	run->step_events = NIL;
 	run->effect_call = 0;
+	t->deadline_level = -1;
+	t->timed_out = false;
 	SpiSubxactBegin(&sub);
 	PG_TRY();
 	{
@@ -956,7 +981,7 @@ in_subtransaction(Transition *t, ErrorData *step_error, bool *step_failed)
 						(kind && strcmp(kind, "timeout") == 0 &&
 						 JsonGetBool(fresh, "step_deadline", false)))
 						step_timed_out(t);
-					level = DeadlinePush(DEADLINE_STEP, t->deadline);
+					t->deadline_level = DeadlinePush(DEADLINE_STEP, t->deadline);
 				}
 				ExecutorFor(t->step->kind)->execute(run, t->step, t->ctx, &result);
 				if (result.has_output && result.output &&
@@ -968,9 +993,8 @@ in_subtransaction(Transition *t, ErrorData *step_error, bool *step_failed)
 				}
 				in_step = false;
 				finish_transition(t, &result, NULL);
-				if (level >= 0 && DeadlinePop(level) == DEADLINE_STEP)
-					step_timed_out(t);
-				level = -1;
+				/* a step that parked or sent an effect: its deadline ends here */
+				step_deadline_end(t);
 			}
 		}
 		else
@@ -979,7 +1003,13 @@ in_subtransaction(Transition *t, ErrorData *step_error, bool *step_failed)
 	}
 	PG_CATCH();
 	{
-		DeadlineKind fired = level >= 0 ? DeadlinePop(level) : DEADLINE_NONE;
+		DeadlineKind fired = DEADLINE_NONE;
+
+		if (t->deadline_level >= 0)
+			fired = DeadlinePop(t->deadline_level);
+		t->deadline_level = -1;
+		if (t->timed_out)
+			fired = DEADLINE_STEP;
 
 		edata = SpiSubxactAbort(&sub);
 		/* what the step recorded is gone with its subtransaction */

@@ -28,6 +28,8 @@ typedef struct Transition
 	TimestampTz entered;		/* when the step was entered */
 	Jsonb	   *ctx;			/* the context the step executes against */
 	TimestampTz deadline;		/* when the step's time is up; 0: never */
+	int			deadline_level; /* the deadline's level while it runs, or -1 */
+	bool		timed_out;		/* the step was found past its deadline */
 	Jsonb	   *effects;		/* working_effects once the fresh effect is in */
 	Jsonb	   *judged;			/* working_judged likewise */
 	bool		stopped;		/* boundary control ended the transition */
