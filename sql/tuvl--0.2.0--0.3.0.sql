@@ -630,6 +630,14 @@ COMMENT ON FUNCTION tuvl._try_register(text, text) IS 'tuvl_router''s first phas
 REVOKE ALL ON FUNCTION tuvl._try_register(text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tuvl._try_register(text, text) TO tuvl_user;
 
+/* ------------------------------------------------------------------ flow control: model admission and costs (issue 41) */
+
+/* ------------------------------------------------------------------ flow control: rate limits and debounce (issue 41) */
+
+/* ------------------------------------------------------------------ errors that say what to do, schedules (issue 44) */
+
+/* ------------------------------------------------------------------ console: dev mode (issue 38) */
+
 /* the sweep: keep it the last statements of the script */
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA tuvl FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA tuvl FROM PUBLIC;
