@@ -638,6 +638,8 @@ GRANT EXECUTE ON FUNCTION tuvl._try_register(text, text) TO tuvl_user;
 
 /* ------------------------------------------------------------------ console: dev mode (issue 38) */
 
+/* ------------------------------------------------------------------ mcp: OAuth and elicitation (issue 40) */
+
 /* the sweep: keep it the last statements of the script */
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA tuvl FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA tuvl FROM PUBLIC;
