@@ -220,7 +220,7 @@ export class DirectBackend implements Backend {
             }
             if (n === 500) continue;
             if (ops.FINAL.has(rows[0].status)) return;
-            pause = n > 0 ? 25 : Math.min(Math.round(pause * 1.5), 500);
+            pause = n > 0 ? 25 : Math.min(Math.round(pause * 1.5), 250);
             await new Promise((r) => setTimeout(r, pause));
         }
     }

@@ -30,22 +30,20 @@ export function notOnRouter(what: string): ApiError {
 const RUN_SUMMARY = `r.id, r.workflow, r.version, r.status, r.step, r.end_name AS "end", r.key, r.priority,
     r.principal, r.parent_run_id, r.created_at, r.started_at, r.finished_at`;
 
+/* The start, and the wait it asked for: ?wait= only (a workflow's sync_timeout is its partitions'), at most --max-wait. */
 export async function startRun(q: Query, r: StartRequest): Promise<StartResult> {
     await q("SELECT tuvl_router._require_scope('runs:start')");
-    const [row] = await q<{ run_id: number; status: string }>(
+    const [row] = await q<{ run_id: number; status: string; wait: string | null }>(
         `SELECT tuvl_router.start_run($1, $2::pg_catalog.jsonb, key => $3, not_before => $4::pg_catalog.timestamptz,
                                       priority => coalesce($5::integer, 0), traceparent => $6) AS run_id,
-                CASE WHEN $4::pg_catalog.timestamptz OPERATOR(pg_catalog.>) pg_catalog.now() THEN 'sleeping' ELSE 'queued' END AS status`,
-        [r.workflow, JSON.stringify(r.input ?? {}), r.key ?? null, r.notBefore ?? null, r.priority ?? null, r.traceparent ?? null],
+                CASE WHEN $4::pg_catalog.timestamptz OPERATOR(pg_catalog.>) pg_catalog.now() THEN 'sleeping' ELSE 'queued' END AS status,
+                CASE WHEN $7::pg_catalog.interval OPERATOR(pg_catalog.>) '0'::pg_catalog.interval
+                     THEN LEAST($7::pg_catalog.interval, $8::pg_catalog.interval)::text END AS wait`,
+        [r.workflow, JSON.stringify(r.input ?? {}), r.key ?? null, r.notBefore ?? null, r.priority ?? null, r.traceparent ?? null,
+         r.wait ?? null, r.maxWait],
         { last: true });
     const result: StartResult = { run_id: row.run_id, status: row.status };
-    /* the wait: ?wait= only (the workflows' sync_timeout are the partitions'), at most --max-wait */
-    if (r.wait !== undefined) {
-        const [w] = await q<{ wait: string | null }>(
-            `SELECT CASE WHEN $1::pg_catalog.interval OPERATOR(pg_catalog.>) '0'::pg_catalog.interval
-                         THEN LEAST($1::pg_catalog.interval, $2::pg_catalog.interval)::text END AS wait`, [r.wait, r.maxWait]);
-        if (w.wait !== null) result.waitFor = w.wait;
-    }
+    if (row.wait !== null) result.waitFor = row.wait;
     return result;
 }
 

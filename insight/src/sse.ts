@@ -31,7 +31,7 @@
  * the router's owner holds (in the foreign server and its user mappings).
  * A stream then polls its run's partition through the router
  * (tuvl_router.events_after, batched per token as above), 25 ms after a
- * read that found events and up to 500 ms apart while the run is idle.
+ * read that found events and up to 250 ms apart while the run is idle.
  *
  * A failover does not end a stream: a read that finds the database
  * unavailable (503: the connection broke, no server fits the connection
@@ -52,7 +52,7 @@ import * as routerOps from "./routerops.js";
 const PAGE = 200;
 /* through a router (no notifications): a stream polls, soon after an event, slower while idle */
 const POLL_MIN_MS = 25;
-const POLL_MAX_MS = 500;
+const POLL_MAX_MS = 250;
 const BATCH = 200;
 const KEEPALIVE_MS = 15_000;
 export const RETRY_MS = 1000;
