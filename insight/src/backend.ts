@@ -11,7 +11,7 @@ import type { ConnSettings } from "./conninfo.js";
 import { ApiError, isPgError, statusOf } from "./errors.js";
 import * as ops from "./ops.js";
 import * as routerOps from "./routerops.js";
-import { connectFirst, isFailover } from "./target.js";
+import { connectFirst, isFailover, unavailable } from "./target.js";
 
 type Row = Record<string, unknown>;
 
@@ -86,7 +86,10 @@ export class DirectBackend implements Backend {
         try {
             return (await client.query(sql as string, params)).rows as R[];
         } catch (e) {
-            if (isFailover(e, this.settings.targetSessionAttrs)) this.drop();
+            if (isFailover(e, this.settings.targetSessionAttrs)) {
+                this.drop();
+                throw unavailable(`The database server went away or answered read-only (${(e as Error).message}).`);
+            }
             throw apiError(e);
         }
     }

@@ -93,6 +93,15 @@ export class Database {
         });
     }
 
+    /* A message, but not the same one again within 5 s (a failover's burst of requests). */
+    private lastLog = { text: "", at: 0 };
+    private logOnce(text: string): void {
+        const now = Date.now();
+        if (text === this.lastLog.text && now - this.lastLog.at < 5000) return;
+        this.lastLog = { text, at: now };
+        this.log(text);
+    }
+
     /*
      * A connection to the host that fits (target_session_attrs), or a 503
      * with Retry-After while none does (a failover).
@@ -105,7 +114,7 @@ export class Database {
                 await this.target.resolve();
                 client = await this.pool.connect() as GenClient;
             } catch (e) {
-                this.log(`could not connect to the database: ${(e as Error).message}`);
+                this.logOnce(`could not connect to the database: ${(e as Error).message}`);
                 if (isFailover(e, this.target.attrs)) this.target.invalidate(gen, (e as Error).message);
                 throw unavailable("The server could not connect to a database server that fits its connection string; its log has the details.");
             }
