@@ -292,6 +292,153 @@ COMMENT ON VIEW tuvl_router.runs_in_flight IS 'tuvl.runs_in_flight of every part
 COMMENT ON VIEW tuvl_router.people_queue IS 'tuvl.people_queue of every partition, with the partition';
 COMMENT ON VIEW tuvl_router.metrics IS 'tuvl.metrics of every partition, each series labelled with its partition';
 
+/* ------------------------------------------------------------------ the Insight server on a router */
+
+/*
+ * insight/tuvl serve on a router database (docs/insight.md, "On a
+ * router").  Tokens are partition 0's (tuvl.create_token there, or
+ * tuvl_router.create_token): tuvl_router.authenticate() checks a token on
+ * partition 0 and records its scopes for the router's transaction, where
+ * tuvl_router._require_scope() checks them before each call; the calls
+ * then run on the partitions as the token's role (the server takes it
+ * with SET LOCAL ROLE), under its privileges and row security there.
+ */
+CREATE FUNCTION tuvl_router._authenticate(token text, OUT role text, OUT scopes text[])
+LANGUAGE plproxy AS $$
+    CLUSTER 'tuvl_cluster'; RUN ON 0;
+    SELECT a.r::text AS role,
+           ARRAY(SELECT s FROM pg_catalog.unnest(ARRAY['runs:start', 'runs:read', 'runs:control', 'people:answer',
+                                                       'workflows:write', 'admin']) s
+                 WHERE a.r IS NOT NULL AND tuvl._has_scope(s)) AS scopes
+    FROM (SELECT tuvl.authenticate(token) AS r) a;
+$$;
+
+CREATE FUNCTION tuvl_router.authenticate(token text) RETURNS text
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    a record;
+BEGIN
+    IF coalesce(current_setting('tuvl_router.scopes', true), '') LIKE 'token:%' THEN
+        RAISE EXCEPTION USING ERRCODE = '25000', MESSAGE = 'this transaction is authenticated already',
+            HINT = 'Authenticate once per transaction, first.';
+    END IF;
+    SELECT * INTO a FROM tuvl_router._authenticate(token);
+    PERFORM set_config('tuvl_router.scopes', 'token:' OPERATOR(pg_catalog.||) array_to_string(a.scopes, ','), true);
+    RETURN a.role;
+END;
+$fn$;
+
+/* raise unless the transaction's token (if it authenticated one) has the scope */
+CREATE FUNCTION tuvl_router._require_scope(scope text) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    s text := coalesce(current_setting('tuvl_router.scopes', true), '');
+BEGIN
+    IF s LIKE 'token:%' AND NOT scope OPERATOR(pg_catalog.=) ANY (string_to_array(substr(s, 7), ',')) THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = format('the token of this request does not have scope %s', scope),
+            HINT = format('Create a token with that scope: tuvl.create_token(role, ARRAY[%L]) on partition 0.', scope);
+    END IF;
+END;
+$fn$;
+
+CREATE FUNCTION tuvl_router.create_token(role pg_catalog.regrole, scopes text[], expires interval DEFAULT '90 days')
+RETURNS text LANGUAGE plproxy AS $$
+    CLUSTER 'tuvl_cluster'; RUN ON 0;
+    SELECT tuvl.create_token(role::pg_catalog.regrole, scopes, expires);
+$$;
+CREATE FUNCTION tuvl_router.revoke_token(id bigint) RETURNS void LANGUAGE plproxy AS $$
+    CLUSTER 'tuvl_cluster'; RUN ON 0; TARGET tuvl.revoke_token;
+$$;
+
+/* one run, with what GET /api/runs/{id} shows; on its partition */
+CREATE FUNCTION tuvl_router.get_run(run_id bigint)
+RETURNS TABLE (id bigint, workflow text, version integer, status text, step text, end_name text, key text,
+               priority integer, principal text, parent_run_id bigint, created_at timestamptz,
+               started_at timestamptz, finished_at timestamptz, input jsonb, context jsonb, awaiting jsonb,
+               response jsonb, error text, attempt integer, wake_at timestamptz, control jsonb, last_seq integer)
+LANGUAGE plproxy AS $$
+    CLUSTER 'tuvl_cluster'; RUN ON tuvl_router.partition_of(run_id);
+    SELECT r.id, r.workflow, r.workflow_version AS version, r.status, r.current_step AS step, r.end_name, r.key,
+           r.priority, r.principal::text AS principal, r.parent_run_id, r.created_at, r.started_at, r.finished_at,
+           r.input, r.context, r.step_state OPERATOR(pg_catalog.->) 'awaiting' AS awaiting, r.response, r.error,
+           r.attempt, r.wake_at, r.control, r.last_seq
+    FROM tuvl.runs r WHERE r.id OPERATOR(pg_catalog.=) run_id;
+$$;
+
+/*
+ * A run's journal after a seq, with the run's status read by the same
+ * statement (no row: the run is not there or not visible); on its
+ * partition.  What an event stream polls through a router.
+ */
+CREATE FUNCTION tuvl_router.events_after(run_id bigint, after_seq integer, max_events integer DEFAULT 200,
+                                         with_summary boolean DEFAULT false)
+RETURNS TABLE (status text, seq integer, type text, data text)
+LANGUAGE plproxy AS $$
+    CLUSTER 'tuvl_cluster'; RUN ON tuvl_router.partition_of(run_id);
+    SELECT r.status, e.seq, e.type, e.data
+    FROM tuvl.runs r
+    LEFT JOIN LATERAL (
+        SELECT e.seq, e.type,
+               (CASE WHEN with_summary
+                     THEN pg_catalog.json_build_object('run_id', e.run_id, 'seq', e.seq, 'ts', e.ts, 'type', e.type,
+                              'agent_id', e.agent_id, 'engine', e.engine, 'tokens', e.tokens,
+                              'latency_ms', e.latency_ms, 'payload', e.payload,
+                              'summary', tuvl._event_summary(e.type, e.payload, e.tokens, e.latency_ms))
+                     ELSE pg_catalog.json_build_object('run_id', e.run_id, 'seq', e.seq, 'ts', e.ts, 'type', e.type,
+                              'agent_id', e.agent_id, 'engine', e.engine, 'tokens', e.tokens,
+                              'latency_ms', e.latency_ms, 'payload', e.payload) END)::text AS data
+        FROM tuvl.events e
+        WHERE e.run_id OPERATOR(pg_catalog.=) r.id AND e.seq OPERATOR(pg_catalog.>) after_seq
+        ORDER BY e.seq
+        LIMIT max_events) e ON true
+    WHERE r.id OPERATOR(pg_catalog.=) run_id
+    ORDER BY e.seq;
+$$;
+
+/* runs newest (highest id) first, filtered on each partition, then merged */
+CREATE FUNCTION tuvl_router._list_runs(of_workflow text, with_status text[], with_key text, before_id bigint,
+                                       max_runs integer)
+RETURNS TABLE (id bigint, workflow text, version integer, status text, step text, end_name text, key text,
+               priority integer, principal text, parent_run_id bigint, created_at timestamptz,
+               started_at timestamptz, finished_at timestamptz)
+LANGUAGE plproxy AS $$
+    CLUSTER 'tuvl_cluster'; RUN ON ALL;
+    SELECT r.id, r.workflow, r.workflow_version AS version, r.status, r.current_step AS step, r.end_name, r.key,
+           r.priority, r.principal::text AS principal, r.parent_run_id, r.created_at, r.started_at, r.finished_at
+    FROM tuvl.runs r
+    WHERE (of_workflow IS NULL OR r.workflow OPERATOR(pg_catalog.=) of_workflow)
+      AND (with_status IS NULL OR r.status OPERATOR(pg_catalog.=) ANY (with_status))
+      AND (with_key IS NULL OR r.key OPERATOR(pg_catalog.=) with_key)
+      AND (before_id IS NULL OR r.id OPERATOR(pg_catalog.<) before_id)
+    ORDER BY r.id DESC LIMIT max_runs;
+$$;
+CREATE FUNCTION tuvl_router.list_runs(of_workflow text DEFAULT NULL, with_status text[] DEFAULT NULL,
+                                      with_key text DEFAULT NULL, before_id bigint DEFAULT NULL,
+                                      max_runs integer DEFAULT 50)
+RETURNS TABLE (id bigint, workflow text, version integer, status text, step text, end_name text, key text,
+               priority integer, principal text, parent_run_id bigint, created_at timestamptz,
+               started_at timestamptz, finished_at timestamptz)
+LANGUAGE sql STABLE
+BEGIN ATOMIC
+    SELECT r.id, r.workflow, r.version, r.status, r.step, r.end_name, r.key, r.priority, r.principal,
+           r.parent_run_id, r.created_at, r.started_at, r.finished_at
+    FROM tuvl_router._list_runs(of_workflow, with_status, with_key, before_id, max_runs) r
+    ORDER BY r.id DESC LIMIT max_runs;
+END;
+
+COMMENT ON FUNCTION tuvl_router.authenticate(text) IS 'the role of a token of partition 0, its scopes recorded for the router''s transaction (the Insight server on a router)';
+COMMENT ON FUNCTION tuvl_router._require_scope(text) IS 'raise unless the transaction''s token (if any) allows the scope';
+COMMENT ON FUNCTION tuvl_router.create_token(pg_catalog.regrole, text[], interval) IS 'tuvl.create_token on partition 0, where tuvl_router.authenticate checks tokens';
+COMMENT ON FUNCTION tuvl_router.revoke_token(bigint) IS 'tuvl.revoke_token on partition 0';
+COMMENT ON FUNCTION tuvl_router.get_run(bigint) IS 'one run (GET /api/runs/{id}''s columns), from its partition';
+COMMENT ON FUNCTION tuvl_router.events_after(bigint, integer, integer, boolean) IS 'a run''s journal after a seq with the run''s status, from its partition: what event streams poll through a router';
+COMMENT ON FUNCTION tuvl_router.list_runs(text, text[], text, bigint, integer) IS 'runs by id, newest first, filtered on every partition';
+
 /*
  * Every role may call the router: each call runs on the partitions as the
  * calling role (PL/Proxy connects as it unless the user mapping names

@@ -6,10 +6,12 @@
  * caller's.
  */
 import pg from "pg";
-import type { ClientConfig } from "pg";
 
+import type { ConnSettings } from "./conninfo.js";
 import { ApiError, isPgError, statusOf } from "./errors.js";
 import * as ops from "./ops.js";
+import * as routerOps from "./routerops.js";
+import { connectFirst, isFailover, unavailable } from "./target.js";
 
 type Row = Record<string, unknown>;
 
@@ -38,24 +40,56 @@ function apiError(e: unknown): unknown {
                         { detail: e.detail ?? null, hint: e.hint ?? null });
 }
 
+/*
+ * Straight to the database, as psql connects: the first host of the
+ * connection string whose session fits its target_session_attrs
+ * (target.ts); `runs tail` connects again after a failover.
+ */
 export class DirectBackend implements Backend {
-    private readonly client: pg.Client;
+    private client: pg.Client | null = null;
     private readonly notices: string[] = [];
-    private connected = false;
+    /* on a router database (routerops.ts) */
+    private router = false;
 
-    constructor(config: ClientConfig) {
-        this.client = new pg.Client(config);
-        this.client.on("notice", (n) => { if (n.message) this.notices.push(n.message); });
+    constructor(private readonly settings: ConnSettings) {}
+
+    private async connection(): Promise<pg.Client> {
+        if (!this.client) {
+            const { client } = await connectFirst(this.settings);
+            client.on("notice", (n) => { if (n.message) this.notices.push(n.message); });
+            this.router = (await client.query<{ router: boolean }>(routerOps.DETECT_SQL)).rows[0].router;
+            this.client = client;
+        }
+        return this.client;
+    }
+
+    /* The operations of the database: tuvl's, or a router's (known once connected). */
+    private async o(): Promise<Pick<typeof ops, "listRuns" | "getRun" | "timeline" | "control" | "people">> {
+        await this.connection();
+        return this.router ? routerOps : ops;
+    }
+
+    private async direct(what: string): Promise<void> {
+        await this.connection();
+        if (this.router) throw routerOps.notOnRouter(what);
+    }
+
+    /* Forget a broken connection (the next statement connects again). */
+    private drop(): void {
+        const c = this.client;
+        this.client = null;
+        c?.end().catch(() => undefined);
     }
 
     private async q<R = Row>(sql: ops.Statement, params?: unknown[]): Promise<R[]> {
-        if (!this.connected) {
-            await this.client.connect();
-            this.connected = true;
-        }
+        const client = await this.connection();
         try {
-            return (await this.client.query(sql as string, params)).rows as R[];
+            return (await client.query(sql as string, params)).rows as R[];
         } catch (e) {
+            if (isFailover(e, this.settings.targetSessionAttrs)) {
+                this.drop();
+                throw unavailable(`The database server went away or answered read-only (${(e as Error).message}).`);
+            }
             throw apiError(e);
         }
     }
@@ -65,26 +99,30 @@ export class DirectBackend implements Backend {
     }
 
     async listRuns(f: ops.RunFilter) {
-        const runs = await ops.listRuns(this.query, f);
+        const runs = await (await this.o()).listRuns(this.query, f);
         return { runs, next: runs.length === f.limit ? `--before ${runs[runs.length - 1].id}` : null };
     }
 
-    getRun(id: number) { return ops.getRun(this.query, id); }
-    timeline(id: number) { return ops.timeline(this.query, id); }
-    people() { return ops.people(this.query); }
-    pin(id: number) { return ops.pin(this.query, id); }
-    validate(source: string, strict: boolean) { return ops.validate(this.query, source, strict); }
-    listTokens() { return ops.listTokens(this.query); }
-    createToken(role: string, scopes: string[], expires: string | null | undefined) { return ops.createToken(this.query, role, scopes, expires); }
-    revokeToken(id: number) { return ops.revokeToken(this.query, id); }
+    async getRun(id: number) { return (await this.o()).getRun(this.query, id); }
+    async timeline(id: number) { return (await this.o()).timeline(this.query, id); }
+    async people() { return (await this.o()).people(this.query); }
+    async pin(id: number) { await this.direct("pinning a run"); return ops.pin(this.query, id); }
+    async validate(source: string, strict: boolean) { await this.direct("validation"); return ops.validate(this.query, source, strict); }
+    async listTokens() { await this.direct("tokens list"); return ops.listTokens(this.query); }
+    async createToken(role: string, scopes: string[], expires: string | null | undefined) {
+        await this.direct("tokens create (use tuvl_router.create_token())");
+        return ops.createToken(this.query, role, scopes, expires);
+    }
+    async revokeToken(id: number) { await this.direct("tokens revoke (use tuvl_router.revoke_token())"); return ops.revokeToken(this.query, id); }
 
     async control(action: ops.Action, id: number, args: ops.ControlArgs) {
         this.notices.length = 0;
-        const out = await ops.control(this.query, action, id, args);
+        const out = await (await this.o()).control(this.query, action, id, args);
         return { ...out, notices: [...this.notices] };
     }
 
     async ship(source: string, strict: boolean) {
+        await this.direct("ship (use tuvl_router.register_workflow())");
         await this.q("BEGIN");
         try {
             const out = await ops.ship(this.query, source, strict);
@@ -98,6 +136,7 @@ export class DirectBackend implements Backend {
 
     /* Replay inside a transaction that is rolled back: the SQL steps' writes go with it. */
     async replay(fixture: unknown, live: string[] | null) {
+        await this.direct("replay");
         await this.q("BEGIN");
         try {
             return await ops.replay(this.query, fixture, live);
@@ -106,27 +145,52 @@ export class DirectBackend implements Backend {
         }
     }
 
-    /* LISTEN on the role's channel, read the journal after the last seq at each hint. */
+    /*
+     * LISTEN on the role's channel, read the journal after the last seq at
+     * each hint.  A failover (the connection broken, the server read-only)
+     * does not end it: it connects again, to whichever host fits now, for
+     * up to two minutes, and goes on after the last event it printed.
+     */
     async follow(id: number, after: number, onEvent: (e: Row) => void): Promise<void> {
+        let last = after;
+        let lostAt = 0;
+        for (;;) {
+            try {
+                await this.followOnce(id, () => last, (seq, e) => { last = seq; lostAt = 0; onEvent(e); });
+                return;
+            } catch (e) {
+                if (!isFailover(e, this.settings.targetSessionAttrs) && !(e instanceof ApiError && e.status === 503)) throw e;
+                this.drop();
+                if (lostAt === 0) lostAt = Date.now();
+                if (Date.now() - lostAt > 120_000) throw e;
+                await new Promise((r) => setTimeout(r, 500));
+            }
+        }
+    }
+
+    private async followOnce(id: number, last: () => number, onEvent: (seq: number, e: Row) => void): Promise<void> {
+        await this.connection();
+        if (this.router) return this.pollOnce(id, last, onEvent);
         const [ch] = await this.q<{ channel: string }>("SELECT tuvl.events_channel() AS channel");
         await this.q(`LISTEN ${pg.escapeIdentifier(ch.channel)}`);
+        const client = await this.connection();
         let wake: (() => void) | null = null;
         const onNote = (n: pg.Notification) => {
             try {
                 if (Number(JSON.parse(n.payload ?? "{}").run_id) === id && wake) wake();
             } catch { /* not ours */ }
         };
-        this.client.on("notification", onNote);
-        let last = after;
+        const onEnd = () => wake?.();
+        client.on("notification", onNote);
+        client.on("end", onEnd);
         try {
             for (;;) {
-                const rows = await this.q<ops.EventRow>(ops.eventsSql(false), [id, last, 500]);
+                const rows = await this.q<ops.EventRow>(ops.eventsSql(false), [id, last(), 500]);
                 if (rows.length === 0) throw ops.runMissing(id);
                 let n = 0;
                 for (const r of rows) {
                     if (r.seq === null || r.data === null) continue;
-                    onEvent(r.data);
-                    last = r.seq;
+                    onEvent(r.seq, r.data);
                     n++;
                 }
                 if (n === 500) continue;
@@ -138,13 +202,36 @@ export class DirectBackend implements Backend {
                 wake = null;
             }
         } finally {
-            this.client.off("notification", onNote);
-            await this.q(`UNLISTEN ${pg.escapeIdentifier(ch.channel)}`).catch(() => undefined);
+            client.off("notification", onNote);
+            client.off("end", onEnd);
+            if (this.client === client)
+                await this.q(`UNLISTEN ${pg.escapeIdentifier(ch.channel)}`).catch(() => undefined);
+        }
+    }
+
+    /* Through a router (no notifications): poll the run's partition, soon after events, slower while idle. */
+    private async pollOnce(id: number, last: () => number, onEvent: (seq: number, e: Row) => void): Promise<void> {
+        let pause = 25;
+        for (;;) {
+            const rows = await this.q<ops.EventRow>(routerOps.EVENTS_SQL, [id, last(), 500]);
+            if (rows.length === 0) throw ops.runMissing(id);
+            let n = 0;
+            for (const r of rows) {
+                if (r.seq === null || r.data === null) continue;
+                onEvent(r.seq, r.data);
+                n++;
+            }
+            if (n === 500) continue;
+            if (ops.FINAL.has(rows[0].status)) return;
+            pause = n > 0 ? 25 : Math.min(Math.round(pause * 1.5), 250);
+            await new Promise((r) => setTimeout(r, pause));
         }
     }
 
     async close(): Promise<void> {
-        if (this.connected) await this.client.end();
+        const c = this.client;
+        this.client = null;
+        if (c) await c.end();
     }
 }
 

@@ -13,7 +13,7 @@ import { dirname } from "node:path";
 
 import type { Backend } from "./backend.js";
 import { DirectBackend, HttpBackend } from "./backend.js";
-import { clientConfig, ConninfoError, describe } from "./conninfo.js";
+import { connSettings, ConninfoError, describeSettings } from "./conninfo.js";
 import { ApiError } from "./errors.js";
 import * as fmt from "./format.js";
 import { fillForm, Prompter } from "./form.js";
@@ -114,7 +114,7 @@ function backend(a: Args): Backend {
         if (!token) throw new UsageError("--url needs a token: --token, --token-file or TUVL_TOKEN");
         return new HttpBackend(url, token);
     }
-    return new DirectBackend(clientConfig(a.flags.get("db"), "tuvl cli"));
+    return new DirectBackend(connSettings(a.flags.get("db"), "tuvl cli"));
 }
 
 const out = (text: string) => process.stdout.write(text.endsWith("\n") ? text : text + "\n");
@@ -369,7 +369,7 @@ async function serve(a: Args): Promise<number> {
     const { Server } = await import("./server.js");
     const f = a.flags;
     const num = (name: string, dflt: number) => (f.has(name) ? intArg(f.get(name), `--${name}`) : dflt);
-    const config = clientConfig(f.get("db"), "tuvl insight");
+    const config = connSettings(f.get("db"), "tuvl insight");
     const server = new Server({
         db: config,
         host: f.get("host") ?? "127.0.0.1",
@@ -391,7 +391,7 @@ async function serve(a: Args): Promise<number> {
     process.once("SIGTERM", () => void stop("SIGTERM"));
     process.once("SIGINT", () => void stop("SIGINT"));
     const where = await server.listen();
-    server.app.log.info(`tuvl insight listening on ${where}, ${describe(config)}`);
+    server.app.log.info(`tuvl insight listening on ${where}, ${describeSettings(config)}`);
     return -1;          /* keep running */
 }
 

@@ -15,13 +15,13 @@
 import { existsSync } from "node:fs";
 import { userInfo } from "node:os";
 import type { ClientConfig } from "pg";
-import { parse as parseUri } from "pg-connection-string";
 
 export class ConninfoError extends Error {}
 
 const KEYWORDS = new Set([
     "host", "hostaddr", "port", "dbname", "user", "password", "application_name",
     "sslmode", "connect_timeout", "options", "passfile", "fallback_application_name",
+    "target_session_attrs",
 ]);
 
 /* The keyword=value pairs of a libpq connection string. */
@@ -63,46 +63,147 @@ function parsePairs(text: string): Map<string, string> {
     return out;
 }
 
-/* The settings of a URI, as keyword=value pairs. */
-function uriPairs(text: string): Map<string, string> {
-    const u = parseUri(text) as Record<string, unknown>;
-    const out = new Map<string, string>();
-    const put = (k: string, v: unknown) => {
-        if (typeof v === "string" && v !== "") out.set(k, v);
-        else if (typeof v === "number") out.set(k, String(v));
-    };
-    put("host", u.host);
-    put("port", u.port);
-    put("dbname", u.database);
-    put("user", u.user);
-    put("password", u.password);
-    put("application_name", u.application_name);
-    put("options", u.options);
-    if (typeof u.sslmode === "string") put("sslmode", u.sslmode);
-    return out;
+function decode(part: string, text: string): string {
+    try {
+        return decodeURIComponent(part);
+    } catch {
+        throw new ConninfoError(`invalid percent-encoded token: "${part}" in URI "${text.replace(/:[^:@/]*@/, ":...@")}"`);
+    }
 }
 
 /*
- * The pg ClientConfig of a CONNINFO (or of the environment alone when it
- * is empty or undefined).
+ * The settings of a URI, as keyword=value pairs:
+ * postgresql://[user[:password]@][host[:port]][,host[:port]...][/dbname][?key=value&...]
+ * (an IPv6 address in brackets, a socket directory percent-encoded or in ?host=).
  */
-export function clientConfig(conninfo: string | undefined, applicationName: string): ClientConfig {
+function uriPairs(text: string): Map<string, string> {
+    const out = new Map<string, string>();
+    let rest = text.replace(/^postgres(ql)?:\/\//, "");
+    let query = "";
+    const qi = rest.indexOf("?");
+    if (qi >= 0) {
+        query = rest.slice(qi + 1);
+        rest = rest.slice(0, qi);
+    }
+    const si = rest.indexOf("/");
+    let authority = rest;
+    if (si >= 0) {
+        authority = rest.slice(0, si);
+        const db = decode(rest.slice(si + 1), text);
+        if (db !== "") out.set("dbname", db);
+    }
+    const at = authority.lastIndexOf("@");
+    if (at >= 0) {
+        const userinfo = authority.slice(0, at);
+        authority = authority.slice(at + 1);
+        const ci = userinfo.indexOf(":");
+        const user = decode(ci >= 0 ? userinfo.slice(0, ci) : userinfo, text);
+        if (user !== "") out.set("user", user);
+        if (ci >= 0) out.set("password", decode(userinfo.slice(ci + 1), text));
+    }
+    if (authority !== "") {
+        const hosts: string[] = [];
+        const ports: string[] = [];
+        for (const part of authority.split(",")) {
+            let host = part;
+            let port = "";
+            if (part.startsWith("[")) {
+                const close = part.indexOf("]");
+                if (close < 0) throw new ConninfoError(`end of string reached when looking for matching "]" in IPv6 host address in URI "${text}"`);
+                host = part.slice(1, close);
+                const after = part.slice(close + 1);
+                if (after.startsWith(":")) port = after.slice(1);
+                else if (after !== "")
+                    throw new ConninfoError(`unexpected character "${after[0]}" at position ${text.indexOf(part) + close + 2} in URI (expected ":" or "/"): "${text}"`);
+            } else {
+                const ci = part.indexOf(":");
+                if (ci >= 0) {
+                    host = part.slice(0, ci);
+                    port = part.slice(ci + 1);
+                }
+            }
+            hosts.push(decode(host, text));
+            ports.push(decode(port, text));
+        }
+        if (hosts.some((h) => h !== "")) out.set("host", hosts.join(","));
+        if (ports.some((p) => p !== "")) out.set("port", ports.join(","));
+    }
+    for (const pair of query.split("&")) {
+        if (pair === "") continue;
+        const ei = pair.indexOf("=");
+        if (ei < 0) throw new ConninfoError(`missing key/value separator "=" in URI query parameter: "${pair}"`);
+        const key = decode(pair.slice(0, ei), text);
+        const value = decode(pair.slice(ei + 1), text);
+        if (key === "ssl" && value === "true") out.set("sslmode", "require");
+        else if (!KEYWORDS.has(key)) throw new ConninfoError(`invalid URI query parameter: "${key}"`);
+        else out.set(key, value);
+    }
+    return out;
+}
+
+/* A host to try: a name, an address or a socket directory, and a port. */
+export interface HostSpec {
+    host: string;
+    port: number;
+}
+
+/* libpq's target_session_attrs: which server of a list a session keeps. */
+export const SESSION_ATTRS = ["any", "read-write", "read-only", "primary", "standby", "prefer-standby"] as const;
+export type SessionAttrs = (typeof SESSION_ATTRS)[number];
+
+/*
+ * Where and how to connect: the hosts to try in order, the session
+ * attributes a server must have to be kept, and the rest of the
+ * settings (the same for every host).
+ */
+export interface ConnSettings {
+    hosts: HostSpec[];
+    targetSessionAttrs: SessionAttrs;
+    base: ClientConfig;
+}
+
+/* libpq's comma-separated lists: "a,b", an empty element is the default. */
+function list(text: string | undefined): string[] | undefined {
+    return text === undefined ? undefined : text.split(",").map((s) => s.trim());
+}
+
+/*
+ * The settings of a CONNINFO (or of the environment alone when it is
+ * empty or undefined), with libpq's multi-host forms: host=a,b
+ * port=5432,5433 (one port for every host, or one per host; hostaddr
+ * likewise), postgresql://a:5432,b:5433/db, and target_session_attrs (or
+ * PGTARGETSESSIONATTRS).
+ */
+export function connSettings(conninfo: string | undefined, applicationName: string): ConnSettings {
     const text = (conninfo ?? "").trim();
     const given = /^postgres(ql)?:\/\//.test(text) ? uriPairs(text) : parsePairs(text);
     const env = process.env;
     const pick = (key: string, envName: string) => given.get(key) ?? (env[envName] || undefined);
 
-    let host = given.get("hostaddr") ?? pick("host", "PGHOST");
-    if (host === undefined)
-        host = existsSync("/var/run/postgresql") ? "/var/run/postgresql" : "localhost";
+    const names = list(pick("host", "PGHOST"));
+    const addrs = list(given.get("hostaddr") ?? (env.PGHOSTADDR || undefined));
+    if (names && addrs && names.length !== addrs.length)
+        throw new ConninfoError(`could not match ${names.length} host names to ${addrs.length} hostaddr values`);
+    const dflt = existsSync("/var/run/postgresql") ? "/var/run/postgresql" : "localhost";
+    const count = (addrs ?? names ?? [""]).length;
+    const hostAt = (i: number) => addrs?.[i] || names?.[i] || dflt;
+    const portTexts = list(pick("port", "PGPORT")) ?? [""];
+    if (portTexts.length !== 1 && portTexts.length !== count)
+        throw new ConninfoError(`could not match ${portTexts.length} port numbers to ${count} hosts`);
+    const hosts: HostSpec[] = [];
+    for (let i = 0; i < count; i++) {
+        const portText = (portTexts.length === 1 ? portTexts[0] : portTexts[i]) || "5432";
+        const port = Number(portText);
+        if (!/^[0-9]+$/.test(portText) || port <= 0 || port > 65535)
+            throw new ConninfoError(`invalid port number: "${portText}"`);
+        hosts.push({ host: hostAt(i), port });
+    }
+    const attrs = pick("target_session_attrs", "PGTARGETSESSIONATTRS") ?? "any";
+    if (!(SESSION_ATTRS as readonly string[]).includes(attrs))
+        throw new ConninfoError(`invalid target_session_attrs value: "${attrs}"`);
+
     const user = pick("user", "PGUSER") ?? userInfo().username;
-    const portText = pick("port", "PGPORT") ?? "5432";
-    const port = Number(portText);
-    if (!Number.isInteger(port) || port <= 0 || port > 65535)
-        throw new ConninfoError(`invalid port number: "${portText}"`);
     const config: ClientConfig = {
-        host,
-        port,
         user,
         database: pick("dbname", "PGDATABASE") ?? user,
         application_name: pick("application_name", "PGAPPNAME") ?? given.get("fallback_application_name") ?? applicationName,
@@ -129,7 +230,21 @@ export function clientConfig(conninfo: string | undefined, applicationName: stri
         default:
             throw new ConninfoError(`invalid sslmode value: "${sslmode}"`);
     }
-    return config;
+    return { hosts, targetSessionAttrs: attrs as SessionAttrs, base: config };
+}
+
+/* The pg ClientConfig of a CONNINFO's first host. */
+export function clientConfig(conninfo: string | undefined, applicationName: string): ClientConfig {
+    const s = connSettings(conninfo, applicationName);
+    return { ...s.base, host: s.hosts[0].host, port: s.hosts[0].port };
+}
+
+/* Where settings connect, for messages: never the password. */
+export function describeSettings(s: ConnSettings): string {
+    const where = (h: HostSpec) => (h.host.startsWith("/") ? `socket ${h.host}/.s.PGSQL.${h.port}` : `${h.host}:${h.port}`);
+    const hosts = s.hosts.map(where).join(", ");
+    return `database "${s.base.database}" as "${s.base.user}" on ${hosts}` +
+        (s.targetSessionAttrs === "any" ? "" : ` (target_session_attrs=${s.targetSessionAttrs})`);
 }
 
 /* Where a config connects, for messages: never the password. */

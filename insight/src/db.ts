@@ -21,7 +21,7 @@
 import pg from "pg";
 import type { ClientConfig, PoolClient, QueryResultRow } from "pg";
 
-import { ApiError } from "./errors.js";
+import { isFailover, Target, unavailable } from "./target.js";
 
 export type Credentials =
     | { kind: "token"; token: string }
@@ -48,30 +48,88 @@ const AUTH_HOOK_SQL = {
     "FROM (SELECT tuvl.verify_hook($1, $2, $3)::pg_catalog.oid AS r) a",
 };
 
+/* On a router (routerops.ts): partition 0's token, the router's transaction records its scopes. */
+const AUTH_ROUTER_SQL = {
+    name: "tuvl_insight_auth_router",
+    text: "SELECT pg_catalog.set_config('role', tuvl_router.authenticate($1), true) AS role",
+};
+
 /* Does text look like a token tuvl.create_token() made? (checked before any query) */
 export function wellFormedToken(text: string): boolean {
     return /^tuvl_[1-9][0-9]{0,18}_[A-Za-z0-9_-]{43}$/.test(text);
 }
 
+/*
+ * A pooled connection knows the generation of the Target it was made
+ * for: after a failover (the Target invalidated), a connection of an
+ * older generation is closed, never used again.
+ */
+type GenClient = PoolClient & { tuvlGeneration?: number };
+
 export class Database {
     readonly pool: pg.Pool;
+    readonly target: Target;
+    /* a router database (tuvl_router), not a tuvl one */
+    router = false;
     private readonly log: (msg: string) => void;
 
-    constructor(config: ClientConfig, max: number, log: (msg: string) => void) {
-        this.pool = new pg.Pool({ ...config, max, idleTimeoutMillis: 600_000, pipeline: true } as pg.PoolConfig);
+    constructor(target: Target, max: number, log: (msg: string) => void) {
+        this.target = target;
         this.log = log;
+        /* each new connection goes to the host the Target chose */
+        class TargetClient extends pg.Client {
+            tuvlGeneration: number;
+            constructor(config?: ClientConfig) {
+                const host = target.current;
+                super(host ? { ...(config ?? {}), host: host.host, port: host.port } : config);
+                this.tuvlGeneration = host ? target.generation : -1;
+            }
+        }
+        this.pool = new pg.Pool({ ...target.settings.base, max, idleTimeoutMillis: 600_000, pipeline: true, Client: TargetClient } as unknown as pg.PoolConfig);
         /* an idle client whose connection broke: the pool drops it */
-        this.pool.on("error", (e) => this.log(`database connection lost: ${e.message}`));
+        this.pool.on("error", (e, client) => {
+            this.log(`database connection lost: ${e.message}`);
+            if (isFailover(e, target.attrs)) target.invalidate((client as GenClient).tuvlGeneration ?? -1, e.message);
+        });
     }
 
-    private async connect(): Promise<PoolClient> {
-        try {
-            return await this.pool.connect();
-        } catch (e) {
-            this.log(`could not connect to the database: ${(e as Error).message}`);
-            throw new ApiError(503, "08006", "the server could not connect to the database",
-                               { hint: "Try again later; the server's log has the details." });
+    /* A message, but not the same one again within 5 s (a failover's burst of requests). */
+    private lastLog = { text: "", at: 0 };
+    private logOnce(text: string): void {
+        const now = Date.now();
+        if (text === this.lastLog.text && now - this.lastLog.at < 5000) return;
+        this.lastLog = { text, at: now };
+        this.log(text);
+    }
+
+    /*
+     * A connection to the host that fits (target_session_attrs), or a 503
+     * with Retry-After while none does (a failover).
+     */
+    private async connect(): Promise<GenClient> {
+        for (let tries = 0; tries < 100; tries++) {
+            const gen = this.target.generation;
+            let client: GenClient;
+            try {
+                await this.target.resolve();
+                client = await this.pool.connect() as GenClient;
+            } catch (e) {
+                this.logOnce(`could not connect to the database: ${(e as Error).message}`);
+                if (isFailover(e, this.target.attrs)) this.target.invalidate(gen, (e as Error).message);
+                throw unavailable("The server could not connect to a database server that fits its connection string; its log has the details.");
+            }
+            if (client.tuvlGeneration === this.target.generation && this.target.current) return client;
+            client.release(true);       /* made for a server of before the failover */
         }
+        throw unavailable("The database server changed too often.");
+    }
+
+    /* An error of a statement on client: a failover's becomes a 503, and the Target chooses again. */
+    private failed(client: GenClient, e: unknown): unknown {
+        if (!isFailover(e, this.target.attrs)) return e;
+        this.log(`database: ${(e as Error).message}`);
+        this.target.invalidate(client.tuvlGeneration ?? -1, (e as Error).message);
+        return unavailable(`The database server went away or answered read-only (${(e as Error).message}).`);
     }
 
     /*
@@ -110,7 +168,7 @@ export class Database {
             const begun = Promise.all([
                 send("BEGIN"),
                 cred.kind === "token"
-                    ? send(AUTH_TOKEN_SQL, [cred.token])
+                    ? send(this.router ? AUTH_ROUTER_SQL : AUTH_TOKEN_SQL, [cred.token])
                     : send(AUTH_HOOK_SQL, [cred.path, cred.body, cred.signature]),
             ]);
             begun.catch(() => undefined);       /* awaited below; not an unhandled rejection meanwhile */
@@ -147,7 +205,8 @@ export class Database {
             } catch (e2) {
                 broken = e2 as Error;
             }
-            throw e;
+            if (isFailover(e, this.target.attrs)) broken ??= e as Error;
+            throw this.failed(client, e);
         } finally {
             client.off("notice", onNotice);
             client.release(broken);
@@ -161,8 +220,8 @@ export class Database {
         try {
             return (await client.query<R>(sql, params)).rows;
         } catch (e) {
-            if (!("severity" in (e as object))) broken = e as Error;
-            throw e;
+            if (!("severity" in (e as object)) || isFailover(e, this.target.attrs)) broken = e as Error;
+            throw this.failed(client, e);
         } finally {
             client.release(broken);
         }

@@ -95,8 +95,9 @@ export function toApiError(e: unknown): ApiError {
     if (isPgError(e)) {
         const code = e.code as string;
         const headers: Record<string, string> = {};
-        if (code === "40001" || code === "40P01") headers["Retry-After"] = "1";
-        return new ApiError(statusOf(code, e.message), code, e.message,
+        const status = statusOf(code, e.message);
+        if (status === 503) headers["Retry-After"] = "1";
+        return new ApiError(status, code, e.message,
                             { detail: e.detail ?? null, hint: e.hint ?? null, headers });
     }
     return new ApiError(500, "XX000", "internal error", { hint: "The server's log has the details." });

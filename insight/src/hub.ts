@@ -11,13 +11,20 @@
  * own token, so row security and the token's scopes decide what it gets,
  * never the hub.
  *
- * When the connection breaks, the hub connects again (after 0.5 s, then
- * up to 5 s apart), LISTENs again on every channel in use and pokes every
+ * When the connection breaks, the hub connects again (after 0.2 s, then
+ * up to 2 s apart), LISTENs again on every channel in use and pokes every
  * stream, which reads what it missed: no event is lost, since streams read
- * the journal by seq.
+ * the journal by seq.  It connects as libpq would, to the first host of a
+ * multi-host connection string that fits its target_session_attrs
+ * (target.ts), and moves when the server's pool finds that another host
+ * fits now (after a failover, the old primary may still answer, read-only,
+ * and send no more notifications).
  */
 import pg from "pg";
-import type { ClientConfig, Notification } from "pg";
+import type { Notification } from "pg";
+
+import type { HostSpec } from "./conninfo.js";
+import { connectFirst, hostName, Target } from "./target.js";
 
 export interface Follower {
     /* the run has events up to seq (0: something may have been missed) */
@@ -25,19 +32,26 @@ export interface Follower {
 }
 
 export class Hub {
-    private readonly config: ClientConfig;
+    private readonly target: Target;
     private readonly log: (msg: string) => void;
     private client: pg.Client | null = null;
+    private host: HostSpec | null = null;
     private connecting: Promise<pg.Client> | null = null;
     private readonly channels = new Map<string, Map<number, Set<Follower>>>();
     private readonly listening = new Map<string, Promise<void>>();
     private closed = false;
-    private retryMs = 500;
+    private retryMs = 200;
     connected = false;
 
-    constructor(config: ClientConfig, log: (msg: string) => void) {
-        this.config = { ...config, application_name: `${config.application_name ?? "tuvl insight"} listener` };
+    constructor(target: Target, log: (msg: string) => void) {
+        this.target = target;
         this.log = log;
+        /* the pool chose another host: follow it */
+        target.on("resolved", (h: HostSpec) => {
+            const c = this.client;
+            if (c && this.host && (this.host.host !== h.host || this.host.port !== h.port))
+                this.lost(c, new Error(`the database moved to ${hostName(h)}`));
+        });
     }
 
     private onNotification(n: Notification): void {
@@ -65,19 +79,28 @@ export class Hub {
     private async open(): Promise<pg.Client> {
         for (;;) {
             if (this.closed) throw new Error("the server is shutting down");
-            const client = new pg.Client(this.config);
+            let client: pg.Client;
+            let host: HostSpec;
             try {
-                await client.connect();
+                ({ client, host } = await connectFirst(this.target.settings, {
+                    application_name: `${this.target.settings.base.application_name ?? "tuvl insight"} listener`,
+                    keepAlive: true, keepAliveInitialDelayMillis: 10_000,
+                }));
             } catch (e) {
                 this.log(`listener: could not connect (${(e as Error).message}); trying again in ${this.retryMs} ms`);
                 await new Promise((r) => setTimeout(r, this.retryMs));
-                this.retryMs = Math.min(this.retryMs * 2, 5000);
+                this.retryMs = Math.min(this.retryMs * 2, 2000);
                 continue;
+            }
+            if (this.closed) {
+                await client.end().catch(() => undefined);
+                throw new Error("the server is shutting down");
             }
             client.on("notification", (n) => this.onNotification(n));
             client.on("error", (e) => this.lost(client, e));
             client.on("end", () => this.lost(client, new Error("connection ended")));
-            this.retryMs = 500;
+            this.retryMs = 200;
+            this.host = host;
             this.client = client;
             this.connected = true;
             return client;

@@ -20,18 +20,19 @@
  */
 import Fastify, { LogController } from "fastify";
 import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
-import type { ClientConfig } from "pg";
-
+import type { ConnSettings } from "./conninfo.js";
 import { Database, wellFormedToken } from "./db.js";
 import type { Credentials } from "./db.js";
 import { ApiError, errors, toApiError } from "./errors.js";
 import { Hub } from "./hub.js";
 import * as ops from "./ops.js";
 import { openapi } from "./openapi.js";
+import * as routerOps from "./routerops.js";
 import { EventStream, Reader } from "./sse.js";
+import { Target } from "./target.js";
 
 export interface ServeOptions {
-    db: ClientConfig;
+    db: ConnSettings;
     host: string;
     port: number;
     pool: number;
@@ -139,6 +140,8 @@ export class Server {
     private readonly opts: ServeOptions;
     /* requests waiting out the delay of a failed authentication */
     private delayed = 0;
+    /* on a router database (routerops.ts): its operations, and streams poll */
+    private router = false;
 
     constructor(opts: ServeOptions) {
         this.opts = opts;
@@ -150,10 +153,21 @@ export class Server {
             forceCloseConnections: true,
         });
         const log = (msg: string) => this.app.log.warn(msg);
-        this.db = new Database(opts.db, opts.pool, log);
-        this.hub = new Hub(opts.db, log);
+        const target = new Target(opts.db, log);
+        this.db = new Database(target, opts.pool, log);
+        this.hub = new Hub(target, log);
         this.setup();
         this.routes();
+    }
+
+    /* The operations of the database the server is on: tuvl's, or a router's. */
+    private get o(): Pick<typeof ops, "startRun" | "waitRun" | "listRuns" | "getRun" | "timeline" | "control" | "people"> {
+        return this.router ? routerOps : ops;
+    }
+
+    /* What a router does not route. */
+    private direct(what: string): void {
+        if (this.router) throw routerOps.notOnRouter(what);
     }
 
     /* Run fn as the caller; a failed authentication becomes an AuthFailure. */
@@ -236,10 +250,12 @@ export class Server {
             } catch {
                 return reply.code(503).send({ status: "unavailable", database: false, listener: this.hub.connected });
             }
-            return { status: "ok", database: true, listener: this.hub.connected, streams: this.streams.size, delayed: this.delayed };
+            return { status: "ok", database: true, listener: this.router ? "polling" : this.hub.connected,
+                     streams: this.streams.size, delayed: this.delayed };
         });
 
         app.get("/api/openapi.json", async (req) => {
+            this.direct("the OpenAPI document");
             const { version, workflows } = await this.as(bearer(req), (q) => ops.workflows(q));
             return openapi(version, workflows);
         });
@@ -267,6 +283,7 @@ export class Server {
         });
 
         const hook = async (req: Req, reply: Rep) => {
+            this.direct("a workflow's route under /hooks");
             const path = "/" + ((req.params as { "*": string })["*"] ?? "");
             const [route] = await this.db.anonymous<{ workflow: string; method: string; signature_header: string | null }>(
                 "SELECT workflow, method, signature_header FROM tuvl.http_route($1)", [path]);
@@ -300,7 +317,7 @@ export class Server {
                 workflow: q.workflow || undefined, status, key: q.key || undefined,
                 before: q.before === undefined ? undefined : positiveId(q.before, "before"), limit,
             };
-            const runs = await this.as(bearer(req), (qq) => ops.listRuns(qq, filter));
+            const runs = await this.as(bearer(req), (qq) => this.o.listRuns(qq, filter));
             let next: string | null = null;
             if (runs.length === limit) {
                 const p = new URLSearchParams();
@@ -316,13 +333,13 @@ export class Server {
 
         app.get("/api/runs/:id", async (req) => {
             const id = positiveId((req.params as { id: string }).id);
-            const run = await this.as(bearer(req), (q) => ops.getRun(q, id));
+            const run = await this.as(bearer(req), (q) => this.o.getRun(q, id));
             return { ...run, events_url: `/api/runs/${id}/events` };
         });
 
         app.get("/api/runs/:id/timeline", async (req) => {
             const id = positiveId((req.params as { id: string }).id);
-            return { timeline: await this.as(bearer(req), (q) => ops.timeline(q, id)) };
+            return { timeline: await this.as(bearer(req), (q) => this.o.timeline(q, id)) };
         });
 
         app.get("/api/runs/:id/events", async (req, reply) => this.events(req, reply));
@@ -331,17 +348,19 @@ export class Server {
             app.post(`/api/runs/:id/${action}`, async (req) => {
                 const id = positiveId((req.params as { id: string }).id);
                 const args = controlArgs(action, jsonBody(req));
-                return this.as(bearer(req), async (q, notices) => ({ ...(await ops.control(q, action, id, args)), notices }));
+                return this.as(bearer(req), async (q, notices) => ({ ...(await this.o.control(q, action, id, args)), notices }));
             });
 
-        app.get("/api/people", async (req) => ({ people: await this.as(bearer(req), (q) => ops.people(q)) }));
+        app.get("/api/people", async (req) => ({ people: await this.as(bearer(req), (q) => this.o.people(q)) }));
 
         app.get("/api/runs/:id/fixture", async (req) => {
+            this.direct("pinning a run");
             const id = positiveId((req.params as { id: string }).id);
             return this.as(bearer(req), (q) => ops.pin(q, id));
         });
 
         app.post("/api/replay", async (req) => {
+            this.direct("replay");
             const body = jsonBody(req, true);
             onlyKeys(body, ["fixture", "live"]);
             if (body.fixture === null || typeof body.fixture !== "object")
@@ -353,19 +372,25 @@ export class Server {
         });
 
         app.post("/api/validate", async (req) => {
+            this.direct("validation");
             const { source, strict } = sourceBody(req);
             const findings = await this.as(bearer(req), (q) => ops.validate(q, source, strict));
             return { ok: !findings.some((f) => f.severity === "error"), findings };
         });
 
         app.post("/api/workflows", async (req, reply) => {
+            this.direct("shipping a workflow (use tuvl_router.register_workflow())");
             const { source, strict } = sourceBody(req);
             const out = await this.as(bearer(req), (q) => ops.ship(q, source, strict));
             return reply.code(201).send(out);
         });
 
-        app.get("/api/tokens", async (req) => ({ tokens: await this.as(bearer(req), (q) => ops.listTokens(q)) }));
+        app.get("/api/tokens", async (req) => {
+            this.direct("tokens over HTTP");
+            return { tokens: await this.as(bearer(req), (q) => ops.listTokens(q)) };
+        });
         app.post("/api/tokens", async (req, reply) => {
+            this.direct("tokens over HTTP");
             const body = jsonBody(req, true);
             onlyKeys(body, ["role", "scopes", "expires"]);
             const role = optString(body, "role", true);
@@ -378,6 +403,7 @@ export class Server {
             return reply.code(201).send(out);
         });
         app.delete("/api/tokens/:id", async (req) => {
+            this.direct("tokens over HTTP");
             const id = positiveId((req.params as { id: string }).id, "token id");
             await this.as(bearer(req), (q) => ops.revokeToken(q, id));
             return { id, revoked: true };
@@ -393,10 +419,10 @@ export class Server {
             ...r, wait: wait === undefined || wait === "" ? undefined : wait, maxWait: this.opts.maxWait,
             traceparent: typeof tp === "string" ? tp : undefined,
         };
-        let out = await this.as(cred, (q) => ops.startRun(q, start));
+        let out = await this.as(cred, (q) => this.o.startRun(q, start));
         if (out.waitFor) {
             const waitFor = out.waitFor;
-            out = await this.as(cred, (q) => ops.waitRun(q, out.run_id, waitFor));
+            out = await this.as(cred, (q) => this.o.waitRun(q, out.run_id, waitFor));
         }
         const urls = runUrls(out.run_id);
         if (ops.FINAL.has(out.status)) return reply.code(200).send({ ...out, ...urls });
@@ -418,7 +444,8 @@ export class Server {
             throw new ApiError(503, "53300", "too many event streams", { hint: "The server's --max-streams bounds them.", headers: { "Retry-After": "5" } });
         const cred = bearer(req);
         const info = await this.as(cred, async (q) => {
-            const [row] = await q<{ channel: string; status: string | null; last_seq: number | null }>(STREAM_SQL, [id], { last: true });
+            const [row] = await q<{ channel: string; status: string | null; last_seq: number | null }>(
+                this.router ? routerOps.STREAM_SQL : STREAM_SQL, [id], { last: true });
             return row;
         });
         if (!info || info.status === null) throw ops.runMissing(id);
@@ -433,7 +460,7 @@ export class Server {
             this.streams.delete(stream);
             if (--reader.users === 0) this.readers.delete(key);
         };
-        const stream = new EventStream(this.hub, reader, id, info.channel, after, summary, reply.raw,
+        const stream = new EventStream(this.router ? null : this.hub, reader, id, info.channel ?? "", after, summary, reply.raw,
                                        (m) => this.app.log.warn(m), ended);
         this.streams.add(stream);
         try {
@@ -447,6 +474,13 @@ export class Server {
 
     async listen(): Promise<string> {
         await this.hub.start();
+        /* a router database: no notifications there (they happen on the partitions), streams poll */
+        const [r] = await this.db.anonymous<{ router: boolean }>(routerOps.DETECT_SQL);
+        if (r.router) {
+            this.router = this.db.router = true;
+            await this.hub.close();
+            this.app.log.info("on a router database (tuvl_router): event streams poll the partitions' journals");
+        }
         return this.app.listen({ host: this.opts.host, port: this.opts.port });
     }
 

@@ -24,6 +24,21 @@
  * Streams of different tokens never share a read.  Reads are paced by the
  * client: while a socket's buffer is full its stream asks for nothing, so
  * a slow client costs memory for one page (200 events) at most.
+ *
+ * Through a router database (tuvl_router) there are no notifications to
+ * listen for: they happen on the partitions, and the server cannot LISTEN
+ * there without the partitions' addresses and credentials, which only
+ * the router's owner holds (in the foreign server and its user mappings).
+ * A stream then polls its run's partition through the router
+ * (tuvl_router.events_after, batched per token as above), 25 ms after a
+ * read that found events and up to 250 ms apart while the run is idle.
+ *
+ * A failover does not end a stream: a read that finds the database
+ * unavailable (503: the connection broke, no server fits the connection
+ * string yet) is tried again, 0.2 s later and then up to 2 s apart, and
+ * the hub pokes every stream once it listens on the new primary; the
+ * stream goes on after the last seq it sent, so the client sees every
+ * event once.
  */
 import type { ServerResponse } from "node:http";
 
@@ -32,7 +47,12 @@ import { toApiError } from "./errors.js";
 import type { Follower, Hub } from "./hub.js";
 import { FINAL } from "./ops.js";
 
+import * as routerOps from "./routerops.js";
+
 const PAGE = 200;
+/* through a router (no notifications): a stream polls, soon after an event, slower while idle */
+const POLL_MIN_MS = 25;
+const POLL_MAX_MS = 250;
 const BATCH = 200;
 const KEEPALIVE_MS = 15_000;
 export const RETRY_MS = 1000;
@@ -93,9 +113,11 @@ export class Reader {
                 if (batch.length === BATCH) break;
             }
             let rows: BatchRow[];
+            const sql = this.db.router ? { name: "tuvl_insight_events_router", text: routerOps.BATCH_SQL }
+                : { name: "tuvl_insight_events", text: BATCH_SQL };
             try {
                 rows = await this.db.asCaller(this.cred, (tx) => tx.query<BatchRow>(
-                    { name: "tuvl_insight_events", text: BATCH_SQL },
+                    sql,
                     [batch.map((s) => s.runId), batch.map((s) => s.cursor), batch.map((s) => s.summary), PAGE], { last: true }));
             } catch (e) {
                 for (const s of batch) s.failed(e);
@@ -120,10 +142,14 @@ export class EventStream implements Follower {
     private again = false;
     private closed = false;
     private timer: NodeJS.Timeout | undefined;
+    private retry: NodeJS.Timeout | undefined;
+    private retryMs = 200;
+    private pollMs = POLL_MIN_MS;
     private readonly onClose: () => void;
 
     constructor(
-        private readonly hub: Hub,
+        /* null: through a router, the stream polls */
+        private readonly hub: Hub | null,
         private readonly reader: Reader,
         readonly runId: number,
         private readonly channel: string,
@@ -144,7 +170,7 @@ export class EventStream implements Follower {
     /* Subscribe (resolves once the hub listens), then send the headers and what is there. */
     async start(): Promise<void> {
         this.res.on("close", this.onClose);
-        await this.hub.follow(this.channel, this.runId, this);
+        if (this.hub) await this.hub.follow(this.channel, this.runId, this);
         if (this.closed) return;
         this.res.writeHead(200, {
             "Content-Type": "text/event-stream; charset=utf-8",
@@ -171,6 +197,13 @@ export class EventStream implements Follower {
         this.reader.request(this);
     }
 
+    /* Through a router: read again soon after events came, less often while none do. */
+    private schedulePoll(active: boolean): void {
+        this.pollMs = active ? POLL_MIN_MS : Math.min(Math.round(this.pollMs * 1.5), POLL_MAX_MS);
+        if (this.retry) clearTimeout(this.retry);
+        this.retry = setTimeout(() => { this.retry = undefined; this.poke(0); }, this.pollMs);
+    }
+
     private keepalive(): void {
         if (this.closed) return;
         this.res.write(": keepalive\n\n");
@@ -184,6 +217,7 @@ export class EventStream implements Follower {
             this.fail(404, "42704", `run ${this.runId} does not exist`);
             return;
         }
+        this.retryMs = 200;
         let chunk = "";
         for (const r of read.rows) {
             chunk += `id: ${r.seq}\nevent: ${r.type}\ndata: ${r.data}\n\n`;
@@ -197,6 +231,7 @@ export class EventStream implements Follower {
         const next = () => {
             this.busy = false;
             if (read.rows.length === PAGE || this.again || this.notified > this.lastSent) this.poke(0);
+            else if (!this.hub) this.schedulePoll(read.rows.length > 0);
         };
         if (drained) next();
         else this.res.once("drain", next);
@@ -204,6 +239,14 @@ export class EventStream implements Follower {
 
     failed(e: unknown): void {
         const err = toApiError(e);
+        if (err.status === 503 && !this.closed) {
+            /* a failover, or the database unreachable for a moment: read again later */
+            this.busy = false;
+            if (this.retry) clearTimeout(this.retry);
+            this.retry = setTimeout(() => { this.retry = undefined; this.poke(0); }, this.retryMs);
+            this.retryMs = Math.min(this.retryMs * 2, 2000);
+            return;
+        }
         if (err.status >= 500) this.log(`event stream of run ${this.runId}: ${(e as Error).message}`);
         this.fail(err.status, err.sqlstate, err.message);
     }
@@ -219,8 +262,9 @@ export class EventStream implements Follower {
         if (this.closed) return;
         this.closed = true;
         if (this.timer) clearInterval(this.timer);
+        if (this.retry) clearTimeout(this.retry);
         this.res.off("close", this.onClose);
-        this.hub.unfollow(this.channel, this.runId, this);
+        this.hub?.unfollow(this.channel, this.runId, this);
         this.res.end();
         this.onEnd();
     }

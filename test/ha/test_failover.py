@@ -11,8 +11,12 @@ PostgreSQL process, kill -9) and checks that the formation fails over by
 itself: every run a client saw acknowledged completes exactly once with a
 gapless journal, the timers fire, the waiting Human step is answered on the
 new primary, the clients reconnect, and tuvl's workers wait quietly while
-the promoted node is still read-only.  Prints the measured times (lines
-starting with "ha:").
+the promoted node is still read-only.  The Insight server (insight/tuvl
+serve) and the CLI use a multi-host connection string too: the server
+answers 503 with Retry-After (never a 500) while no node is read-write,
+starts runs on the new primary as soon as it is, and an event stream
+opened before the kill gets every event of its run once.  Prints the
+measured times (lines starting with "ha:").
 
 TUVL_HA_ASYNC=1 makes the standby asynchronous (replication-quorum false),
 to see what synchronous replication buys.
@@ -30,6 +34,8 @@ import subprocess
 import tempfile
 import threading
 import time
+
+import http.client
 
 import psycopg2
 import pytest
@@ -84,6 +90,17 @@ steps:
 ends:
   - { id: done, status: completed }
 """
+
+HELLO = """
+name: ha_hello
+steps:
+  - {id: hi, kind: ModelOp, sql: "SELECT 1 AS x"}
+ends:
+  - {id: done, status: completed}
+"""
+
+INSIGHT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                       "insight", "tuvl")
 
 ASK = """
 name: ha_ask
@@ -366,7 +383,119 @@ def rw(f):
     return psycopg2.connect(f.uri)
 
 
-def test_failover_keeps_every_run(formation):
+class Insight:
+    """insight/tuvl serve on a multi-host connection string (key=value form)."""
+
+    def __init__(self, f):
+        self.conninfo = (f"host=127.0.0.1,127.0.0.1 port={f.ports['node1']},{f.ports['node2']} "
+                         "dbname=postgres user=ha_auth target_session_attrs=read-write connect_timeout=2")
+        self.log = []
+        self.proc = subprocess.Popen([INSIGHT, "serve", "--db", self.conninfo, "--port", "0"], env=f.env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        deadline = time.monotonic() + 120
+        self.port = None
+        while self.port is None:
+            line = self.proc.stdout.readline()
+            assert line or self.proc.poll() is None, "insight/tuvl serve ended:\n" + "".join(self.log[-20:])
+            self.log.append(line)
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+            if m:
+                self.port = int(m.group(1))
+            assert time.monotonic() < deadline, "insight/tuvl serve did not start"
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self):
+        for line in self.proc.stdout:
+            self.log.append(line)
+
+    def request(self, method, path, token, body=None, timeout=10):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            headers = {"Authorization": f"Bearer {token}"}
+            if body is not None:
+                headers["Content-Type"] = "application/json"
+            c.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
+            r = c.getresponse()
+            return r.status, r.headers, r.read().decode()
+        finally:
+            c.close()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class Stream(threading.Thread):
+    """An SSE stream of a run's events, read to its end."""
+
+    def __init__(self, insight, token, run_id):
+        super().__init__(daemon=True)
+        self.events = []            # (seq, type)
+        self.opened = threading.Event()
+        self.error = None
+        self.insight, self.token, self.run_id = insight, token, run_id
+
+    def run(self):
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", self.insight.port, timeout=120)
+            c.request("GET", f"/api/runs/{self.run_id}/events",
+                      headers={"Authorization": f"Bearer {self.token}", "Accept": "text/event-stream"})
+            r = c.getresponse()
+            assert r.status == 200, r.status
+            msg = {}
+            while True:
+                line = r.readline()
+                if not line:
+                    break
+                line = line.decode().rstrip("\n")
+                if line == "":
+                    if "id" in msg:
+                        self.events.append((int(msg["id"]), msg.get("event")))
+                        self.opened.set()
+                    elif msg.get("event") == "stream_error":
+                        self.error = msg
+                    msg = {}
+                elif not line.startswith(":"):
+                    k, _, v = line.partition(":")
+                    msg[k] = v.lstrip(" ")
+            c.close()
+        except Exception as e:      # reported by the test
+            self.error = repr(e)
+        finally:
+            self.opened.set()
+
+
+class Starter(threading.Thread):
+    """POSTs a start through the Insight server every 0.2 s from the kill
+    until one is accepted; records every answer."""
+
+    def __init__(self, insight, token):
+        super().__init__(daemon=True)
+        self.insight, self.token = insight, token
+        self.answers = []           # (time, status, retry-after, body)
+        self.t_ok = None
+
+    def run(self):
+        deadline = time.monotonic() + FAILOVER_LIMIT + 15
+        while time.monotonic() < deadline:
+            try:
+                st, h, body = self.insight.request("POST", "/api/workflows/ha_hello/runs", self.token, {})
+            except OSError as e:
+                st, h, body = None, {}, repr(e)
+            self.answers.append((time.time(), st, h.get("Retry-After"), body))
+            if st == 202:
+                self.t_ok = time.time()
+                return
+            time.sleep(0.2)
+
+
+def test_failover_keeps_every_run(formation, request):
     f = formation
     c = rw(f)
     c.autocommit = True
@@ -375,9 +504,20 @@ def test_failover_keeps_every_run(formation):
     cur.execute("SELECT tuvl.register_llm(%s)",
                 (f"name: ha_echo\nprovider: openai\nbase_url: {LLM_URL}\nmodel: echo\ntimeout: 10s\n",))
     cur.execute("SELECT tuvl.register_workflow(%s)", (FIVE,))
+    # the Insight server's roles (docs/insight.md): an application role and
+    # the authenticator that may act as it; the Human run is the app's
+    cur.execute("CREATE ROLE ha_app")
+    cur.execute("GRANT tuvl_user TO ha_app")
+    cur.execute("CREATE ROLE ha_auth LOGIN NOINHERIT")
+    cur.execute("GRANT ha_app TO ha_auth")
+    cur.execute("SELECT tuvl.create_token('ha_app', '{runs:start,runs:read,people:answer}', '1 hour')")
+    token = cur.fetchone()[0]
+    cur.execute("SET ROLE ha_app")
+    cur.execute("SELECT tuvl.register_workflow(%s)", (HELLO,))
     cur.execute("SELECT tuvl.register_workflow(%s)", (ASK,))
     cur.execute("SELECT tuvl.start_run('ha_ask')")
     ask_id = cur.fetchone()[0]
+    cur.execute("RESET ROLE")
     deadline = time.monotonic() + 30
     while True:
         cur.execute("SELECT status FROM tuvl.runs WHERE id = %s", (ask_id,))
@@ -390,6 +530,14 @@ def test_failover_keeps_every_run(formation):
                 "FROM generate_series(1, 300) g")
     backlog = {-g for g in range(1, 301)}
     c.close()
+
+    insight = Insight(f)
+    request.addfinalizer(insight.stop)
+    st, _, body = insight.request("POST", "/api/workflows/ha_hello/runs", token, {})
+    assert st == 202, body
+    stream = Stream(insight, token, ask_id)
+    stream.start()
+    assert stream.opened.wait(20) and stream.events, f"the event stream did not open: {stream.error}"
 
     client = Client(f.uri, 1)
     client.start()
@@ -411,6 +559,8 @@ def test_failover_keeps_every_run(formation):
     t_kill = time.time()
     killed = f.kill_host("node1")
     assert walsender in killed and len(killed) > 3
+    starter = Starter(insight, token)
+    starter.start()
 
     # the formation fails over by itself: node2 becomes a read-write primary
     t_rw = None
@@ -432,6 +582,19 @@ def test_failover_keeps_every_run(formation):
         time.sleep(0.05)
     assert t_rw is not None, f"node2 was not a read-write primary {FAILOVER_LIMIT} s after the kill"
 
+    # the Insight server reconnects by itself: a start through it succeeds
+    # on the new primary soon after node2 is read-write, and before that
+    # every answer is a 503 with Retry-After, never a 500
+    starter.join(FAILOVER_LIMIT + 20)
+    bad = [(st, ra, body[:200]) for _, st, ra, body in starter.answers
+           if st != 202 and not (st == 503 and ra and '"sqlstate":"08006"' in body)]
+    assert not bad, f"the server answered during the failover: {bad[:5]}"
+    assert starter.t_ok is not None, "no start through the Insight server succeeded after the failover"
+    assert starter.t_ok - t_rw < 3.0, \
+        f"a start through the Insight server succeeded {starter.t_ok - t_rw:.1f} s after node2 was read-write"
+    assert not [line for line in insight.log if '"level":50' in line], \
+        "the server logged errors:\n" + "".join(line for line in insight.log if '"level":50' in line)[:3000]
+
     # clients reconnect and go on starting runs on the new primary
     deadline = time.monotonic() + 20
     acked_at_rw = len(client.acked)
@@ -450,7 +613,8 @@ def test_failover_keeps_every_run(formation):
     # the Human step waiting since before the kill is answered on the new primary
     cur.execute("SELECT status FROM tuvl.runs WHERE id = %s", (ask_id,))
     assert cur.fetchone()[0] == "waiting_human"
-    cur.execute("SELECT tuvl.submit(%s, '{\"ok\": true}')", (ask_id,))
+    st, _, body = insight.request("POST", f"/api/runs/{ask_id}/submit", token, {"data": {"ok": True}})
+    assert st == 200, body
 
     # every acknowledged run completes
     acked = dict(client.acked)
@@ -471,6 +635,23 @@ def test_failover_keeps_every_run(formation):
         time.sleep(0.2)
     cur.execute("SELECT tuvl.wait(%s, '10 seconds')", (ask_id,))
     assert cur.fetchone()[0] == "completed"
+
+    # the event stream opened before the kill got the run's every event once
+    stream.join(20)
+    assert not stream.is_alive(), (f"the event stream did not end with its run: it got {stream.events}; "
+                                   "the server's log:\n" + "".join(insight.log[-40:]))
+    assert stream.error is None, f"the event stream failed: {stream.error}"
+    cur.execute("SELECT array_agg(seq ORDER BY seq) FROM tuvl.events WHERE run_id = %s", (ask_id,))
+    journal = cur.fetchone()[0]
+    assert [seq for seq, _ in stream.events] == journal, \
+        f"the stream sent {[seq for seq, _ in stream.events]}, the journal has {journal}"
+    assert stream.events[-1][1] == "run_completed"
+
+    # the command line, on the URI form of the multi-host string
+    cli = subprocess.run([INSIGHT, "runs", "list", "--workflow", "ha_ask", "--db", f.uri], env=f.env,
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0, cli.stderr
+    assert re.search(rf"^{ask_id}\s+ha_ask\s+\d+\s+completed", cli.stdout, re.M), cli.stdout
 
     # ... exactly once: each acknowledged run (and the backlog) is there once,
     # its three SQL effects once each, its journal gapless with one end
@@ -515,6 +696,8 @@ def test_failover_keeps_every_run(formation):
         "acknowledged_runs": len(acked) + len(backlog),
         "lost": len(lost), "duplicated": len(dup),
         "client_errors": client.errors, "client_reconnects": client.reconnects - 1,
+        "insight_start_ok_s": round(starter.t_ok - t_kill, 2),
+        "insight_503s": sum(1 for a in starter.answers if a[1] == 503),
     }
     print("ha: " + json.dumps(numbers))
     out = os.environ.get("TUVL_HA_NUMBERS")

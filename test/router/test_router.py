@@ -3,12 +3,20 @@
 The partitions are two databases of the test cluster, tuvl_rp0 and tuvl_rp1,
 with tuvl.partition 0 and 1 (a partition may be a database: its workers, ids
 and runs are its own); the router database tuvl_router has plproxy, the
-foreign server tuvl_cluster and the extension tuvl_router.  Prints the
-router's measured overhead (a line starting with "router:").
+foreign server tuvl_cluster and the extension tuvl_router.  An Insight
+server (insight/tuvl serve) on the router database starts, waits for,
+follows (SSE), lists and answers runs through it.  Prints the router's
+measured overhead and the event streams' latency through it (lines
+starting with "router:").
 """
+import http.client
 import json
 import os
+import re
+import signal
 import statistics
+import subprocess
+import threading
 import time
 
 import psycopg2
@@ -365,3 +373,207 @@ def _overhead(n):
     assert router_start - direct_start < 10 and router_ctl - direct_ctl < 10, numbers
     d.close()
     r.close()
+
+
+# ---------------------------------------------------------------- Insight on a router
+
+INSIGHT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                       "insight", "tuvl")
+AUTH = "tuvl_r_auth"
+
+
+class Insight:
+    """insight/tuvl serve connected to the router database."""
+
+    def __init__(self, conninfo):
+        self.log = []
+        self.proc = subprocess.Popen([INSIGHT, "serve", "--db", conninfo, "--port", "0"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        deadline = time.monotonic() + 180
+        self.port = None
+        while self.port is None:
+            line = self.proc.stdout.readline()
+            assert line or self.proc.poll() is None, "insight/tuvl serve ended:\n" + "".join(self.log[-20:])
+            self.log.append(line)
+            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+            if m:
+                self.port = int(m.group(1))
+            assert time.monotonic() < deadline, "insight/tuvl serve did not start"
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self):
+        for line in self.proc.stdout:
+            self.log.append(line)
+
+    def request(self, method, path, token, body=None):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        try:
+            headers = {"Authorization": f"Bearer {token}"}
+            if body is not None:
+                headers["Content-Type"] = "application/json"
+            c.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
+            r = c.getresponse()
+            text = r.read().decode()
+            return r.status, (json.loads(text) if text else None)
+        finally:
+            c.close()
+
+    def events(self, token, run_id, out=None):
+        """The run's SSE stream to its end: (seq, type, ts, received) of each event
+        (appended to out as they come)."""
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        c.request("GET", f"/api/runs/{run_id}/events",
+                  headers={"Authorization": f"Bearer {token}", "Accept": "text/event-stream"})
+        r = c.getresponse()
+        assert r.status == 200, r.read()
+        out, msg = ([] if out is None else out), {}
+        while True:
+            line = r.readline()
+            if not line:
+                break
+            line = line.decode().rstrip("\n")
+            if line == "":
+                if "id" in msg:
+                    data = json.loads(msg["data"])
+                    out.append((int(msg["id"]), msg["event"], data["ts"], time.time()))
+                assert msg.get("event") != "stream_error", msg
+                msg = {}
+            elif not line.startswith(":"):
+                k, _, v = line.partition(":")
+                msg[k] = v.lstrip(" ")
+        c.close()
+        return out
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def insight(cluster):
+    admin = cluster["admin"]
+    q(admin, f"DROP ROLE IF EXISTS {AUTH}")
+    q(admin, f"CREATE ROLE {AUTH} LOGIN NOINHERIT")
+    q(admin, f"GRANT {ROLES[0]}, {ROLES[1]} TO {AUTH}")
+    r = connect(ROUTER)
+    q(r, f"GRANT USAGE ON FOREIGN SERVER tuvl_cluster TO {AUTH}")
+    r.close()
+    # tokens are partition 0's, made through the router by their roles
+    tokens = {}
+    for role in ROLES:
+        r = connect(ROUTER, role)
+        tokens[role] = q1(r, "SELECT tuvl_router.create_token(%s, '{runs:start,runs:read,runs:control,people:answer}', "
+                             "'1 hour')", (role,))
+        if role == ROLES[0]:
+            tokens["read_only"] = q1(r, "SELECT tuvl_router.create_token(%s, '{runs:read}', '1 hour')", (role,))
+        r.close()
+    server = Insight(f"host={os.environ['PGHOST']} port={os.environ['PGPORT']} dbname={ROUTER} user={AUTH}")
+    yield server, tokens
+    server.stop()
+    r = connect(ROUTER)
+    q(r, f"REVOKE USAGE ON FOREIGN SERVER tuvl_cluster FROM {AUTH}")
+    r.close()
+    q(admin, f"DROP ROLE IF EXISTS {AUTH}")
+
+
+def test_insight_on_a_router(insight):
+    server, tokens = insight
+    alice = tokens[ROLES[0]]
+    assert any("on a router database" in line for line in server.log), "".join(server.log)
+
+    # a start that waits (tuvl_router.wait on the run's partition)
+    st, body = server.request("POST", "/api/workflows/r_five/runs?wait=30s", alice, {"input": {}})
+    if st != 200 or body["status"] != "completed":
+        time.sleep(0.5)
+        pytest.fail(f"{st} {body}; the server's log:\n" + "".join(server.log[-10:]))
+    # a start, then its event stream to the end: every event once, in order
+    st, body = server.request("POST", "/api/workflows/r_slow/runs", alice, {"input": {}, "key": "insight-1"})
+    assert st == 202, body
+    run_id = body["run_id"]
+    events = server.events(alice, run_id)
+    r = connect(PARTS[run_id >> 44])
+    journal = q1(r, "SELECT array_agg(seq ORDER BY seq) FROM tuvl.events WHERE run_id = %s", (run_id,))
+    r.close()
+    assert [e[0] for e in events] == journal
+    assert events[-1][1] == "run_completed"
+    # runs list and show, through the router's views and functions
+    st, body = server.request("GET", "/api/runs?workflow=r_slow&limit=5", alice)
+    assert st == 200 and run_id in [x["id"] for x in body["runs"]], body
+    st, body = server.request("GET", f"/api/runs/{run_id}", alice)
+    assert st == 200 and body["status"] == "completed" and body["last_seq"] == journal[-1], body
+    st, body = server.request("GET", f"/api/runs/{run_id}/timeline", alice)
+    assert st == 200 and [x["seq"] for x in body["timeline"]] == journal
+
+    # people and control: Human steps answered through the router, each
+    # run's stream open meanwhile; how late the answer's event reaches the
+    # stream after the answer returned (the stream idle for a second before)
+    latency = []
+    for i in range(5):
+        st, body = server.request("POST", "/api/workflows/r_ask/runs", alice, {"input": {}})
+        ask = body["run_id"]
+        deadline = time.monotonic() + 30
+        while True:
+            st, body = server.request("GET", "/api/people", alice)
+            if ask in [p["run_id"] for p in body["people"]]:
+                break
+            assert time.monotonic() < deadline, body
+            time.sleep(0.1)
+        got = []
+        follow = threading.Thread(target=lambda: server.events(alice, ask, got), daemon=True)
+        follow.start()
+        time.sleep(1.0)
+        before = len(got)
+        assert before > 0 and got[-1][1] != "run_completed", got
+        st, body = server.request("POST", f"/api/runs/{ask}/submit", alice, {"data": {"ok": True}})
+        answered = time.time()
+        assert st == 200, body
+        follow.join(30)
+        assert not follow.is_alive() and got[-1][1] == "run_completed", got
+        assert [e[0] for e in got] == list(range(1, len(got) + 1))
+        latency.append((got[before][3] - answered) * 1000)
+    st, body = server.request("POST", f"/api/runs/{ask}/pause", alice)
+    assert st == 409 and body["sqlstate"] == "55000", body
+
+    # the command line on the router database, straight (polls the journal too)
+    env = dict(os.environ)
+    cli = subprocess.run([INSIGHT, "runs", "tail", str(ask), "--json", "--db",
+                          f"host={os.environ['PGHOST']} port={os.environ['PGPORT']} dbname={ROUTER} user={ROLES[0]}"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout.splitlines()[-1])["type"] == "run_completed"
+
+    print("router: " + json.dumps({
+        "insight_sse_latency_ms_p50": round(statistics.median(latency), 1),
+        "insight_sse_latency_ms_max": round(max(latency), 1),
+        "insight_sse_latency_ms": [round(x) for x in latency]}))
+
+
+def test_insight_on_a_router_hostile(insight):
+    server, tokens = insight
+    alice, bob, ro = tokens[ROLES[0]], tokens[ROLES[1]], tokens["read_only"]
+    st, body = server.request("POST", "/api/workflows/r_five/runs?wait=30s", alice, {"input": {}})
+    run_id = body["run_id"]
+    # the router checks the token's scopes
+    st, body = server.request("POST", "/api/workflows/r_five/runs", ro, {"input": {}})
+    assert st == 403 and body["sqlstate"] == "42501" and "runs:start" in body["message"], body
+    st, body = server.request("POST", f"/api/runs/{run_id}/abort", ro, {})
+    assert st == 403 and "runs:control" in body["message"], body
+    # the partitions' row security: bob does not see alice's run, nor its events
+    st, body = server.request("GET", f"/api/runs/{run_id}", bob)
+    assert st == 404, body
+    st, body = server.request("GET", f"/api/runs/{run_id}/events", bob)
+    assert st == 404, body
+    st, body = server.request("GET", "/api/runs", bob)
+    assert run_id not in [x["id"] for x in body["runs"]]
+    # no token, a bad one
+    st, body = server.request("GET", "/api/runs", "tuvl_1_" + "x" * 43)
+    assert st == 401 and body["sqlstate"] == "28000", body
+    # what a router does not route
+    st, body = server.request("POST", "/api/validate", alice, {"source": "name: x\n"})
+    assert st == 501 and body["sqlstate"] == "0A000", body
