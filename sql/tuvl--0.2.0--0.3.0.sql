@@ -632,6 +632,14 @@ GRANT EXECUTE ON FUNCTION tuvl._try_register(text, text) TO tuvl_user;
 
 /* ------------------------------------------------------------------ flow control: model admission and costs (issue 41) */
 
+/*
+ * What a run's priced model calls cost so far, in the currency of the
+ * model configs' price: added at each llm_turn that has a cost, checked
+ * against a workflow's max_cost before each call (src/agent/agent_outcome.c).
+ */
+ALTER TABLE tuvl.runs ADD COLUMN cost float8 NOT NULL DEFAULT 0;
+COMMENT ON COLUMN tuvl.runs.cost IS 'what the run''s model calls cost so far at their configs'' price (the sum of its llm_turn events'' cost)';
+
 /* ------------------------------------------------------------------ flow control: rate limits and debounce (issue 41) */
 
 /* ------------------------------------------------------------------ errors that say what to do, schedules (issue 44) */
