@@ -43,10 +43,15 @@
 #include "admission.h"
 #include "tuvl.h"
 
-#define BUCKET_MS 500
-#define NBUCKETS 128			/* > (WINDOW_MS + MARGIN_MS) / BUCKET_MS + 1 */
-#define WINDOW_MS 60000
-#define MARGIN_MS 100
+/*
+ * The window (tuvl.model_limits_window, 1 min) in buckets of a 120th of
+ * it (at least 10 ms), each counted until the window plus a margin after
+ * its end: at most NBUCKETS of them count at once.
+ */
+#define NBUCKETS 160
+#define WINDOW_MS ((int64) tuvl_model_limits_window)
+#define BUCKET_MS Max((int64) 10, WINDOW_MS / 120)
+#define MARGIN_MS Min((int64) 100, 4 * BUCKET_MS)
 #define DEFAULT_PAUSE_MS 1000	/* a 429 without Retry-After */
 #define FAIR_ROLES 16
 #define FULL_RETRY_MS 100		/* no ticket free: ask again then */
@@ -82,6 +87,7 @@ typedef struct AdmitConfig
 	int			rpm;
 	int			tpm;
 	int			concurrency;
+	int64		bucket_ms;		/* BUCKET_MS when the buckets were filled */
 	int64		bucket_no[NBUCKETS];
 	int32		reqs[NBUCKETS];
 	int64		toks[NBUCKETS];
@@ -392,6 +398,12 @@ config_entry(AdmitSpec *spec, TimestampTz now)
 			c->tpm = spec->tpm;
 			c->concurrency = spec->concurrency;
 			c->owner = spec->owner;
+			if (c->bucket_ms != BUCKET_MS)
+			{
+				/* the window changed (a reload): count afresh */
+				memset(c->bucket_no, 0, sizeof(c->bucket_no));
+				c->bucket_ms = BUCKET_MS;
+			}
 			return i;
 		}
 		/* an entry unused for two windows can be given to another config */
@@ -412,6 +424,7 @@ config_entry(AdmitSpec *spec, TimestampTz now)
 	c->rpm = spec->rpm;
 	c->tpm = spec->tpm;
 	c->concurrency = spec->concurrency;
+	c->bucket_ms = BUCKET_MS;
 	c->last_used = now;
 	return free_i;
 }

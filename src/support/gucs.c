@@ -27,6 +27,7 @@ int			tuvl_workers_per_database = 2;
 int			tuvl_max_workers = 16;
 int			tuvl_max_model_limits = 64;
 int			tuvl_model_admission_slots = 16384;
+int			tuvl_model_limits_window = 60000;
 int			tuvl_lease_timeout = 30000;
 int			tuvl_heartbeat_interval = 5000;
 int			tuvl_runs_per_worker = 512;
@@ -120,6 +121,10 @@ static const IntGuc worker_gucs[] = {
 		"Maximum number of model calls with limits waiting or in flight at once, cluster-wide.",
 		"A call finding none free waits and asks again 100 ms later.",
 	&tuvl_model_admission_slots, 16384, 16, 1000000, PGC_POSTMASTER, 0, true},
+	{"tuvl.model_limits_window",
+		"The window over which a model config's limits (rpm, tpm) hold.",
+		"Providers measure a minute; a shorter window scales the limits down with it.",
+	&tuvl_model_limits_window, 60000, 1000, 3600000, PGC_SIGHUP, GUC_UNIT_MS, false},
 	{"tuvl.lease_timeout",
 		"How long a worker's claim on a run lasts without renewal.",
 		"A run whose lease expired is returned to the queue.",
