@@ -74,6 +74,7 @@ typedef struct AdmitTicket
 	TimestampTz since;			/* asked at */
 	Oid			principal;
 	int64		tokens;			/* as counted in the bucket */
+	int64		input;			/* of which the request's own estimate */
 	int64		bucket;			/* granted in */
 	bool		waited;			/* not granted when first asked */
 } AdmitTicket;
@@ -93,7 +94,11 @@ typedef struct AdmitConfig
 	int64		toks[NBUCKETS];
 	int			in_flight;
 	int			waiting;
+	double		avg_extra;		/* tokens an answer adds to its request's
+								 * estimate, on average (the output) */
 	TimestampTz paused_until;
+	TimestampTz pass_due;		/* when a waiting call may fit again
+								 * (DT_NOEND: only when room is freed) */
 	TimestampTz last_used;
 	Oid			fair_role[FAIR_ROLES];
 	TimestampTz fair_at[FAIR_ROLES];
@@ -285,8 +290,21 @@ ticket_before(AdmitConfig *c, AdmitTicket *a, AdmitTicket *b)
  * the first that does not fit may (0: on a wake-up only, or none waits).
  * The lock is held exclusively.
  */
+static TimestampTz grant_pass_inner(int ci, TimestampTz now);
+
 static TimestampTz
 grant_pass(int ci, TimestampTz now)
+{
+	AdmitConfig *c = &admit->configs[ci];
+	TimestampTz at = grant_pass_inner(ci, now);
+
+	/* until then, asking again cannot grant anything: no pass is needed */
+	c->pass_due = at != 0 ? at : c->waiting > 0 ? DT_NOEND : 0;
+	return at;
+}
+
+static TimestampTz
+grant_pass_inner(int ci, TimestampTz now)
 {
 	AdmitConfig *c = &admit->configs[ci];
 
@@ -314,6 +332,11 @@ grant_pass(int ci, TimestampTz now)
 			return c->paused_until;
 		if (c->concurrency > 0 && c->in_flight >= c->concurrency)
 			return 0;
+		/*
+		 * Counted with the output answers have added lately: a call in
+		 * flight will be corrected up by about that much.
+		 */
+		best->tokens = best->input + (int64) Max(0.0, c->avg_extra);
 		window_sums(c, now, &reqs, &toks);
 		at = window_room_at(c, now, reqs, toks, best->tokens);
 		if (at != 0)
@@ -347,6 +370,22 @@ grant_pass(int ci, TimestampTz now)
 			SetLatch(best->latch);
 	}
 	return 0;
+}
+
+/*
+ * A pass on behalf of an ask: only when one may grant something (the
+ * calls waiting may fit by now), so that thousands of waiting calls
+ * asking again cost a comparison each, not a scan.  Returns when to ask
+ * again (0: on a wake-up).
+ */
+static TimestampTz
+ask_pass(int ci, TimestampTz now)
+{
+	AdmitConfig *c = &admit->configs[ci];
+
+	if (c->waiting > 1 && c->pass_due != 0 && now < c->pass_due)
+		return c->pass_due == DT_NOEND ? 0 : c->pass_due;
+	return grant_pass(ci, now);
 }
 
 /* Give back the tickets of this process when it exits. */
@@ -496,9 +535,10 @@ AdmissionAsk(AdmitSpec *spec, TimestampTz *retry_at)
 		t->since = now;
 		t->principal = spec->principal;
 		t->tokens = spec->tokens;
+		t->input = spec->tokens;
 		admit->configs[ci].waiting++;
 		spec->ticket = ti;
-		*retry_at = grant_pass(ci, now);
+		*retry_at = ask_pass(ci, now);
 		t->waited = t->state == TICKET_WAITING;
 	}
 	else
@@ -506,7 +546,7 @@ AdmissionAsk(AdmitSpec *spec, TimestampTz *retry_at)
 		AdmitTicket *t = &admit->tickets[spec->ticket];
 
 		if (t->state == TICKET_WAITING)
-			*retry_at = grant_pass(t->config, now);
+			*retry_at = ask_pass(t->config, now);
 	}
 	result = admit->tickets[spec->ticket].state == TICKET_GRANTED ? ADMIT_GRANTED : ADMIT_WAIT;
 	LWLockRelease(admit->lock);
@@ -546,6 +586,8 @@ AdmissionDone(AdmitSpec *spec, int64 actual_tokens, int status, int retry_after_
 		c->in_flight--;
 		if (actual_tokens >= 0 && c->bucket_no[bi] == t->bucket)
 			c->toks[bi] += actual_tokens - t->tokens;
+		if (actual_tokens >= 0)
+			c->avg_extra = 0.9 * c->avg_extra + 0.1 * (double) (actual_tokens - t->input);
 		if (status == 429)
 		{
 			TimestampTz until = TimestampTzPlusMilliseconds(now, retry_after_ms > 0 ? retry_after_ms

@@ -353,9 +353,9 @@ EffectPerform(EffectRequest *req)
 		HttpResult *volatile res = NULL;
 
 		/* the ticket goes back however the call ends (an error, a cancel) */
-		AdmissionWait(req->admit);
 		PG_TRY();
 		{
+			AdmissionWait(req->admit);
 			res = HttpPerform(&req->http, req->secrets);
 		}
 		PG_FINALLY();
