@@ -73,6 +73,7 @@ typedef struct AdmitTicket
 	TimestampTz age;
 	TimestampTz since;			/* asked at */
 	Oid			principal;
+	int64		run_id;
 	int64		tokens;			/* as counted in the bucket */
 	int64		input;			/* of which the request's own estimate */
 	int64		bucket;			/* granted in */
@@ -534,6 +535,7 @@ AdmissionAsk(AdmitSpec *spec, TimestampTz *retry_at)
 		t->age = spec->age;
 		t->since = now;
 		t->principal = spec->principal;
+		t->run_id = spec->run_id;
 		t->tokens = spec->tokens;
 		t->input = spec->tokens;
 		admit->configs[ci].waiting++;
@@ -693,5 +695,46 @@ AdmissionMetrics(void)
 	}
 	if (unlimited > 0)
 		rows = metric_row(rows, "tuvl.llm.admission.unlimited", "counter", NULL, unlimited);
+	return rows;
+}
+
+/*
+ * The calls of this database waiting for admission now, and what holds
+ * each back (paused by a 429, the config's concurrency, or its rate):
+ * copies, in the caller's memory context.
+ */
+List *
+AdmissionWaits(void)
+{
+	List	   *rows = NIL;
+	TimestampTz now = GetCurrentTimestamp();
+	AdmitWait  *copy;
+	int			n = 0;
+
+	if (admit == NULL)
+		return NIL;
+	copy = palloc(sizeof(AdmitWait) * admit->ntickets);
+	LWLockAcquire(admit->lock, LW_SHARED);
+	for (int i = 0; i < admit->high; i++)
+	{
+		AdmitTicket *t = &admit->tickets[i];
+		AdmitConfig *c;
+
+		if (t->state != TICKET_WAITING)
+			continue;
+		c = &admit->configs[t->config];
+		if (c->db != MyDatabaseId)
+			continue;
+		copy[n].run_id = t->run_id;
+		strlcpy(copy[n].config, c->name, NAMEDATALEN);
+		copy[n].principal = t->principal;
+		copy[n].since = t->since;
+		copy[n].reason = c->paused_until > now ? "paused" :
+			c->concurrency > 0 && c->in_flight >= c->concurrency ? "concurrency" : "rate";
+		n++;
+	}
+	LWLockRelease(admit->lock);
+	for (int i = 0; i < n; i++)
+		rows = lappend(rows, &copy[i]);
 	return rows;
 }

@@ -24,6 +24,7 @@ typedef struct AdmitSpec
 	int			priority;		/* the run's */
 	TimestampTz age;			/* the run's created_at: older first */
 	Oid			principal;		/* the run's: fair across roles */
+	int64		run_id;			/* for tuvl._model_admission_waits() */
 	int			ticket;			/* -1: none yet */
 } AdmitSpec;
 
@@ -53,5 +54,17 @@ extern AdmitResult AdmissionAsk(AdmitSpec *spec, TimestampTz *retry_at);
 extern void AdmissionDone(AdmitSpec *spec, int64 actual_tokens, int status, int retry_after_ms);
 extern void AdmissionWait(AdmitSpec *spec);
 extern List *AdmissionMetrics(void);
+
+/* A call waiting for admission now (AdmissionWaits). */
+typedef struct AdmitWait
+{
+	int64		run_id;
+	char		config[NAMEDATALEN];
+	Oid			principal;
+	TimestampTz since;
+	const char *reason;			/* paused, concurrency or rate */
+} AdmitWait;
+
+extern List *AdmissionWaits(void);
 
 #endif							/* TUVL_ADMISSION_H */

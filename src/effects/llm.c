@@ -664,6 +664,7 @@ LlmBuildRequest(RunState *run, LlmConfig *cfg, Jsonb *messages, Jsonb *tools, Js
 		a->priority = run->priority;
 		a->age = run->created_at;
 		a->principal = run->principal;
+		a->run_id = run->id;
 		a->ticket = -1;
 		req->admit = a;
 	}

@@ -701,6 +701,41 @@ tuvl_metric_series(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
+PG_FUNCTION_INFO_V1(tuvl_model_admission_waits);
+
+/*
+ * tuvl._model_admission_waits(): the model calls of this database waiting
+ * for their config's limits now (admission.c), those of the caller's
+ * roles' runs (every run's for tuvl_operator): run_id, config, since,
+ * reason.
+ */
+Datum
+tuvl_model_admission_waits(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Oid			op = get_role_oid("tuvl_operator", true);
+	bool		operator = superuser() || (OidIsValid(op) && has_privs_of_role(GetUserId(), op));
+	ListCell   *lc;
+
+	TokenRequireScope("runs:read");
+	InitMaterializedSRF(fcinfo, 0);
+	foreach(lc, AdmissionWaits())
+	{
+		AdmitWait  *w = lfirst(lc);
+		Datum		values[4];
+		bool		nulls[4] = {false, false, false, false};
+
+		if (!may_see(w->principal, operator))
+			continue;
+		values[0] = Int64GetDatum(w->run_id);
+		values[1] = CStringGetTextDatum(w->config);
+		values[2] = TimestampTzGetDatum(w->since);
+		values[3] = CStringGetTextDatum(w->reason);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	PG_RETURN_VOID();
+}
+
 /* ---------------------------------------------------------------- Prometheus */
 
 PG_FUNCTION_INFO_V1(tuvl_metrics_prometheus);

@@ -234,6 +234,9 @@ def test_higher_priority_calls_start_first(conn, window):
     high = start_many(conn, wf, 1, first=50, priority=10)
     wait_until(lambda: q1(conn, "SELECT status FROM tuvl.runs WHERE id = %s", (high[0],)) == "completed",
                30, message="the urgent run")
+    # the low runs still waiting say so
+    waits = q(conn, "SELECT run_id, config, reason FROM tuvl._model_admission_waits() ORDER BY run_id")
+    assert [w for w in waits if w[1] == model] == [] or all(w[2] == "rate" for w in waits if w[1] == model)
     # the urgent run's call was the second sent: it overtook the two low ones waiting
     assert q1(conn, "SELECT count(*) FROM tuvl.runs WHERE id = ANY(%s) AND status = 'completed'",
               (low,)) == 1
@@ -293,6 +296,9 @@ def test_a_run_waiting_for_admission_survives_kill_9(db, conn, window, server_lo
                           (ids,)) == 1, 10, message="the first run")
     waiting = [i for i in ids if q1(conn, "SELECT status FROM tuvl.runs WHERE id = %s", (i,)) == "running"]
     assert len(waiting) == 1 and len(sent(model)) == 1
+    # shared memory says which run waits, for which config and why
+    assert q(conn, "SELECT run_id, config, reason FROM tuvl._model_admission_waits() WHERE config = %s",
+             (model,)) == [(waiting[0], model, "rate")]
     holder = q1(conn, "SELECT lease_owner FROM tuvl.runs WHERE id = %s", (waiting[0],))
     assert holder
     conn.close()
