@@ -654,6 +654,27 @@ GRANT EXECUTE ON FUNCTION tuvl._try_register(text, text) TO tuvl_user;
 
 /* ------------------------------------------------------------------ flow control: model admission and costs (issue 41) */
 
+/*
+ * What a run's priced model calls cost so far, in the currency of the
+ * model configs' price: added at each llm_turn that has a cost, checked
+ * against a workflow's max_cost before each call (src/agent/agent_outcome.c).
+ */
+ALTER TABLE tuvl.runs ADD COLUMN cost float8 NOT NULL DEFAULT 0;
+COMMENT ON COLUMN tuvl.runs.cost IS 'what the run''s model calls cost so far at their configs'' price (the sum of its llm_turn events'' cost)';
+
+/*
+ * The model calls waiting for their config's limits now (shared memory,
+ * src/effects/admission.c): what tuvl.runs_in_flight.waiting_for shows
+ * for a run whose call waits.  A role sees its own runs', tuvl_operator
+ * every run's.
+ */
+CREATE FUNCTION tuvl._model_admission_waits(OUT run_id bigint, OUT config text,
+                                            OUT since timestamptz, OUT reason text)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'tuvl_model_admission_waits' LANGUAGE C STRICT VOLATILE PARALLEL RESTRICTED;
+COMMENT ON FUNCTION tuvl._model_admission_waits() IS 'model calls waiting for their config''s limits: run, config, since when, and why (paused by a 429, concurrency or rate)';
+GRANT EXECUTE ON FUNCTION tuvl._model_admission_waits() TO tuvl_user;
+
 /* ------------------------------------------------------------------ flow control: rate limits and debounce (issue 41) */
 
 /* ------------------------------------------------------------------ errors that say what to do, schedules (issue 44) */

@@ -24,6 +24,7 @@
 #include "postmaster/bgworker.h"
 #include "storage/ipc.h"
 
+#include "admission.h"
 #include "channel.h"
 #include "executor.h"
 #include "launcher.h"
@@ -66,6 +67,7 @@ shmem_request(void)
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
 	TuvlShmemRequest();
+	AdmissionShmemRequest();
 	MetricsShmemRequest();
 	TraceShmemRequest();
 }
@@ -80,6 +82,7 @@ shmem_startup(void)
 	if (prev_shmem_startup_hook)
 		prev_shmem_startup_hook();
 	TuvlShmemStartup();
+	AdmissionShmemStartup();
 	MetricsShmemStartup();
 	TraceShmemStartup();
 }

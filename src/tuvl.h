@@ -103,6 +103,9 @@ extern void TuvlDefineGucs(void);
 /* GUCs */
 extern int	tuvl_workers_per_database;
 extern int	tuvl_max_workers;
+extern int	tuvl_max_model_limits;
+extern int	tuvl_model_admission_slots;
+extern int	tuvl_model_limits_window;
 extern int	tuvl_lease_timeout;
 extern int	tuvl_heartbeat_interval;
 extern int	tuvl_runs_per_worker;

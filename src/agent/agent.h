@@ -33,5 +33,8 @@ extern char *AgentApplyOutcome(const char *text, List *values, struct StepResult
 extern bool AgentShouldRetry(Jsonb *agent, LlmReply *reply, int attempts_made,
 							 int *delay_ms);
 extern const char *AgentFailureType(LlmReply *reply);
+extern char *AgentCostCheck(RunState *run, Jsonb *agent, LlmConfig *cfg, EffectRequest *req,
+							double step_spent, int64 prev_output);
+extern void AgentBudgetExceeded(struct StepResult *result, const char *why);
 
 #endif							/* TUVL_AGENT_H */

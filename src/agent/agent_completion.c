@@ -156,6 +156,12 @@ execute_completion(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 		}
 		(void) AgentRetryOrFail(agent, &reply, n, req);
 	}
+	/* the workflow's max_cost: a call that would pass it is not sent */
+	if ((why = AgentCostCheck(run, NULL, cfg, req, 0, -1)) != NULL)
+	{
+		AgentBudgetExceeded(result, why);
+		return;
+	}
 	result->pending = true;
 	result->effect = req;
 }

@@ -124,6 +124,8 @@ typedef struct AgentLoop
 	int			max_tool_calls; /* per model answer */
 	int64		token_budget;	/* 0: none */
 	int64		tokens_used;
+	double		cost_used;		/* of the step's priced model calls */
+	int64		last_output;	/* the previous turn's output tokens; -1 */
 	int			iteration;
 	int			call_no;		/* tool calls so far */
 	int			cursor;			/* position in the step's records */
@@ -1068,6 +1070,17 @@ model_turn(AgentLoop *l, LlmReply *reply)
 				return false;
 			req = LlmBuildRequest(l->run, l->cfg, messages_jsonb(l), l->specs,
 								  AgentAnswerSchema(l->values), -1);
+			{
+				/* the cost caps: a call that would pass one is not sent */
+				char	   *why = AgentCostCheck(run, l->agent, l->cfg, req, l->cost_used,
+												 l->last_output);
+
+				if (why)
+				{
+					agent_exit(l, "budget_exceeded", "budget_exceeded", why);
+					return false;
+				}
+			}
 
 			req->delay_ms = delay_ms;
 			l->result->pending = true;
@@ -1756,6 +1769,9 @@ agent_turn(AgentLoop *l)
 		return false;
 	l->tokens_used += reply.total_tokens;
 	l->watch.turn_tokens = reply.total_tokens;
+	l->last_output = reply.completion_tokens;
+	if (l->cfg->has_price)
+		l->cost_used += LlmCost(l->cfg, reply.prompt_tokens, reply.cached_tokens, reply.completion_tokens);
 	ncalls = JsonArraySize(reply.tool_calls);
 	if (l->cursor - 1 == l->run->fresh_position)
 	{
@@ -1864,6 +1880,7 @@ StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 	budget = JsonGetJsonb(l.agent, "token_budget");
 	l.token_budget = budget ? JsonGetInt(l.agent, "token_budget", 0) : 0;
 	l.keep = CurrentMemoryContext;
+	l.last_output = -1;
 	l.supervised = SupervisorPresent(run);
 	initStringInfo(&l.msgs);
 

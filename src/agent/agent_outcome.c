@@ -13,6 +13,8 @@
  */
 #include "postgres.h"
 
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
 #include "lib/stringinfo.h"
 #include "storage/proc.h"
 #include "utils/memutils.h"
@@ -24,6 +26,8 @@
 #include "executor.h"
 #include "journal.h"
 #include "jsonutil.h"
+#include "security.h"
+#include "spiutil.h"
 #include "judge.h"
 #include "retry.h"
 #include "uses.h"
@@ -419,4 +423,84 @@ AgentGateJudge(RunState *run, const StepDef *step, GuardrailGate gate, const cha
 		}
 	}
 	return NULL;
+}
+
+/* A cost cap's value (0: none). */
+static double
+cap_of(Jsonb *obj, const char *key)
+{
+	JsonbValue *v = obj ? JsonGetField(obj, key) : NULL;
+
+	if (v == NULL || v->type != jbvNumeric)
+		return 0;
+	return DatumGetFloat8(DirectFunctionCall1(numeric_float8, NumericGetDatum(v->val.numeric)));
+}
+
+/* What the run's priced model calls cost so far (tuvl.runs.cost). */
+static double
+run_cost(RunState *run)
+{
+	Datum		values[1] = {Int64GetDatum(run->id)};
+	SecurityFrame frame;
+	double		cost = 0;
+	bool		isnull;
+
+	SecurityAsOwner(&frame);
+	if (SpiExec("SELECT cost FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1", 1,
+				(Oid[]) {INT8OID}, values, NULL, SPI_OK_SELECT) == 1)
+	{
+		Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+
+		cost = isnull ? 0 : DatumGetFloat8(d);
+	}
+	SecurityRestore(&frame);
+	return cost;
+}
+
+/*
+ * Would sending req pass a cost cap: agent.max_cost (step_spent: what
+ * the step's calls cost so far) or the workflow's max_cost (the run's
+ * tuvl.runs.cost)?  The call is estimated as ../CONTRACT.md says: its
+ * input tokens (characters / 4) at the input price, plus prev_output
+ * tokens (the previous turn's output; < 0: the config's max_tokens) at
+ * the output price.  Returns why it would, or NULL.  SPI is connected.
+ */
+char *
+AgentCostCheck(RunState *run, Jsonb *agent, LlmConfig *cfg, EffectRequest *req,
+			   double step_spent, int64 prev_output)
+{
+	double		agent_cap = cap_of(agent, "max_cost");
+	double		wf_cap = cap_of(run->wf->definition, "max_cost");
+	double		est;
+
+	if (agent_cap <= 0 && wf_cap <= 0)
+		return NULL;
+	est = LlmEstimateCost(cfg, req, prev_output >= 0 ? prev_output : LlmMaxOutputTokens(cfg));
+	if (agent_cap > 0 && step_spent + est > agent_cap)
+		return psprintf("the next model call (about %.6g) would bring the agent's cost from %.6g past its agent.max_cost of %g; it was not sent",
+						est, step_spent, agent_cap);
+	if (wf_cap > 0)
+	{
+		double		spent = run_cost(run);
+
+		if (spent + est > wf_cap)
+			return psprintf("the next model call (about %.6g) would bring the run's cost from %.6g past the workflow's max_cost of %g; it was not sent",
+							est, spent, wf_cap);
+	}
+	return NULL;
+}
+
+/* End a step on budget_exceeded for why. */
+void
+AgentBudgetExceeded(StepResult *result, const char *why)
+{
+	JsonObjBuilder b;
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "_last_error", why);
+	JsonObjAddString(&b, "_last_error_type", "budget_exceeded");
+	result->signal = "budget_exceeded";
+	result->exit_error = pstrdup(why);
+	result->has_output = false;
+	result->context_merge = JsonObjEnd(&b);
 }

@@ -115,6 +115,9 @@ llm_result(Jsonb *p)
 		JsonObjAddJsonb(&b, "body_error", JsonGetJsonb(p, "body_error"));
 	if (JsonGetField(p, "judge"))
 		JsonObjAddJsonb(&b, "judge", JsonGetJsonb(p, "judge"));
+	/* the recorded price: a replay reports the recorded cost */
+	if (JsonGetField(p, "price"))
+		JsonObjAddJsonb(&b, "price", JsonGetJsonb(p, "price"));
 	return JsonObjEnd(&b);
 }
 
@@ -343,6 +346,34 @@ pin_effects(int64 id, Jsonb *pending_requests, int64 *tokens)
 			appendStringInfo(&effects, "%s%s", effects.len ? ", " : "", JsonText(effect));
 	}
 	return JsonFromCString(psprintf("[%s]", effects.data));
+}
+
+/*
+ * What the replayed run's model calls cost at their recorded prices
+ * (tuvl.runs.cost of the replay's run), as a JSON number.
+ */
+static JsonbValue *
+replay_cost(int64 run_id)
+{
+	JsonbValue *v = palloc0(sizeof(JsonbValue));
+	bool		isnull;
+	SecurityFrame frame;
+	uint64		n;
+
+	v->type = jbvNumeric;
+	v->val.numeric = int64_to_numeric(0);
+	SecurityAsOwner(&frame);
+	n = SpiExec("SELECT cost::pg_catalog.numeric FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1", 1,
+				(Oid[]) {INT8OID}, (Datum[]) {Int64GetDatum(run_id)}, NULL, SPI_OK_SELECT);
+	SecurityRestore(&frame);
+	if (n == 1)
+	{
+		Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+
+		if (!isnull)
+			v->val.numeric = DatumGetNumericCopy(d);
+	}
+	return v;
 }
 
 /*
@@ -904,6 +935,7 @@ tuvl_replay(PG_FUNCTION_ARGS)
 	JsonObjBuilder b;
 	int			transitions = 0;
 	RunPerformer performer = {serve_effect, serve_person, serve_between, &rp};
+	JsonbValue *cost;
 
 	TokenRequireScope("runs:start");
 	if (PG_ARGISNULL(0))
@@ -927,6 +959,7 @@ tuvl_replay(PG_FUNCTION_ARGS)
 	current_replay = NULL;
 
 	RunReadEnd(run->id, true, &end);
+	cost = replay_cost(run->id);
 	end.response = end.response ? redact_private(end.response) : NULL;
 	check_ending(&rp, status, &end);
 	remove_run(run->id);
@@ -940,6 +973,7 @@ tuvl_replay(PG_FUNCTION_ARGS)
 	JsonObjAddInt(&b, "transitions", transitions);
 	JsonObjAddInt(&b, "tokens_spent", rp.live_tokens);
 	JsonObjAddJsonb(&b, "tokens_recorded", JsonGetJsonb(fixture, "tokens"));
+	JsonObjAddValue(&b, "cost_recorded", cost);
 	JsonObjAddInt(&b, "workflow_version", version);
 	RunStateFree(run);
 	PG_RETURN_JSONB_P(SpiReturnJsonb(JsonObjEnd(&b)));

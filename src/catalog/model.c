@@ -14,6 +14,8 @@
  */
 #include "postgres.h"
 
+#include <math.h>
+
 #include "common/hashfn.h"
 
 #include "catalog/pg_type.h"
@@ -45,6 +47,8 @@
 PG_FUNCTION_INFO_V1(tuvl_register_llm);
 
 static void check_headers(const char *name, Jsonb *def);
+static void check_limits(const char *name, Jsonb *def);
+static void check_price(const char *name, Jsonb *def);
 
 /*
  * Check an LLM config's definition (raises for a bad one); returns its
@@ -99,6 +103,8 @@ check_config(Jsonb *def)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("LLM config \"%s\": params must be a mapping such as { temperature: 0 }", name)));
 	check_headers(name, def);
+	check_limits(name, def);
+	check_price(name, def);
 	if (JsonGetField(def, "params") && JsonGetField(JsonGetJsonb(def, "params"), "stream"))
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
@@ -123,7 +129,7 @@ check_config(Jsonb *def)
 				 errmsg("LLM config \"%s\": api_key_secret must name a secret given to tuvl.set_secret", name)));
 	{
 		static const char *const keys[] = {"name", "provider", "base_url", "model", "timeout",
-		"params", "api_key_secret", "headers", "description", "structured_outputs", NULL};
+		"params", "api_key_secret", "headers", "description", "structured_outputs", "limits", "price", NULL};
 		JsonbIterator *it = JsonbIteratorInit(&def->root);
 		char	   *key;
 		bool		known;
@@ -139,7 +145,7 @@ check_config(Jsonb *def)
 						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 						 errmsg("LLM config \"%s\": unknown key \"%s\"", name, key),
 						 errhint("A model config takes name, provider, base_url, model, timeout, params, "
-								 "api_key_secret, headers, structured_outputs and description; request parameters such as "
+								 "api_key_secret, headers, structured_outputs, limits, price and description; request parameters such as "
 								 "temperature go under params.")));
 		}
 	}
@@ -182,6 +188,113 @@ check_headers(const char *name, Jsonb *def)
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("LLM config \"%s\": header \"%s\" must be text", name, key)));
 	}
+}
+
+/*
+ * The mapping under key of a config (raises when it is something else), or
+ * NULL when absent; every key in it must be one of keys, else an error
+ * naming its path (limits.rpn).
+ */
+static Jsonb *
+check_mapping(const char *name, Jsonb *def, const char *key, const char *const *keys,
+			  const char *example)
+{
+	JsonbValue *v = JsonGetField(def, key);
+	Jsonb	   *m;
+	JsonbIterator *it;
+	JsonbValue	item;
+	char	   *k;
+
+	if (v == NULL)
+		return NULL;
+	if (!(v->type == jbvBinary && JsonContainerIsObject(v->val.binary.data)))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("LLM config \"%s\": %s must be a mapping", name, key),
+				 errhint("For example %s: %s.", key, example)));
+	m = JsonGetJsonb(def, key);
+	it = JsonbIteratorInit(&m->root);
+	while (JsonObjectNext(&it, &k, &item))
+	{
+		bool		known = false;
+		StringInfoData all;
+
+		for (int i = 0; keys[i]; i++)
+			known |= strcmp(keys[i], k) == 0;
+		if (known)
+			continue;
+		initStringInfo(&all);
+		for (int i = 0; keys[i]; i++)
+			appendStringInfo(&all, "%s%s", i == 0 ? "" : keys[i + 1] ? ", " : " and ", keys[i]);
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("LLM config \"%s\": unknown key \"%s.%s\"", name, key, k),
+				 errhint("%s takes %s, for example %s: %s.", key, all.data, key, example)));
+	}
+	return m;
+}
+
+/* A number of a mapping as a double (false: not a number). */
+static bool
+number_of(Jsonb *m, const char *key, double *out)
+{
+	JsonbValue *v = JsonGetField(m, key);
+
+	if (v == NULL || v->type != jbvNumeric)
+		return false;
+	*out = DatumGetFloat8(DirectFunctionCall1(numeric_float8, NumericGetDatum(v->val.numeric)));
+	return true;
+}
+
+/*
+ * limits: {rpm, tpm, concurrency}, each a whole number of at least 1
+ * (admission.c enforces them).
+ */
+static void
+check_limits(const char *name, Jsonb *def)
+{
+	static const char *const keys[] = {"rpm", "tpm", "concurrency", NULL};
+	Jsonb	   *m = check_mapping(name, def, "limits", keys, "{ rpm: 600, tpm: 150000, concurrency: 50 }");
+
+	for (int i = 0; m && keys[i]; i++)
+	{
+		double		d;
+
+		if (JsonGetField(m, keys[i]) == NULL)
+			continue;
+		if (!number_of(m, keys[i], &d) || d != floor(d) || d < 1 || d > PG_INT32_MAX)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("LLM config \"%s\": limits.%s must be a whole number of at least 1", name, keys[i]),
+					 errhint("For example limits: { rpm: 600, tpm: 150000, concurrency: 50 }; leave a limit out for none.")));
+	}
+}
+
+/* price: {input, output, cached_input}, per million tokens, each >= 0. */
+static void
+check_price(const char *name, Jsonb *def)
+{
+	static const char *const keys[] = {"input", "output", "cached_input", NULL};
+	Jsonb	   *m = check_mapping(name, def, "price", keys, "{ input: 0.15, output: 0.60, cached_input: 0.075 }");
+
+	for (int i = 0; m && keys[i]; i++)
+	{
+		double		d;
+
+		if (JsonGetField(m, keys[i]) == NULL)
+			continue;
+		if (!number_of(m, keys[i], &d) || d < 0 || isinf(d) || isnan(d))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("LLM config \"%s\": price.%s must be a number of at least 0", name, keys[i]),
+					 errdetail("Prices are per million tokens, in the currency max_cost is written in."),
+					 errhint("For example price: { input: 0.15, output: 0.60, cached_input: 0.075 }.")));
+	}
+	if (m && JsonGetField(m, "input") == NULL && JsonGetField(m, "output") == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("LLM config \"%s\": price needs input or output", name),
+				 errhint("For example price: { input: 0.15, output: 0.60 }.")));
 }
 
 /*
@@ -392,6 +505,27 @@ LlmConfigLoad(const char *name, TimestampTz as_of)
 	p = JsonGetField(def, "headers");
 	cfg->headers = p ? JsonValueToJsonb(p) : NULL;
 	cfg->structured_outputs = JsonGetBool(def, "structured_outputs", false);
+	p = JsonGetField(def, "limits");
+	if (p)
+	{
+		Jsonb	   *m = JsonValueToJsonb(p);
+
+		cfg->has_limits = true;
+		cfg->rpm = JsonGetInt32(m, "rpm", 0);
+		cfg->tpm = JsonGetInt32(m, "tpm", 0);
+		cfg->concurrency = JsonGetInt32(m, "concurrency", 0);
+	}
+	p = JsonGetField(def, "price");
+	if (p)
+	{
+		Jsonb	   *m = JsonValueToJsonb(p);
+
+		cfg->has_price = true;
+		(void) number_of(m, "input", &cfg->price_input);
+		(void) number_of(m, "output", &cfg->price_output);
+		cfg->price_cached = cfg->price_input;
+		(void) number_of(m, "cached_input", &cfg->price_cached);
+	}
 	return cfg;
 }
 

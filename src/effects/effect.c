@@ -35,10 +35,13 @@
 #include "utils/builtins.h"
 #include "utils/json.h"
 #include "utils/memutils.h"
+#include "utils/numeric.h"
 #include "pgstat.h"
 
+#include "admission.h"
 #include "effect.h"
 #include "jsonutil.h"
+#include "retry.h"
 #include "security.h"
 #include "spiutil.h"
 #include "tuvl.h"
@@ -223,6 +226,11 @@ EffectRequestCopy(EffectRequest *req, MemoryContext cxt)
 	foreach(lc, req->secrets)
 		c->secrets = lappend(c->secrets, pstrdup(lfirst(lc)));
 	c->tag = req->tag ? DatumGetJsonbPCopy(JsonbPGetDatum(req->tag)) : NULL;
+	if (req->admit)
+	{
+		c->admit = palloc(sizeof(AdmitSpec));
+		*c->admit = *req->admit;
+	}
 	MemoryContextSwitchTo(old);
 	return c;
 }
@@ -340,5 +348,78 @@ EffectPerform(EffectRequest *req)
 			CHECK_FOR_INTERRUPTS();
 		}
 	}
+	if (req->admit)
+	{
+		HttpResult *volatile res = NULL;
+
+		/* the ticket goes back however the call ends (an error, a cancel) */
+		PG_TRY();
+		{
+			AdmissionWait(req->admit);
+			res = HttpPerform(&req->http, req->secrets);
+		}
+		PG_FINALLY();
+		{
+			if (res == NULL)
+				AdmissionDone(req->admit, -1, 0, 0);
+		}
+		PG_END_TRY();
+		{
+			Jsonb	   *result = EffectFinish(req, res);
+
+			EffectAdmissionDone(req, result);
+			return result;
+		}
+	}
 	return EffectFinish(req, HttpPerform(&req->http, req->secrets));
+}
+
+/* A token count of a provider's usage, never raising; -1: none. */
+static int64
+usage_tokens(Jsonb *usage, const char *key)
+{
+	JsonbValue *v = JsonGetField(usage, key);
+	bool		bad = false;
+	int32		n;
+
+	if (v == NULL || v->type != jbvNumeric)
+		return -1;
+	n = numeric_int4_opt_error(v->val.numeric, &bad);
+	return bad || n < 0 ? -1 : n;
+}
+
+/*
+ * A model call with limits ended with result: its ticket goes back with
+ * the tokens its answer reports, and a 429 pauses its config.
+ */
+void
+EffectAdmissionDone(EffectRequest *req, Jsonb *result)
+{
+	int			status;
+	int64		tokens = -1;
+	int			retry_after = -1;
+
+	if (req == NULL || req->admit == NULL || req->admit->ticket < 0)
+		return;
+	status = result ? JsonGetInt32(result, "status", 0) : 0;
+	if (status >= 200 && status < 300)
+	{
+		Jsonb	   *body = JsonGetJsonb(result, "body");
+		Jsonb	   *usage = body && JsonIsObject(body) ? JsonGetJsonb(body, "usage") : NULL;
+
+		if (usage && JsonIsObject(usage))
+		{
+			int64		total = usage_tokens(usage, "total_tokens");
+
+			if (total < 0)
+				total = Max(usage_tokens(usage, "prompt_tokens"), 0) +
+					Max(usage_tokens(usage, "completion_tokens"), 0) +
+					Max(usage_tokens(usage, "input_tokens"), 0) +
+					Max(usage_tokens(usage, "output_tokens"), 0);
+			tokens = total;
+		}
+	}
+	else if (status == 429)
+		retry_after = RetryAfterMs(result, 60 * 1000, RETRY_AFTER_MS_HEADER);
+	AdmissionDone(req->admit, tokens, status, retry_after);
 }

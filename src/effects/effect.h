@@ -31,6 +31,8 @@ typedef struct EffectRequest
 	List	   *secrets;		/* secret values used: scrubbed from results */
 	Jsonb	   *tag;			/* merged into the journaled result, so a
 								 * re-executed step knows what it asked for */
+	struct AdmitSpec *admit;	/* a model call with limits (admission.c), or
+								 * NULL */
 } EffectRequest;
 
 extern void EffectCheckAllowed(const char *url, List *secrets);
@@ -46,5 +48,6 @@ extern EffectRequest *EffectRequestCopy(EffectRequest *req, MemoryContext cxt);
 extern Jsonb *EffectResultToJsonb(HttpResult *res, List *secrets);
 extern Jsonb *EffectFinish(EffectRequest *req, HttpResult *res);
 extern Jsonb *EffectPerform(EffectRequest *req);
+extern void EffectAdmissionDone(EffectRequest *req, Jsonb *result);
 
 #endif							/* TUVL_EFFECT_H */

@@ -36,6 +36,7 @@
 #include "utils/numeric.h"
 #include "utils/timestamp.h"
 
+#include "admission.h"
 #include "jsonutil.h"
 #include "llm.h"
 #include "template.h"
@@ -53,6 +54,19 @@
 #define DEFAULT_MAX_TOKENS 1024
 /* Longest Retry-After honoured, in milliseconds (RetryAfterMs). */
 #define MAX_RETRY_AFTER_MS (60 * 1000)
+
+static Jsonb *price_jsonb(const LlmConfig *cfg);
+
+/* Add a float8 as a JSON number. */
+static void
+add_float(JsonObjBuilder *b, const char *key, double value)
+{
+	JsonbValue	v;
+
+	v.type = jbvNumeric;
+	v.val.numeric = DatumGetNumeric(DirectFunctionCall1(float8_numeric, Float8GetDatum(value)));
+	JsonObjAddValue(b, key, &v);
+}
 
 /* Append ', "key": ' to an object being written. */
 static void
@@ -634,8 +648,76 @@ LlmBuildRequest(RunState *run, LlmConfig *cfg, Jsonb *messages, Jsonb *tools, Js
 	JsonObjAddString(&b, "config", cfg->name);
 	JsonObjAddInt(&b, "config_version", cfg->version);
 	JsonObjAddJsonb(&b, "request", SecretScrubJsonb(JsonFromCString(body), use.values));
+	if (cfg->has_price)
+		JsonObjAddJsonb(&b, "price", price_jsonb(cfg));
 	req->tag = JsonObjEnd(&b);
+	if (cfg->has_limits && !run->replay)
+	{
+		AdmitSpec  *a = palloc0(sizeof(AdmitSpec));
+
+		strlcpy(a->config, cfg->name, NAMEDATALEN);
+		a->owner = cfg->owner;
+		a->rpm = cfg->rpm;
+		a->tpm = cfg->tpm;
+		a->concurrency = cfg->concurrency;
+		a->tokens = AdmissionEstimateTokens(req->http.body_len);
+		a->priority = run->priority;
+		a->age = run->created_at;
+		a->principal = run->principal;
+		a->run_id = run->id;
+		a->ticket = -1;
+		req->admit = a;
+	}
 	return req;
+}
+
+/* A config's price as journaled with each call: {input, output, cached_input}. */
+static Jsonb *
+price_jsonb(const LlmConfig *cfg)
+{
+	JsonObjBuilder b;
+
+	JsonObjStart(&b);
+	add_float(&b, "input", cfg->price_input);
+	add_float(&b, "output", cfg->price_output);
+	add_float(&b, "cached_input", cfg->price_cached);
+	return JsonObjEnd(&b);
+}
+
+/*
+ * What a call cost at cfg's price (per million tokens): the uncached
+ * input, the cached input and the output.
+ */
+double
+LlmCost(const LlmConfig *cfg, int64 prompt, int64 cached, int64 completion)
+{
+	int64		uncached = Max((int64) 0, prompt - cached);
+
+	return ((double) uncached * cfg->price_input + (double) Min(cached, prompt) * cfg->price_cached +
+			(double) completion * cfg->price_output) / 1000000.0;
+}
+
+/*
+ * What req will cost at most, as ../CONTRACT.md says: its input tokens
+ * (estimated as admission does) plus output_tokens (the previous turn's
+ * output, or the config's max_tokens).
+ */
+double
+LlmEstimateCost(const LlmConfig *cfg, EffectRequest *req, int64 output_tokens)
+{
+	return LlmCost(cfg, AdmissionEstimateTokens(req->http.body_len), 0, output_tokens);
+}
+
+/* The output tokens a config allows a call (params), or 0: not said. */
+int64
+LlmMaxOutputTokens(const LlmConfig *cfg)
+{
+	static const char *const keys[] = {"max_tokens", "max_completion_tokens", "max_output_tokens", NULL};
+
+	for (int i = 0; keys[i] && cfg->params; i++)
+		if (JsonGetField(cfg->params, keys[i]))
+			return JsonGetInt(cfg->params, keys[i], 0);
+	return strcmp(cfg->provider, "anthropic") == 0 ? DEFAULT_MAX_TOKENS : 0;
 }
 
 /* The provider's error message in a response body, if any. */
@@ -1047,8 +1129,20 @@ LlmParseResult(LlmConfig *cfg, Jsonb *result, LlmReply *r)
 	}
 }
 
+/* A price of a journaled price object (0: absent). */
+static double
+price_of(Jsonb *price, const char *key)
+{
+	JsonbValue *v = JsonGetField(price, key);
+
+	if (v == NULL || v->type != jbvNumeric)
+		return 0;
+	return DatumGetFloat8(DirectFunctionCall1(numeric_float8, NumericGetDatum(v->val.numeric)));
+}
+
 /*
- * The llm_turn payload of a journaled LLM result, and its total tokens.
+ * The llm_turn payload of a journaled LLM result, and its total tokens;
+ * with the call's cost when its config has a price.
  */
 Jsonb *
 LlmTurnPayload(Jsonb *result, int *tokens)
@@ -1084,6 +1178,18 @@ LlmTurnPayload(Jsonb *result, int *tokens)
 	if (r.reasoning_tokens > 0)
 		JsonObjAddInt(&t, "reasoning", r.reasoning_tokens);
 	JsonObjAddJsonb(&b, "tokens", JsonObjEnd(&t));
+	if (JsonGetField(result, "price"))
+	{
+		Jsonb	   *price = JsonGetJsonb(result, "price");
+		LlmConfig	p;
+
+		memset(&p, 0, sizeof(p));
+		p.price_input = price_of(price, "input");
+		p.price_output = price_of(price, "output");
+		p.price_cached = price_of(price, "cached_input");
+		add_float(&b, "cost", LlmCost(&p, r.prompt_tokens, r.cached_tokens, r.completion_tokens));
+		JsonObjAddJsonb(&b, "price", price);
+	}
 	JsonObjAddJsonb(&b, "latency_ms", JsonGetJsonb(result, "latency_ms"));
 	if (!r.ok)
 		JsonObjAddString(&b, "error", r.error);

@@ -28,6 +28,14 @@ typedef struct LlmConfig
 	bool		structured_outputs; /* send an answer's schema as the provider's
 									 * structured output format */
 	Oid			owner;			/* who registered this version (uses.c) */
+	bool		has_limits;		/* limits: calls go through admission.c */
+	int			rpm;			/* 0: none */
+	int			tpm;
+	int			concurrency;
+	bool		has_price;		/* price: per million tokens */
+	double		price_input;
+	double		price_output;
+	double		price_cached;	/* cached input; input's when not given */
 } LlmConfig;
 
 /* A model's answer, in the provider-neutral form. */
@@ -65,6 +73,9 @@ extern Jsonb *LlmEnumAnswerSchema(const char *key, const char *const *values, in
 extern void LlmParseResult(LlmConfig *cfg, Jsonb *result, LlmReply *reply);
 extern Jsonb *LlmTurnPayload(Jsonb *result, int *tokens);
 extern Jsonb *LlmStripRequest(Jsonb *result);
+extern double LlmCost(const LlmConfig *cfg, int64 prompt, int64 cached, int64 completion);
+extern double LlmEstimateCost(const LlmConfig *cfg, EffectRequest *req, int64 output_tokens);
+extern int64 LlmMaxOutputTokens(const LlmConfig *cfg);
 
 /* llm_request.c: an llm_turn's request journaled as a delta */
 extern Jsonb *LlmRequestDelta(Jsonb *prev, Jsonb *next);

@@ -252,6 +252,8 @@ load_claimed(RunState *run, HeapTuple tup, TupleDesc td)
 	run->artifacts = isnull ? JsonEmptyObject() : DatumGetJsonbPCopy(d);
 	MemoryContextSwitchTo(old);
 	run->recoveries = DatumGetInt32(SPI_getbinval(tup, td, 20, &isnull));
+	d = SPI_getbinval(tup, td, 13, &isnull);
+	run->priority = isnull ? 0 : DatumGetInt32(d);
 	/* a notify hook's run executes one step */
 	if (SPI_getvalue(tup, td, 14) != NULL)
 		run->notify_step = WorkflowFindStep(WorkflowLoad(run->workflow, run->version),

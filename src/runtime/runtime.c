@@ -66,6 +66,7 @@
 
 #include "run_control.h"
 #include "deadline.h"
+#include "admission.h"
 #include "effect.h"
 #include "hook.h"
 #include "journal.h"
@@ -132,6 +133,9 @@ RunStateCreate(MemoryContext parent, int64 id, int attempt,
 void
 RunStateFree(RunState *run)
 {
+	/* a model call waiting for admission or in flight gives it back */
+	if (run->send && run->send->admit)
+		AdmissionDone(run->send->admit, -1, 0, 0);
 	MemoryContextDelete(run->cxt);
 }
 
@@ -471,6 +475,8 @@ route_outcome(Transition *t, StepResult *result, ErrorData *edata, const char *s
 }
 
 /* tuvl.llm.tokens of a model call's llm_turn payload, by model and type. */
+static void count_cost(Transition *t, Jsonb *payload);
+
 static void
 count_tokens(Transition *t, Jsonb *payload)
 {
@@ -489,6 +495,34 @@ count_tokens(Transition *t, Jsonb *payload)
 		MetricCount("tuvl.llm.tokens", t->run->principal, labels, 4,
 					(double) JsonGetInt(tokens, types[i], 0));
 	}
+}
+
+/*
+ * A priced call's cost: tuvl.llm.cost by model and role, and the run's
+ * tuvl.runs.cost (what a workflow's max_cost is checked against).
+ */
+static void
+count_cost(Transition *t, Jsonb *payload)
+{
+	JsonbValue *c = JsonGetField(payload, "cost");
+	double		cost;
+	MetricLabel labels[4] = {
+		{"workflow", t->run->workflow}, {"model", JsonGetString(payload, "model")},
+		{"config", JsonGetString(payload, "config")}, {"role", t->run->principal_name}
+	};
+
+	if (c == NULL || c->type != jbvNumeric)
+		return;
+	cost = DatumGetFloat8(DirectFunctionCall1(numeric_float8, NumericGetDatum(c->val.numeric)));
+	if (!t->run->replay)
+		MetricCount("tuvl.llm.cost", t->run->principal, labels, 4, cost);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "could not connect to SPI");
+	SecurityExecArgs("UPDATE tuvl.runs SET cost = cost OPERATOR(pg_catalog.+) $2 "
+					 "WHERE id OPERATOR(pg_catalog.=) $1",
+					 SPI_OK_UPDATE, 2, (Oid[]) {INT8OID, FLOAT8OID},
+					 Int64GetDatum(t->run->id), Float8GetDatum(cost));
+	SPI_finish();
 }
 
 /* tuvl.steps and tuvl.step.duration_ms of a step that ended (metrics.c). */
@@ -1180,6 +1214,7 @@ take_fresh_effect(Transition *t)
 		ev = JournalAdd(&t->events, "llm_turn", t->step->id, t->step->kind_name, payload);
 		ev->tokens = tokens;
 		count_tokens(t, payload);
+		count_cost(t, payload);
 		/* the request is in the journal; step_state keeps the answer */
 		kept = LlmStripRequest(run->fresh_effect);
 	}
@@ -1359,6 +1394,8 @@ RunKeepJsonb(RunState *run, Jsonb **field, Jsonb *value)
 void
 RunForgetSend(RunState *run)
 {
+	if (run->send && run->send->admit)
+		AdmissionDone(run->send->admit, -1, 0, 0);
 	if (run->send_cxt)
 		MemoryContextDelete(run->send_cxt);
 	run->send_cxt = NULL;

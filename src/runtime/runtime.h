@@ -45,6 +45,7 @@ typedef struct RunState
 	TimestampTz started_at;		/* when a worker (or tuvl.run()) first took it */
 	char	   *traceparent;	/* the trace it continues (start_run()), or NULL */
 	int64		parent_id;		/* the run whose Workflow step started it, or 0 */
+	int			priority;		/* start_run's: model admission orders by it */
 	TimestampTz created_at;		/* when it was started: the model configs it
 								 * uses are the versions of then (0: now) */
 	char	   *trace_id;		/* its trace id, once computed (trace.c) */

@@ -55,7 +55,9 @@ typedef struct ValidateState
 
 static const char *const top_level_keys[] = {
 	"name", "description", "trigger", "start", "steps", "ends", "hooks", "supervisor",
-	"concurrency", NULL
+	"concurrency",
+	"max_cost",					/* issue 41: model costs */
+	NULL
 };
 
 static const char *const step_common_keys[] = {
@@ -832,6 +834,20 @@ check_positive_int(ValidateState *vs, Jsonb *obj, const char *key, const char *p
 					"%s must be a positive integer (at most 2147483647)", key);
 }
 
+/* key of obj, when present, is a number above 0 (a cost cap). */
+static void
+check_positive_number(ValidateState *vs, Jsonb *obj, const char *key, const char *path)
+{
+	JsonbValue *v = JsonGetField(obj, key);
+
+	if (v == NULL)
+		return;
+	if (v->type != jbvNumeric ||
+		DatumGetFloat8(DirectFunctionCall1(numeric_float8, NumericGetDatum(v->val.numeric))) <= 0)
+		add_finding(vs, "error", path ? psprintf("%s.%s", path, key) : pstrdup(key),
+					"%s must be a number above 0, in the currency of the model configs' price", key);
+}
+
 /* approval_timeout: a duration, on an entry with approval: true. */
 static void
 check_approval_timeout(ValidateState *vs, Jsonb *entry, const char *epath)
@@ -1033,7 +1049,8 @@ static void
 check_agent_keys(ValidateState *vs, Jsonb *agent, const char *apath)
 {
 	static const char *const agent_keys[] = {"model", "system", "prompt", "steering", "skills",
-		"tools", "outcome", "max_iterations", "max_tool_calls", "token_budget", "guardrails", "retry", NULL};
+		"tools", "outcome", "max_iterations", "max_tool_calls", "token_budget", "guardrails", "retry",
+	"max_cost", NULL};
 	static const struct
 	{
 		const char *key;
@@ -1080,8 +1097,10 @@ check_autonomous_agent(ValidateState *vs, Jsonb *step, Jsonb *agent, const char 
 	check_positive_int(vs, agent, "max_iterations", apath);
 	check_positive_int(vs, agent, "max_tool_calls", apath);
 	check_positive_int(vs, agent, "token_budget", apath);
+	check_positive_number(vs, agent, "max_cost", apath);
 	for (int i = 0; exits[i]; i++)
-		if ((strcmp(exits[i], "budget_exceeded") != 0 || JsonGetField(agent, "token_budget")) &&
+		if ((strcmp(exits[i], "budget_exceeded") != 0 || JsonGetField(agent, "token_budget") ||
+			 JsonGetField(agent, "max_cost")) &&
 			(routes == NULL || JsonGetField(routes, exits[i]) == NULL))
 			add_finding(vs, "warning", psprintf("%s.routes", path),
 						strcmp(exits[i], "aborted") == 0
@@ -1229,7 +1248,7 @@ check_agent_block(ValidateState *vs, Jsonb *step, const char *path)
 	else
 	{
 		/* a key tuvl accepts does something: these do only in autonomous mode */
-		static const char *const limits[] = {"max_iterations", "token_budget", NULL};
+		static const char *const limits[] = {"max_iterations", "token_budget", "max_cost", NULL};
 
 		if (JsonGetField(agent, "tools"))
 			add_finding(vs, "error", psprintf("%s.tools", apath),
@@ -2014,6 +2033,7 @@ ValidateWorkflow(Jsonb *def, Jsonb *positions, bool strict, Jsonb **refs)
 	check_hooks(&vs, def, steps, nsteps);
 	check_supervisor(&vs, JsonGetField(def, "supervisor"));
 	check_concurrency(&vs, JsonGetField(def, "concurrency"));
+	check_positive_number(&vs, def, "max_cost", NULL);
 	if (!FindingsHaveErrors(vs.findings) && nsteps > 0)
 		check_reachable(&vs, def);
 	if (refs)

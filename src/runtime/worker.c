@@ -49,6 +49,7 @@
 #include "utils/timeout.h"
 #include "utils/timestamp.h"
 
+#include "admission.h"
 #include "deadline.h"
 #include "driver.h"
 #include "effect.h"
@@ -1204,6 +1205,8 @@ run_solo(void)
 static void
 effect_done(RunState *run, Jsonb *result)
 {
+	/* a model call with limits gives its admission back, with its usage */
+	EffectAdmissionDone(run->send, result);
 	RunKeepJsonb(run, &run->fresh_effect, result);
 	run->transfer = NULL;
 	RunForgetSend(run);
@@ -1274,6 +1277,23 @@ start_due_sends(TimestampTz *next_send)
 			if (*next_send == 0 || run->send_at < *next_send)
 				*next_send = run->send_at;
 			continue;
+		}
+
+		/*
+		 * A model call with limits waits here for admission, holding no
+		 * transaction: until its config's window has room (retry_at) or
+		 * whoever frees room grants it and sets our latch.
+		 */
+		if (run->send->admit)
+		{
+			TimestampTz retry_at;
+
+			if (AdmissionAsk(run->send->admit, &retry_at) == ADMIT_WAIT)
+			{
+				if (retry_at != 0 && (*next_send == 0 || retry_at < *next_send))
+					*next_send = retry_at;
+				continue;
+			}
 		}
 		PG_TRY();
 		{

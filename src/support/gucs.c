@@ -25,6 +25,9 @@
 
 int			tuvl_workers_per_database = 2;
 int			tuvl_max_workers = 16;
+int			tuvl_max_model_limits = 64;
+int			tuvl_model_admission_slots = 16384;
+int			tuvl_model_limits_window = 60000;
 int			tuvl_lease_timeout = 30000;
 int			tuvl_heartbeat_interval = 5000;
 int			tuvl_runs_per_worker = 512;
@@ -110,6 +113,18 @@ static const IntGuc worker_gucs[] = {
 		"Maximum number of tuvl workers across all databases.",
 		"Each also needs a slot of max_worker_processes.",
 	&tuvl_max_workers, 16, 1, 1024, PGC_POSTMASTER, 0, true},
+	{"tuvl.max_model_limits",
+		"Maximum number of model configs with limits: tracked in shared memory.",
+		"A config past it is sent without its limits, counted in tuvl.llm.admission.unlimited.",
+	&tuvl_max_model_limits, 64, 1, 100000, PGC_POSTMASTER, 0, true},
+	{"tuvl.model_admission_slots",
+		"Maximum number of model calls with limits waiting or in flight at once, cluster-wide.",
+		"A call finding none free waits and asks again 100 ms later.",
+	&tuvl_model_admission_slots, 16384, 16, 1000000, PGC_POSTMASTER, 0, true},
+	{"tuvl.model_limits_window",
+		"The window over which a model config's limits (rpm, tpm) hold.",
+		"Providers measure a minute; a shorter window scales the limits down with it.",
+	&tuvl_model_limits_window, 60000, 1000, 3600000, PGC_SIGHUP, GUC_UNIT_MS, false},
 	{"tuvl.lease_timeout",
 		"How long a worker's claim on a run lasts without renewal.",
 		"A run whose lease expired is returned to the queue.",

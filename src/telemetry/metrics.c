@@ -53,6 +53,7 @@
 #include "executor/spi.h"
 #include "utils/float.h"
 
+#include "admission.h"
 #include "jsonutil.h"
 #include "metrics.h"
 #include "spiutil.h"
@@ -625,6 +626,28 @@ dropped_rows(List *drops, double roles_full, bool operator)
 }
 
 /*
+ * The model admission series (admission.c), per model config, for the
+ * operators and the roles that own the config.
+ */
+static void
+put_admission(ReturnSetInfo *rsinfo, bool operator)
+{
+	ListCell   *lc;
+
+	foreach(lc, AdmissionMetrics())
+	{
+		AdmitMetric *m = lfirst(lc);
+		MetricLabel labels[1] = {{"config", m->config}};
+		char		buf[METRIC_LABELS_LEN];
+
+		if (OidIsValid(m->owner) ? !may_see(m->owner, operator) : !operator)
+			continue;
+		labels_text(buf, labels, m->config[0] ? 1 : 0);
+		put_row(rsinfo, m->name, m->kind, buf, m->value);
+	}
+}
+
+/*
  * tuvl._metric_series(): the series of this database the caller may see
  * (its own roles' runs; every run for tuvl_operator): name, kind, labels,
  * value, one row per role.  tuvl.metrics sums them.
@@ -674,6 +697,42 @@ tuvl_metric_series(PG_FUNCTION_ARGS)
 		put_row(rsinfo, c->key.name, "counter", c->key.labels, c->value);
 	}
 	put_histograms(rsinfo, rows, operator);
+	put_admission(rsinfo, operator);
+	PG_RETURN_VOID();
+}
+
+PG_FUNCTION_INFO_V1(tuvl_model_admission_waits);
+
+/*
+ * tuvl._model_admission_waits(): the model calls of this database waiting
+ * for their config's limits now (admission.c), those of the caller's
+ * roles' runs (every run's for tuvl_operator): run_id, config, since,
+ * reason.
+ */
+Datum
+tuvl_model_admission_waits(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Oid			op = get_role_oid("tuvl_operator", true);
+	bool		operator = superuser() || (OidIsValid(op) && has_privs_of_role(GetUserId(), op));
+	ListCell   *lc;
+
+	TokenRequireScope("runs:read");
+	InitMaterializedSRF(fcinfo, 0);
+	foreach(lc, AdmissionWaits())
+	{
+		AdmitWait  *w = lfirst(lc);
+		Datum		values[4];
+		bool		nulls[4] = {false, false, false, false};
+
+		if (!may_see(w->principal, operator))
+			continue;
+		values[0] = Int64GetDatum(w->run_id);
+		values[1] = CStringGetTextDatum(w->config);
+		values[2] = TimestampTzGetDatum(w->since);
+		values[3] = CStringGetTextDatum(w->reason);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
 	PG_RETURN_VOID();
 }
 

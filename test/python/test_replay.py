@@ -278,7 +278,8 @@ def test_an_agent_run_replays_with_the_model_server_stopped_and_edits_diverge(co
     assert len(_json(HTTP_BASE + "/_log")["requests"]) == logged, "the replay sent no HTTP request"
     assert result == {"status": "completed", "end": "done", "response": recorded["response"],
                       "effects_served": 3, "effects_live": 0, "transitions": result["transitions"],
-                      "tokens_spent": 0, "tokens_recorded": tokens, "workflow_version": 1}
+                      "tokens_spent": 0, "tokens_recorded": tokens, "workflow_version": 1,
+                      "cost_recorded": 0}   # its model config has no price
     assert result["transitions"] >= 3
     assert len(http_requests(token)) == 1
     # the replay's own run and journal are gone; the SQL tool really ran again
