@@ -130,14 +130,17 @@ INTERVAL = re.compile(r"\b\d\d:\d\d:\d\d(\.\d+)?\b")
 DURATION = re.compile(r"\b\d+(\.\d+)?\s?(ms|µs|us|s|sec|secs|seconds?|milliseconds?|min|minutes?)\b")
 BIG = re.compile(r"\b\d{4,}\b")
 PSQL_PREFIX = re.compile(r"^psql:[^:]*:\d+: ")
+RUN_ID = re.compile(r'("(?:run_id|parent_run_id|root_run_id|child_run_id)"): \d+')
+HEX = re.compile(r"\b[0-9a-f]{16,}\b")
 UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
 
 
 def norm(line):
     line = PSQL_PREFIX.sub("", line)
-    for pat, rep in ((TS, "<ts>"), (INTERVAL, "<dur>"), (UUID, "<uuid>"), (DURATION, "<dur>"),
+    for pat, rep in ((TS, "<ts>"), (INTERVAL, "<dur>"), (UUID, "<uuid>"), (HEX, "<hex>"), (DURATION, "<dur>"),
                      (BIG, "<n>")):
         line = pat.sub(rep, line)
+    line = RUN_ID.sub(r"\1: <id>", line)
     line = re.sub(r"-{3,}", "---", line)
     line = re.sub(r"\s+", " ", line).strip()
     line = re.sub(r" ?([|+]) ?", r"\1", line)
@@ -219,7 +222,7 @@ def run_page(page, blocks, db, workdir, continued):
             path = os.path.join(workdir, f"block{n}.sh")
             with open(path, "w") as f:
                 f.write("set -e -o pipefail\n" + text)
-            script.append(f"\\! cd {workdir} && bash {path} 2>&1; rc=$?; [ $rc -eq 0 ] || echo @@exit $rc@@\n")
+            script.append(f"\\! cd {workdir} && bash {path} </dev/null 2>&1; rc=$?; [ $rc -eq 0 ] || echo @@exit $rc@@\n")
         script.append(f"\\echo @@doctest {n}@@\n")
         order.append((n, pg, b))
     env = dict(os.environ, PGDATABASE=db)
@@ -233,8 +236,11 @@ def run_page(page, blocks, db, workdir, continued):
                 + (e.output or b"").decode(errors="replace")[-2000:]]
     outputs, cur = {}, []
     for line in out.split("\n"):
-        m = re.match(r"^@@doctest (\d+)@@$", line)
+        m = re.search(r"@@doctest (\d+)@@$", line)
         if m:
+            # a shell block's output may lack its last newline
+            if m.start() > 0:
+                cur.append(line[:m.start()])
             outputs[int(m.group(1))] = "\n".join(cur)
             cur = []
         else:
