@@ -18,7 +18,8 @@ PGDATABASE).  Then:
   anything; DETAIL, HINT and CONTEXT lines are not compared, and for a block
   that shows an error only the ERROR lines are;
 - a ```yaml block is either a whole workflow (top-level name and steps) and
-  then valid for tuvl.validate(), or a fragment, which must only parse as
+  then valid for tuvl.validate() (but for names of other workflows, model
+  configs and artifacts, which need not exist), or a fragment, which must only parse as
   YAML (a block that has duplicate keys or before/after pairs says so with
   a marker).
 
@@ -203,14 +204,16 @@ def roles():
     return set(sh("SELECT rolname FROM pg_roles").split())
 
 
-def cleanup(db, before_roles):
+def cleanup(db, before_roles, text):
     sh(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
     for r in sorted(roles() - before_roles):
         sh(f'DROP OWNED BY "{r}" CASCADE', check=False)
         sh(f'DROP ROLE IF EXISTS "{r}"', check=False)
-    sh(f"SELECT cron.unschedule(jobid) FROM cron.job WHERE database = '{db}'", check=False)
-    sh("ALTER SYSTEM RESET ALL", check=True)
-    sh("SELECT pg_reload_conf()")
+    if "schedule" in text:
+        sh(f"SELECT cron.unschedule(jobid) FROM cron.job WHERE database = '{db}'", check=False)
+    if "ALTER SYSTEM" in text:
+        sh("ALTER SYSTEM RESET ALL")
+        sh("SELECT pg_reload_conf()")
 
 
 def runnable(b):
@@ -298,7 +301,9 @@ def check_yaml(page, blocks, db):
             continue
         rows = subprocess.run([PSQL, "-X", "-At", "-d", db, "-v", "src=" + ports(b.text)],
                               input="SELECT severity || ' ' || path || ': ' || message "
-                                    "FROM tuvl.validate(:'src') WHERE severity = 'error'\n",
+                                    "FROM tuvl.validate(:'src') WHERE severity = 'error' "
+                                    # a name the reader registers elsewhere
+                                    "AND message NOT LIKE '%does not exist%'\n",
                               capture_output=True, text=True)
         found = (rows.stdout + rows.stderr).strip()
         want_error = b.marker is not None and b.marker[0] == "error"
@@ -326,8 +331,11 @@ def test_page(page):
         if words[0] == "continues":
             other = os.path.join(os.path.dirname(page), words[1])
             continued += [(other, b) for b in parse(other)[0]]
+    if not any(runnable(b) or b.kind == YAML for b in blocks):
+        return "ok", "0 blocks"
     db = dbname(page)
     before = roles()
+    text = "".join(b.text for _, b in continued + [(page, b) for b in blocks])
     sh(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
     sh(f"CREATE DATABASE {db}")
     creates = any(re.search(r"^\s*CREATE EXTENSION (IF NOT EXISTS )?tuvl\b", b.text, re.M | re.I)
@@ -346,7 +354,7 @@ def test_page(page):
             failures = run_page(page, blocks, db, workdir, continued)
         failures += check_yaml(page, blocks, db)
     finally:
-        cleanup(db, before)
+        cleanup(db, before, text)
     n = sum(1 for b in blocks if runnable(b)) + sum(1 for b in blocks if b.kind == YAML)
     return ("fail", failures) if failures else ("ok", f"{n} blocks")
 
