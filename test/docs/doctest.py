@@ -136,12 +136,19 @@ HEX = re.compile(r"(?<![0-9a-f])[0-9a-f]{16,}(?![0-9a-f])")
 UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
 
 
+HTTP_DATE = re.compile(r"\b[A-Z][a-z]{2}, \d\d [A-Z][a-z]{2} \d{4} \d\d:\d\d:\d\d GMT")
+
+
 def norm(line):
     line = PSQL_PREFIX.sub("", line)
+    line = HTTP_DATE.sub("<date>", line)
+    line = re.sub(r"Python/[\d.]+", "Python/<version>", line)
+    line = re.sub(r'"(latency_ms|delay_ms)": \d+', r'"\1": <ms>', line)
     for pat, rep in ((TS, "<ts>"), (INTERVAL, "<dur>"), (UUID, "<uuid>"), (HEX, "<hex>"), (DURATION, "<dur>"),
                      (BIG, "<n>")):
         line = pat.sub(rep, line)
     line = RUN_ID.sub(r"\1: <id>", line)
+    line = re.sub(r"tuvl-(<hex>|[0-9a-f]{16})(-t?\d+)+", "<idempotency key>", line)
     line = re.sub(r"\b(run|runs) \d+\b", r"\1 <id>", line)
     line = re.sub(r"\s*\+$", "", line)         # psql's mark of a value's line break
     line = re.sub(r"-{3,}", "---", line)
