@@ -437,7 +437,7 @@ def check_plans(pages):
     finally:
         conn.close()
         sh(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
-    if planned <= 200 or theirs >= planned / 4:
+    if planned <= 150 or theirs >= planned / 4:
         wrong.append(f"too few statements planned: {planned} planned, {theirs} on the reader's objects")
     return wrong
 
