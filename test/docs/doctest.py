@@ -36,6 +36,8 @@ Markers (CONTRIBUTING.md): an HTML comment on the line(s) above a block,
     <!-- doctest: placeholder (what) -->  the reader must replace something: not run
     <!-- doctest: fragment -->            a YAML block that is only part of a workflow
     <!-- doctest: unchecked (why) -->     runs, but its output is not compared
+    <!-- doctest: output -->              this block (of any language, after
+                                          prose) is what the SQL block before it prints
 
 and for a whole page, anywhere in it,
 
@@ -69,7 +71,7 @@ PAGE_TIMEOUT = 120
 
 FENCE = re.compile(r"^( *)```([A-Za-z]*)[ \t]*\n(.*?)^\1```[ \t]*$", re.M | re.S)
 MARKER = re.compile(r"<!--\s*doctest:\s*(.*?)\s*-->", re.S)
-BLOCK_MARKERS = ("skip", "error", "placeholder", "fragment", "unchecked")
+BLOCK_MARKERS = ("skip", "error", "placeholder", "fragment", "unchecked", "output")
 SQL, SHELL, YAML, OUTPUT = "sql", "sh", "yaml", "output"
 KINDS = {"sql": SQL, "sh": SHELL, "shell": SHELL, "bash": SHELL, "yaml": YAML, "": OUTPUT,
          "text": OUTPUT}
@@ -113,6 +115,12 @@ def parse(page):
     for prev, b in zip(blocks, blocks[1:]):
         if b.kind == OUTPUT and b.follows and prev.kind in (SQL, SHELL):
             prev.expected = b
+    for i, b in enumerate(blocks):
+        # a block of any language, after some prose, marked as the output
+        if b.marker and b.marker[0] == "output":
+            prev = [p for p in blocks[:i] if p.kind in (SQL, SHELL)]
+            if prev:
+                prev[-1].expected = b
     return blocks, page_markers
 
 
