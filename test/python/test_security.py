@@ -837,6 +837,6 @@ def test_the_least_privilege_example_of_the_docs(sec, as_role):
         q(admin, "DELETE FROM tuvl.runs WHERE workflow = 'shop_refund'")
         q(admin, "DELETE FROM tuvl.workflows WHERE name = 'shop_refund'")
         q(admin, "DELETE FROM tuvl.secret_grants WHERE secret = 'shop_payments_token'")
-        q(admin, "DROP SCHEMA IF EXISTS shop CASCADE")
+        q(admin, "DROP SCHEMA IF EXISTS store CASCADE")
         q(admin, "DROP ROLE IF EXISTS shop_app")
         q(admin, "DROP ROLE IF EXISTS shop_deploy")
