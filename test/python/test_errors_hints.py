@@ -263,3 +263,66 @@ steps:
         'step "call" failed: HTTP request to http://192.0.2.1:9/x is not allowed',
         'DETAIL:  host "192.0.2.1" port 9 is not in tuvl.http_allowed_hosts.',
         "HINT:  " + payload["hint"]], error
+
+
+CRON_DB = "postgres"
+
+
+@pytest.fixture(scope="module")
+def cron():
+    """The cron database with pg_cron and tuvl (as test_schedule.py)."""
+    conn = connect(CRON_DB)
+    had_tuvl = q1(conn, "SELECT count(*) FROM pg_extension WHERE extname = 'tuvl'") == 1
+    had_cron = q1(conn, "SELECT count(*) FROM pg_extension WHERE extname = 'pg_cron'") == 1
+    q(conn, "CREATE EXTENSION IF NOT EXISTS pg_cron")
+    q(conn, "CREATE EXTENSION IF NOT EXISTS tuvl")
+    try:
+        yield conn
+    finally:
+        q(conn, "SELECT cron.unschedule(jobid) FROM cron.job WHERE jobname LIKE 'tuvl_e44_%'")
+        if not had_tuvl:
+            q(conn, "DROP EXTENSION tuvl CASCADE")
+        if not had_cron:
+            q(conn, "DROP EXTENSION pg_cron")
+        conn.close()
+
+
+def test_schedules_show_a_failing_pg_cron_job(cron):
+    """pg_cron really fires the job; its start fails (the input it requires is
+    missing) and tuvl.schedules says so."""
+    name = new_name("e44_s")
+    q(cron, "SELECT tuvl.register_workflow(%s)", (f"""
+name: {name}
+trigger:
+  input: {{ type: object, required: [order_id] }}
+  schedule: "* * * * *"
+steps:
+  - {{ id: r, kind: Router, on: x, routes: {{ default: done }} }}
+ends:
+  - {{ id: done, status: completed }}
+""",))
+    row = q(cron, "SELECT schedule, jobid IS NOT NULL, active, last_status FROM tuvl.schedules "
+                  "WHERE workflow = %s", (name,))
+    assert row == [("* * * * *", True, True, None)], row
+    status = wait_until(lambda: q1(cron, "SELECT last_status FROM tuvl.schedules WHERE workflow = %s "
+                                         "AND last_status IN ('failed', 'succeeded')", (name,)),
+                        75, interval=1, message="pg_cron to run the job")
+    assert status == "failed"
+    message, failures = q(cron, "SELECT last_message, failures_24h FROM tuvl.schedules "
+                                "WHERE workflow = %s", (name,))[0]
+    assert "order_id" in message and failures >= 1, message
+
+
+def test_schedules_work_without_pg_cron(roles):
+    conn = connect(roles, user=USER)
+    name = new_name()
+    q(conn, "SELECT tuvl.register_workflow(%s)", (f"""
+name: {name}
+trigger: {{ schedule: "@daily" }}
+steps:
+  - {{ id: r, kind: Router, on: x, routes: {{ default: done }} }}
+ends:
+  - {{ id: done, status: completed }}
+""",))
+    assert q(conn, "SELECT schedule, jobid, last_status FROM tuvl.schedules WHERE workflow = %s",
+             (name,)) == [("@daily", None, None)]
