@@ -326,3 +326,27 @@ ends:
 """,))
     assert q(conn, "SELECT schedule, jobid, last_status FROM tuvl.schedules WHERE workflow = %s",
              (name,)) == [("@daily", None, None)]
+
+
+def test_permission_denied_for_a_tuvl_function_names_the_role_to_grant(roles):
+    conn = connect(roles, user=NOBODY)
+    e = error_of(conn, "SELECT tuvl.start_run('anything')")
+    assert e.pgcode == "42501"
+    assert e.diag.message_primary == "permission denied for function start_run"
+    assert e.diag.message_hint == (
+        "tuvl.start_run() is for members of tuvl_user: a superuser, or a role with ADMIN OPTION on "
+        f"tuvl_user, runs GRANT tuvl_user TO {NOBODY}.")
+    # in FROM too, and for the functions of tuvl_admin
+    e = error_of(conn, "SELECT * FROM tuvl.timeline(1)")
+    assert "GRANT tuvl_user TO" in (e.diag.message_hint or ""), e.diag.message_hint
+    user = connect(roles, user=USER)
+    e = error_of(user, "SELECT tuvl.set_secret('x', 'y')")
+    assert e.diag.message_hint.startswith("tuvl.set_secret() is for members of tuvl_admin:"), \
+        e.diag.message_hint
+    # another schema's function keeps PostgreSQL's error as it is
+    admin = connect(roles)
+    q(admin, "CREATE SCHEMA IF NOT EXISTS e44; CREATE OR REPLACE FUNCTION e44.private_f() "
+             "RETURNS int LANGUAGE sql AS 'SELECT 1'; REVOKE ALL ON FUNCTION e44.private_f() FROM PUBLIC; "
+             f"GRANT USAGE ON SCHEMA e44 TO {NOBODY}")
+    e = error_of(conn, "SELECT e44.private_f()")
+    assert e.pgcode == "42501" and e.diag.message_hint is None
