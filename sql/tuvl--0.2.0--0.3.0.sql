@@ -688,7 +688,7 @@ BEGIN
                (SELECT pg_catalog.count(*) FROM cron.job_run_details f
                 WHERE f.jobid OPERATOR(pg_catalog.=) j.jobid
                   AND f.status OPERATOR(pg_catalog.=) 'failed'
-                  AND f.start_time OPERATOR(pg_catalog.>) pg_catalog.now() OPERATOR(pg_catalog.-) '1 day'::pg_catalog.interval)
+                  AND f.start_time OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.-) '1 day'::pg_catalog.interval))
         FROM cron.job j
         LEFT JOIN LATERAL (SELECT r.status, r.return_message, r.start_time, r.end_time
                            FROM cron.job_run_details r
