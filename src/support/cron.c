@@ -162,8 +162,7 @@ CronParse(const char *text, CronSpec *c, char **problem)
 		tokens[n++] = tok;
 	}
 	if (n != 5)
-		why = psprintf("a schedule has five fields (minute hour day-of-month month day-of-week), not %s",
-					   n > 5 ? "more" : psprintf("%d", n));
+		why = n > 5 ? pstrdup("it has more than five fields") : psprintf("it has %d field%s, not five", n, n == 1 ? "" : "s");
 	for (int i = 0; why == NULL && i < 5; i++)
 		(void) parse_field(tokens[i], &fields[i], &bits[i], &any[i], &why);
 	if (why)

@@ -211,7 +211,7 @@ ends:
     ("0 0 * 13 *", 'the month field "13" is out of range'),
     ("0 0 * * 8", 'the day of week field "8" is out of range'),
     ("0 0 * * mon-zz", 'the day of week field "mon-zz" is not a number or name'),
-    ("0 0 * *", "a schedule has five fields (minute hour day-of-month month day-of-week), not 4"),
+    ("0 0 * *", "it has 4 fields, not five; schedule must be a cron expression of five fields"),
 ])
 def test_an_out_of_range_cron_field_is_an_error_naming_the_field(roles, schedule, field):
     conn = connect(roles, user=USER)
