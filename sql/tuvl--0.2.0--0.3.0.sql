@@ -679,6 +679,89 @@ GRANT EXECUTE ON FUNCTION tuvl._model_admission_waits() TO tuvl_user;
 
 /* ------------------------------------------------------------------ errors that say what to do, schedules (issue 44) */
 
+/* an empty secret would be sent as an empty key and fail far from here */
+CREATE OR REPLACE FUNCTION tuvl.set_secret(name text, value text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM tuvl._require_scope('admin');
+    IF set_secret.name IS NULL OR set_secret.name OPERATOR(pg_catalog.=) '' THEN
+        RAISE EXCEPTION 'a secret''s name must not be empty' USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Name it as templates will: {{ secrets.NAME }}.';
+    END IF;
+    IF set_secret.value IS NULL OR set_secret.value OPERATOR(pg_catalog.=) '' THEN
+        RAISE EXCEPTION 'the value of secret "%" must not be empty', set_secret.name
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Pass the key or token itself; to stop runs using the secret, take its grants back with tuvl.revoke_secret().';
+    END IF;
+    INSERT INTO tuvl.secrets AS s (name, value, updated_by) VALUES (set_secret.name, set_secret.value, SESSION_USER)
+    ON CONFLICT ON CONSTRAINT secrets_pkey
+    DO UPDATE SET value = excluded.value, updated_at = pg_catalog.now(), updated_by = excluded.updated_by;
+END
+$$;
+
+/*
+ * tuvl.schedules: each scheduled workflow (trigger.schedule of its newest
+ * version) with its pg_cron job and how the job's last run went, from
+ * cron.job_run_details, so that a job that fails (pg_cron cannot connect,
+ * the role lost its grant) is seen in tuvl.  Without pg_cron in this
+ * database, or without the right to read its tables, the job columns are
+ * NULL.  tuvl._cron_jobs() reads pg_cron's tables as the caller.
+ */
+CREATE FUNCTION tuvl._cron_jobs()
+RETURNS TABLE (jobname text, jobid bigint, active boolean, username text, database text,
+               last_status text, last_message text, last_start timestamptz, last_end timestamptz,
+               failures_24h bigint)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF pg_catalog.to_regclass('cron.job') IS NULL
+       OR pg_catalog.to_regclass('cron.job_run_details') IS NULL
+       OR NOT pg_catalog.has_schema_privilege('cron', 'USAGE')
+       OR NOT pg_catalog.has_table_privilege('cron.job', 'SELECT')
+       OR NOT pg_catalog.has_table_privilege('cron.job_run_details', 'SELECT') THEN
+        RETURN;
+    END IF;
+    RETURN QUERY EXECUTE $q$
+        SELECT j.jobname::pg_catalog.text, j.jobid, j.active, j.username::pg_catalog.text,
+               j.database::pg_catalog.text, d.status, d.return_message, d.start_time, d.end_time,
+               (SELECT pg_catalog.count(*) FROM cron.job_run_details f
+                WHERE f.jobid OPERATOR(pg_catalog.=) j.jobid
+                  AND f.status OPERATOR(pg_catalog.=) 'failed'
+                  AND f.start_time OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.-) '1 day'::pg_catalog.interval))
+        FROM cron.job j
+        LEFT JOIN LATERAL (SELECT r.status, r.return_message, r.start_time, r.end_time
+                           FROM cron.job_run_details r
+                           WHERE r.jobid OPERATOR(pg_catalog.=) j.jobid
+                           ORDER BY r.runid DESC LIMIT 1) d ON true
+        WHERE j.jobname OPERATOR(pg_catalog.~~) 'tuvl\_%'
+    $q$;
+END
+$$;
+COMMENT ON FUNCTION tuvl._cron_jobs() IS 'for tuvl.schedules: the pg_cron jobs named tuvl_* the caller may read, with their last run; none without pg_cron';
+
+CREATE VIEW tuvl.schedules AS
+    SELECT w.name AS workflow, w.version,
+           w.definition OPERATOR(pg_catalog.#>>) '{trigger,schedule}' AS schedule,
+           w.owner,
+           c.jobid, c.active, c.database,
+           c.last_status, c.last_message, c.last_start, c.last_end, c.failures_24h,
+           (SELECT pg_catalog.max(s.slot) FROM tuvl.schedule_slots s
+            WHERE s.workflow OPERATOR(pg_catalog.=) w.name) AS last_slot
+    FROM tuvl.workflows w
+    LEFT JOIN tuvl._cron_jobs() c ON c.jobname OPERATOR(pg_catalog.=) ('tuvl_' OPERATOR(pg_catalog.||) w.name)
+                                 AND c.database OPERATOR(pg_catalog.=) pg_catalog.current_database()
+    WHERE w.version OPERATOR(pg_catalog.=) (SELECT pg_catalog.max(x.version) FROM tuvl.workflows x
+                                            WHERE x.name OPERATOR(pg_catalog.=) w.name)
+      AND w.definition OPERATOR(pg_catalog.#>>) '{trigger,schedule}' IS NOT NULL;
+COMMENT ON VIEW tuvl.schedules IS 'scheduled workflows, their pg_cron job and how its last run went (last_status failed, last_message says why); the job columns are NULL without pg_cron here or the right to read its tables, jobid NULL when no job exists';
+GRANT SELECT ON tuvl.schedules TO tuvl_user;
+GRANT EXECUTE ON FUNCTION tuvl._cron_jobs() TO tuvl_user;
+
+
 /* ------------------------------------------------------------------ console: dev mode (issue 38) */
 
 /* ------------------------------------------------------------------ mcp: OAuth and elicitation (issue 40) */

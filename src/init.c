@@ -27,6 +27,7 @@
 #include "admission.h"
 #include "channel.h"
 #include "executor.h"
+#include "grant_hint.h"
 #include "launcher.h"
 #include "metrics.h"
 #include "queue.h"
@@ -131,6 +132,7 @@ _PG_init(void)
 	RegisterSubXactCallback(TraceSubXactCallback, NULL);
 	SecurityInit();
 	ChannelInit();
+	GrantHintInit();
 
 	if (!process_shared_preload_libraries_in_progress)
 		return;

@@ -140,11 +140,18 @@ sync_schedule(const char *name, Jsonb *def)
 	{
 		ErrorData  *edata = SpiSubxactAbort(&sub);
 
-		ereport(WARNING,
-				(errmsg("could not %s the pg_cron job of workflow \"%s\": %s",
-						schedule ? "schedule" : "remove", name, edata->message),
-				 errhint("A superuser can GRANT USAGE ON SCHEMA cron to the role, or schedule SELECT tuvl.start_scheduled('%s') itself.",
-						 name)));
+		if (edata->sqlerrcode == ERRCODE_INSUFFICIENT_PRIVILEGE)
+			ereport(WARNING,
+					(errmsg("could not %s the pg_cron job of workflow \"%s\": %s",
+							schedule ? "schedule" : "remove", name, edata->message),
+					 errhint("A superuser can GRANT USAGE ON SCHEMA cron to the role, or schedule SELECT tuvl.start_scheduled('%s') itself.",
+							 name)));
+		else
+			ereport(WARNING,
+					(errmsg("could not %s the pg_cron job of workflow \"%s\": %s",
+							schedule ? "schedule" : "remove", name, edata->message),
+					 edata->detail ? errdetail("%s", edata->detail) : 0,
+					 edata->hint ? errhint("%s", edata->hint) : 0));
 	}
 	PG_END_TRY();
 }
@@ -171,6 +178,9 @@ tuvl_register_workflow(PG_FUNCTION_ARGS)
 				 errmsg("workflow%s%s%s is not valid", name ? " \"" : "", name ? name : "",
 						name ? "\"" : ""),
 				 errdetail("%s", FindingsFormat(findings, "error")),
+				 FindingsSuggestion(findings) ?
+				 errhint("Did you mean \"%s\"?  Fix every problem listed; tuvl.validate(source) returns them as rows.",
+						 FindingsSuggestion(findings)) :
 				 errhint("Fix every problem listed; tuvl.validate(source) returns them as rows.")));
 	foreach(lc, findings)
 	{
@@ -225,6 +235,7 @@ parse_for_validate(const char *source, Jsonb **positions, List **findings)
 		Finding    *f = palloc(sizeof(Finding));
 
 		f->severity = "error";
+		f->suggestion = NULL;
 		f->path = "";
 		f->message = edata->detail ? psprintf("%s: %s", edata->message, edata->detail)
 			: edata->message;

@@ -7,10 +7,7 @@
  * one it missed (the server was down, the job was failing).  A workflow
  * with trigger.catch_up: N has tuvl.start_scheduled() also start the last
  * N slots missed since the last one it started; tuvl._missed_slots()
- * finds them.  Schedules are read as pg_cron (and Vixie cron) read them:
- * minute hour day-of-month month day-of-week, in UTC, with lists, ranges,
- * steps, month and day names and the @ macros; when both day fields are
- * restricted, a day matching either is a match.
+ * finds them, with the schedule read as pg_cron reads it (cron.c).
  *
  *-------------------------------------------------------------------------
  */
@@ -28,163 +25,13 @@
 #include "utils/datetime.h"
 #include "utils/timestamp.h"
 
+#include "cron.h"
 #include "security.h"
 
 PG_FUNCTION_INFO_V1(tuvl_missed_slots);
 
 /* How far back the catch-up looks: slots older than this are not started. */
 #define CATCH_UP_WINDOW_DAYS 400
-
-typedef struct CronSpec
-{
-	uint64		minute;			/* bit i: minute i matches */
-	uint32		hour;
-	uint32		dom;			/* bits 1..31 */
-	uint32		month;			/* bits 1..12 */
-	uint32		dow;			/* bits 0..6, Sunday 0 */
-	bool		dom_any;		/* the field was * */
-	bool		dow_any;
-} CronSpec;
-
-static const char *const month_names[] = {"jan", "feb", "mar", "apr", "may", "jun", "jul", "aug",
-"sep", "oct", "nov", "dec", NULL};
-static const char *const day_names[] = {"sun", "mon", "tue", "wed", "thu", "fri", "sat", NULL};
-
-/* A number, or a name of names (counted from base); -1 when neither. */
-static int
-field_value(const char **p, const char *const *names, int base)
-{
-	int			v = 0;
-
-	if (isdigit((unsigned char) **p))
-	{
-		while (isdigit((unsigned char) **p) && v < 1000)
-			v = v * 10 + (*(*p)++ - '0');
-		return v;
-	}
-	for (int i = 0; names && names[i]; i++)
-		if (pg_strncasecmp(*p, names[i], 3) == 0)
-		{
-			*p += 3;
-			return i + base;
-		}
-	return -1;
-}
-
-/* Parse one field (lo..hi) into *bits; false when it is not one. */
-static bool
-parse_field(const char *text, int lo, int hi, const char *const *names, int base, uint64 *bits,
-			bool *any)
-{
-	const char *p = text;
-
-	*bits = 0;
-	*any = text[0] == '*';
-	while (*p)
-	{
-		int			a = lo;
-		int			b = hi;
-		int			step = 1;
-
-		if (*p == '*')
-			p++;
-		else
-		{
-			if ((a = field_value(&p, names, base)) < 0)
-				return false;
-			b = a;
-			if (*p == '-')
-			{
-				p++;
-				if ((b = field_value(&p, names, base)) < 0)
-					return false;
-			}
-		}
-		if (*p == '/')
-		{
-			p++;
-			if ((step = field_value(&p, NULL, 0)) <= 0)
-				return false;
-			if (a == b && text[0] != '*')
-				b = hi;			/* "5/10": from 5 on */
-		}
-		if (a < lo || b > hi || a > b)
-			return false;
-		for (int v = a; v <= b; v += step)
-			*bits |= UINT64CONST(1) << v;
-		if (*p == ',')
-			p++;
-		else if (*p != '\0')
-			return false;
-	}
-	return true;
-}
-
-/* Parse a schedule; false when tuvl cannot read it. */
-static bool
-parse_cron(const char *text, CronSpec *c)
-{
-	static const char *const macros[][2] = {
-		{"@yearly", "0 0 1 1 *"}, {"@annually", "0 0 1 1 *"}, {"@monthly", "0 0 1 * *"},
-		{"@weekly", "0 0 * * 0"}, {"@daily", "0 0 * * *"}, {"@midnight", "0 0 * * *"},
-		{"@hourly", "0 * * * *"}
-	};
-	char	   *copy;
-	char	   *fields[5];
-	char	   *save = NULL;
-	uint64		bits;
-	bool		any;
-	int			n = 0;
-
-	for (int i = 0; i < (int) lengthof(macros); i++)
-		if (pg_strcasecmp(text, macros[i][0]) == 0)
-			text = macros[i][1];
-	copy = pstrdup(text);
-	for (char *tok = strtok_r(copy, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save))
-	{
-		if (n == 5)
-			return false;
-		fields[n++] = tok;
-	}
-	if (n != 5)
-		return false;
-	memset(c, 0, sizeof(CronSpec));
-	if (!parse_field(fields[0], 0, 59, NULL, 0, &c->minute, &any) ||
-		!parse_field(fields[1], 0, 23, NULL, 0, &bits, &any))
-		return false;
-	c->hour = (uint32) bits;
-	if (!parse_field(fields[2], 1, 31, NULL, 0, &bits, &c->dom_any))
-		return false;
-	c->dom = (uint32) bits;
-	if (!parse_field(fields[3], 1, 12, month_names, 1, &bits, &any))
-		return false;
-	c->month = (uint32) bits;
-	if (!parse_field(fields[4], 0, 7, day_names, 0, &bits, &c->dow_any))
-		return false;
-	c->dow = (uint32) ((bits | (bits >> 7)) & 0x7f);	/* 7 is Sunday too */
-	return true;
-}
-
-/* Does the minute at ts (UTC) match? */
-static bool
-cron_matches(const CronSpec *c, TimestampTz ts)
-{
-	struct pg_tm tm;
-	fsec_t		fsec;
-	bool		dom_ok;
-	bool		dow_ok;
-
-	if (timestamp2tm(ts, NULL, &tm, &fsec, NULL, NULL) != 0)
-		return false;
-	if (!(c->minute & (UINT64CONST(1) << tm.tm_min)) || !(c->hour & (1U << tm.tm_hour)) ||
-		!(c->month & (1U << tm.tm_mon)))
-		return false;
-	dom_ok = (c->dom & (1U << tm.tm_mday)) != 0;
-	dow_ok = (c->dow & (1U << j2day(date2j(tm.tm_year, tm.tm_mon, tm.tm_mday)))) != 0;
-	if (c->dom_any || c->dow_any)
-		return dom_ok && dow_ok;
-	return dom_ok || dow_ok;
-}
 
 /*
  * tuvl._missed_slots(schedule text, after timestamptz, before timestamptz,
@@ -205,7 +52,7 @@ tuvl_missed_slots(PG_FUNCTION_ARGS)
 	int			n = 0;
 	TimestampTz ts;
 
-	if (max <= 0 || !parse_cron(spec, &c) || TIMESTAMP_NOT_FINITE(after) || TIMESTAMP_NOT_FINITE(before))
+	if (max <= 0 || !CronParse(spec, &c, NULL) || TIMESTAMP_NOT_FINITE(after) || TIMESTAMP_NOT_FINITE(before))
 		PG_RETURN_ARRAYTYPE_P(construct_empty_array(TIMESTAMPTZOID));
 	max = Min(max, 1000);
 	found = palloc(sizeof(Datum) * max);
@@ -216,7 +63,7 @@ tuvl_missed_slots(PG_FUNCTION_ARGS)
 	for (; ts > after && ts >= floor_ts && n < max; ts -= USECS_PER_MINUTE)
 	{
 		CHECK_FOR_INTERRUPTS();
-		if (cron_matches(&c, ts))
+		if (CronMatches(&c, ts))
 			found[n++] = TimestampTzGetDatum(ts);
 	}
 	/* oldest first */

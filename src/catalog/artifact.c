@@ -36,6 +36,7 @@
 #include "metrics.h"
 #include "security.h"
 #include "spiutil.h"
+#include "suggest.h"
 #include "tuvl.h"
 #include "uses.h"
 #include "workflow.h"
@@ -642,6 +643,7 @@ check_artifact_keys(Jsonb *def, const char *name, const char *type)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("artifact \"%s\": unknown key \"%s\"", name, key),
+				 SuggestName(key, keys) ? errhint("Did you mean \"%s\"?", SuggestName(key, keys)) :
 				 errhint("A %s artifact takes name, type, description%s.", type, list.data)));
 	}
 }

@@ -48,6 +48,7 @@
 #include "guardrail.h"
 #include "jsonschema.h"
 #include "jsonutil.h"
+#include "suggest.h"
 #include "spiutil.h"
 
 static const char *const gate_names[] = {"input", "tools", "output"};
@@ -87,6 +88,28 @@ bad_check(const char *name, int i, const char *message, const char *hint)
 			 hint ? errhint("%s", hint) : 0));
 }
 
+/* "Did you mean ...?" for a suggestion (suggest.c), or NULL. */
+static const char *
+did_you_mean(const char *suggestion)
+{
+	return suggestion ? psprintf("Did you mean \"%s\"?", suggestion) : NULL;
+}
+
+/* For a check without a check key: the hint naming a key close to it. */
+static const char *
+misspelt_check_key(Jsonb *check)
+{
+	static const char *const check_key[] = {"check", NULL};
+	JsonbIterator *it = JsonbIteratorInit(&check->root);
+	JsonbValue	v;
+	char	   *key;
+
+	while (JsonObjectNext(&it, &key, &v))
+		if (SuggestName(key, check_key))
+			return psprintf("Did you mean \"check\" instead of \"%s\"?", key);
+	return "Name the check's kind with check:, such as { check: max_length, max: 4000 }.";
+}
+
 /* The keys of check i besides "check" must be exactly those in keys. */
 static void
 check_keys(const char *name, int i, Jsonb *check, const char *const *keys)
@@ -99,6 +122,7 @@ check_keys(const char *name, int i, Jsonb *check, const char *const *keys)
 		if (strcmp(key, "check") != 0 && !name_in(key, keys))
 			bad_check(name, i, psprintf("unknown key \"%s\" of check %s", key,
 										JsonGetString(check, "check")),
+					  SuggestName(key, keys) ? did_you_mean(SuggestName(key, keys)) :
 					  psprintf("A %s check takes %s.", JsonGetString(check, "check"),
 							   keys[0] ? keys[0] : "no other key"));
 	for (int k = 0; keys[k]; k++)
@@ -229,7 +253,7 @@ check_one(const char *name, int i, JsonbValue *cv)
 	if (kind == NULL || !name_in(kind, check_names))
 		bad_check(name, i, psprintf("check must be one of regex_deny, regex_allow, max_length, json_schema, pii_mask, llm_judge%s",
 									kind ? psprintf(", not \"%s\"", kind) : ""),
-				  NULL);
+				  kind ? did_you_mean(SuggestName(kind, check_names)) : misspelt_check_key(check));
 	if (strcmp(kind, "pii_mask") == 0)
 	{
 		check_pii_mask(name, i, check);

@@ -39,6 +39,7 @@
 #include "security.h"
 #include "spiutil.h"
 #include "tuvl.h"
+#include "suggest.h"
 #include "uses.h"
 #include "workflow.h"
 #include "yamlparse.h"
@@ -140,6 +141,11 @@ check_config(Jsonb *def)
 			known = false;
 			for (int i = 0; keys[i]; i++)
 				known |= strcmp(keys[i], key) == 0;
+			if (!known && SuggestName(key, keys))
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("LLM config \"%s\": unknown key \"%s\"", name, key),
+						 errhint("Did you mean \"%s\"?", SuggestName(key, keys))));
 			if (!known)
 				ereport(ERROR,
 						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -489,10 +495,15 @@ LlmConfigLoad(const char *name, TimestampTz as_of)
 		SecurityRestore(&frame);
 	}
 	if (def == NULL)
+	{
+		const char *suggestion = UseSuggest(USE_LLM, name);
+
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("LLM config \"%s\" does not exist", name),
+				 suggestion ? errhint("Did you mean \"%s\"?", suggestion) :
 				 errhint("Register it with tuvl.register_llm().")));
+	}
 	cfg->name = pstrdup(name);
 	cfg->provider = JsonGetString(def, "provider");
 	cfg->base_url = JsonGetString(def, "base_url");

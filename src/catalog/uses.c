@@ -42,6 +42,7 @@
 #include "jsonutil.h"
 #include "security.h"
 #include "spiutil.h"
+#include "suggest.h"
 #include "uses.h"
 #include "tokens.h"
 
@@ -124,6 +125,25 @@ UseContentOwner(UseKind kind, const char *name, int version)
 		SpiValue(1, &d))
 		return DatumGetObjectId(d);
 	return InvalidOid;
+}
+
+/* The names of each kind, as the caller reads them (suggest.c). */
+static const char *const names_sql[] = {
+	"SELECT DISTINCT w.name FROM tuvl.workflows w LIMIT 10000",
+	"SELECT l.name FROM tuvl.llms l LIMIT 10000",
+	"SELECT DISTINCT a.name FROM tuvl.artifacts a LIMIT 10000"
+};
+static const char *const tables[] = {"workflows", "llms", "artifacts"};
+
+/*
+ * The name of that kind closest to name, for a "did you mean", among the
+ * names the calling role can read itself; NULL when none is close.  SPI
+ * must be connected.
+ */
+const char *
+UseSuggest(UseKind kind, const char *name)
+{
+	return SuggestFromTable(name, tables[kind], names_sql[kind]);
 }
 
 static const char grant_exists_sql[] =

@@ -38,6 +38,7 @@ extern const char *UseKindWhat(UseKind kind);
 extern bool UseKindFromName(const char *name, UseKind *kind);
 extern char *UsePinKey(UseKind kind, const char *name, int version);
 extern Oid	UseContentOwner(UseKind kind, const char *name, int version);
+extern const char *UseSuggest(UseKind kind, const char *name);
 extern bool UseAllowed(UseKind kind, const char *name, Oid owner, Oid user);
 extern void UseCheck(const UseReferrer *by, UseKind kind, const char *name, int version, Oid owner);
 

@@ -398,11 +398,15 @@ WorkflowLatestVersion(const char *name, bool missing_ok)
 	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 	if (isnull)
 	{
+		const char *suggestion;
+
 		if (missing_ok)
 			return 0;
+		suggestion = UseSuggest(USE_WORKFLOW, name);
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_OBJECT),
 				 errmsg("workflow \"%s\" does not exist", name),
+				 suggestion ? errhint("Did you mean \"%s\"?", suggestion) :
 				 errhint("Register it first with tuvl.register_workflow().")));
 	}
 	return DatumGetInt32(d);

@@ -53,12 +53,24 @@ holds_grant(int column, Oid role)
 }
 
 /*
+ * May role learn that a secret does not exist?  Superusers and members of
+ * tuvl_admin read the secrets' names anyway; to anyone else a missing
+ * secret and an ungranted one look the same.
+ */
+static bool
+may_know_secrets(Oid role)
+{
+	return superuser_arg(role) || SecurityIsAdmin(role);
+}
+
+/*
  * Template hook: read a secret as the extension owner and remember its
  * value, if the run's principal holds a grant for it, and so does the
  * author of what names it when that is another role (superusers need
  * none).  A replay never reads secrets: it sends nothing, so a stand-in
  * does.  Never puts a value in an error; the error does not tell a
- * missing secret from one that was not granted.
+ * missing secret from one that was not granted, unless every role
+ * concerned may read the secrets' names (may_know_secrets).
  */
 static const char *
 secret_hook(const char *name, void *arg)
@@ -70,6 +82,7 @@ secret_hook(const char *name, void *arg)
 	char	   *value = NULL;
 	bool		granted = false;
 	bool		connected = false;
+	bool		found = false;
 
 	if (use->run && use->run->replay)
 		value = pstrdup("[replay]");
@@ -81,7 +94,8 @@ secret_hook(const char *name, void *arg)
 		values[1] = ObjectIdGetDatum(use->run ? use->run->principal : GetUserId());
 		values[2] = OidIsValid(use->author) ? ObjectIdGetDatum(use->author) : values[1];
 		SecurityAsOwner(&frame);
-		if (SpiExec(secret_sql, 3, types, values, NULL, SPI_OK_SELECT) == 1)
+		found = SpiExec(secret_sql, 3, types, values, NULL, SPI_OK_SELECT) == 1;
+		if (found)
 		{
 			char	   *v = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
 
@@ -94,6 +108,14 @@ secret_hook(const char *name, void *arg)
 		SecurityRestore(&frame);
 		if (connected)
 			SPI_finish();
+		if (!found && may_know_secrets(DatumGetObjectId(values[1])) &&
+			may_know_secrets(DatumGetObjectId(values[2])))
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_OBJECT),
+					 errmsg("secret \"%s\"%s%s does not exist", name,
+							use->named_by ? " named by " : "", use->named_by ? use->named_by : ""),
+					 errhint("Store it with SELECT tuvl.set_secret(%s, <value>); roles other than superusers also need tuvl.grant_secret().",
+							 quote_literal_cstr(name))));
 		if (value == NULL && OidIsValid(use->author))
 			ereport(ERROR,
 					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),

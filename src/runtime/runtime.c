@@ -379,6 +379,24 @@ finish_park(Transition *t, StepResult *result)
 }
 
 /*
+ * The run's error when a step failed with edata: the message, then its
+ * detail and hint on lines of their own, as psql shows a direct call's.
+ */
+static char *
+step_error_text(const StepDef *step, ErrorData *edata)
+{
+	StringInfoData buf;
+
+	initStringInfo(&buf);
+	appendStringInfo(&buf, "step \"%s\" failed: %s", step->id, edata->message);
+	if (edata->detail)
+		appendStringInfo(&buf, "\nDETAIL:  %s", edata->detail);
+	if (edata->hint)
+		appendStringInfo(&buf, "\nHINT:  %s", edata->hint);
+	return buf.data;
+}
+
+/*
  * Where the step's signal leads: the next step (cp->step, running), or an
  * end (cp->status, end_name, response, error).  An aborted or failed run
  * that has completed steps to undo is compensating instead.
@@ -431,7 +449,7 @@ route_outcome(Transition *t, StepResult *result, ErrorData *edata, const char *s
 	{
 		cp->status = RUN_FAILED;
 		if (edata)
-			error = psprintf("step \"%s\" failed: %s", step->id, edata->message);
+			error = step_error_text(step, edata);
 		else if (strcmp(signal, "error") == 0 && exit_error)
 			error = psprintf("warning: step \"%s\" ended on its \"error\" exit, which has no route: %s",
 							 step->id, exit_error);
@@ -599,6 +617,8 @@ journal_step_end(Transition *t, StepResult *result, ErrorData *edata, const char
 		JsonObjAddString(&b, "sqlstate", sqlstate);
 		if (edata->detail)
 			JsonObjAddString(&b, "detail", edata->detail);
+		if (edata->hint)
+			JsonObjAddString(&b, "hint", edata->hint);
 	}
 	else if (result->has_output)
 	{

@@ -28,11 +28,14 @@
 #include "utils/jsonb.h"
 
 #include "artifact.h"
+#include "cron.h"
 #include "jsonschema.h"
 #include "jsonutil.h"
 #include "llm.h"
 #include "security.h"
 #include "spiutil.h"
+#include "suggest.h"
+#include "template.h"
 #include "uses.h"
 #include "validate.h"
 #include "workflow.h"
@@ -113,9 +116,30 @@ add_finding(ValidateState *vs, const char *severity, const char *path,
 		appendStringInfo(&buf, " (%s)", pos);
 
 	f->severity = severity;
+	f->suggestion = NULL;
 	f->path = pstrdup(path ? path : "");
 	f->message = buf.data;
 	vs->findings = lappend(vs->findings, f);
+}
+
+/*
+ * Add an error finding about a name that is not one of the names known
+ * there: head, then "did you mean" when a known name is close (suggest.c,
+ * kept in the finding for register_workflow's hint), or else head and
+ * tail (the names it could be, what to do).
+ */
+static void
+add_unknown(ValidateState *vs, const char *path, const char *suggestion, const char *head,
+			const char *tail)
+{
+	Finding    *f;
+
+	if (suggestion)
+		add_finding(vs, "error", path, "%s; did you mean \"%s\"?", head, suggestion);
+	else
+		add_finding(vs, "error", path, "%s%s", head, tail);
+	f = llast(vs->findings);
+	f->suggestion = suggestion;
 }
 
 /* Is s a letter or _ followed by letters, digits, _ (and - if allow_dash)? */
@@ -264,9 +288,19 @@ check_unknown_keys(ValidateState *vs, Jsonb *obj, const char *path,
 		if (reserved)
 			add_finding(vs, "error", psprintf("%s%s%s", path, *path ? "." : "", key), "%s", reserved);
 		else
-			add_finding(vs, "error", psprintf("%s%s%s", path, *path ? "." : "", key),
-						"unknown key \"%s\"; check its spelling (the keys here are %s)",
-						key, keys_text(allowed, allowed2 == agent_keys_removed ? NULL : allowed2));
+		{
+			NameSuggestion sg;
+
+			SuggestInit(&sg, key);
+			for (int i = 0; allowed && allowed[i]; i++)
+				SuggestConsider(&sg, allowed[i]);
+			for (int i = 0; allowed2 && allowed2 != agent_keys_removed && allowed2[i]; i++)
+				SuggestConsider(&sg, allowed2[i]);
+			add_unknown(vs, psprintf("%s%s%s", path, *path ? "." : "", key), sg.best,
+						psprintf("unknown key \"%s\"", key),
+						psprintf("; check its spelling (the keys here are %s)",
+								 keys_text(allowed, allowed2 == agent_keys_removed ? NULL : allowed2)));
+		}
 	}
 }
 
@@ -320,10 +354,12 @@ check_use(ValidateState *vs, UseKind kind, const char *name, int version, const 
 	owner = UseContentOwner(kind, name, version);
 	if (!OidIsValid(owner))
 	{
+		const char *suggestion = UseSuggest(kind, name);
+
 		SPI_finish();
-		add_finding(vs, "error", path,
-					"%s \"%s\" does not exist; register it before a workflow that names it (another role could register the name and receive what the workflow sends it)",
-					UseKindWhat(kind), name);
+		add_unknown(vs, path, suggestion,
+					psprintf("%s \"%s\" does not exist", UseKindWhat(kind), name),
+					"; register it before a workflow that names it (another role could register the name and receive what the workflow sends it)");
 		return;
 	}
 	if (!UseAllowed(kind, name, owner, vs->user))
@@ -406,6 +442,29 @@ is_target(ValidateState *vs, const char *target)
 	return NameIndexGet(vs->step_ids, target) >= 0 || NameIndexGet(vs->end_ids, target) >= 0;
 }
 
+/* The id of a step or an end closest to target, or NULL (suggest.c). */
+static const char *
+suggest_target(ValidateState *vs, const char *target)
+{
+	static const char *const lists[] = {"steps", "ends"};
+	NameSuggestion sg;
+
+	SuggestInit(&sg, target);
+	for (int l = 0; l < (int) lengthof(lists); l++)
+	{
+		JsonbValue *list = JsonGetField(vs->definition, lists[l]);
+
+		for (int i = 0; is_list(list) && i < (int) JsonContainerSize(list->val.binary.data); i++)
+		{
+			JsonbValue *e = getIthJsonbValueFromContainer(list->val.binary.data, i);
+
+			if (is_mapping(e))
+				SuggestConsider(&sg, JsonGetString(JsonValueToJsonb(e), "id"));
+		}
+	}
+	return sg.best;
+}
+
 /* A step's routes: a mapping of signals to steps or ends. */
 static void
 check_routes(ValidateState *vs, Jsonb *step, const char *path)
@@ -441,9 +500,9 @@ check_routes(ValidateState *vs, Jsonb *step, const char *path)
 			char	   *target = pnstrdup(v.val.string.val, v.val.string.len);
 
 			if (!is_target(vs, target))
-				add_finding(vs, "error", spath,
-							"route target \"%s\" is neither a step nor an end of this workflow",
-							target);
+				add_unknown(vs, spath, suggest_target(vs, target),
+							psprintf("route target \"%s\" is neither a step nor an end of this workflow",
+									 target), "");
 		}
 	}
 }
@@ -1536,37 +1595,6 @@ check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
 }
 
 /*
- * Is text a schedule pg_cron takes: five fields of digits, names and
- * * / , - (minute hour day-of-month month day-of-week), or a macro?
- */
-static bool
-valid_cron(const char *text)
-{
-	static const char *const macros[] = {"@yearly", "@annually", "@monthly", "@weekly",
-	"@daily", "@midnight", "@hourly", NULL};
-	int			fields = 0;
-	const char *p = text;
-
-	if (name_in(text, macros))
-		return true;
-	while (*p)
-	{
-		while (*p == ' ' || *p == '\t')
-			p++;
-		if (*p == '\0')
-			break;
-		fields++;
-		while (*p && *p != ' ' && *p != '\t')
-		{
-			if (!(isalnum((unsigned char) *p) || strchr("*/,-", *p)))
-				return false;
-			p++;
-		}
-	}
-	return fields == 5;
-}
-
-/*
  * trigger.http: the workflow's own route of the HTTP front door (insight/),
  * {path, method, sync_timeout, signature: {secret, header}}.  The path is
  * /[a-z0-9_-]+ segments, and no other workflow's (the newest versions)
@@ -1635,6 +1663,8 @@ check_trigger(ValidateState *vs, JsonbValue *tv)
 	Jsonb	   *trigger;
 	JsonbValue *input;
 	JsonbValue *schedule;
+	CronSpec	cron;
+	char	   *problem = NULL;
 
 	if (!is_mapping(tv))
 	{
@@ -1661,10 +1691,14 @@ check_trigger(ValidateState *vs, JsonbValue *tv)
 			add_finding(vs, "error", "trigger.catch_up", "catch_up needs a schedule");
 	}
 	check_trigger_http(vs, JsonGetField(trigger, "http"));
-	if (schedule && (schedule->type != jbvString ||
-					 !valid_cron(pnstrdup(schedule->val.string.val, schedule->val.string.len))))
+	if (schedule && schedule->type != jbvString)
 		add_finding(vs, "error", "trigger.schedule",
 					"schedule must be a cron expression of five fields (minute hour day-of-month month day-of-week) such as \"*/5 * * * *\", or @hourly, @daily, @weekly, @monthly, @yearly");
+	else if (schedule &&
+			 !CronParse(pnstrdup(schedule->val.string.val, schedule->val.string.len), &cron, &problem))
+		add_finding(vs, "error", "trigger.schedule",
+					"%s; schedule must be a cron expression of five fields (minute 0-59, hour 0-23, day of month 1-31, month 1-12, day of week 0-7) such as \"*/5 * * * *\", or @hourly, @daily, @weekly, @monthly, @yearly",
+					problem);
 	else if (schedule && input && is_mapping(input))
 	{
 		JsonbValue *req = JsonGetField(JsonValueToJsonb(input), "required");
@@ -1784,9 +1818,16 @@ check_step(ValidateState *vs, Jsonb *step, const char *path)
 	JsonbValue *v;
 
 	if (kind && !StepKindFromName(kind, &k))
-		add_finding(vs, "error", psprintf("%s.kind", path),
-					"unknown step kind \"%s\"; use one of Functional, ModelOp, Router, APICall, MCP, Agent, Human, Sleep, Workflow",
-					kind);
+	{
+		NameSuggestion sg;
+
+		SuggestInit(&sg, kind);
+		for (int i = 0; i < STEP_KIND_COUNT; i++)
+			SuggestConsider(&sg, StepKindNames[i]);
+		add_unknown(vs, psprintf("%s.kind", path), sg.best,
+					psprintf("unknown step kind \"%s\"", kind),
+					"; use one of Functional, ModelOp, Router, APICall, MCP, Agent, Human, Sleep, Workflow");
+	}
 	else if (kind)
 		check_step_kind(vs, step, k, path);
 
@@ -1799,8 +1840,9 @@ check_step(ValidateState *vs, Jsonb *step, const char *path)
 	v = JsonGetField(step, "compensate");
 	if (v && (v->type != jbvString ||
 			  NameIndexGet(vs->step_ids, pnstrdup(v->val.string.val, v->val.string.len)) < 0))
-		add_finding(vs, "error", psprintf("%s.compensate", path),
-					"compensate must name a step of this workflow");
+		add_unknown(vs, psprintf("%s.compensate", path),
+					v->type == jbvString ? suggest_target(vs, pnstrdup(v->val.string.val, v->val.string.len)) : NULL,
+					"compensate must name a step of this workflow", "");
 }
 
 /* The kind of the step with id, or NULL. */
@@ -1969,6 +2011,127 @@ check_hooks(ValidateState *vs, Jsonb *def, JsonbValue *steps, int nsteps)
 	}
 }
 
+/* Add the keys a step may write to the context to known (and tool refs to tools). */
+static void
+collect_step_writes(Jsonb *step, NameIndex *known, NameIndex *tools)
+{
+	char	   *id = JsonGetString(step, "id");
+	char	   *output = JsonGetString(step, "output");
+	Jsonb	   *agent = JsonGetJsonb(step, "agent");
+	JsonbValue *list;
+
+	if (id)
+		(void) NameIndexAdd(known, psprintf("%s_result", id), 0);
+	if (output)
+		(void) NameIndexAdd(known, output, 0);
+	if (agent == NULL || !JsonIsObject(agent))
+		return;
+	if (JsonIsObject(JsonGetJsonb(agent, "outcome")))
+	{
+		Jsonb	   *outcome = JsonGetJsonb(agent, "outcome");
+
+		if (JsonGetString(outcome, "write"))
+			(void) NameIndexAdd(known, JsonGetString(outcome, "write"), 0);
+		if (JsonGetString(outcome, "output_key"))
+			(void) NameIndexAdd(known, JsonGetString(outcome, "output_key"), 0);
+	}
+	list = JsonGetField(agent, "tools");
+	for (int i = 0; is_list(list) && i < (int) JsonContainerSize(list->val.binary.data); i++)
+	{
+		JsonbValue *t = getIthJsonbValueFromContainer(list->val.binary.data, i);
+
+		if (is_mapping(t) && JsonGetString(JsonValueToJsonb(t), "ref"))
+			(void) NameIndexAdd(tools, JsonGetString(JsonValueToJsonb(t), "ref"), 0);
+	}
+}
+
+/* Warn about the placeholders of obj (at path) whose first key nothing provides. */
+static void
+check_template_keys(ValidateState *vs, Jsonb *obj, const char *path, NameIndex *known,
+					JsonbValue *props)
+{
+	ListCell   *lc;
+
+	foreach(lc, TemplatePlaceholders(obj))
+	{
+		char	   *tpath = lfirst(lc);
+		char	   *first = pnstrdup(tpath, strcspn(tpath, ".["));
+		NameSuggestion sg;
+		JsonbIterator *it;
+		JsonbValue	v;
+		char	   *key;
+
+		if (*first == '\0' || *first == '_' || strcmp(first, "secrets") == 0 ||
+			strcmp(first, "item") == 0 || NameIndexGet(known, first) >= 0)
+			continue;
+		SuggestInit(&sg, first);
+		it = JsonbIteratorInit(props->val.binary.data);
+		while (next_key(&it, &key, &v))
+			SuggestConsider(&sg, key);
+		add_finding(vs, "warning", path,
+					"template \"{{ %s }}\" reads key \"%s\", which is not a property of trigger.input and no step writes, so the step would fail with template_error%s%s%s",
+					tpath, first, sg.best ? "; did you mean \"" : "", sg.best ? sg.best : "",
+					sg.best ? "\"?" : "");
+	}
+}
+
+/*
+ * Templates that read a key the run's input cannot have: when trigger.input
+ * declares properties, each placeholder's first key must be one of them,
+ * a key some step writes (its output), private (_x), secrets or item.
+ * Warnings only (tuvl.validate): a context can hold more than the schema
+ * says.  Steps an agent calls as tools are rendered with the tool call's
+ * arguments, and are skipped.  Template syntax is checked at run time; a
+ * placeholder that does not parse is left to it.
+ */
+static void
+check_template_inputs(ValidateState *vs, Jsonb *def, JsonbValue *steps, int nsteps,
+					  JsonbValue *ends, int nends)
+{
+	Jsonb	   *trigger = JsonGetJsonb(def, "trigger");
+	Jsonb	   *input = trigger && JsonIsObject(trigger) ? JsonGetJsonb(trigger, "input") : NULL;
+	JsonbValue *props = input && JsonIsObject(input) ? JsonGetField(input, "properties") : NULL;
+	NameIndex  *known = NameIndexCreate(32);
+	NameIndex  *tools = NameIndexCreate(8);
+	JsonbIterator *it;
+	JsonbValue	v;
+	char	   *key;
+	SpiSubxact	sub;
+
+	if (!is_mapping(props))
+		return;
+	it = JsonbIteratorInit(props->val.binary.data);
+	while (next_key(&it, &key, &v))
+		(void) NameIndexAdd(known, key, 0);
+	for (int i = 0; i < nsteps; i++)
+	{
+		JsonbValue *st = getIthJsonbValueFromContainer(steps->val.binary.data, i);
+
+		if (is_mapping(st))
+			collect_step_writes(JsonValueToJsonb(st), known, tools);
+	}
+	SpiSubxactBegin(&sub);
+	PG_TRY();
+	{
+		for (int i = 0; i < nsteps; i++)
+		{
+			Jsonb	   *st = JsonValueToJsonb(getIthJsonbValueFromContainer(steps->val.binary.data, i));
+
+			if (JsonGetString(st, "id") == NULL || NameIndexGet(tools, JsonGetString(st, "id")) < 0)
+				check_template_keys(vs, st, psprintf("steps[%d]", i), known, props);
+		}
+		for (int i = 0; i < nends; i++)
+			check_template_keys(vs, JsonValueToJsonb(getIthJsonbValueFromContainer(ends->val.binary.data, i)),
+								psprintf("ends[%d]", i), known, props);
+		SpiSubxactCommit(&sub);
+	}
+	PG_CATCH();
+	{
+		(void) SpiSubxactAbort(&sub);
+	}
+	PG_END_TRY();
+}
+
 /*
  * Check a parsed workflow; returns a List of Finding (NIL when clean).
  */
@@ -2029,13 +2192,18 @@ ValidateWorkflow(Jsonb *def, Jsonb *positions, bool strict, Jsonb **refs)
 	v = JsonGetField(def, "start");
 	if (v && (v->type != jbvString ||
 			  NameIndexGet(vs.step_ids, pnstrdup(v->val.string.val, v->val.string.len)) < 0))
-		add_finding(&vs, "error", "start", "start must name a step of this workflow");
+		add_unknown(&vs, "start",
+					v->type == jbvString ? suggest_target(&vs, pnstrdup(v->val.string.val, v->val.string.len)) : NULL,
+					"start must name a step of this workflow", "");
 	check_hooks(&vs, def, steps, nsteps);
 	check_supervisor(&vs, JsonGetField(def, "supervisor"));
 	check_concurrency(&vs, JsonGetField(def, "concurrency"));
 	check_positive_number(&vs, def, "max_cost", NULL);
 	if (!FindingsHaveErrors(vs.findings) && nsteps > 0)
+	{
 		check_reachable(&vs, def);
+		check_template_inputs(&vs, def, steps, nsteps, ends, nends);
+	}
 	if (refs)
 		*refs = JsonObjEnd(&vs.pins);
 	return vs.findings;
@@ -2050,6 +2218,22 @@ FindingsHaveErrors(List *findings)
 		if (strcmp(((Finding *) lfirst(lc))->severity, "error") == 0)
 			return true;
 	return false;
+}
+
+/* The name an error finding suggests (the first that does), or NULL. */
+const char *
+FindingsSuggestion(List *findings)
+{
+	ListCell   *lc;
+
+	foreach(lc, findings)
+	{
+		Finding    *f = lfirst(lc);
+
+		if (strcmp(f->severity, "error") == 0 && f->suggestion)
+			return f->suggestion;
+	}
+	return NULL;
 }
 
 /* One line per finding of the given severity: "path: message". */

@@ -16,10 +16,12 @@ typedef struct Finding
 	const char *severity;		/* "error" or "warning" */
 	char	   *path;			/* e.g. steps[2].routes.paid */
 	char	   *message;		/* what is wrong and what to write instead */
+	const char *suggestion;		/* the name probably meant, or NULL */
 } Finding;
 
 extern List *ValidateWorkflow(Jsonb *definition, Jsonb *positions, bool strict, Jsonb **refs);
 extern bool FindingsHaveErrors(List *findings);
 extern char *FindingsFormat(List *findings, const char *severity);
+extern const char *FindingsSuggestion(List *findings);
 
 #endif							/* TUVL_VALIDATE_H */
