@@ -27,7 +27,9 @@ The scripted servers of test/run (tuvl_peers) stand in for the examples'
 services: the pages use 127.0.0.1:8080 (the HTTP test server,
 test/servers/http_server.py), 127.0.0.1:8000 (the scripted LLM server,
 test/servers/llm_server.py) and 127.0.0.1:3001 (the MCP reference server,
-/mcp); the test replaces these ports with the servers' real ones.
+/mcp); the test replaces these ports with the servers' real ones, and
+a key a page reads from the reader's file (\\set key `cat FILE`) with a
+value of its own.
 
 Markers (CONTRIBUTING.md): an HTML comment on the line(s) above a block,
 
@@ -125,9 +127,12 @@ def parse(page):
 
 
 def ports(text):
-    """The pages' ports of the scripted servers -> the running ones."""
+    """The pages' ports of the scripted servers -> the running ones, and
+    the files a reader keeps a key in (\\set key `cat FILE`) -> a value
+    of the test's: tuvl refuses an empty secret."""
     for port, env in (("8080", "TUVL_HTTP_PORT"), ("8000", "TUVL_LLM_PORT"), ("3001", "TUVL_MCP_PORT")):
         text = re.sub(r"(127\.0\.0\.1|localhost):%s\b" % port, r"\g<1>:" + os.environ[env], text)
+    text = re.sub(r"^(\\set\s+\w+\s+)`cat\s+[^`]+`", r"\1'doc-test-key'", text, flags=re.M)
     return text
 
 
