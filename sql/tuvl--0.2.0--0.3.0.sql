@@ -656,7 +656,7 @@ COMMENT ON COLUMN tuvl.rate_limit_grants.at IS 'when the run or step may go (or 
  * "for" names it; NULL otherwise and once it wakes.
  */
 ALTER TABLE tuvl.runs ADD COLUMN waiting jsonb;
-COMMENT ON COLUMN tuvl.runs.waiting IS 'what a sleeping run that has not started waits for: {"for": "debounce" or "rate_limit", "until", "debounce", "rate_limit": {key, limit, per_ms, at_us}}; NULL otherwise';
+COMMENT ON COLUMN tuvl.runs.waiting IS 'what a sleeping run that has not started waits for: {"for": "debounce" or "rate_limit", "until", "debounce", "rate_limit": {key, limit, per, per_ms, at_us}}; NULL otherwise';
 
 /* start_run(..., debounce): coalesce starts of a key until it is quiet (api.c) */
 DROP FUNCTION tuvl.start_run(text, jsonb, text, timestamptz, integer, integer, text);
@@ -687,8 +687,7 @@ CREATE OR REPLACE VIEW tuvl.runs_in_flight WITH (security_invoker = true) AS
                    THEN pg_catalog.format('rate limit: key %s allows %s per %s; it may start at %s',
                                           r.waiting OPERATOR(pg_catalog.->) 'rate_limit' OPERATOR(pg_catalog.->>) 'key',
                                           r.waiting OPERATOR(pg_catalog.->) 'rate_limit' OPERATOR(pg_catalog.->>) 'limit',
-                                          pg_catalog.make_interval(secs => (r.waiting OPERATOR(pg_catalog.->) 'rate_limit'
-                                              OPERATOR(pg_catalog.->>) 'per_ms')::pg_catalog.float8 OPERATOR(pg_catalog./) 1000),
+                                          r.waiting OPERATOR(pg_catalog.->) 'rate_limit' OPERATOR(pg_catalog.->>) 'per',
                                           r.wake_at)
                WHEN r.status OPERATOR(pg_catalog.=) 'sleeping' AND r.current_step IS NULL
                     AND r.waiting OPERATOR(pg_catalog.->>) 'for' OPERATOR(pg_catalog.=) 'debounce'
@@ -734,8 +733,7 @@ CREATE OR REPLACE VIEW tuvl.runs_in_flight WITH (security_invoker = true) AS
                        'for', r.waiting OPERATOR(pg_catalog.->>) 'for',
                        'key', r.waiting OPERATOR(pg_catalog.->) 'rate_limit' OPERATOR(pg_catalog.->>) 'key',
                        'limit', (r.waiting OPERATOR(pg_catalog.->) 'rate_limit' OPERATOR(pg_catalog.->>) 'limit')::pg_catalog.int4,
-                       'per', pg_catalog.make_interval(secs => (r.waiting OPERATOR(pg_catalog.->) 'rate_limit'
-                                  OPERATOR(pg_catalog.->>) 'per_ms')::pg_catalog.float8 OPERATOR(pg_catalog./) 1000)::pg_catalog.text,
+                       'per', r.waiting OPERATOR(pg_catalog.->) 'rate_limit' OPERATOR(pg_catalog.->>) 'per',
                        'debounce', r.waiting OPERATOR(pg_catalog.->>) 'debounce',
                        'until', r.wake_at))
                WHEN r.status OPERATOR(pg_catalog.=) 'sleeping'

@@ -148,6 +148,13 @@ RateLimitRelease(const char *bucket, TimestampTz at)
 	SecurityRestore(&frame);
 }
 
+/* per, for people: "1 s", "500 ms" */
+char *
+RateLimitPerText(int per_ms)
+{
+	return per_ms % 1000 == 0 ? psprintf("%d s", per_ms / 1000) : psprintf("%d ms", per_ms);
+}
+
 /*
  * What a run or step waiting for rl waits for: the key, the limit, per
  * and until (with until_us and wake_epoch, from which the checkpoint sets
@@ -158,10 +165,13 @@ RateLimitDescribe(JsonObjBuilder *b, const RateLimit *rl, TimestampTz until)
 {
 	JsonObjAddString(b, "key", rl->key);
 	JsonObjAddInt(b, "limit", rl->limit);
-	JsonObjAddString(b, "per", rl->per_ms % 1000 == 0 ? psprintf("%d s", rl->per_ms / 1000)
-					 : psprintf("%d ms", rl->per_ms));
+	JsonObjAddString(b, "per", RateLimitPerText(rl->per_ms));
 	JsonObjAddInt(b, "until_us", until);
-	SleepAddWake(b, until);
+	/* as a Sleep step's (step_sleep.c), from which the checkpoint sets wake_at */
+	JsonObjAddString(b, "until", timestamptz_to_str(until));
+	JsonObjAddJsonb(b, "wake_epoch",
+					JsonFromCString(psprintf("%.6f", (double) until / USECS_PER_SEC +
+											 (double) (POSTGRES_EPOCH_JDATE - UNIX_EPOCH_JDATE) * SECS_PER_DAY)));
 }
 
 /*

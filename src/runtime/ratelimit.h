@@ -32,6 +32,7 @@ extern char *RateLimitBucket(const char *scope, const char *workflow, Oid princi
 extern TimestampTz RateLimitReserve(const char *bucket, const RateLimit *rl,
 									TimestampTz base);
 extern void RateLimitRelease(const char *bucket, TimestampTz at);
+extern char *RateLimitPerText(int per_ms);
 extern void RateLimitDescribe(JsonObjBuilder *b, const RateLimit *rl, TimestampTz until);
 extern bool RateLimitStep(RunState *run, const StepDef *step, Jsonb *ctx, bool first_entry,
 						  StepResult *result);

@@ -156,6 +156,19 @@ journal_queued(int64 id, const RunStart *start, int version, const char *princip
 	"  CASE WHEN $6 OPERATOR(pg_catalog.>) 0 THEN pg_catalog.now() END, 1, $10, $11, $12, $13, $14, $15, " \
 	"  $16, $17, $18, $19, $20, $21, $22) "
 
+/* tuvl.run() of a concurrency key cannot wait in the queue: is there room? */
+static void
+check_room(const char *workflow, const ConcurrencyKey *conc)
+{
+	if (!ConcurrencyHasRoom(workflow, conc, GetUserId()))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("workflow \"%s\" already has %d runs in flight with concurrency key \"%s\"",
+						workflow, conc->limit, conc->key),
+				 errdetail("Its concurrency.limit is %d.", conc->limit),
+				 errhint("Start it with tuvl.start_run(): it waits queued until one of them ends.")));
+}
+
 /*
  * When a run may start, and what it waits for until then (*waiting, NULL
  * when nothing but not_before): not_before, the end of its debounce, and
@@ -217,6 +230,7 @@ start_time(const RunStart *start, WorkflowDef *wf, bool running, Jsonb **waiting
 		JsonObjAddString(&r, "key", rl.key);
 		JsonObjAddInt(&r, "limit", rl.limit);
 		JsonObjAddInt(&r, "per_ms", rl.per_ms);
+		JsonObjAddString(&r, "per", RateLimitPerText(rl.per_ms));
 		JsonObjAddInt(&r, "at_us", reserved);
 		JsonObjAddJsonb(&b, "rate_limit", JsonObjEnd(&r));
 	}
@@ -346,6 +360,32 @@ debounce_existing(const RunStart *start, WorkflowDef *wf, int version, Jsonb *pi
 }
 
 /*
+ * A debounced start: the key's run if it has one (joined, when it has not
+ * started), or 0.  One start of a role's key at a time decides.
+ */
+static int64
+debounce_start(const RunStart *start, WorkflowDef *wf, int version, Jsonb *pins,
+			   const ConcurrencyKey *conc)
+{
+	char	   *k = psprintf("%s/%u/%s", start->workflow, GetUserId(), start->key ? start->key : "");
+
+	if (start->key == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("debounce needs a key"),
+				 errdetail("Starts are coalesced per key: those with one key become one run."),
+				 errhint("Pass key => '...' with debounce, such as the id of what changed.")));
+	if (MyTuvlSlot == NULL)
+		SecurityLockKey("debounce", k);
+	else if (!SecurityTryLockKey("debounce", k))
+		ereport(ERROR,
+				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+				 errmsg("key \"%s\" of workflow \"%s\" is being started by another session",
+						start->key, start->workflow)));
+	return debounce_existing(start, wf, version, pins, conc);
+}
+
+/*
  * Validate input and insert a run of the latest version of workflow with
  * its run_queued event.  running = true creates it already leased by
  * this backend (the synchronous path).  SPI must be connected.
@@ -365,10 +405,10 @@ RunCreate(const RunStart *start, bool running, int *version_out)
 	char		nulls[22];
 	ConcurrencyKey conc;
 	const char *held_by;
-	TimestampTz wake;
+	TimestampTz wake,
+				reserved;
 	Jsonb	   *waiting;
 	char	   *bucket;
-	TimestampTz reserved;
 	bool		sleeping;
 	Jsonb	   *pins = ArtifactPinFloating(wf->definition);
 	Interval   *lease = palloc0(sizeof(Interval));
@@ -376,6 +416,8 @@ RunCreate(const RunStart *start, bool running, int *version_out)
 	bool		isnull;
 	int64		id;
 
+	if (version_out)
+		*version_out = version;
 	if (!JsonIsObject(input))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -388,42 +430,14 @@ RunCreate(const RunStart *start, bool running, int *version_out)
 	/* a run beyond its concurrency limit, or its step's max_parallel, waits queued */
 	ConcurrencyKeyOf(wf, input, &conc);
 	held_by = start->held ? "max_parallel" : conc.key ? "concurrency" : NULL;
-	if (running && conc.key && !ConcurrencyHasRoom(workflow, &conc, GetUserId()))
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("workflow \"%s\" already has %d runs in flight with concurrency key \"%s\"",
-						workflow, conc.limit, conc.key),
-				 errdetail("Its concurrency.limit is %d.", conc.limit),
-				 errhint("Start it with tuvl.start_run(): it waits queued until one of them ends.")));
+	if (running && conc.key)
+		check_room(workflow, &conc);
 	if (running)
 		held_by = NULL;
 
-	if (start->debounce > 0 && start->key == NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("debounce needs a key"),
-				 errdetail("Starts are coalesced per key: those with one key become one run."),
-				 errhint("Pass key => '...' with debounce, such as the id of what changed.")));
-	if (start->debounce > 0)
-	{
-		/* one start of a key at a time decides whether its run is still to start */
-		char	   *k = psprintf("%s/%u/%s", workflow, GetUserId(), start->key);
-
-		if (MyTuvlSlot == NULL)
-			SecurityLockKey("debounce", k);
-		else if (!SecurityTryLockKey("debounce", k))
-			ereport(ERROR,
-					(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
-					 errmsg("key \"%s\" of workflow \"%s\" is being started by another session",
-							start->key, workflow)));
-		id = debounce_existing(start, wf, version, pins, &conc);
-		if (id != 0)
-		{
-			if (version_out)
-				*version_out = version;
-			return id;
-		}
-	}
+	/* a debounced start of a key whose run has not started joins it */
+	if (start->debounce > 0 && (id = debounce_start(start, wf, version, pins, &conc)) != 0)
+		return id;
 
 	/* a run not to be claimed yet sleeps until then, out of the queue */
 	wake = start_time(start, wf, running, &waiting, &bucket, &reserved);
@@ -480,8 +494,6 @@ RunCreate(const RunStart *start, bool running, int *version_out)
 		/* that run took its place: this start's is free again */
 		if (bucket)
 			RateLimitRelease(bucket, reserved);
-		if (version_out)
-			*version_out = version;
 		return id;
 	}
 	id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
@@ -497,7 +509,5 @@ RunCreate(const RunStart *start, bool running, int *version_out)
 		ConcurrencyAdmit(workflow, conc.key, conc.limit, GetUserId());
 
 	remember_created_run(id);
-	if (version_out)
-		*version_out = version;
 	return id;
 }

@@ -175,3 +175,9 @@ def test_every_tuvl_name_the_docs_use_exists(fresh):
             if m.group(1) not in known | {"so", "control", "c", "h"}:
                 unknown.add(f"{page}: tuvl.{m.group(1)}")
     assert not unknown, sorted(unknown)
+
+
+def test_the_rate_limit_example_prints_what_the_page_shows(fresh):
+    blocks = [b for b in sql_blocks("docs/workflows.md", "## Rate limits") if "register_workflow" in b]
+    out = psql(fresh, blocks[0])
+    assert " sleeping | rate_limit\n(1 row)" in out, out
