@@ -15,6 +15,8 @@
  * workers' maintenance as any Sleep step): no worker holds it, and the
  * time is in its row, so it survives a restart or a failover and goes
  * once.  Reservations older than per are pruned when the bucket is used.
+ * A start for later (not_before, debounce) reserves for that time, and the
+ * bucket's later starts keep their order behind it.
  *
  * A bucket is the workflow's, the principal's and the key's (and the
  * limit's and per's): as for concurrency keys, the runs one role starts
@@ -108,7 +110,7 @@ RateLimitReserve(const char *bucket, const RateLimit *rl, TimestampTz base)
 	SpiExec("WITH pruned AS ( "
 			"  DELETE FROM tuvl.rate_limit_grants o "
 			"  WHERE o.bucket OPERATOR(pg_catalog.=) $1 "
-			"    AND o.at OPERATOR(pg_catalog.<) ($4 OPERATOR(pg_catalog.-) "
+			"    AND o.at OPERATOR(pg_catalog.<) (pg_catalog.statement_timestamp() OPERATOR(pg_catalog.-) "
 			"        pg_catalog.make_interval(secs => ($3::pg_catalog.float8 OPERATOR(pg_catalog./) 1000)))), "
 			"latest AS ( "
 			"  SELECT g.at FROM tuvl.rate_limit_grants g WHERE g.bucket OPERATOR(pg_catalog.=) $1 "
