@@ -677,6 +677,138 @@ GRANT EXECUTE ON FUNCTION tuvl._model_admission_waits() TO tuvl_user;
 
 /* ------------------------------------------------------------------ flow control: rate limits and debounce (issue 41) */
 
+/*
+ * rate_limit (a workflow's, admitting its runs; an APICall, MCP or Agent
+ * step's, admitting each entry into it): the times reserved per bucket
+ * (ratelimit.c).  A bucket is the workflow's, the role's, the limit's,
+ * per's and the rendered key's; only the extension's owner reads or
+ * writes the log, so no role learns of or uses another's budget.
+ */
+CREATE TABLE tuvl.rate_limit_grants (
+    bucket text NOT NULL,
+    at timestamptz NOT NULL
+);
+CREATE INDEX rate_limit_grants_idx ON tuvl.rate_limit_grants (bucket, at);
+COMMENT ON TABLE tuvl.rate_limit_grants IS 'rate_limit: the times admitted or reserved per bucket (workflow, role, limit, per, rendered key); pruned past per when the bucket is used';
+COMMENT ON COLUMN tuvl.rate_limit_grants.bucket IS 'run/ or step/, the workflow, the principal''s OID, limit, per in ms and the rendered key';
+COMMENT ON COLUMN tuvl.rate_limit_grants.at IS 'when the run or step may go (or went)';
+
+/*
+ * What a run that has not started waits for besides a worker: its
+ * debounce, its rate limit (then when it may go), as a JSON object whose
+ * "for" names it; NULL otherwise and once it wakes.
+ */
+ALTER TABLE tuvl.runs ADD COLUMN waiting jsonb;
+COMMENT ON COLUMN tuvl.runs.waiting IS 'what a sleeping run that has not started waits for: {"for": "debounce" or "rate_limit", "until", "debounce", "rate_limit": {key, limit, per, per_ms, at_us}}; NULL otherwise';
+
+/* start_run(..., debounce): coalesce starts of a key until it is quiet (api.c) */
+DROP FUNCTION tuvl.start_run(text, jsonb, text, timestamptz, integer, integer, text);
+CREATE FUNCTION tuvl.start_run(workflow text, input jsonb DEFAULT '{}', key text DEFAULT NULL,
+                               not_before timestamptz DEFAULT NULL, priority integer DEFAULT 0,
+                               version integer DEFAULT NULL, traceparent text DEFAULT NULL,
+                               debounce interval DEFAULT NULL)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'tuvl_start_run'
+LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION tuvl.start_run(text, jsonb, text, timestamptz, integer, integer, text, interval) IS 'validate the input and queue a run (of the latest version, or of version), once per key; with debounce, starts of the key coalesce into one run that starts once the key has been quiet that long, with the latest input';
+REVOKE ALL ON FUNCTION tuvl.start_run(text, jsonb, text, timestamptz, integer, integer, text, interval) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tuvl.start_run(text, jsonb, text, timestamptz, integer, integer, text, interval) TO tuvl_user;
+
+/*
+ * runs_in_flight: waiting_for (text, for people) says what each run waits
+ * for; the new column waiting says it as JSON, {"for": kind, ...}: kinds
+ * worker, process, person, decision, resume, timer, children,
+ * compensation, concurrency, max_parallel, rate_limit, debounce.  A step
+ * that parks with an awaiting object of another kind (a later feature's)
+ * shows as that kind with its fields, with no change here.
+ */
+CREATE OR REPLACE VIEW tuvl.runs_in_flight WITH (security_invoker = true) AS
+    SELECT r.id, r.workflow, r.workflow_version AS version, r.status, r.current_step AS step,
+           CASE
+               WHEN r.status OPERATOR(pg_catalog.=) 'sleeping' AND r.current_step IS NULL
+                    AND r.waiting OPERATOR(pg_catalog.->>) 'for' OPERATOR(pg_catalog.=) 'rate_limit'
+                   THEN pg_catalog.format('rate limit: key %s allows %s per %s; it may start at %s',
+                                          r.waiting OPERATOR(pg_catalog.->) 'rate_limit' OPERATOR(pg_catalog.->>) 'key',
+                                          r.waiting OPERATOR(pg_catalog.->) 'rate_limit' OPERATOR(pg_catalog.->>) 'limit',
+                                          r.waiting OPERATOR(pg_catalog.->) 'rate_limit' OPERATOR(pg_catalog.->>) 'per',
+                                          r.wake_at)
+               WHEN r.status OPERATOR(pg_catalog.=) 'sleeping' AND r.current_step IS NULL
+                    AND r.waiting OPERATOR(pg_catalog.->>) 'for' OPERATOR(pg_catalog.=) 'debounce'
+                   THEN pg_catalog.format('debounce: starts at %s unless started again with its key (quiet for %s)',
+                                          r.wake_at, r.waiting OPERATOR(pg_catalog.->>) 'debounce')
+               WHEN r.status OPERATOR(pg_catalog.=) 'sleeping'
+                    AND r.step_state OPERATOR(pg_catalog.->) 'awaiting' OPERATOR(pg_catalog.->>) 'kind' OPERATOR(pg_catalog.=) 'rate_limit'
+                   THEN pg_catalog.format('rate limit: key %s allows %s per %s; step %s may go at %s',
+                                          r.step_state OPERATOR(pg_catalog.->) 'awaiting' OPERATOR(pg_catalog.->>) 'key',
+                                          r.step_state OPERATOR(pg_catalog.->) 'awaiting' OPERATOR(pg_catalog.->>) 'limit',
+                                          r.step_state OPERATOR(pg_catalog.->) 'awaiting' OPERATOR(pg_catalog.->>) 'per',
+                                          r.current_step, r.wake_at)
+               WHEN r.status OPERATOR(pg_catalog.=) 'sleeping'
+                    AND r.step_state OPERATOR(pg_catalog.->) 'awaiting' OPERATOR(pg_catalog.->>) 'kind' OPERATOR(pg_catalog.<>) 'sleep'
+                   THEN pg_catalog.format('%s: step %s may go at %s',
+                                          r.step_state OPERATOR(pg_catalog.->) 'awaiting' OPERATOR(pg_catalog.->>) 'kind',
+                                          r.current_step, r.wake_at)
+               WHEN r.status OPERATOR(pg_catalog.=) 'queued' AND r.held_by OPERATOR(pg_catalog.=) 'concurrency'
+                   THEN pg_catalog.format('held: %s runs of concurrency key %s are in flight',
+                                          r.concurrency_limit, r.concurrency_key)
+               WHEN r.status OPERATOR(pg_catalog.=) 'queued' AND r.held_by OPERATOR(pg_catalog.=) 'max_parallel'
+                   THEN pg_catalog.format('held: its siblings fill max_parallel of run %s', r.parent_run_id)
+               WHEN r.status OPERATOR(pg_catalog.=) 'queued' THEN 'waiting for a worker'
+               WHEN r.status OPERATOR(pg_catalog.=) 'running'
+                   THEN pg_catalog.format('held by process %s', r.lease_owner)
+               WHEN r.status OPERATOR(pg_catalog.=) 'waiting_human' THEN 'waiting for tuvl.submit()'
+               WHEN r.status OPERATOR(pg_catalog.=) 'waiting_approval' THEN 'waiting for tuvl.decide()'
+               WHEN r.status OPERATOR(pg_catalog.=) 'paused' THEN 'paused: waiting for tuvl.resume_run()'
+               WHEN r.status OPERATOR(pg_catalog.=) 'sleeping' THEN pg_catalog.format('sleeping until %s', r.wake_at)
+               WHEN r.status OPERATOR(pg_catalog.=) 'waiting_children'
+                   THEN pg_catalog.format('waiting for %s child runs',
+                                          (SELECT pg_catalog.count(*) FROM tuvl.runs c
+                                           WHERE c.parent_run_id OPERATOR(pg_catalog.=) r.id
+                                             AND c.parent_step IS NOT NULL AND c.finished_at IS NULL))
+               WHEN r.status OPERATOR(pg_catalog.=) 'compensating' THEN 'undoing its completed steps'
+           END AS waiting_for,
+           r.principal, r.priority, r.parent_run_id, r.created_at,
+           pg_catalog.now() OPERATOR(pg_catalog.-) r.created_at AS age,
+           r.wake_at,
+           CASE
+               WHEN r.status OPERATOR(pg_catalog.=) 'sleeping' AND r.current_step IS NULL AND r.waiting IS NOT NULL
+                   THEN pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object(
+                       'for', r.waiting OPERATOR(pg_catalog.->>) 'for',
+                       'key', r.waiting OPERATOR(pg_catalog.->) 'rate_limit' OPERATOR(pg_catalog.->>) 'key',
+                       'limit', (r.waiting OPERATOR(pg_catalog.->) 'rate_limit' OPERATOR(pg_catalog.->>) 'limit')::pg_catalog.int4,
+                       'per', r.waiting OPERATOR(pg_catalog.->) 'rate_limit' OPERATOR(pg_catalog.->>) 'per',
+                       'debounce', r.waiting OPERATOR(pg_catalog.->>) 'debounce',
+                       'until', r.wake_at))
+               WHEN r.status OPERATOR(pg_catalog.=) 'sleeping'
+                    AND r.step_state OPERATOR(pg_catalog.->) 'awaiting' OPERATOR(pg_catalog.->>) 'kind' OPERATOR(pg_catalog.<>) 'sleep'
+                   THEN (r.step_state OPERATOR(pg_catalog.->) 'awaiting'
+                         OPERATOR(pg_catalog.-) '{kind,until,until_us,wake_epoch}'::pg_catalog.text[])
+                        OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object(
+                            'for', r.step_state OPERATOR(pg_catalog.->) 'awaiting' OPERATOR(pg_catalog.->>) 'kind',
+                            'step', r.current_step, 'until', r.wake_at)
+               WHEN r.status OPERATOR(pg_catalog.=) 'queued' AND r.held_by IS NOT NULL
+                   THEN pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object(
+                       'for', r.held_by,
+                       'key', CASE WHEN r.held_by OPERATOR(pg_catalog.=) 'concurrency' THEN r.concurrency_key END,
+                       'limit', CASE WHEN r.held_by OPERATOR(pg_catalog.=) 'concurrency' THEN r.concurrency_limit END,
+                       'parent_run_id', CASE WHEN r.held_by OPERATOR(pg_catalog.=) 'max_parallel' THEN r.parent_run_id END))
+               WHEN r.status OPERATOR(pg_catalog.=) 'queued' THEN '{"for": "worker"}'::pg_catalog.jsonb
+               WHEN r.status OPERATOR(pg_catalog.=) 'running'
+                   THEN pg_catalog.jsonb_build_object('for', 'process', 'pid', r.lease_owner)
+               WHEN r.status OPERATOR(pg_catalog.=) 'waiting_human' THEN '{"for": "person"}'::pg_catalog.jsonb
+               WHEN r.status OPERATOR(pg_catalog.=) 'waiting_approval' THEN '{"for": "decision"}'::pg_catalog.jsonb
+               WHEN r.status OPERATOR(pg_catalog.=) 'paused' THEN '{"for": "resume"}'::pg_catalog.jsonb
+               WHEN r.status OPERATOR(pg_catalog.=) 'sleeping'
+                   THEN pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object('for', 'timer', 'step', r.current_step,
+                                                                                    'until', r.wake_at))
+               WHEN r.status OPERATOR(pg_catalog.=) 'waiting_children' THEN '{"for": "children"}'::pg_catalog.jsonb
+               WHEN r.status OPERATOR(pg_catalog.=) 'compensating' THEN '{"for": "compensation"}'::pg_catalog.jsonb
+           END AS waiting
+    FROM tuvl.runs r
+    WHERE r.finished_at IS NULL;
+COMMENT ON VIEW tuvl.runs_in_flight IS 'runs that have not ended, with what each waits for (waiting_for for people, waiting as JSON whose "for" names it) and its age';
+COMMENT ON COLUMN tuvl.runs_in_flight.waiting IS 'what the run waits for, as JSON: "for" is worker, process, person, decision, resume, timer, children, compensation, concurrency, max_parallel, rate_limit, debounce (or the kind of a later feature''s wait), with key, limit, per, until, step when they apply';
+
 /* ------------------------------------------------------------------ errors that say what to do, schedules (issue 44) */
 
 /* an empty secret would be sent as an empty key and fail far from here */

@@ -178,6 +178,10 @@ function workflowPaths(w: WorkflowInfo, paths: Json, comps: Json, schemes: Json)
             key: { type: "string", minLength: 1, description: "a second start with the same key, by the same role, returns the first run" },
             not_before: { type: "string", format: "date-time", description: "not claimed before then" },
             priority: { type: "integer", description: "among the role's queued runs, higher first" },
+            debounce: {
+                type: "string", minLength: 1,
+                description: "an interval such as \"5 s\", with key: starts of the key coalesce into one run that starts once the key has been quiet that long, with the latest start's input (latest wins); every coalesced start answers that run's id",
+            },
         },
     };
     paths[`/api/workflows/${w.name}/runs`] = {

@@ -35,6 +35,7 @@ export interface StartRequest {
     notBefore?: string | undefined;
     priority?: number | undefined;
     traceparent?: string | undefined;
+    debounce?: string | undefined;   /* an interval: coalesce starts of key until it is quiet */
     wait?: string | undefined;       /* an interval, or undefined: the workflow's own */
     maxWait: string;                 /* the server's bound on any wait */
 }
@@ -63,7 +64,7 @@ const WAIT_SQL = `
                   ORDER BY w.version DESC LIMIT 1)::pg_catalog.interval) AS wait) w`;
 
 /*
- * Without key, not_before, priority or traceparent: one statement that
+ * Without key, not_before, priority, traceparent or debounce: one statement that
  * either executes the run here with tuvl.run() (the synchronous path)
  * or queues it with tuvl.start_run().
  */
@@ -79,14 +80,16 @@ FROM t` };
 const START_FULL_SQL = `
 WITH t AS (${WAIT_SQL})
 SELECT tuvl.start_run($1, $2::pg_catalog.jsonb, key => $5, not_before => $6::pg_catalog.timestamptz,
-                      priority => coalesce($7::integer, 0), traceparent => $8) AS run_id,
+                      priority => coalesce($7::integer, 0), traceparent => $8,
+                      debounce => $9::pg_catalog.interval) AS run_id,
        CASE WHEN t.wait OPERATOR(pg_catalog.>) '0'::pg_catalog.interval THEN t.wait::pg_catalog.text END AS wait,
        CASE WHEN $6::pg_catalog.timestamptz OPERATOR(pg_catalog.>) pg_catalog.now() THEN 'sleeping' ELSE 'queued' END AS status
 FROM t`;
 
 export async function startRun(q: Query, r: StartRequest): Promise<StartResult> {
     const input = JSON.stringify(r.input ?? {});
-    const plain = r.key === undefined && r.notBefore === undefined && r.priority === undefined && r.traceparent === undefined;
+    const plain = r.key === undefined && r.notBefore === undefined && r.priority === undefined && r.traceparent === undefined
+        && r.debounce === undefined;
     if (plain) {
         const [row] = await q<{ sync: StartResult | null; run_id: number | null }>(
             START_PLAIN_SQL, [r.workflow, input, r.wait ?? null, r.maxWait], { last: true });
@@ -94,7 +97,7 @@ export async function startRun(q: Query, r: StartRequest): Promise<StartResult> 
         return { run_id: row.run_id as number, status: "queued" };
     }
     const [row] = await q<{ run_id: number; wait: string | null; status: string }>(START_FULL_SQL,
-        [r.workflow, input, r.wait ?? null, r.maxWait, r.key ?? null, r.notBefore ?? null, r.priority ?? null, r.traceparent ?? null]);
+        [r.workflow, input, r.wait ?? null, r.maxWait, r.key ?? null, r.notBefore ?? null, r.priority ?? null, r.traceparent ?? null, r.debounce ?? null]);
     const result: StartResult = { run_id: row.run_id, status: row.status };
     if (r.key !== undefined) {
         /* a key may have found an earlier run: its status, if the token may read it */

@@ -263,9 +263,6 @@ export class Server {
         app.post("/api/workflows/:name/runs", async (req, reply) => {
             const body = jsonBody(req);
             onlyKeys(body, ["input", "key", "not_before", "priority", "debounce"]);
-            if (body.debounce !== undefined)
-                throw errors.badRequest("debounce is not supported yet",
-                                        "Leave it out; a key makes repeated starts find one run.");
             const input = body.input ?? {};
             if (input === null || typeof input !== "object" || Array.isArray(input))
                 throw new ApiError(422, "22023", "run input does not match its schema", {
@@ -279,6 +276,7 @@ export class Server {
                 workflow: name, input,
                 key: optString(body, "key", true), notBefore: optString(body, "not_before"),
                 priority: priority === null ? undefined : (priority as number | undefined),
+                debounce: optString(body, "debounce", true),
             });
         });
 
@@ -412,7 +410,8 @@ export class Server {
 
     /* Start a run; 200 with its end when it ended within the wait, else 202. */
     private async start(req: Req, reply: Rep, cred: Credentials,
-                        r: { workflow: string; input: unknown; key?: string; notBefore?: string; priority?: number }): Promise<unknown> {
+                        r: { workflow: string; input: unknown; key?: string; notBefore?: string; priority?: number;
+                             debounce?: string }): Promise<unknown> {
         const wait = query(req).wait;
         const tp = req.headers.traceparent;
         const start: ops.StartRequest = {

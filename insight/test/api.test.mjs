@@ -82,6 +82,23 @@ test("key, not_before and priority reach tuvl.start_run()", async () => {
     assert.equal((await sql("SELECT traceparent FROM tuvl.runs WHERE id = $1", [t.json.run_id]))[0].traceparent, tp);
 });
 
+test("debounce reaches tuvl.start_run(): starts of a key coalesce, the latest input wins", async () => {
+    const a = await start("greet", { input: { name: "first" }, key: "burst-1", debounce: "1 s" });
+    assert.equal(a.status, 202, a.text);
+    assert.equal(a.json.status, "sleeping");
+    const b = await start("greet", { input: { name: "second" }, key: "burst-1", debounce: "1 s" });
+    assert.equal(b.status, 202, b.text);
+    assert.equal(b.json.run_id, a.json.run_id);
+    const [w] = await sql("SELECT waiting ->> 'for' AS f FROM tuvl.runs_in_flight WHERE id = $1", [a.json.run_id]);
+    assert.equal(w.f, "debounce");
+    assert.equal(await waitStatus(a.json.run_id, "completed"), "completed");
+    const g = await api("GET", `/api/runs/${a.json.run_id}`, { token: T.alice });
+    assert.deepEqual(g.json.input, { name: "second" });
+    assert.deepEqual(g.json.response, { greeting: "hello second" });
+    const [n] = await sql("SELECT count(*)::int AS n FROM tuvl.runs WHERE key = 'burst-1'");
+    assert.equal(n.n, 1);
+});
+
 test("bad input gets a clear error with the status the contract gives", async () => {
     let r = await start("no_such_flow", { input: {} });
     assert.equal(r.status, 404);
@@ -108,7 +125,19 @@ test("bad input gets a clear error with the status the contract gives", async ()
 
     r = await start("greet", { input: { name: "x" }, debounce: "5s" });
     assert.equal(r.status, 400);
-    assert.match(r.json.message, /debounce is not supported yet/);
+    assert.match(r.json.message, /debounce needs a key/);
+
+    r = await start("greet", { input: { name: "x" }, key: "d-bad", debounce: "soon" });
+    assert.equal(r.status, 400);
+    assert.equal(r.json.sqlstate, "22007");
+
+    r = await start("greet", { input: { name: "x" }, key: "d-bad", debounce: "0 s" });
+    assert.equal(r.status, 400);
+    assert.match(r.json.message, /debounce must be a positive interval/);
+
+    r = await start("greet", { input: { name: "x" }, key: "d-bad", debounce: 5 });
+    assert.equal(r.status, 400);
+    assert.match(r.json.message, /debounce must be a non-empty string/);
 
     r = await start("greet", { input: { name: "x" }, inputs: {} });
     assert.equal(r.status, 400);

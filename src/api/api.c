@@ -304,12 +304,24 @@ traceparent_ok(const char *t)
 	return strspn(t + 3, "0") < 32 && strspn(t + 36, "0") < 16;
 }
 
-/* start_run()'s key, not_before, priority, version and traceparent. */
+/* start_run()'s key, not_before, priority, version, traceparent and debounce. */
 static void
 start_options(FunctionCallInfo fcinfo, RunStart *start)
 {
 	if (PG_NARGS() < 7)
 		return;
+	if (PG_NARGS() >= 8 && !PG_ARGISNULL(7))
+	{
+		Interval   *iv = PG_GETARG_INTERVAL_P(7);
+
+		if (iv->month != 0 || iv->day < 0 || iv->time < 0 ||
+			(iv->day == 0 && iv->time == 0) || iv->day > 31)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("debounce must be a positive interval of at most 31 days"),
+					 errhint("Pass an interval such as '5 s': the run starts once its key has been quiet that long.")));
+		start->debounce = iv->time + (int64) iv->day * USECS_PER_DAY;
+	}
 	if (!PG_ARGISNULL(2))
 	{
 		start->key = text_to_cstring(PG_GETARG_TEXT_PP(2));

@@ -31,6 +31,7 @@
 #include "jsonschema.h"
 #include "jsonutil.h"
 #include "queue.h"
+#include "ratelimit.h"
 #include "run_create.h"
 #include "security.h"
 #include "spiutil.h"
@@ -107,7 +108,7 @@ keyed_run(const char *workflow, const char *key, Oid principal)
 static void
 journal_queued(int64 id, const RunStart *start, int version, const char *principal,
 			   Oid principal_id, Jsonb *pins, TimestampTz not_before, const char *conc_key,
-			   const char *held_by)
+			   const char *held_by, Jsonb *waiting)
 {
 	JsonObjBuilder b;
 	List	   *events = NIL;
@@ -136,6 +137,8 @@ journal_queued(int64 id, const RunStart *start, int version, const char *princip
 		JsonObjAddString(&b, "concurrency_key", conc_key);
 	if (held_by)
 		JsonObjAddString(&b, "held_by", held_by);
+	if (waiting)
+		JsonObjAddJsonb(&b, "waiting", waiting);
 	JournalAdd(&events, "run_queued", NULL, NULL, JsonObjEnd(&b));
 	(void) JournalWrite(id, principal_id, 0, events);
 }
@@ -148,10 +151,239 @@ journal_queued(int64 id, const RunStart *start, int version, const char *princip
 	"INSERT INTO tuvl.runs (workflow, workflow_version, status, input, context, " \
 	"  principal, attempt, lease_owner, lease_epoch, lease_expires_at, started_at, last_seq, " \
 	"  artifacts, principal_id, key, priority, traceparent, wake_at, parent_run_id, parent_step, " \
-	"  held_by, concurrency_key, concurrency_limit, root_run_id) " \
+	"  held_by, concurrency_key, concurrency_limit, root_run_id, waiting) " \
 	"VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8, pg_catalog.now() OPERATOR(pg_catalog.+) $9, " \
 	"  CASE WHEN $6 OPERATOR(pg_catalog.>) 0 THEN pg_catalog.now() END, 1, $10, $11, $12, $13, $14, $15, " \
-	"  $16, $17, $18, $19, $20, $21) "
+	"  $16, $17, $18, $19, $20, $21, $22) "
+
+/* tuvl.run() of a concurrency key cannot wait in the queue: is there room? */
+static void
+check_room(const char *workflow, const ConcurrencyKey *conc)
+{
+	if (!ConcurrencyHasRoom(workflow, conc, GetUserId()))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("workflow \"%s\" already has %d runs in flight with concurrency key \"%s\"",
+						workflow, conc->limit, conc->key),
+				 errdetail("Its concurrency.limit is %d.", conc->limit),
+				 errhint("Start it with tuvl.start_run(): it waits queued until one of them ends.")));
+}
+
+/*
+ * When a run may start, and what it waits for until then (*waiting, NULL
+ * when nothing but not_before): not_before, the end of its debounce, and
+ * the time its workflow's rate_limit reserves for it (at or after both).
+ * running: tuvl.run(), which cannot wait.
+ */
+static TimestampTz
+start_time(const RunStart *start, WorkflowDef *wf, bool running, Jsonb **waiting,
+		   char **bucket, TimestampTz *reserved_out)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz wake = start->not_before;
+	TimestampTz reserved = 0;
+	bool		held = false;
+	RateLimit	rl;
+	JsonObjBuilder b;
+
+	*waiting = NULL;
+	*bucket = NULL;
+	*reserved_out = 0;
+	if (start->debounce > 0)
+		wake = Max(wake, now + start->debounce);
+	RateLimitOf(wf->definition, start->input, &rl);
+	if (rl.key)
+	{
+		TimestampTz base = Max(now, wake);
+
+		*bucket = RateLimitBucket("run", start->workflow, GetUserId(), &rl);
+		reserved = RateLimitReserve(*bucket, &rl, base);
+		*reserved_out = reserved;
+		if (running && reserved > now)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("workflow \"%s\" is over its rate limit for key \"%s\"",
+							start->workflow, rl.key),
+					 errdetail("Its rate_limit allows %d runs per %d ms; the next may start at %s.",
+							   rl.limit, rl.per_ms, timestamptz_to_str(reserved)),
+					 errhint("Start it with tuvl.start_run(): it waits until the limit allows it.")));
+		held = reserved > base;
+		if (held)
+			wake = reserved;
+	}
+	if (running || wake <= GetCurrentTransactionStartTimestamp() || (start->debounce == 0 && !held))
+		return wake;
+
+	/* a debounced run, or one its rate limit holds back */
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "for", held ? "rate_limit" : "debounce");
+	JsonObjAddString(&b, "until", timestamptz_to_str(wake));
+	if (start->debounce > 0)
+		JsonObjAddString(&b, "debounce", start->debounce % USECS_PER_SEC == 0
+						 ? psprintf("%d s", (int) (start->debounce / USECS_PER_SEC))
+						 : psprintf("%d ms", (int) (start->debounce / 1000)));
+	if (rl.key)
+	{
+		JsonObjBuilder r;
+
+		JsonObjStart(&r);
+		JsonObjAddString(&r, "key", rl.key);
+		JsonObjAddInt(&r, "limit", rl.limit);
+		JsonObjAddInt(&r, "per_ms", rl.per_ms);
+		JsonObjAddString(&r, "per", RateLimitPerText(rl.per_ms));
+		JsonObjAddInt(&r, "at_us", reserved);
+		JsonObjAddJsonb(&b, "rate_limit", JsonObjEnd(&r));
+	}
+	*waiting = JsonObjEnd(&b);
+	return wake;
+}
+
+/* Give back the rate limit time a debounced run had reserved (waiting). */
+static void
+release_reservation(const char *workflow, Oid principal, Jsonb *waiting)
+{
+	Jsonb	   *r = waiting ? JsonGetJsonb(waiting, "rate_limit") : NULL;
+	RateLimit	rl;
+
+	if (r == NULL)
+		return;
+	rl.key = JsonGetString(r, "key");
+	rl.limit = JsonGetInt32(r, "limit", 1);
+	rl.per_ms = JsonGetInt32(r, "per_ms", 1000);
+	RateLimitRelease(RateLimitBucket("run", workflow, principal, &rl),
+					 (TimestampTz) JsonGetInt(r, "at_us", 0));
+}
+
+/*
+ * A debounced start of a key whose run exists: the run has not started
+ * yet, so it takes this start's input (and version, priority...) and
+ * waits until the key is quiet again (the latest start wins); or it has,
+ * and this start finds it as any start with its key does.  Returns its
+ * id, or 0 when the key has no run yet.  The caller holds the key's lock.
+ */
+static int64
+debounce_existing(const RunStart *start, WorkflowDef *wf, int version, Jsonb *pins,
+				  const ConcurrencyKey *conc)
+{
+	static const Oid types[3] = {OIDOID, TEXTOID, TEXTOID};
+	static const Oid utypes[11] = {INT8OID, JSONBOID, INT4OID, JSONBOID, INT4OID, TEXTOID,
+	TIMESTAMPTZOID, TEXTOID, TEXTOID, INT4OID, JSONBOID};
+	Datum		values[11];
+	char		nulls[11];
+	Oid			principal = GetUserId();
+	SecurityFrame frame;
+	int64		id;
+	Jsonb	   *old_waiting;
+	Jsonb	   *waiting;
+	TimestampTz wake;
+	char	   *bucket;
+	TimestampTz reserved;
+	bool		isnull;
+	int			last_seq;
+	JsonObjBuilder b;
+	List	   *events = NIL;
+
+	SecurityAsOwner(&frame);
+	if (SecurityExecArgs("SELECT id, status OPERATOR(pg_catalog.=) 'sleeping' AND current_step IS NULL "
+						 "  AND waiting OPERATOR(pg_catalog.?) 'debounce', waiting "
+						 "FROM tuvl.runs WHERE principal_id::pg_catalog.oid OPERATOR(pg_catalog.=) $1 "
+						 "AND workflow OPERATOR(pg_catalog.=) $2 AND key OPERATOR(pg_catalog.=) $3",
+						 SPI_OK_SELECT, 3, types, ObjectIdGetDatum(principal),
+						 CStringGetTextDatum(start->workflow), CStringGetTextDatum(start->key)) != 1)
+	{
+		SecurityRestore(&frame);
+		return 0;
+	}
+	id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	if (!DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull)))
+	{
+		SecurityRestore(&frame);
+		return id;
+	}
+	old_waiting = DatumGetJsonbPCopy(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3, &isnull));
+	SecurityRestore(&frame);
+
+	release_reservation(start->workflow, principal, old_waiting);
+	wake = start_time(start, wf, false, &waiting, &bucket, &reserved);
+
+	memset(nulls, ' ', sizeof(nulls));
+	values[0] = Int64GetDatum(id);
+	values[1] = JsonbPGetDatum(start->input);
+	values[2] = Int32GetDatum(version);
+	values[3] = JsonbPGetDatum(pins);
+	nulls[3] = JsonContainerSize(&pins->root) > 0 ? ' ' : 'n';
+	values[4] = Int32GetDatum(start->priority);
+	values[5] = start->traceparent ? CStringGetTextDatum(start->traceparent) : (Datum) 0;
+	nulls[5] = start->traceparent ? ' ' : 'n';
+	values[6] = TimestampTzGetDatum(wake);
+	values[7] = conc->key ? CStringGetTextDatum("concurrency") : (Datum) 0;
+	nulls[7] = conc->key ? ' ' : 'n';
+	values[8] = conc->key ? CStringGetTextDatum(conc->key) : (Datum) 0;
+	nulls[8] = conc->key ? ' ' : 'n';
+	values[9] = Int32GetDatum(conc->limit);
+	nulls[9] = conc->key ? ' ' : 'n';
+	values[10] = JsonbPGetDatum(waiting);
+	nulls[10] = waiting ? ' ' : 'n';
+	SecurityAsOwner(&frame);
+	/* the maintenance may have woken it meanwhile: then it has started */
+	if (SpiExec("UPDATE tuvl.runs SET input = $2, context = $2, workflow_version = $3, artifacts = $4, "
+				"  priority = $5, traceparent = $6, wake_at = $7, held_by = $8, concurrency_key = $9, "
+				"  concurrency_limit = $10, waiting = $11, last_seq = last_seq OPERATOR(pg_catalog.+) 1 "
+				"WHERE id OPERATOR(pg_catalog.=) $1 AND status OPERATOR(pg_catalog.=) 'sleeping' "
+				"  AND current_step IS NULL "
+				"RETURNING last_seq OPERATOR(pg_catalog.-) 1",
+				11, utypes, values, nulls, SPI_OK_UPDATE_RETURNING) != 1)
+	{
+		SecurityRestore(&frame);
+		if (bucket)
+			RateLimitRelease(bucket, reserved);
+		return id;
+	}
+	last_seq = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+
+	/* journaled as queued again, with the input it now has */
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "workflow", start->workflow);
+	JsonObjAddInt(&b, "version", version);
+	JsonObjAddString(&b, "principal", GetUserNameFromId(principal, false));
+	JsonObjAddJsonb(&b, "input", start->input);
+	JsonObjAddString(&b, "key", start->key);
+	JsonObjAddBool(&b, "debounced", true);
+	JsonObjAddString(&b, "not_before", timestamptz_to_str(wake));
+	if (waiting)
+		JsonObjAddJsonb(&b, "waiting", waiting);
+	JournalAdd(&events, "run_queued", NULL, NULL, JsonObjEnd(&b));
+	(void) JournalWrite(id, principal, last_seq, events);
+	SecurityRestore(&frame);
+	TuvlRunChangedAtCommit();
+	return id;
+}
+
+/*
+ * A debounced start: the key's run if it has one (joined, when it has not
+ * started), or 0.  One start of a role's key at a time decides.
+ */
+static int64
+debounce_start(const RunStart *start, WorkflowDef *wf, int version, Jsonb *pins,
+			   const ConcurrencyKey *conc)
+{
+	char	   *k = psprintf("%s/%u/%s", start->workflow, GetUserId(), start->key ? start->key : "");
+
+	if (start->key == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("debounce needs a key"),
+				 errdetail("Starts are coalesced per key: those with one key become one run."),
+				 errhint("Pass key => '...' with debounce, such as the id of what changed.")));
+	if (MyTuvlSlot == NULL)
+		SecurityLockKey("debounce", k);
+	else if (!SecurityTryLockKey("debounce", k))
+		ereport(ERROR,
+				(errcode(ERRCODE_LOCK_NOT_AVAILABLE),
+				 errmsg("key \"%s\" of workflow \"%s\" is being started by another session",
+						start->key, start->workflow)));
+	return debounce_existing(start, wf, version, pins, conc);
+}
 
 /*
  * Validate input and insert a run of the latest version of workflow with
@@ -161,26 +393,31 @@ journal_queued(int64 id, const RunStart *start, int version, const char *princip
 int64
 RunCreate(const RunStart *start, bool running, int *version_out)
 {
-	static const Oid types[21] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, TEXTOID,
+	static const Oid types[22] = {TEXTOID, INT4OID, TEXTOID, JSONBOID, TEXTOID,
 		INT4OID, INT4OID, INT8OID, INTERVALOID, JSONBOID, REGROLEOID, TEXTOID, INT4OID,
-	TEXTOID, TIMESTAMPTZOID, INT8OID, TEXTOID, TEXTOID, TEXTOID, INT4OID, INT8OID};
+	TEXTOID, TIMESTAMPTZOID, INT8OID, TEXTOID, TEXTOID, TEXTOID, INT4OID, INT8OID, JSONBOID};
 	const char *workflow = start->workflow;
 	Jsonb	   *input = start->input;
 	int			version = start->version > 0 ? start->version : WorkflowLatestVersion(workflow, false);
 	WorkflowDef *wf = WorkflowLoad(workflow, version);
 	char	   *principal = GetUserNameFromId(GetUserId(), false);
-	Datum		values[21];
-	char		nulls[21];
+	Datum		values[22];
+	char		nulls[22];
 	ConcurrencyKey conc;
 	const char *held_by;
-	/* a run not to be claimed yet sleeps until then, out of the queue */
-	bool		sleeping = !running && start->not_before > GetCurrentTransactionStartTimestamp();
+	TimestampTz wake,
+				reserved;
+	Jsonb	   *waiting;
+	char	   *bucket;
+	bool		sleeping;
 	Jsonb	   *pins = ArtifactPinFloating(wf->definition);
 	Interval   *lease = palloc0(sizeof(Interval));
 	SecurityFrame frame;
 	bool		isnull;
 	int64		id;
 
+	if (version_out)
+		*version_out = version;
 	if (!JsonIsObject(input))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -193,15 +430,18 @@ RunCreate(const RunStart *start, bool running, int *version_out)
 	/* a run beyond its concurrency limit, or its step's max_parallel, waits queued */
 	ConcurrencyKeyOf(wf, input, &conc);
 	held_by = start->held ? "max_parallel" : conc.key ? "concurrency" : NULL;
-	if (running && conc.key && !ConcurrencyHasRoom(workflow, &conc, GetUserId()))
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("workflow \"%s\" already has %d runs in flight with concurrency key \"%s\"",
-						workflow, conc.limit, conc.key),
-				 errdetail("Its concurrency.limit is %d.", conc.limit),
-				 errhint("Start it with tuvl.start_run(): it waits queued until one of them ends.")));
+	if (running && conc.key)
+		check_room(workflow, &conc);
 	if (running)
 		held_by = NULL;
+
+	/* a debounced start of a key whose run has not started joins it */
+	if (start->debounce > 0 && (id = debounce_start(start, wf, version, pins, &conc)) != 0)
+		return id;
+
+	/* a run not to be claimed yet sleeps until then, out of the queue */
+	wake = start_time(start, wf, running, &waiting, &bucket, &reserved);
+	sleeping = !running && wake > GetCurrentTransactionStartTimestamp();
 
 	memset(nulls, ' ', sizeof(nulls));
 	lease->time = (int64) tuvl_lease_timeout * 1000;
@@ -227,7 +467,7 @@ RunCreate(const RunStart *start, bool running, int *version_out)
 	values[12] = Int32GetDatum(start->priority);
 	values[13] = start->traceparent ? CStringGetTextDatum(start->traceparent) : (Datum) 0;
 	nulls[13] = start->traceparent ? ' ' : 'n';
-	values[14] = TimestampTzGetDatum(start->not_before);
+	values[14] = TimestampTzGetDatum(wake);
 	nulls[14] = sleeping ? ' ' : 'n';
 	values[15] = Int64GetDatum(start->parent_id);
 	nulls[15] = start->parent_id ? ' ' : 'n';
@@ -241,22 +481,26 @@ RunCreate(const RunStart *start, bool running, int *version_out)
 	nulls[19] = conc.key ? ' ' : 'n';
 	values[20] = Int64GetDatum(start->root_id);
 	nulls[20] = start->root_id ? ' ' : 'n';
+	values[21] = waiting ? JsonbPGetDatum(waiting) : (Datum) 0;
+	nulls[21] = waiting && sleeping ? ' ' : 'n';
 	SecurityAsOwner(&frame);
 	/* a key another start of this role holds: that run (the unique index decides races) */
 	if (SpiExec(start->key ? INSERT_RUN_SQL "ON CONFLICT (principal_id, workflow, key) WHERE key IS NOT NULL DO NOTHING RETURNING id"
 				: INSERT_RUN_SQL "RETURNING id",
-				21, types, values, nulls, SPI_OK_INSERT_RETURNING) == 0)
+				22, types, values, nulls, SPI_OK_INSERT_RETURNING) == 0)
 	{
 		id = keyed_run(workflow, start->key, DatumGetObjectId(values[10]));
 		SecurityRestore(&frame);
-		if (version_out)
-			*version_out = version;
+		/* that run took its place: this start's is free again */
+		if (bucket)
+			RateLimitRelease(bucket, reserved);
 		return id;
 	}
 	id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
 
 	journal_queued(id, start, version, principal, DatumGetObjectId(values[10]), pins,
-				   sleeping ? start->not_before : 0, conc.key, running ? NULL : held_by);
+				   sleeping ? wake : 0, conc.key, running ? NULL : held_by,
+				   sleeping ? waiting : NULL);
 	SecurityRestore(&frame);
 	if (!running && !sleeping && held_by == NULL)
 		QueueNoteAtCommit(GetUserId(), start->priority, id);
@@ -265,7 +509,5 @@ RunCreate(const RunStart *start, bool running, int *version_out)
 		ConcurrencyAdmit(workflow, conc.key, conc.limit, GetUserId());
 
 	remember_created_run(id);
-	if (version_out)
-		*version_out = version;
 	return id;
 }

@@ -26,6 +26,8 @@ typedef struct RunStart
 	int64		root_id;		/* ... and the run at the top of its tree;
 								 * 0: none */
 	bool		held;			/* a child beyond its step's max_parallel */
+	int64		debounce;		/* with key: coalesce starts until the key is
+								 * quiet this long (microseconds); 0: none */
 } RunStart;
 
 /*

@@ -71,6 +71,7 @@
 #include "hook.h"
 #include "journal.h"
 #include "metrics.h"
+#include "ratelimit.h"
 #include "trace.h"
 #include "jsonutil.h"
 #include "llm.h"
@@ -1011,6 +1012,7 @@ in_subtransaction(Transition *t, ErrorData *step_error, bool *step_failed)
 	run->effect_call = 0;
 	t->deadline_level = -1;
 	t->timed_out = false;
+	RateLimitBusy = false;
 	SpiSubxactBegin(&sub);
 	PG_TRY();
 	{
@@ -1021,11 +1023,14 @@ in_subtransaction(Transition *t, ErrorData *step_error, bool *step_failed)
 			else
 			{
 				StepResult	result;
+				bool		parked;
 
 				memset(&result, 0, sizeof(result));
 				StepErrorType = "error";
 				in_step = true;
-				if (t->deadline != 0)
+				/* a step over its rate_limit sleeps until its time comes */
+				parked = RateLimitStep(run, t->step, t->ctx, t->first_entry, &result);
+				if (!parked && t->deadline != 0)
 				{
 					Jsonb	   *fresh = run->fresh_effect;
 					char	   *kind = fresh ? JsonGetString(fresh, "error_kind") : NULL;
@@ -1037,7 +1042,8 @@ in_subtransaction(Transition *t, ErrorData *step_error, bool *step_failed)
 						step_timed_out(t);
 					t->deadline_level = DeadlinePush(DEADLINE_STEP, t->deadline);
 				}
-				ExecutorFor(t->step->kind)->execute(run, t->step, t->ctx, &result);
+				if (!parked)
+					ExecutorFor(t->step->kind)->execute(run, t->step, t->ctx, &result);
 				if (result.has_output && result.output &&
 					(int64) VARSIZE(result.output) > tuvl_max_output_size)
 				{
@@ -1073,6 +1079,12 @@ in_subtransaction(Transition *t, ErrorData *step_error, bool *step_failed)
 		run->step_events = NIL;
 		run->effect_call = 0;
 		run->tool_args = NULL;
+		/* a rate limit's lock another session holds: postponed, not failed */
+		if (RateLimitBusy)
+		{
+			RateLimitBusy = false;
+			in_step = false;
+		}
 		if (edata->sqlerrcode == ERRCODE_QUERY_CANCELED)
 		{
 			if (fired == DEADLINE_STEP)

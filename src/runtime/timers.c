@@ -36,7 +36,7 @@
  * or the UPDATE would find the ids it got by scanning the table.
  */
 static const char wake_sleeping_sql[] =
-"UPDATE tuvl.runs r SET status = 'queued', wake_at = NULL, last_seq = r.last_seq OPERATOR(pg_catalog.+) 1 "
+"UPDATE tuvl.runs r SET status = 'queued', wake_at = NULL, waiting = NULL, last_seq = r.last_seq OPERATOR(pg_catalog.+) 1 "
 "WHERE r.id OPERATOR(pg_catalog.=) ANY (ARRAY( "
 "    SELECT w.id FROM tuvl.runs w "
 "    WHERE w.status OPERATOR(pg_catalog.=) 'sleeping' AND w.wake_at OPERATOR(pg_catalog.<=) pg_catalog.now() "

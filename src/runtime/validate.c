@@ -60,7 +60,7 @@ static const char *const top_level_keys[] = {
 	"name", "description", "trigger", "start", "steps", "ends", "hooks", "supervisor",
 	"concurrency",
 	"max_cost",					/* issue 41: model costs */
-	NULL
+	"rate_limit", NULL
 };
 
 static const char *const step_common_keys[] = {
@@ -85,6 +85,7 @@ typedef struct ReservedKey
 static const ReservedKey reserved_keys[] = {
 	{"retry", "step", "a step-level retry is not available in this version of tuvl; "
 	"an APICall retries per http.retry, an Agent's model calls per agent.retry"},
+	{"rate_limit", "step", "rate_limit applies to APICall, MCP and Agent steps, and to a whole workflow at its top level"},
 	{NULL, NULL, NULL}
 };
 
@@ -1500,6 +1501,49 @@ check_concurrency(ValidateState *vs, JsonbValue *v)
 	check_unknown_keys(vs, c, "concurrency", keys, NULL);
 }
 
+/*
+ * rate_limit (top level, or on an APICall, MCP or Agent step): {key: a
+ * template, limit: n, per: a duration}, all three required.  path is
+ * where it is ("rate_limit", "steps[2].rate_limit"); what is the key's
+ * context, for the messages.
+ */
+static void
+check_rate_limit(ValidateState *vs, JsonbValue *v, const char *path, const char *what)
+{
+	static const char *const keys[] = {"key", "limit", "per", NULL};
+	Jsonb	   *r;
+	JsonbValue *k;
+	int			ms;
+
+	if (v == NULL)
+		return;
+	if (!is_mapping(v))
+	{
+		add_finding(vs, "error", path,
+					"rate_limit must be a mapping, such as { key: \"{{ customer_id }}\", limit: 100, per: 1m }");
+		return;
+	}
+	r = JsonValueToJsonb(v);
+	k = JsonGetField(r, "key");
+	if (k == NULL || k->type != jbvString || k->val.string.len == 0)
+		add_finding(vs, "error", psprintf("%s.key", path),
+					"rate_limit needs key: a template of %s, such as \"{{ customer_id }}\" (or a fixed text such as \"all\")",
+					what);
+	if (JsonGetField(r, "limit") == NULL)
+		add_finding(vs, "error", psprintf("%s.limit", path),
+					"rate_limit needs limit: how many may go in any window of length per, such as 100");
+	else
+		check_positive_int(vs, r, "limit", path);
+	v = JsonGetField(r, "per");
+	if (v == NULL)
+		add_finding(vs, "error", psprintf("%s.per", path),
+					"rate_limit needs per: the window's length, such as 1m");
+	else if (!DurationFromJson(v, &ms) || ms <= 0)
+		add_finding(vs, "error", psprintf("%s.per", path),
+					"per must be a positive duration such as 1s, 1m or 1h (at most 24 days)");
+	check_unknown_keys(vs, r, path, keys, NULL);
+}
+
 /* Kind-specific fields of a step. */
 static void
 check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
@@ -1508,9 +1552,9 @@ check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
 	static const char *const agent_modes[] = {"completion", "autonomous", NULL};
 	static const char *const modelop_keys[] = {"sql", "params", NULL};
 	static const char *const router_keys[] = {"on", NULL};
-	static const char *const apicall_keys[] = {"http", NULL};
-	static const char *const mcp_keys[] = {"mcp", NULL};
-	static const char *const agent_keys[] = {"mode", "agent", "guardrails", NULL};
+	static const char *const apicall_keys[] = {"http", "rate_limit", NULL};
+	static const char *const mcp_keys[] = {"mcp", "rate_limit", NULL};
+	static const char *const agent_keys[] = {"mode", "agent", "guardrails", "rate_limit", NULL};
 	static const char *const human_keys[] = {"form", NULL};
 	static const char *const sleep_keys[] = {"for", "until", NULL};
 	static const char *const workflow_keys[] = {"workflow", "input", "for_each", "max_parallel",
@@ -1591,6 +1635,9 @@ check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
 			break;
 	}
 	check_duration(vs, step, "timeout", path);
+	if (kind == STEP_APICALL || kind == STEP_MCP || kind == STEP_AGENT)
+		check_rate_limit(vs, JsonGetField(step, "rate_limit"), psprintf("%s.rate_limit", path),
+						 "the run's context");
 	check_unknown_keys(vs, step, path, step_common_keys, extra);
 }
 
@@ -2199,6 +2246,7 @@ ValidateWorkflow(Jsonb *def, Jsonb *positions, bool strict, Jsonb **refs)
 	check_supervisor(&vs, JsonGetField(def, "supervisor"));
 	check_concurrency(&vs, JsonGetField(def, "concurrency"));
 	check_positive_number(&vs, def, "max_cost", NULL);
+	check_rate_limit(&vs, JsonGetField(def, "rate_limit"), "rate_limit", "the run's input");
 	if (!FindingsHaveErrors(vs.findings) && nsteps > 0)
 	{
 		check_reachable(&vs, def);
