@@ -56,6 +56,7 @@
 #include "executor.h"
 #include "jsonutil.h"
 #include "mcp.h"
+#include "mcp_oauth.h"
 #include "security.h"
 #include "spiutil.h"
 #include "template.h"
@@ -712,6 +713,7 @@ typedef struct McpProgress
 	const char *elicitation;	/* mcp.elicitation: NULL, accept_defaults, decline */
 	Jsonb	   *input_required; /* the last answer asked for input: retry */
 	int			rounds;			/* answers that asked for input */
+	const char *oauth_url;		/* mcp.auth: the server, whose 401/403 fail */
 } McpProgress;
 
 /* A server asking for input more often than this in one call fails it. */
@@ -871,6 +873,9 @@ walk_effects(RunState *run, int n, const char *url, McpProgress *p, Jsonb **answ
 
 		if (op == NULL)
 			continue;
+		/* the token was refused: a person has to connect (again) */
+		if (p->oauth_url)
+			McpOAuthCheckRefused(r, p->oauth_url);
 		if (strcmp(op, "discover") == 0)
 		{
 			/* a server that cannot be reached fails here, not in initialize */
@@ -947,11 +952,13 @@ walk_effects(RunState *run, int n, const char *url, McpProgress *p, Jsonb **answ
 			{
 				/* the server lost the session: initialize again */
 				const char *elicitation = p->elicitation;
+				const char *oauth_url = p->oauth_url;
 
 				session_forget(url, p->session);
 				memset(p, 0, sizeof(McpProgress));
 				p->discovered = true;	/* still a 2025 server */
 				p->elicitation = elicitation;
+				p->oauth_url = oauth_url;
 				continue;
 			}
 			if (status < 200 || status >= 300)
@@ -1203,6 +1210,13 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	StepErrorType = "template_error";
 	url = TemplateRenderText(JsonGetString(mcp, "url"), ctx, &use.opts);
 	extra = render_headers(JsonGetField(mcp, "headers"), ctx, &use);
+	if (JsonGetField(mcp, "auth"))
+	{
+		StepErrorType = "mcp_error";
+		EffectCheckAllowed(url, use.values);
+		extra = lappend(extra, McpOAuthHeader(run, JsonGetJsonb(mcp, "auth"), url, &use));
+		StepErrorType = "template_error";
+	}
 	tool = TemplateRenderText(tool, ctx, &use.opts);
 	args = argv ? JsonValueToJsonb(TemplateRenderValue(argv, ctx, &use.opts)) : JsonEmptyObject();
 	if (run->tool_args)
@@ -1215,6 +1229,7 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	/* walk what happened so far */
 	memset(&p, 0, sizeof(p));
 	p.elicitation = JsonGetString(mcp, "elicitation");
+	p.oauth_url = JsonGetField(mcp, "auth") ? url : NULL;
 	if (walk_effects(run, n, skey, &p, &answer))
 	{
 		if (p.learned)
