@@ -308,11 +308,18 @@ EffectResultToJsonb(HttpResult *res, List *secrets)
 	return SecretScrubJsonb(JsonObjEnd(&b), secrets);
 }
 
+EffectFinishHookType EffectFinishHook = NULL;
+
 /* The journal form of a request's result, with the request's tag. */
 Jsonb *
 EffectFinish(EffectRequest *req, HttpResult *res)
 {
-	Jsonb	   *j = EffectResultToJsonb(res, req->secrets);
+	List	   *secrets = req->secrets;
+	Jsonb	   *j;
+
+	if (EffectFinishHook && req->tag)
+		secrets = EffectFinishHook(req, res, secrets);
+	j = EffectResultToJsonb(res, secrets);
 
 	return req->tag ? JsonMerge(j, req->tag) : j;
 }

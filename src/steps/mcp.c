@@ -863,9 +863,9 @@ input_responses(Jsonb *answer, const char *policy)
  * raises for a failure.
  */
 static bool
-walk_effects(RunState *run, int n, const char *url, McpProgress *p, Jsonb **answer)
+walk_effects(RunState *run, int first, int n, const char *url, McpProgress *p, Jsonb **answer)
 {
-	for (int i = 0; i < n; i++)
+	for (int i = first; i < n; i++)
 	{
 		Jsonb	   *r = EffectAt(run, i);
 		char	   *op = JsonGetString(r, "op");
@@ -921,7 +921,7 @@ walk_effects(RunState *run, int n, const char *url, McpProgress *p, Jsonb **answ
 			bool		up;
 
 			/* a stateless call; the first effect: the server was known */
-			if (i == 0)
+			if (i == first)
 				p->discovered = p->stateless = true;
 			if (version_mismatch(r, &up))
 			{
@@ -940,7 +940,7 @@ walk_effects(RunState *run, int n, const char *url, McpProgress *p, Jsonb **answ
 		}
 		else if (strcmp(op, "call") == 0)
 		{
-			if (i == 0)
+			if (i == first)
 			{
 				/* the first call used a session cached by this process */
 				p->discovered = true;
@@ -1205,18 +1205,12 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	EffectRequest *req;
 	List	   *extra;
 	char	   *skey;
+	int			first = 0;		/* the step's first MCP message (after OAuth) */
 
 	SecretUseInit(&use, run);
 	StepErrorType = "template_error";
 	url = TemplateRenderText(JsonGetString(mcp, "url"), ctx, &use.opts);
 	extra = render_headers(JsonGetField(mcp, "headers"), ctx, &use);
-	if (JsonGetField(mcp, "auth"))
-	{
-		StepErrorType = "mcp_error";
-		EffectCheckAllowed(url, use.values);
-		extra = lappend(extra, McpOAuthHeader(run, JsonGetJsonb(mcp, "auth"), url, &use));
-		StepErrorType = "template_error";
-	}
 	tool = TemplateRenderText(tool, ctx, &use.opts);
 	args = argv ? JsonValueToJsonb(TemplateRenderValue(argv, ctx, &use.opts)) : JsonEmptyObject();
 	if (run->tool_args)
@@ -1224,13 +1218,28 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	(void) DurationFromJson(JsonGetField(mcp, "timeout"), &timeout_ms);
 	StepErrorType = "mcp_error";
 	EffectCheckAllowed(url, use.values);
+	if (JsonGetField(mcp, "auth"))
+	{
+		/* OAuth first: discovery and a grant, or the token the role holds */
+		HttpHeader *bearer = NULL;
+
+		req = McpOAuthStep(run, JsonGetJsonb(mcp, "auth"), url, &use, timeout_ms, &bearer, &first);
+		if (req)
+		{
+			result->pending = true;
+			result->effect = req;
+			return;
+		}
+		StepErrorType = "mcp_error";
+		extra = lappend(extra, bearer);
+	}
 	skey = session_key(url, extra);
 
 	/* walk what happened so far */
 	memset(&p, 0, sizeof(p));
 	p.elicitation = JsonGetString(mcp, "elicitation");
 	p.oauth_url = JsonGetField(mcp, "auth") ? url : NULL;
-	if (walk_effects(run, n, skey, &p, &answer))
+	if (walk_effects(run, first, n, skey, &p, &answer))
 	{
 		if (p.learned)
 			revision_remember(url, p.stateless);
@@ -1244,8 +1253,8 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	/* what next */
 	if (p.learned)
 		revision_remember(url, p.stateless);
-	sync_session_cache(skey, n, &p, url, extra);
-	if (n == 0)
+	sync_session_cache(skey, n - first, &p, url, extra);
+	if (n == first)
 	{
 		/* a cached session is a 2025 server's; else what the process knows */
 		int			known = p.session ? 0 : revision_known(url);

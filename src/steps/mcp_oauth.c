@@ -45,6 +45,8 @@
 #include "lib/stringinfo.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
+#include "utils/hsearch.h"
+#include "utils/memutils.h"
 #include "utils/jsonb.h"
 #include "fmgr.h"
 
@@ -57,6 +59,7 @@
 #include "secret.h"
 #include "security.h"
 #include "spiutil.h"
+#include "template.h"
 #include "tokens.h"
 #include "tuvl.h"
 
@@ -908,6 +911,525 @@ tuvl_mcp_connect_finish(PG_FUNCTION_ARGS)
 }
 
 /* ------------------------------------------------------------- the step */
+
+/*
+ * Tokens a token endpoint sent to this process, by the idempotency key of
+ * the request, until the step that asked stores them (in its next
+ * transition, in this process).  They never reach the journal: the hook
+ * below scrubs them from the response before it is journaled.  A process
+ * that dies in between loses them, and the step asks again.
+ */
+typedef struct StashedToken
+{
+	char		key[256];		/* hash key */
+	char	   *json;			/* the answer, in TopMemoryContext */
+} StashedToken;
+
+static HTAB *stash = NULL;
+
+static StashedToken *
+stash_lookup(const char *key, bool create)
+{
+	char		k[256];
+	StashedToken *st;
+	bool		found;
+
+	if (stash == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(k);
+		ctl.entrysize = sizeof(StashedToken);
+		stash = hash_create("tuvl OAuth tokens in flight", 16, &ctl, HASH_ELEM | HASH_STRINGS);
+	}
+	if (strlen(key) >= sizeof(k))
+		return NULL;
+	memset(k, 0, sizeof(k));
+	strlcpy(k, key, sizeof(k));
+	st = hash_search(stash, k, create ? HASH_ENTER : HASH_FIND, &found);
+	if (st && !found)
+		st->json = NULL;
+	return st;
+}
+
+/* EffectFinishHook: keep a token endpoint's tokens, scrub them. */
+static List *
+finish_hook(EffectRequest *req, HttpResult *res, List *secrets)
+{
+	char	   *op = JsonGetString(req->tag, "op");
+	char	   *key = JsonGetString(req->tag, "key");
+	Jsonb	   *doc;
+	StashedToken *st;
+
+	if (op == NULL || strcmp(op, "oauth_token") != 0 || key == NULL || res->body == NULL ||
+		res->status < 200 || res->status >= 300 || res->body_len > OAUTH_MAX_METADATA)
+		return secrets;
+	doc = JsonParseExternal(res->body, res->body_len, NULL);
+	if (doc == NULL || !JsonIsObject(doc))
+		return secrets;
+	secrets = list_copy(secrets);
+	if (JsonGetString(doc, "access_token"))
+		secrets = lappend(secrets, JsonGetString(doc, "access_token"));
+	if (JsonGetString(doc, "refresh_token"))
+		secrets = lappend(secrets, JsonGetString(doc, "refresh_token"));
+	if (JsonGetString(doc, "id_token"))
+		secrets = lappend(secrets, JsonGetString(doc, "id_token"));
+	st = stash_lookup(key, true);
+	if (st)
+	{
+		if (st->json)
+			pfree(st->json);
+		st->json = MemoryContextStrdup(TopMemoryContext, JsonText(doc));
+	}
+	return secrets;
+}
+
+/* The stashed answer of the token request key (taken away), or NULL. */
+static Jsonb *
+stash_take(const char *key)
+{
+	StashedToken *st = key ? stash_lookup(key, false) : NULL;
+	Jsonb	   *doc;
+
+	if (st == NULL || st->json == NULL)
+		return NULL;
+	doc = JsonFromCString(st->json);
+	pfree(st->json);
+	hash_search(stash, st->key, HASH_REMOVE, NULL);
+	return doc;
+}
+
+/* The token row of url that principal may use. */
+typedef struct TokenRow
+{
+	char	   *secret;
+	char	   *refresh_secret;
+	bool		fresh;			/* not expiring within a minute */
+	char	   *token_endpoint;
+	char	   *client_id;
+	char	   *client_secret;
+	char	   *auth_method;
+	char	   *resource;
+} TokenRow;
+
+static bool
+token_row(const char *url, Oid principal, TokenRow *row)
+{
+	static const Oid types[2] = {TEXTOID, OIDOID};
+	bool		connected = SPI_connect() == SPI_OK_CONNECT;
+	bool		found = false;
+
+	memset(row, 0, sizeof(TokenRow));
+	if (SecurityExecArgs("SELECT t.secret, t.refresh_secret, "
+						 "  COALESCE(t.expires_at OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.+) '1 minute'::pg_catalog.interval), true)::pg_catalog.text, "
+						 "  t.token_endpoint, t.client_id, t.client_secret, t.auth_method, t.resource "
+						 "FROM tuvl.mcp_oauth_tokens t "
+						 "WHERE t.url OPERATOR(pg_catalog.=) $1 AND EXISTS ("
+						 "  SELECT 1 FROM tuvl.secret_grants g WHERE g.secret OPERATOR(pg_catalog.=) t.secret "
+						 "    AND pg_catalog.pg_has_role($2::pg_catalog.oid, g.grantee::pg_catalog.oid, 'USAGE')) "
+						 "ORDER BY t.role::pg_catalog.oid OPERATOR(pg_catalog.=) $2::pg_catalog.oid DESC, "
+						 "  t.expires_at DESC NULLS LAST LIMIT 1",
+						 SPI_OK_SELECT, 2, types, CStringGetTextDatum(url),
+						 ObjectIdGetDatum(principal)) == 1)
+	{
+		char	   *f[8];
+
+		for (int i = 0; i < 8; i++)
+		{
+			char	   *v = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, i + 1);
+
+			f[i] = v ? SPI_palloc(strlen(v) + 1) : NULL;
+			if (v)
+				strcpy(f[i], v);
+		}
+		row->secret = f[0];
+		row->refresh_secret = f[1];
+		row->fresh = f[2] && strcmp(f[2], "true") == 0;
+		row->token_endpoint = f[3];
+		row->client_id = f[4];
+		row->client_secret = f[5];
+		row->auth_method = f[6];
+		row->resource = f[7];
+		found = true;
+	}
+	if (connected)
+		SPI_finish();
+	return found;
+}
+
+/* An OAuth request of a step, as an effect. */
+static EffectRequest *
+oauth_effect(RunState *run, int n, const char *op, const char *method, const char *url,
+			 List *headers, const char *body, int timeout_ms, List *secrets)
+{
+	EffectRequest *req = palloc0(sizeof(EffectRequest));
+	HttpHeader *h = palloc(sizeof(HttpHeader));
+	JsonObjBuilder b;
+
+	EffectCheckAllowed(url, secrets);
+	h->name = "Accept";
+	h->value = strcmp(op, "oauth_probe") == 0 ? "application/json, text/event-stream" : "application/json";
+	req->http.method = method;
+	req->http.url = pstrdup(url);
+	req->http.headers = lappend(list_copy(headers), h);
+	req->http.body = body;
+	req->http.body_len = body ? strlen(body) : 0;
+	req->http.timeout_ms = timeout_ms;
+	req->secrets = secrets;
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "method", method);
+	JsonObjAddString(&b, "url", HttpRedactUrl(url));
+	JsonObjAddString(&b, "rpc", op);
+	req->journal = SecretScrubJsonb(JsonObjEnd(&b), secrets);
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "op", op);
+	JsonObjAddString(&b, "key", EffectKey(run, n));
+	req->tag = JsonObjEnd(&b);
+	EffectFinishHook = finish_hook;
+	return req;
+}
+
+/* A step's OAuth records so far. */
+typedef struct OAuthWalk
+{
+	int			last;			/* index of the last OAuth record, -1 */
+	int			tokens;			/* token requests */
+	Jsonb	   *probe;
+	int			prm_tries;
+	Jsonb	   *prm;
+	int			as_tries;
+	Jsonb	   *as;
+	char	   *token_endpoint;	/* where the last token request went */
+} OAuthWalk;
+
+static void
+fail_request(Jsonb *r, const char *url, const char *what)
+{
+	oauth_error(url, psprintf("%s could not be fetched", what),
+				JsonGetString(r, "error") ? JsonGetString(r, "error") : "no response");
+}
+
+/* The body of a metadata record: an object, NULL for none, else raise. */
+static Jsonb *
+record_metadata(Jsonb *r, const char *url, const char *what)
+{
+	int			status = JsonGetInt32(r, "status", 0);
+	Jsonb	   *body;
+
+	if (status == 0)
+		fail_request(r, url, what);
+	if (status < 200 || status >= 300)
+		return NULL;
+	body = JsonGetJsonb(r, "body");
+	if (body == NULL || !JsonIsObject(body) || JsonGetField(r, "body_error"))
+		oauth_error(url, psprintf("the %s is not a JSON object", what), NULL);
+	if (VARSIZE(body) > OAUTH_MAX_METADATA)
+		oauth_error(url, psprintf("the %s is larger than %d bytes", what, OAUTH_MAX_METADATA), NULL);
+	return body;
+}
+
+static void
+walk_oauth(RunState *run, int n, const char *url, OAuthWalk *w)
+{
+	memset(w, 0, sizeof(OAuthWalk));
+	w->last = -1;
+	for (int i = 0; i < n; i++)
+	{
+		Jsonb	   *r = EffectAt(run, i);
+		char	   *op = JsonGetString(r, "op");
+		int			status = JsonGetInt32(r, "status", 0);
+
+		if (op == NULL || strncmp(op, "oauth_", 6) != 0)
+			continue;
+		w->last = i;
+		if (strcmp(op, "oauth_probe") == 0)
+		{
+			if (status == 0)
+				fail_request(r, url, "the server");
+			w->probe = r;
+		}
+		else if (strcmp(op, "oauth_prm") == 0)
+		{
+			w->prm_tries++;
+			w->prm = record_metadata(r, url, "protected-resource metadata");
+		}
+		else if (strcmp(op, "oauth_as") == 0)
+		{
+			w->as_tries++;
+			w->as = record_metadata(r, url, "authorization server's metadata");
+		}
+		else if (strcmp(op, "oauth_token") == 0)
+		{
+			Jsonb	   *body = JsonGetJsonb(r, "body");
+			Jsonb	   *tok;
+
+			w->tokens++;
+			if (status == 0)
+				fail_request(r, url, "a token");
+			if (status < 200 || status >= 300)
+			{
+				char	   *err = body && JsonIsObject(body) ? JsonGetString(body, "error") : NULL;
+				char	   *desc = body && JsonIsObject(body) ? JsonGetString(body, "error_description") : NULL;
+
+				StepErrorType = "mcp_auth_error";
+				oauth_error(url, psprintf("the token endpoint answered HTTP %d%s%s", status,
+										  err ? ": " : "", err ? JsonClipText(err, 200) : ""),
+							desc ? JsonClipText(desc, 500) : NULL);
+			}
+			/* the tokens, when this process has them: store them now */
+			tok = stash_take(JsonGetString(r, "key"));
+			if (tok && JsonGetString(tok, "access_token") && !run->replay)
+			{
+				char	   *endpoint = JsonGetString(r, "token_endpoint");
+				char	   *client_id = JsonGetString(r, "client_id");
+				char	   *method = JsonGetString(r, "auth_method");
+				char	   *resource = JsonGetString(r, "resource");
+
+				store_tokens(url, run->principal, tok, endpoint ? endpoint : "", client_id, NULL,
+							 method ? method : "none", resource);
+			}
+		}
+	}
+}
+
+/* The scopes a 401/403 record's WWW-Authenticate names, or NULL. */
+static char *
+record_scope(Jsonb *r)
+{
+	Jsonb	   *headers = r ? JsonGetJsonb(r, "headers") : NULL;
+	char	   *www = headers ? JsonGetString(headers, "www-authenticate") : NULL;
+
+	return www ? www_param(www, "scope") : NULL;
+}
+
+/*
+ * An MCP step with mcp.auth, before its MCP messages: returns the next
+ * OAuth request to make (discovery, a client-credentials grant, a
+ * refresh), or NULL with *header set to the bearer token to send and
+ * *start to the position of the step's first MCP message.
+ */
+EffectRequest *
+McpOAuthStep(RunState *run, Jsonb *auth, const char *url, SecretUse *use, int timeout_ms,
+			 HttpHeader **header, int *start)
+{
+	Jsonb	   *cfg = oauth_config(auth);
+	char	   *grant = cfg ? JsonGetString(cfg, "grant") : NULL;
+	bool		cc = grant && strcmp(grant, "client_credentials") == 0;
+	int			n = EffectCount(run);
+	OAuthWalk	w;
+	TokenRow	row;
+	bool		have;
+	char	   *forced_scope = NULL;
+	bool		forced = false;
+	Jsonb	   *last = n > 0 ? EffectAt(run, n - 1) : NULL;
+	char	   *lastop = last ? JsonGetString(last, "op") : NULL;
+	char	   *path;
+	char	   *origin = url_origin(url, &path);
+	StringInfoData form;
+	List	   *headers = NIL;
+	HttpHeader *h;
+	const char *endpoint;
+	const char *client_id;
+	const char *client_secret = NULL;
+	const char *method;
+	const char *resource;
+	EffectRequest *req;
+	JsonObjBuilder b;
+
+	walk_oauth(run, n, url, &w);
+	*start = w.last + 1;
+
+	/* a client-credentials token refused since: ask again, once */
+	if (cc && last && lastop && strncmp(lastop, "oauth_", 6) != 0 &&
+		(JsonGetInt32(last, "status", 0) == 401 || JsonGetInt32(last, "status", 0) == 403) &&
+		w.tokens < 2)
+	{
+		forced = true;
+		forced_scope = record_scope(last);
+	}
+
+	have = token_row(url, run->principal, &row);
+	if (!forced && have && (row.fresh || run->replay))
+	{
+		*header = McpOAuthHeader(run, auth, url, use);
+		return NULL;
+	}
+	if (w.tokens >= 3)
+		oauth_error(url, "no usable token after three token requests", NULL);
+
+	initStringInfo(&form);
+	if (!forced && have && row.refresh_secret && row.token_endpoint && *row.token_endpoint)
+	{
+		/* refresh before it expires */
+		SecretUse	ru;
+
+		SecretUseInit(&ru, run);
+		form_add(&form, "grant_type", "refresh_token");
+		form_add(&form, "refresh_token",
+				 TemplateRenderText(psprintf("{{ secrets.%s }}", row.refresh_secret), JsonEmptyObject(),
+									&ru.opts));
+		use->values = list_concat(use->values, ru.values);
+		form_add(&form, "resource", row.resource);
+		endpoint = row.token_endpoint;
+		client_id = row.client_id;
+		client_secret = row.client_secret;
+		method = row.auth_method ? row.auth_method : "none";
+		resource = row.resource;
+		if (client_secret)
+			use->values = lappend(use->values, (char *) client_secret);
+	}
+	else if (!cc)
+	{
+		/* an authorization-code grant: a person connects (this raises) */
+		*header = McpOAuthHeader(run, auth, url, use);
+		return NULL;
+	}
+	else
+	{
+		char	   *scope;
+
+		/* discovery, as tuvl.mcp_connect() does it, one request at a time */
+		if (w.probe == NULL && !(have && row.token_endpoint && *row.token_endpoint))
+		{
+			HttpHeader *ct = palloc(sizeof(HttpHeader));
+
+			ct->name = "Content-Type";
+			ct->value = "application/json";
+			return oauth_effect(run, n, "oauth_probe", "POST", url, list_make1(ct),
+								"{\"jsonrpc\": \"2.0\", \"id\": \"tuvl-oauth-probe\", \"method\": \"server/discover\"}",
+								timeout_ms, NIL);
+		}
+		if (w.probe && w.prm == NULL && w.as == NULL)
+		{
+			Jsonb	   *ph = JsonGetJsonb(w.probe, "headers");
+			char	   *www = ph ? JsonGetString(ph, "www-authenticate") : NULL;
+			char	   *named = www ? www_param(www, "resource_metadata") : NULL;
+			List	   *cands = NIL;
+
+			if (named)
+				cands = lappend(cands, named);
+			if (*path)
+				cands = lappend(cands, psprintf("%s/.well-known/oauth-protected-resource%s", origin, path));
+			cands = lappend(cands, psprintf("%s/.well-known/oauth-protected-resource", origin));
+			if (w.prm_tries < list_length(cands))
+				return oauth_effect(run, n, "oauth_prm", "GET", list_nth(cands, w.prm_tries), NIL, NULL,
+									timeout_ms, NIL);
+		}
+		if (w.probe && w.as == NULL)
+		{
+			char	   *issuer = origin;
+			char	   *ipath;
+			char	   *iorigin;
+			List	   *cands = NIL;
+
+			if (w.prm)
+			{
+				Jsonb	   *servers = JsonGetJsonb(w.prm, "authorization_servers");
+				char	   *res = JsonGetString(w.prm, "resource");
+
+				if (res && !resource_matches(res, url))
+					oauth_error(url, "its protected-resource metadata names another resource",
+								psprintf("The metadata is for \"%s\"; tuvl sends tokens only to the resource they are for.",
+										 res));
+				if (servers == NULL || !JB_ROOT_IS_ARRAY(servers) || JB_ROOT_IS_SCALAR(servers) ||
+					JsonContainerSize(&servers->root) == 0 ||
+					getIthJsonbValueFromContainer(&servers->root, 0)->type != jbvString)
+					oauth_error(url, "its protected-resource metadata names no authorization server", NULL);
+				issuer = JsonValueToText(getIthJsonbValueFromContainer(&servers->root, 0));
+			}
+			iorigin = url_origin(issuer, &ipath);
+			if (*ipath)
+			{
+				cands = lappend(cands, psprintf("%s/.well-known/oauth-authorization-server%s", iorigin, ipath));
+				cands = lappend(cands, psprintf("%s/.well-known/openid-configuration%s", iorigin, ipath));
+				cands = lappend(cands, psprintf("%s%s/.well-known/openid-configuration", iorigin, ipath));
+			}
+			else
+			{
+				cands = lappend(cands, psprintf("%s/.well-known/oauth-authorization-server", iorigin));
+				cands = lappend(cands, psprintf("%s/.well-known/openid-configuration", iorigin));
+			}
+			if (w.as_tries < list_length(cands))
+				return oauth_effect(run, n, "oauth_as", "GET", list_nth(cands, w.as_tries), NIL, NULL,
+									timeout_ms, NIL);
+			if (w.prm)
+				oauth_error(url, psprintf("the authorization server %s publishes no metadata",
+										  HttpRedactUrl(issuer)), NULL);
+		}
+		if (w.as)
+			endpoint = metadata_url(w.as, "token_endpoint", url);
+		else if (have && row.token_endpoint && *row.token_endpoint && w.probe == NULL)
+			endpoint = row.token_endpoint;
+		else
+			endpoint = psprintf("%s/token", origin);
+		if (endpoint == NULL)
+			oauth_error(url, "the authorization server's metadata has no token_endpoint", NULL);
+		resource = w.prm && JsonGetString(w.prm, "resource") ? JsonGetString(w.prm, "resource") : url;
+		client_id = JsonGetString(cfg, "client_id");
+		client_secret = TemplateRenderText(psprintf("{{ secrets.%s }}", JsonGetString(cfg, "client_secret_secret")),
+										   JsonEmptyObject(), &use->opts);
+		method = choose_auth_method(w.as ? w.as : JsonEmptyObject(), client_secret);
+		if (forced_scope)
+			scope = forced_scope;
+		else
+		{
+			OAuthServer s;
+
+			memset(&s, 0, sizeof(s));
+			s.www_scope = w.probe ? record_scope(w.probe) : NULL;
+			s.prm_scopes = w.prm ? JsonGetJsonb(w.prm, "scopes_supported") : NULL;
+			s.as = JsonEmptyObject();	/* no offline_access: nothing to refresh */
+			scope = choose_scope(&s, JsonGetJsonb(cfg, "scopes"));
+		}
+		form_add(&form, "grant_type", "client_credentials");
+		form_add(&form, "scope", scope);
+		form_add(&form, "resource", resource);
+	}
+
+	h = palloc(sizeof(HttpHeader));
+	h->name = "Content-Type";
+	h->value = "application/x-www-form-urlencoded";
+	headers = lappend(headers, h);
+	if (strcmp(method, "client_secret_basic") == 0 && client_secret)
+	{
+		char	   *id = curl_easy_escape(NULL, client_id ? client_id : "", 0);
+		char	   *sec = curl_easy_escape(NULL, client_secret, 0);
+		char	   *pair = psprintf("%s:%s", id, sec);
+		int			cap = pg_b64_enc_len(strlen(pair)) + 1;
+		char	   *b64 = palloc0(cap);
+		int			len = pg_b64_encode(pair, strlen(pair), b64, cap);
+
+		curl_free(id);
+		curl_free(sec);
+		if (len < 0)
+			elog(ERROR, "could not encode base64");
+		b64[len] = '\0';
+		h = palloc(sizeof(HttpHeader));
+		h->name = "Authorization";
+		h->value = psprintf("Basic %s", b64);
+		headers = lappend(headers, h);
+		use->values = lappend(use->values, b64);
+	}
+	else
+	{
+		form_add(&form, "client_id", client_id);
+		if (strcmp(method, "client_secret_post") == 0)
+			form_add(&form, "client_secret", client_secret);
+	}
+	req = oauth_effect(run, n, "oauth_token", "POST", endpoint, headers, form.data, timeout_ms,
+					   use->values);
+	/* what storing the tokens needs, in the journaled result */
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "token_endpoint", endpoint);
+	if (client_id)
+		JsonObjAddString(&b, "client_id", client_id);
+	JsonObjAddString(&b, "auth_method", method);
+	if (resource)
+		JsonObjAddString(&b, "resource", resource);
+	req->tag = JsonMerge(req->tag, JsonObjEnd(&b));
+	return req;
+}
+
 
 /*
  * The Authorization header an MCP step with mcp.auth sends to url: the

@@ -15,6 +15,9 @@
 #include "secret.h"
 
 extern HttpHeader *McpOAuthHeader(RunState *run, Jsonb *auth, const char *url, SecretUse *use);
+extern struct EffectRequest *McpOAuthStep(RunState *run, Jsonb *auth, const char *url,
+										  SecretUse *use, int timeout_ms, HttpHeader **header,
+										  int *start);
 extern void McpOAuthCheckRefused(Jsonb *r, const char *url);
 
 #endif							/* TUVL_MCP_OAUTH_H */
