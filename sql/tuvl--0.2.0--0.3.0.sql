@@ -665,6 +665,8 @@ CREATE TABLE tuvl.mcp_oauth_tokens (
 );
 COMMENT ON TABLE tuvl.mcp_oauth_tokens IS 'OAuth tokens of MCP servers, per server URL and role (the token itself is the secret named in secret); readable only by the extension owner';
 REVOKE ALL ON tuvl.mcp_oauth_tokens FROM PUBLIC;
+/* which token is whose, for tuvl.grant_secret(); never the values */
+GRANT SELECT (url, role, secret, expires_at, scope, updated_at) ON tuvl.mcp_oauth_tokens TO tuvl_admin;
 
 CREATE TABLE tuvl.mcp_oauth_pending (
     state text PRIMARY KEY,

@@ -1005,6 +1005,7 @@ typedef struct TokenRow
 	char	   *secret;
 	char	   *refresh_secret;
 	bool		fresh;			/* not expiring within a minute */
+	bool		valid;			/* not expired */
 	char	   *token_endpoint;
 	char	   *client_id;
 	char	   *client_secret;
@@ -1022,7 +1023,8 @@ token_row(const char *url, Oid principal, TokenRow *row)
 	memset(row, 0, sizeof(TokenRow));
 	if (SecurityExecArgs("SELECT t.secret, t.refresh_secret, "
 						 "  COALESCE(t.expires_at OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.+) '1 minute'::pg_catalog.interval), true)::pg_catalog.text, "
-						 "  t.token_endpoint, t.client_id, t.client_secret, t.auth_method, t.resource "
+						 "  t.token_endpoint, t.client_id, t.client_secret, t.auth_method, t.resource, "
+						 "  COALESCE(t.expires_at OPERATOR(pg_catalog.>) pg_catalog.now(), true)::pg_catalog.text "
 						 "FROM tuvl.mcp_oauth_tokens t "
 						 "WHERE t.url OPERATOR(pg_catalog.=) $1 AND EXISTS ("
 						 "  SELECT 1 FROM tuvl.secret_grants g WHERE g.secret OPERATOR(pg_catalog.=) t.secret "
@@ -1032,9 +1034,9 @@ token_row(const char *url, Oid principal, TokenRow *row)
 						 SPI_OK_SELECT, 2, types, CStringGetTextDatum(url),
 						 ObjectIdGetDatum(principal)) == 1)
 	{
-		char	   *f[8];
+		char	   *f[9];
 
-		for (int i = 0; i < 8; i++)
+		for (int i = 0; i < 9; i++)
 		{
 			char	   *v = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, i + 1);
 
@@ -1050,6 +1052,7 @@ token_row(const char *url, Oid principal, TokenRow *row)
 		row->client_secret = f[5];
 		row->auth_method = f[6];
 		row->resource = f[7];
+		row->valid = f[8] && strcmp(f[8], "true") == 0;
 		found = true;
 	}
 	if (connected)
@@ -1249,7 +1252,8 @@ McpOAuthStep(RunState *run, Jsonb *auth, const char *url, SecretUse *use, int ti
 	}
 
 	have = token_row(url, run->principal, &row);
-	if (!forced && have && (row.fresh || run->replay))
+	/* a token this step just got is used even when it lives less than a minute */
+	if (!forced && have && (row.fresh || (w.tokens > 0 && row.valid) || run->replay))
 	{
 		*header = McpOAuthHeader(run, auth, url, use);
 		return NULL;
