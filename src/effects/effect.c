@@ -217,6 +217,7 @@ EffectRequestCopy(EffectRequest *req, MemoryContext cxt)
 		c->http.body_len = req->http.body_len;
 	}
 	c->http.timeout_ms = req->http.timeout_ms;
+	c->http.stop_after = req->http.stop_after ? pstrdup(req->http.stop_after) : NULL;
 	c->journal = req->journal ? DatumGetJsonbPCopy(JsonbPGetDatum(req->journal)) : NULL;
 	c->idempotency_key = req->idempotency_key ? pstrdup(req->idempotency_key) : NULL;
 	c->delay_ms = req->delay_ms;
