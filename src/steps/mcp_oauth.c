@@ -662,6 +662,51 @@ read_secret(const char *name)
 }
 
 /*
+ * Dynamic client registration (RFC 7591) of a public client (or what the
+ * server offers) with the redirect URI: sets the client's id, secret and
+ * token endpoint authentication.
+ */
+static void
+register_client(const char *url, OAuthServer *s, const char *redirect, char **client_id,
+				char **client_secret, const char **auth_method)
+{
+	JsonObjBuilder b;
+	Jsonb	   *reg;
+	HttpResult *res;
+	HttpHeader *h = palloc(sizeof(HttpHeader));
+	Jsonb	   *methods = JsonGetJsonb(s->as, "token_endpoint_auth_methods_supported");
+	const char *want = methods == NULL || array_has(methods, "none") ? "none" :
+		array_has(methods, "client_secret_basic") ? "client_secret_basic" : "client_secret_post";
+	const char *why;
+
+	if (s->registration_endpoint == NULL)
+		oauth_error(url, "the authorization server offers no dynamic client registration",
+					"Register a client with it and give its client_id in auth.oauth.client_id.");
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "client_name", "tuvl");
+	JsonObjAddJsonb(&b, "redirect_uris",
+					JsonFromCString(psprintf("[%s]", JsonText(JsonStringValue(redirect)))));
+	JsonObjAddJsonb(&b, "grant_types", JsonFromCString("[\"authorization_code\", \"refresh_token\"]"));
+	JsonObjAddJsonb(&b, "response_types", JsonFromCString("[\"code\"]"));
+	JsonObjAddString(&b, "token_endpoint_auth_method", want);
+	reg = JsonObjEnd(&b);
+	h->name = "Content-Type";
+	h->value = "application/json";
+	res = oauth_http("POST", s->registration_endpoint, list_make1(h), JsonText(reg), NIL);
+	if (res->status < 200 || res->status >= 300)
+		oauth_error(url, psprintf("dynamic client registration answered HTTP %d", res->status),
+					res->status ? JsonClipText(res->body, 500) : res->error);
+	reg = res->body_len <= OAUTH_MAX_METADATA ? JsonParseExternal(res->body, res->body_len, &why) : NULL;
+	if (reg == NULL || !JsonIsObject(reg) || JsonGetString(reg, "client_id") == NULL)
+		oauth_error(url, "dynamic client registration returned no client_id", NULL);
+	*client_id = JsonGetString(reg, "client_id");
+	*client_secret = JsonGetString(reg, "client_secret");
+	*auth_method = JsonGetString(reg, "token_endpoint_auth_method");
+	if (*auth_method == NULL)
+		*auth_method = choose_auth_method(s->as, *client_secret);
+}
+
+/*
  * tuvl.mcp_connect(url, auth): discovery, the client, PKCE; returns the
  * authorization URL.
  */
@@ -717,42 +762,7 @@ tuvl_mcp_connect(PG_FUNCTION_ARGS)
 		client_id = NULL;		/* a metadata document the server does not take */
 	auth_method = choose_auth_method(s.as, client_secret);
 	if (client_id == NULL)
-	{
-		JsonObjBuilder b;
-		Jsonb	   *reg;
-		HttpResult *res;
-		HttpHeader *h = palloc(sizeof(HttpHeader));
-		Jsonb	   *methods = JsonGetJsonb(s.as, "token_endpoint_auth_methods_supported");
-		const char *want = methods == NULL || array_has(methods, "none") ? "none" :
-			array_has(methods, "client_secret_basic") ? "client_secret_basic" : "client_secret_post";
-		const char *why;
-
-		if (s.registration_endpoint == NULL)
-			oauth_error(url, "the authorization server offers no dynamic client registration",
-						"Register a client with it and give its client_id in auth.oauth.client_id.");
-		JsonObjStart(&b);
-		JsonObjAddString(&b, "client_name", "tuvl");
-		JsonObjAddJsonb(&b, "redirect_uris",
-						JsonFromCString(psprintf("[%s]", JsonText(JsonStringValue(redirect)))));
-		JsonObjAddJsonb(&b, "grant_types", JsonFromCString("[\"authorization_code\", \"refresh_token\"]"));
-		JsonObjAddJsonb(&b, "response_types", JsonFromCString("[\"code\"]"));
-		JsonObjAddString(&b, "token_endpoint_auth_method", want);
-		reg = JsonObjEnd(&b);
-		h->name = "Content-Type";
-		h->value = "application/json";
-		res = oauth_http("POST", s.registration_endpoint, list_make1(h), JsonText(reg), NIL);
-		if (res->status < 200 || res->status >= 300)
-			oauth_error(url, psprintf("dynamic client registration answered HTTP %d", res->status),
-						res->status ? JsonClipText(res->body, 500) : res->error);
-		reg = res->body_len <= OAUTH_MAX_METADATA ? JsonParseExternal(res->body, res->body_len, &why) : NULL;
-		if (reg == NULL || !JsonIsObject(reg) || JsonGetString(reg, "client_id") == NULL)
-			oauth_error(url, "dynamic client registration returned no client_id", NULL);
-		client_id = JsonGetString(reg, "client_id");
-		client_secret = JsonGetString(reg, "client_secret");
-		auth_method = JsonGetString(reg, "token_endpoint_auth_method");
-		if (auth_method == NULL)
-			auth_method = choose_auth_method(s.as, client_secret);
-	}
+		register_client(url, &s, redirect, &client_id, &client_secret, &auth_method);
 
 	scope = choose_scope(&s, cfg ? JsonGetJsonb(cfg, "scopes") : NULL);
 
@@ -1206,6 +1216,148 @@ record_scope(Jsonb *r)
 }
 
 /*
+ * The next discovery request of a client-credentials grant (the probe,
+ * protected-resource metadata, authorization-server metadata, each
+ * location in turn), or NULL when discovery is over.  known_endpoint: a
+ * token endpoint is known already (a token of the URL expired).
+ */
+static EffectRequest *
+discovery_request(RunState *run, int n, const char *url, OAuthWalk *w, bool known_endpoint,
+				  int timeout_ms)
+{
+	char	   *path;
+	char	   *origin = url_origin(url, &path);
+
+	if (w->probe == NULL && !known_endpoint)
+	{
+		HttpHeader *ct = palloc(sizeof(HttpHeader));
+
+		ct->name = "Content-Type";
+		ct->value = "application/json";
+		return oauth_effect(run, n, "oauth_probe", "POST", url, list_make1(ct),
+							"{\"jsonrpc\": \"2.0\", \"id\": \"tuvl-oauth-probe\", \"method\": \"server/discover\"}",
+							timeout_ms, NIL);
+	}
+	if (w->probe && w->prm == NULL && w->as == NULL)
+	{
+		Jsonb	   *ph = JsonGetJsonb(w->probe, "headers");
+		char	   *www = ph ? JsonGetString(ph, "www-authenticate") : NULL;
+		char	   *named = www ? www_param(www, "resource_metadata") : NULL;
+		List	   *cands = NIL;
+
+		if (named)
+			cands = lappend(cands, named);
+		if (*path)
+			cands = lappend(cands, psprintf("%s/.well-known/oauth-protected-resource%s", origin, path));
+		cands = lappend(cands, psprintf("%s/.well-known/oauth-protected-resource", origin));
+		if (w->prm_tries < list_length(cands))
+			return oauth_effect(run, n, "oauth_prm", "GET", list_nth(cands, w->prm_tries), NIL, NULL,
+								timeout_ms, NIL);
+	}
+	if (w->probe && w->as == NULL)
+	{
+		char	   *issuer = origin;
+		char	   *ipath;
+		char	   *iorigin;
+		List	   *cands = NIL;
+
+		if (w->prm)
+		{
+			Jsonb	   *servers = JsonGetJsonb(w->prm, "authorization_servers");
+			char	   *res = JsonGetString(w->prm, "resource");
+
+			if (res && !resource_matches(res, url))
+				oauth_error(url, "its protected-resource metadata names another resource",
+							psprintf("The metadata is for \"%s\"; tuvl sends tokens only to the resource they are for.",
+									 res));
+			if (servers == NULL || !JB_ROOT_IS_ARRAY(servers) || JB_ROOT_IS_SCALAR(servers) ||
+				JsonContainerSize(&servers->root) == 0 ||
+				getIthJsonbValueFromContainer(&servers->root, 0)->type != jbvString)
+				oauth_error(url, "its protected-resource metadata names no authorization server", NULL);
+			issuer = JsonValueToText(getIthJsonbValueFromContainer(&servers->root, 0));
+		}
+		iorigin = url_origin(issuer, &ipath);
+		if (*ipath)
+		{
+			cands = lappend(cands, psprintf("%s/.well-known/oauth-authorization-server%s", iorigin, ipath));
+			cands = lappend(cands, psprintf("%s/.well-known/openid-configuration%s", iorigin, ipath));
+			cands = lappend(cands, psprintf("%s%s/.well-known/openid-configuration", iorigin, ipath));
+		}
+		else
+		{
+			cands = lappend(cands, psprintf("%s/.well-known/oauth-authorization-server", iorigin));
+			cands = lappend(cands, psprintf("%s/.well-known/openid-configuration", iorigin));
+		}
+		if (w->as_tries < list_length(cands))
+			return oauth_effect(run, n, "oauth_as", "GET", list_nth(cands, w->as_tries), NIL, NULL,
+								timeout_ms, NIL);
+		if (w->prm)
+			oauth_error(url, psprintf("the authorization server %s publishes no metadata",
+									  HttpRedactUrl(issuer)), NULL);
+	}
+	return NULL;
+}
+
+/*
+ * The token request of a step (form: the grant's parameters), with the
+ * client's authentication, as an effect whose tag says what storing the
+ * tokens needs.
+ */
+static EffectRequest *
+token_effect(RunState *run, int n, const char *endpoint, StringInfo form, const char *client_id,
+			 const char *client_secret, const char *method, const char *resource, SecretUse *use,
+			 int timeout_ms)
+{
+	List	   *headers = NIL;
+	HttpHeader *h;
+	EffectRequest *req;
+	JsonObjBuilder b;
+
+	h = palloc(sizeof(HttpHeader));
+	h->name = "Content-Type";
+	h->value = "application/x-www-form-urlencoded";
+	headers = lappend(headers, h);
+	if (strcmp(method, "client_secret_basic") == 0 && client_secret)
+	{
+		char	   *id = curl_easy_escape(NULL, client_id ? client_id : "", 0);
+		char	   *sec = curl_easy_escape(NULL, client_secret, 0);
+		char	   *pair = psprintf("%s:%s", id, sec);
+		int			cap = pg_b64_enc_len(strlen(pair)) + 1;
+		char	   *b64 = palloc0(cap);
+		int			len = pg_b64_encode(pair, strlen(pair), b64, cap);
+
+		curl_free(id);
+		curl_free(sec);
+		if (len < 0)
+			elog(ERROR, "could not encode base64");
+		b64[len] = '\0';
+		h = palloc(sizeof(HttpHeader));
+		h->name = "Authorization";
+		h->value = psprintf("Basic %s", b64);
+		headers = lappend(headers, h);
+		use->values = lappend(use->values, b64);
+	}
+	else
+	{
+		form_add(form, "client_id", client_id);
+		if (strcmp(method, "client_secret_post") == 0)
+			form_add(form, "client_secret", client_secret);
+	}
+	req = oauth_effect(run, n, "oauth_token", "POST", endpoint, headers, form->data, timeout_ms,
+					   use->values);
+	/* what storing the tokens needs, in the journaled result */
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "token_endpoint", endpoint);
+	if (client_id)
+		JsonObjAddString(&b, "client_id", client_id);
+	JsonObjAddString(&b, "auth_method", method);
+	if (resource)
+		JsonObjAddString(&b, "resource", resource);
+	req->tag = JsonMerge(req->tag, JsonObjEnd(&b));
+	return req;
+}
+
+/*
  * An MCP step with mcp.auth, before its MCP messages: returns the next
  * OAuth request to make (discovery, a client-credentials grant, a
  * refresh), or NULL with *header set to the bearer token to send and
@@ -1229,15 +1381,12 @@ McpOAuthStep(RunState *run, Jsonb *auth, const char *url, SecretUse *use, int ti
 	char	   *path;
 	char	   *origin = url_origin(url, &path);
 	StringInfoData form;
-	List	   *headers = NIL;
-	HttpHeader *h;
 	const char *endpoint;
 	const char *client_id;
 	const char *client_secret = NULL;
 	const char *method;
 	const char *resource;
 	EffectRequest *req;
-	JsonObjBuilder b;
 
 	walk_oauth(run, n, url, &w);
 	*start = w.last + 1;
@@ -1293,73 +1442,10 @@ McpOAuthStep(RunState *run, Jsonb *auth, const char *url, SecretUse *use, int ti
 		char	   *scope;
 
 		/* discovery, as tuvl.mcp_connect() does it, one request at a time */
-		if (w.probe == NULL && !(have && row.token_endpoint && *row.token_endpoint))
-		{
-			HttpHeader *ct = palloc(sizeof(HttpHeader));
-
-			ct->name = "Content-Type";
-			ct->value = "application/json";
-			return oauth_effect(run, n, "oauth_probe", "POST", url, list_make1(ct),
-								"{\"jsonrpc\": \"2.0\", \"id\": \"tuvl-oauth-probe\", \"method\": \"server/discover\"}",
-								timeout_ms, NIL);
-		}
-		if (w.probe && w.prm == NULL && w.as == NULL)
-		{
-			Jsonb	   *ph = JsonGetJsonb(w.probe, "headers");
-			char	   *www = ph ? JsonGetString(ph, "www-authenticate") : NULL;
-			char	   *named = www ? www_param(www, "resource_metadata") : NULL;
-			List	   *cands = NIL;
-
-			if (named)
-				cands = lappend(cands, named);
-			if (*path)
-				cands = lappend(cands, psprintf("%s/.well-known/oauth-protected-resource%s", origin, path));
-			cands = lappend(cands, psprintf("%s/.well-known/oauth-protected-resource", origin));
-			if (w.prm_tries < list_length(cands))
-				return oauth_effect(run, n, "oauth_prm", "GET", list_nth(cands, w.prm_tries), NIL, NULL,
-									timeout_ms, NIL);
-		}
-		if (w.probe && w.as == NULL)
-		{
-			char	   *issuer = origin;
-			char	   *ipath;
-			char	   *iorigin;
-			List	   *cands = NIL;
-
-			if (w.prm)
-			{
-				Jsonb	   *servers = JsonGetJsonb(w.prm, "authorization_servers");
-				char	   *res = JsonGetString(w.prm, "resource");
-
-				if (res && !resource_matches(res, url))
-					oauth_error(url, "its protected-resource metadata names another resource",
-								psprintf("The metadata is for \"%s\"; tuvl sends tokens only to the resource they are for.",
-										 res));
-				if (servers == NULL || !JB_ROOT_IS_ARRAY(servers) || JB_ROOT_IS_SCALAR(servers) ||
-					JsonContainerSize(&servers->root) == 0 ||
-					getIthJsonbValueFromContainer(&servers->root, 0)->type != jbvString)
-					oauth_error(url, "its protected-resource metadata names no authorization server", NULL);
-				issuer = JsonValueToText(getIthJsonbValueFromContainer(&servers->root, 0));
-			}
-			iorigin = url_origin(issuer, &ipath);
-			if (*ipath)
-			{
-				cands = lappend(cands, psprintf("%s/.well-known/oauth-authorization-server%s", iorigin, ipath));
-				cands = lappend(cands, psprintf("%s/.well-known/openid-configuration%s", iorigin, ipath));
-				cands = lappend(cands, psprintf("%s%s/.well-known/openid-configuration", iorigin, ipath));
-			}
-			else
-			{
-				cands = lappend(cands, psprintf("%s/.well-known/oauth-authorization-server", iorigin));
-				cands = lappend(cands, psprintf("%s/.well-known/openid-configuration", iorigin));
-			}
-			if (w.as_tries < list_length(cands))
-				return oauth_effect(run, n, "oauth_as", "GET", list_nth(cands, w.as_tries), NIL, NULL,
-									timeout_ms, NIL);
-			if (w.prm)
-				oauth_error(url, psprintf("the authorization server %s publishes no metadata",
-										  HttpRedactUrl(issuer)), NULL);
-		}
+		req = discovery_request(run, n, url, &w, have && row.token_endpoint && *row.token_endpoint,
+								timeout_ms);
+		if (req)
+			return req;
 		if (w.as)
 			endpoint = metadata_url(w.as, "token_endpoint", url);
 		else if (have && row.token_endpoint && *row.token_endpoint && w.probe == NULL)
@@ -1390,48 +1476,8 @@ McpOAuthStep(RunState *run, Jsonb *auth, const char *url, SecretUse *use, int ti
 		form_add(&form, "resource", resource);
 	}
 
-	h = palloc(sizeof(HttpHeader));
-	h->name = "Content-Type";
-	h->value = "application/x-www-form-urlencoded";
-	headers = lappend(headers, h);
-	if (strcmp(method, "client_secret_basic") == 0 && client_secret)
-	{
-		char	   *id = curl_easy_escape(NULL, client_id ? client_id : "", 0);
-		char	   *sec = curl_easy_escape(NULL, client_secret, 0);
-		char	   *pair = psprintf("%s:%s", id, sec);
-		int			cap = pg_b64_enc_len(strlen(pair)) + 1;
-		char	   *b64 = palloc0(cap);
-		int			len = pg_b64_encode(pair, strlen(pair), b64, cap);
-
-		curl_free(id);
-		curl_free(sec);
-		if (len < 0)
-			elog(ERROR, "could not encode base64");
-		b64[len] = '\0';
-		h = palloc(sizeof(HttpHeader));
-		h->name = "Authorization";
-		h->value = psprintf("Basic %s", b64);
-		headers = lappend(headers, h);
-		use->values = lappend(use->values, b64);
-	}
-	else
-	{
-		form_add(&form, "client_id", client_id);
-		if (strcmp(method, "client_secret_post") == 0)
-			form_add(&form, "client_secret", client_secret);
-	}
-	req = oauth_effect(run, n, "oauth_token", "POST", endpoint, headers, form.data, timeout_ms,
-					   use->values);
-	/* what storing the tokens needs, in the journaled result */
-	JsonObjStart(&b);
-	JsonObjAddString(&b, "token_endpoint", endpoint);
-	if (client_id)
-		JsonObjAddString(&b, "client_id", client_id);
-	JsonObjAddString(&b, "auth_method", method);
-	if (resource)
-		JsonObjAddString(&b, "resource", resource);
-	req->tag = JsonMerge(req->tag, JsonObjEnd(&b));
-	return req;
+	return token_effect(run, n, endpoint, &form, client_id, client_secret, method, resource, use,
+						timeout_ms);
 }
 
 

@@ -188,7 +188,7 @@ def test_a_token_endpoint_outside_the_allow_list_is_never_sent_the_secret(roles,
     ("not json at all", "is not a JSON object"),
     ('["an", "array"]', "is not a JSON object"),
     ('{"issuer": "x", "pad": "' + "x" * 70000 + '"}', "larger than"),
-])
+], ids=["not-json", "array", "oversized"])
 def test_malformed_or_oversized_metadata_is_refused(roles, servers, conns, raw, message):
     c = conns(roles)
     setup_cc(c, servers, name="cc_malformed")
