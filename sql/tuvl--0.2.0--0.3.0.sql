@@ -898,6 +898,64 @@ GRANT EXECUTE ON FUNCTION tuvl._cron_jobs() TO tuvl_user;
 
 /* ------------------------------------------------------------------ mcp: OAuth and elicitation (issue 40) */
 
+/*
+ * OAuth 2.1 for MCP servers (docs/mcp.md#oauth).  An access token is a
+ * secret (tuvl.secrets, named mcp_oauth_...) granted to the role that
+ * connected; tuvl.mcp_oauth_tokens says which server URL it is for and how
+ * to refresh it.  tuvl.mcp_oauth_pending holds an authorization-code grant
+ * between tuvl.mcp_connect() and tuvl.mcp_connect_finish().  Both tables
+ * are the extension owner's alone, like tuvl.secrets.
+ */
+CREATE TABLE tuvl.mcp_oauth_tokens (
+    url text NOT NULL,
+    role pg_catalog.regrole NOT NULL,
+    secret text NOT NULL,
+    refresh_secret text,
+    expires_at timestamptz,
+    scope text,
+    token_endpoint text NOT NULL,
+    client_id text,
+    client_secret text,
+    auth_method text NOT NULL DEFAULT 'none',
+    resource text,
+    updated_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    PRIMARY KEY (url, role)
+);
+COMMENT ON TABLE tuvl.mcp_oauth_tokens IS 'OAuth tokens of MCP servers, per server URL and role (the token itself is the secret named in secret); readable only by the extension owner';
+REVOKE ALL ON tuvl.mcp_oauth_tokens FROM PUBLIC;
+/* which token is whose, for tuvl.grant_secret(); never the values */
+GRANT SELECT (url, role, secret, expires_at, scope, updated_at) ON tuvl.mcp_oauth_tokens TO tuvl_admin;
+
+CREATE TABLE tuvl.mcp_oauth_pending (
+    state text PRIMARY KEY,
+    role pg_catalog.regrole NOT NULL,
+    url text NOT NULL,
+    verifier text NOT NULL,
+    redirect_uri text NOT NULL,
+    token_endpoint text NOT NULL,
+    client_id text NOT NULL,
+    client_secret text,
+    auth_method text NOT NULL,
+    resource text,
+    scope text,
+    created_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+COMMENT ON TABLE tuvl.mcp_oauth_pending IS 'authorization-code grants started by tuvl.mcp_connect() and not finished yet; readable only by the extension owner';
+REVOKE ALL ON tuvl.mcp_oauth_pending FROM PUBLIC;
+
+CREATE FUNCTION tuvl.mcp_connect(url text, auth jsonb DEFAULT NULL)
+RETURNS text
+AS 'MODULE_PATHNAME', 'tuvl_mcp_connect'
+LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION tuvl.mcp_connect(text, jsonb) IS 'start an OAuth authorization-code grant for an MCP server (discovery, registration, PKCE) for the calling role; returns the URL a person opens';
+
+CREATE FUNCTION tuvl.mcp_connect_finish(callback_url text)
+RETURNS text
+AS 'MODULE_PATHNAME', 'tuvl_mcp_connect_finish'
+LANGUAGE C VOLATILE STRICT;
+COMMENT ON FUNCTION tuvl.mcp_connect_finish(text) IS 'finish an OAuth grant started by tuvl.mcp_connect() with the URL the person was sent back to; stores the tokens as secrets of the calling role and returns the MCP server URL';
+GRANT EXECUTE ON FUNCTION tuvl.mcp_connect(text, jsonb), tuvl.mcp_connect_finish(text) TO tuvl_user;
+
 /* the sweep: keep it the last statements of the script */
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA tuvl FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA tuvl FROM PUBLIC;

@@ -133,6 +133,7 @@ extern int	tuvl_http_max_response_size;
 extern int	tuvl_http_max_redirects;
 extern bool tuvl_http_verify_tls;
 extern char *tuvl_http_ca_file;
+extern char *tuvl_oauth_redirect_uri;
 extern bool tuvl_http2;
 extern bool tuvl_log_agent_events;
 extern char *tuvl_otlp_endpoint;

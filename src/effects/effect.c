@@ -220,6 +220,7 @@ EffectRequestCopy(EffectRequest *req, MemoryContext cxt)
 		c->http.body_len = req->http.body_len;
 	}
 	c->http.timeout_ms = req->http.timeout_ms;
+	c->http.stop_after = req->http.stop_after ? pstrdup(req->http.stop_after) : NULL;
 	c->journal = req->journal ? DatumGetJsonbPCopy(JsonbPGetDatum(req->journal)) : NULL;
 	c->idempotency_key = req->idempotency_key ? pstrdup(req->idempotency_key) : NULL;
 	c->delay_ms = req->delay_ms;
@@ -316,11 +317,18 @@ EffectResultToJsonb(HttpResult *res, List *secrets)
 	return SecretScrubJsonb(JsonObjEnd(&b), secrets);
 }
 
+EffectFinishHookType EffectFinishHook = NULL;
+
 /* The journal form of a request's result, with the request's tag. */
 Jsonb *
 EffectFinish(EffectRequest *req, HttpResult *res)
 {
-	Jsonb	   *j = EffectResultToJsonb(res, req->secrets);
+	List	   *secrets = req->secrets;
+	Jsonb	   *j;
+
+	if (EffectFinishHook && req->tag)
+		secrets = EffectFinishHook(req, res, secrets);
+	j = EffectResultToJsonb(res, secrets);
 
 	return req->tag ? JsonMerge(j, req->tag) : j;
 }

@@ -47,6 +47,14 @@ extern void EffectRecord(RunState *run, Jsonb *record);
 extern EffectRequest *EffectRequestCopy(EffectRequest *req, MemoryContext cxt);
 extern Jsonb *EffectResultToJsonb(HttpResult *res, List *secrets);
 extern Jsonb *EffectFinish(EffectRequest *req, HttpResult *res);
+
+/*
+ * Called with every finished request before its result is journaled: may
+ * keep what the response holds and return more values to scrub from the
+ * journal (an OAuth token endpoint's tokens, mcp_oauth.c).
+ */
+typedef List *(*EffectFinishHookType) (EffectRequest *req, HttpResult *res, List *secrets);
+extern EffectFinishHookType EffectFinishHook;
 extern Jsonb *EffectPerform(EffectRequest *req);
 extern void EffectAdmissionDone(EffectRequest *req, Jsonb *result);
 

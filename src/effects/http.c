@@ -107,6 +107,8 @@ struct HttpTransfer
 	bool		paused;			/* waiting for memory */
 	size_t		expected;		/* Content-Length, or 0 when not announced */
 	bool		admitted;		/* its announced body has room reserved */
+	char	   *stop_after;		/* HttpRequest.stop_after, malloc'd */
+	bool		stopped;		/* ... arrived: ended by us, complete */
 	const char *fail_kind;		/* set when we failed it ourselves */
 	char	   *fail_msg;		/* malloc'd */
 	char	  **secrets;		/* values of the secrets in the request */
@@ -374,6 +376,18 @@ write_cb(char *data, size_t size, size_t nmemb, void *userp)
 	}
 	ok = buf_append(&t->buf, &t->len, &t->cap, data, n);
 	buffered += t->cap - cap;
+	if (ok && t->stop_after)
+	{
+		/* the awaited event is whole: end the stream here */
+		char	   *hit = memmem(t->buf, t->len, t->stop_after, strlen(t->stop_after));
+
+		if (hit && (memmem(hit, t->len - (hit - t->buf), "\n\n", 2) ||
+					memmem(hit, t->len - (hit - t->buf), "\r\n\r\n", 4)))
+		{
+			t->stopped = true;
+			return 0;
+		}
+	}
 	return ok ? n : 0;
 }
 
@@ -705,6 +719,7 @@ transfer_free(HttpTransfer *t)
 	free(t->buf);
 	free(t->hbuf);
 	free(t->fail_msg);
+	free(t->stop_after);
 	for (int i = 0; i < t->nsecrets; i++)
 		free(t->secrets[i]);
 	free(t->secrets);
@@ -836,6 +851,7 @@ HttpStart(const HttpRequest *req, List *secrets, void *owner)
 	}
 	t->method = xstrdup(req->method ? req->method : "GET");
 	t->url = xstrdup(req->url);
+	t->stop_after = req->stop_after ? xstrdup(req->stop_after) : NULL;
 	if (req->body && req->body_borrowed)
 	{
 		t->body = (char *) req->body;
@@ -1378,6 +1394,10 @@ HttpTakeResult(HttpTransfer *t)
 		res->status = 0;
 		res->body = pstrdup("");
 		res->body_len = 0;
+	}
+	else if (t->stopped)
+	{
+		/* ended by us once the awaited event was there: complete */
 	}
 	else if (t->code == CURLE_OPERATION_TIMEDOUT)
 	{

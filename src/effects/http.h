@@ -26,6 +26,10 @@ typedef struct HttpRequest
 	size_t		body_len;
 	int			timeout_ms;
 	bool		body_borrowed;	/* body outlives the transfer: not copied */
+	const char *stop_after;		/* NULL, or: an event stream that never ends
+								 * is complete once this text has arrived and
+								 * the event holding it has ended (a blank
+								 * line); the rest is not waited for */
 } HttpRequest;
 
 /* The outcome of a request, palloc'd by HttpTakeResult. */

@@ -1353,12 +1353,83 @@ check_schema(ValidateState *vs, Jsonb *schema, const char *path)
 	}
 }
 
+/*
+ * mcp.auth: { oauth: { grant, client_id, client_secret_secret, scopes } }
+ * (docs/mcp.md#oauth).
+ */
+static void
+check_mcp_auth(ValidateState *vs, JsonbValue *auth, const char *path)
+{
+	static const char *const auth_keys[] = {"oauth", NULL};
+	static const char *const oauth_keys[] = {"grant", "client_id", "client_secret_secret", "scopes",
+	NULL};
+	Jsonb	   *a;
+	Jsonb	   *o;
+	char	   *opath = psprintf("%s.oauth", path);
+	char	   *grant;
+	JsonbValue *v;
+
+	if (auth == NULL)
+		return;
+	if (!is_mapping(auth))
+	{
+		add_finding(vs, "error", path,
+					"auth must be a mapping such as { oauth: { grant: client_credentials, client_id: my-client, client_secret_secret: my_secret } }");
+		return;
+	}
+	a = JsonValueToJsonb(auth);
+	check_unknown_keys(vs, a, path, auth_keys, NULL);
+	v = JsonGetField(a, "oauth");
+	if (!is_mapping(v))
+	{
+		add_finding(vs, "error", opath,
+					"oauth must be a mapping with grant (client_credentials or authorization_code)");
+		return;
+	}
+	o = JsonValueToJsonb(v);
+	check_unknown_keys(vs, o, opath, oauth_keys, NULL);
+	grant = JsonGetString(o, "grant");
+	if (grant == NULL || (strcmp(grant, "client_credentials") != 0 &&
+						  strcmp(grant, "authorization_code") != 0))
+		add_finding(vs, "error", psprintf("%s.grant", opath),
+					"grant must be client_credentials (a server-to-server client with a secret) or "
+					"authorization_code (a person connects with tuvl.mcp_connect())");
+	else if (strcmp(grant, "client_credentials") == 0 &&
+			 (JsonGetString(o, "client_id") == NULL || JsonGetString(o, "client_secret_secret") == NULL))
+		add_finding(vs, "error", opath,
+					"the client_credentials grant needs client_id and client_secret_secret (the name of a secret holding the client's secret)");
+	v = JsonGetField(o, "client_id");
+	if (v && (v->type != jbvString || v->val.string.len == 0))
+		add_finding(vs, "error", psprintf("%s.client_id", opath), "client_id must be a non-empty string");
+	v = JsonGetField(o, "client_secret_secret");
+	if (v && (v->type != jbvString || v->val.string.len == 0))
+		add_finding(vs, "error", psprintf("%s.client_secret_secret", opath),
+					"client_secret_secret must be the name of a secret (tuvl.set_secret())");
+	v = JsonGetField(o, "scopes");
+	if (v)
+	{
+		Jsonb	   *sc = JsonValueToJsonb(v);
+		bool		ok = JB_ROOT_IS_ARRAY(sc) && !JB_ROOT_IS_SCALAR(sc);
+
+		for (int i = 0; ok && i < (int) JsonContainerSize(&sc->root); i++)
+		{
+			JsonbValue *e = getIthJsonbValueFromContainer(&sc->root, i);
+
+			ok = e->type == jbvString && e->val.string.len > 0 &&
+				memchr(e->val.string.val, ' ', e->val.string.len) == NULL;
+		}
+		if (!ok)
+			add_finding(vs, "error", psprintf("%s.scopes", opath),
+						"scopes must be a list of scope names such as [mcp:read, mcp:write]");
+	}
+}
+
 /* The mcp mapping of an MCP step. */
 static void
 check_mcp_block(ValidateState *vs, Jsonb *mcp, const char *mpath)
 {
 	static const char *const mcp_keys[] = {"url", "tool", "arguments", "timeout", "headers",
-	"elicitation", NULL};
+	"elicitation", "auth", NULL};
 	JsonbValue *args;
 	JsonbValue *elicit;
 
@@ -1376,6 +1447,7 @@ check_mcp_block(ValidateState *vs, Jsonb *mcp, const char *mpath)
 		add_finding(vs, "error", psprintf("%s.headers", mpath),
 					"headers must be a mapping such as { Authorization: \"Bearer {{ secrets.mcp_token }}\" }");
 	check_scalar_values(vs, JsonGetField(mcp, "headers"), psprintf("%s.headers", mpath));
+	check_mcp_auth(vs, JsonGetField(mcp, "auth"), psprintf("%s.auth", mpath));
 	require_string(vs, mcp, "url", mpath, "the mcp mapping");
 	require_string(vs, mcp, "tool", mpath, "the mcp mapping");
 	check_duration(vs, mcp, "timeout", mpath);

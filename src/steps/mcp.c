@@ -56,6 +56,7 @@
 #include "executor.h"
 #include "jsonutil.h"
 #include "mcp.h"
+#include "mcp_oauth.h"
 #include "security.h"
 #include "spiutil.h"
 #include "template.h"
@@ -712,7 +713,18 @@ typedef struct McpProgress
 	const char *elicitation;	/* mcp.elicitation: NULL, accept_defaults, decline */
 	Jsonb	   *input_required; /* the last answer asked for input: retry */
 	int			rounds;			/* answers that asked for input */
+	const char *oauth_url;		/* mcp.auth: the server, whose 401/403 fail */
+	char	   *resume_id;		/* the stream ended before the answer: the
+								 * last event id to resume after, or NULL */
+	int			resume_ms;		/* ... after the server's retry delay */
+	const char *resume_rpc;		/* ... awaiting the answer to this request */
+	int			resumes;		/* resumptions so far */
 } McpProgress;
+
+/* A call's event stream is resumed at most this often. */
+#define MCP_MAX_RESUMES 3
+/* The delay before resuming when the server gave no retry field. */
+#define MCP_DEFAULT_RETRY_MS 1000
 
 /* A server asking for input more often than this in one call fails it. */
 #define MCP_MAX_INPUT_ROUNDS 8
@@ -856,14 +868,63 @@ input_responses(Jsonb *answer, const char *policy)
 }
 
 /*
+ * An event stream that ended before it held the answer to request id,
+ * but named its events: resume it (GET with Last-Event-ID, after the
+ * server's retry delay), as the transport says.  Returns true with p's
+ * resume fields set; false when r holds the answer or cannot be resumed.
+ */
+static bool
+stream_resumable(Jsonb *r, const char *id, McpProgress *p)
+{
+	char	   *ctype = header_of(r, "content-type");
+	char	   *body = JsonGetText(r, "body");
+	char	   *error;
+	char	   *last = NULL;
+	int			retry = MCP_DEFAULT_RETRY_MS;
+	const char *line;
+
+	if (ctype == NULL || strstr(ctype, "text/event-stream") == NULL || body == NULL ||
+		McpParseMessage(body, ctype, id, &error) != NULL)
+		return false;
+	for (line = body; line && *line; line = strpbrk(line, "\n") ? strpbrk(line, "\n") + 1 : NULL)
+	{
+		size_t		len = strcspn(line, "\r\n");
+
+		if (len >= 3 && strncmp(line, "id:", 3) == 0)
+		{
+			const char *v = line + 3 + (line[3] == ' ');
+
+			last = pnstrdup(v, line + len - v);
+		}
+		else if (len >= 6 && strncmp(line, "retry:", 6) == 0)
+			retry = atoi(line + 6);
+	}
+	if (last == NULL || *last == '\0' || strpbrk(last, "\r\n"))
+		return false;
+	if (++p->resumes > MCP_MAX_RESUMES)
+	{
+		StepErrorType = "mcp_error";
+		ereport(ERROR,
+				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+				 errmsg("MCP tools/call failed: the event stream ended %d times without the answer",
+						p->resumes),
+				 errdetail("tuvl resumes a call's stream at most %d times.", MCP_MAX_RESUMES)));
+	}
+	p->resume_id = last;
+	p->resume_ms = Max(0, Min(retry, 30000));
+	p->resume_rpc = id;
+	return true;
+}
+
+/*
  * Walk the step's effects so far, updating p.  Returns true with *answer
  * set to the result of tools/call when it arrived (the step is done);
  * raises for a failure.
  */
 static bool
-walk_effects(RunState *run, int n, const char *url, McpProgress *p, Jsonb **answer)
+walk_effects(RunState *run, int first, int n, const char *url, McpProgress *p, Jsonb **answer)
 {
-	for (int i = 0; i < n; i++)
+	for (int i = first; i < n; i++)
 	{
 		Jsonb	   *r = EffectAt(run, i);
 		char	   *op = JsonGetString(r, "op");
@@ -871,6 +932,9 @@ walk_effects(RunState *run, int n, const char *url, McpProgress *p, Jsonb **answ
 
 		if (op == NULL)
 			continue;
+		/* the token was refused: a person has to connect (again) */
+		if (p->oauth_url)
+			McpOAuthCheckRefused(r, p->oauth_url);
 		if (strcmp(op, "discover") == 0)
 		{
 			/* a server that cannot be reached fails here, not in initialize */
@@ -916,7 +980,7 @@ walk_effects(RunState *run, int n, const char *url, McpProgress *p, Jsonb **answ
 			bool		up;
 
 			/* a stateless call; the first effect: the server was known */
-			if (i == 0)
+			if (i == first)
 				p->discovered = p->stateless = true;
 			if (version_mismatch(r, &up))
 			{
@@ -935,7 +999,7 @@ walk_effects(RunState *run, int n, const char *url, McpProgress *p, Jsonb **answ
 		}
 		else if (strcmp(op, "call") == 0)
 		{
-			if (i == 0)
+			if (i == first)
 			{
 				/* the first call used a session cached by this process */
 				p->discovered = true;
@@ -947,15 +1011,30 @@ walk_effects(RunState *run, int n, const char *url, McpProgress *p, Jsonb **answ
 			{
 				/* the server lost the session: initialize again */
 				const char *elicitation = p->elicitation;
+				const char *oauth_url = p->oauth_url;
 
 				session_forget(url, p->session);
 				memset(p, 0, sizeof(McpProgress));
 				p->discovered = true;	/* still a 2025 server */
 				p->elicitation = elicitation;
+				p->oauth_url = oauth_url;
 				continue;
 			}
 			if (status < 200 || status >= 300)
 				fail_transport(r, "tools/call");
+			if (stream_resumable(r, answer_id(r, i), p))
+				continue;
+			*answer = rpc_answer(r, answer_id(r, i), "tools/call");
+			return true;
+		}
+		else if (strcmp(op, "resume") == 0)
+		{
+			/* the call's stream, resumed with GET after it ended */
+			p->resume_id = NULL;
+			if (status < 200 || status >= 300)
+				fail_transport(r, "tools/call (resuming its event stream)");
+			if (stream_resumable(r, answer_id(r, i), p))
+				continue;
 			*answer = rpc_answer(r, answer_id(r, i), "tools/call");
 			return true;
 		}
@@ -1166,6 +1245,41 @@ next_request(const char *url, const char *tool, Jsonb *args, const char *id, Mcp
 	if (!p->notified)
 		return rpc_request(url, "notifications/initialized", NULL, NULL, p->session, p->version,
 						   "initialized", timeout_ms, extra);
+	if (p->resume_id)
+	{
+		/* GET the call's stream again, after the last event seen */
+		JsonObjBuilder t;
+
+		req = palloc0(sizeof(EffectRequest));
+		req->http.method = "GET";
+		req->http.url = pstrdup(url);
+		req->http.timeout_ms = timeout_ms;
+		req->delay_ms = p->resume_ms;
+		/* the server may keep the stream open: it is complete with the answer */
+		req->http.stop_after = psprintf("\"%s\"", p->resume_rpc);
+		add_header(req, "Accept", "text/event-stream");
+		add_header(req, "Last-Event-ID", p->resume_id);
+		if (p->session)
+			add_header(req, "Mcp-Session-Id", p->session);
+		if (p->version)
+			add_header(req, "MCP-Protocol-Version", p->version);
+		req->http.headers = list_concat(req->http.headers, extra);
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "method", "GET");
+		JsonObjAddString(&b, "url", HttpRedactUrl(url));
+		JsonObjAddString(&b, "rpc", "tools/call");
+		JsonObjAddString(&b, "last_event_id", p->resume_id);
+		req->journal = JsonObjEnd(&b);
+		JsonObjStart(&t);
+		JsonObjAddString(&t, "op", "resume");
+		JsonObjAddString(&t, "rpc_id", p->resume_rpc);
+		if (p->session)
+			JsonObjAddString(&t, "session", p->session);
+		if (p->version)
+			JsonObjAddString(&t, "version", p->version);
+		req->tag = JsonObjEnd(&t);
+		return req;
+	}
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "name", tool);
 	JsonObjAddJsonb(&b, "arguments", args);
@@ -1198,6 +1312,7 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	EffectRequest *req;
 	List	   *extra;
 	char	   *skey;
+	int			first = 0;		/* the step's first MCP message (after OAuth) */
 
 	SecretUseInit(&use, run);
 	StepErrorType = "template_error";
@@ -1210,12 +1325,28 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	(void) DurationFromJson(JsonGetField(mcp, "timeout"), &timeout_ms);
 	StepErrorType = "mcp_error";
 	EffectCheckAllowed(url, use.values);
+	if (JsonGetField(mcp, "auth"))
+	{
+		/* OAuth first: discovery and a grant, or the token the role holds */
+		HttpHeader *bearer = NULL;
+
+		req = McpOAuthStep(run, JsonGetJsonb(mcp, "auth"), url, &use, timeout_ms, &bearer, &first);
+		if (req)
+		{
+			result->pending = true;
+			result->effect = req;
+			return;
+		}
+		StepErrorType = "mcp_error";
+		extra = lappend(extra, bearer);
+	}
 	skey = session_key(url, extra);
 
 	/* walk what happened so far */
 	memset(&p, 0, sizeof(p));
 	p.elicitation = JsonGetString(mcp, "elicitation");
-	if (walk_effects(run, n, skey, &p, &answer))
+	p.oauth_url = JsonGetField(mcp, "auth") ? url : NULL;
+	if (walk_effects(run, first, n, skey, &p, &answer))
 	{
 		if (p.learned)
 			revision_remember(url, p.stateless);
@@ -1229,8 +1360,8 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	/* what next */
 	if (p.learned)
 		revision_remember(url, p.stateless);
-	sync_session_cache(skey, n, &p, url, extra);
-	if (n == 0)
+	sync_session_cache(skey, n - first, &p, url, extra);
+	if (n == first)
 	{
 		/* a cached session is a 2025 server's; else what the process knows */
 		int			known = p.session ? 0 : revision_known(url);

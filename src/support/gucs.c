@@ -52,6 +52,7 @@ int			tuvl_http_max_response_size = 10 * 1024 * 1024;
 int			tuvl_http_max_redirects = 5;
 bool		tuvl_http_verify_tls = true;
 char	   *tuvl_http_ca_file = NULL;
+char	   *tuvl_oauth_redirect_uri = NULL;
 bool		tuvl_http2 = true;
 bool		tuvl_log_agent_events = false;
 char	   *tuvl_otlp_endpoint = NULL;
@@ -341,6 +342,11 @@ TuvlDefineGucs(void)
 							   "An absolute path readable by the server, for a private CA; empty (the default): the system's only.",
 							   &tuvl_http_ca_file, "",
 							   PGC_SUSET, 0, check_ca_file, NULL, NULL);
+	DefineCustomStringVariable("tuvl.oauth_redirect_uri",
+							   "Where an OAuth authorization server sends a person back after tuvl.mcp_connect().",
+							   "The redirect URI registered for tuvl's OAuth client, such as the console's /oauth/callback; the page there hands the URL it was opened with to tuvl.mcp_connect_finish().",
+							   &tuvl_oauth_redirect_uri, "",
+							   PGC_USERSET, 0, NULL, NULL, NULL);
 	DefineCustomBoolVariable("tuvl.http2",
 							 "Use HTTP/2 with multiplexing where an HTTPS server offers it.",
 							 "Off: every request uses HTTP/1.1, one connection per request in flight.",

@@ -25,11 +25,9 @@
 # that redirect to tuvl.mcp_connect_finish() and runs the workflow again; at
 # most three times, as a person would give up (auth/scope-retry-limit).
 #
-# The auth/* branches are written against the interface issue 40 plans
-# (the mcp.auth key, tuvl.mcp_connect(), tuvl.mcp_connect_finish()), which
-# tuvl does not have yet: those scenarios fail with "the workflow was not
-# registered" and are listed, with that reason, in
-# test/mcp/conformance-expected.yml until the feature lands.
+# When the server refused the token for want of scopes (403
+# insufficient_scope: step-up), the step's error names them, and the person
+# asks for them in auth.oauth.scopes.
 set -uo pipefail
 
 url=${1:?usage: MCP_CONFORMANCE_SCENARIO=<scenario> $0 <server-url>}
@@ -109,7 +107,7 @@ expect_text() {
 
 # The authorization-code grant, a person clicking "connect" up to 3 times.
 authorization_code() {
-    local connects=0 location authz
+    local connects=0 location authz scopes
     while :; do
         run
         [ "$end_name" = done ] && exit 0
@@ -119,6 +117,14 @@ authorization_code() {
         esac
         [ $connects -ge 3 ] && die "still refused after $connects authorizations: $error"
         connects=$((connects + 1))
+        # a refusal for want of scopes names them: the person asks for them
+        scopes=$(sed -n 's/.*it needs scopes "\([^"]*\)".*/\1/p' <<<"$error")
+        if [ -n "$scopes" ]; then
+            auth=$(sql -v scopes="$scopes" <<'SQL'
+SELECT jsonb_set(:'auth'::jsonb, '{oauth,scopes}', to_jsonb(regexp_split_to_array(:'scopes', ' ')))
+SQL
+            ) || die "could not add the scopes $scopes"
+        fi
         authz=$(sql <<'SQL'
 SET tuvl.oauth_redirect_uri = :'redirect';
 SELECT tuvl.mcp_connect(:'url', :'auth'::jsonb);

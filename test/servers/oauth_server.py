@@ -53,7 +53,10 @@ Tokens live --ttl seconds (default 3600).
 Control endpoints:
 
   POST   /_config   {"ttl": s, "deny": bool, "clients": {id: {secret,
-                    redirect_uris, method}}} (pre-registered clients)
+                    redirect_uris, method}}} (pre-registered clients),
+                    "metadata": {key: value} (keys of the metadata document
+                    replaced: a hostile token_endpoint, say), "metadata_raw":
+                    text (the document sent as it is; null: the real one)
   POST   /_expire   every access token expires now (refresh tokens stay)
   POST   /_revoke   every token, access and refresh, dies
   GET    /_log      {"requests": [{t, method, path, headers, form, status,
@@ -85,6 +88,8 @@ class State:
         self.lock = threading.Lock()
         self.ttl = ttl
         self.deny = False
+        self.metadata = {}      # /_config "metadata": keys to override
+        self.metadata_raw = None  # /_config "metadata_raw": the document as sent
         self.clients = {}       # id -> {secret, redirect_uris, method}
         self.codes = {}         # code -> {client_id, redirect_uri, challenge, scope, resource}
         self.access = {}        # token -> {client_id, scope, resource, exp}
@@ -157,7 +162,15 @@ class Handler(BaseHTTPRequestHandler):
         q = dict(urllib.parse.parse_qsl(url.query))
         if url.path in ("/.well-known/oauth-authorization-server", "/.well-known/openid-configuration"):
             self.record(200)
-            return self.send(200, self.metadata())
+            if self.st.metadata_raw is not None:
+                data = self.st.metadata_raw.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
+            return self.send(200, {**self.metadata(), **self.st.metadata})
         if url.path == "/_health":
             return self.send(200, {"ok": True})
         if url.path == "/_log":
@@ -224,6 +237,10 @@ class Handler(BaseHTTPRequestHandler):
                     self.st.ttl = int(conf["ttl"])
                 if "deny" in conf:
                     self.st.deny = bool(conf["deny"])
+                if "metadata" in conf:
+                    self.st.metadata = dict(conf["metadata"] or {})
+                if "metadata_raw" in conf:
+                    self.st.metadata_raw = conf["metadata_raw"]
                 for cid, c in (conf.get("clients") or {}).items():
                     self.st.clients[cid] = {"secret": c.get("secret"),
                                             "redirect_uris": c.get("redirect_uris", []),
