@@ -1,7 +1,8 @@
 # test/lib.sh: shared by the demo and the test runner (source it).
 #
 # tuvl_setup      install missing Debian packages (quietly, idempotently),
-#                 build and install the extension
+#                 build and install the extension; with TUVL_ASAN=1, into a
+#                 PostgreSQL built with AddressSanitizer (tuvl_asan_pg)
 # tuvl_start      create and start a throwaway cluster in a temporary
 #                 directory with its own port and socket directory; exports
 #                 PGHOST, PGPORT, PGUSER, TUVL_TMP, TUVL_PGDATA
@@ -29,13 +30,17 @@ TUVL_PIDS=()
 TUVL_PACKAGES="postgresql-15 postgresql-server-dev-15 libcurl4-openssl-dev libyaml-dev
 postgresql-15-cron postgresql-15-pgtap libtap-parser-sourcehandler-pgtap-perl
 python3 python3-psycopg2 python3-pytest python3-prometheus-client make gcc pkg-config procps iproute2"
+# clang with libFuzzer's and AddressSanitizer's runtimes and the symbolizer:
+# the fuzz harness (test/fuzz) and test/run asan add them to the install
+TUVL_CLANG_PACKAGES="clang-14 libclang-rt-14-dev llvm-14"
 
 tuvl_log() { printf '== %s\n' "$*" >&2; }
 
-# Install what is missing; a machine that has everything does no network work.
+# Install what is missing (and TUVL_EXTRA_PACKAGES); a machine that has
+# everything does no network work.
 tuvl_install_packages() {
     local missing=() p
-    for p in $TUVL_PACKAGES ${TUVL_VALGRIND:+valgrind}; do
+    for p in $TUVL_PACKAGES ${TUVL_VALGRIND:+valgrind} ${TUVL_EXTRA_PACKAGES:-}; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
     done
     [ ${#missing[@]} -eq 0 ] && return 0
@@ -105,9 +110,186 @@ tuvl_start_mcp2() {
 }
 
 tuvl_build() {
+    if [ -n "${TUVL_ASAN:-}" ]; then
+        tuvl_asan_build
+        return
+    fi
     tuvl_log "building tuvl"
     make -s -C "$TUVL_ROOT" >/dev/null
     make -s -C "$TUVL_ROOT" install >/dev/null
+}
+
+# TUVL_ASAN=1 (test/run asan): the server under AddressSanitizer.  PostgreSQL
+# 15 from Debian's source package (the version installed, from a deb-src
+# entry this adds), built by clang with AddressSanitizer and assertions into
+# a prefix of its own, $TUVL_ASAN_DIR/pg (src/ holds the sources), with
+# pg_cron built the same way (or Debian's build, when the archive lacks
+# its sources) and pgTAP's SQL; built once (some 15 minutes on two cores),
+# then reused.  tuvl is built out of the tree, in
+# $TUVL_ASAN_DIR/tuvl, so that src/*.o stay the plain build's.  The ASan
+# runtime is linked into postgres: the postmaster forks without exec, so a
+# preloaded one would not reach the children it starts.
+TUVL_ASAN_DIR=${TUVL_ASAN_DIR:-/opt/tuvl-asan}
+TUVL_ASAN_PACKAGES="dpkg-dev bison flex"
+TUVL_ASAN_CFLAGS="-O1 -g -fno-omit-frame-pointer -fsanitize=address"
+
+# deb-src entries for the suites the machine installs from (bookworm's)
+tuvl_asan_sources() {
+    local f=/etc/apt/sources.list.d/tuvl-deb-src.sources
+    apt-cache showsrc postgresql-15 2>/dev/null | grep '^Package:' >/dev/null && return 0
+    cat >"$f" <<'SRC'
+Types: deb-src
+URIs: http://deb.debian.org/debian
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb-src
+URIs: http://deb.debian.org/debian-security
+Suites: bookworm-security
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+    apt-get update -qq >/dev/null
+}
+
+# Fetch Debian source package $1 into the current directory: the version
+# installed package $2 comes from, else the newest the archive serves (a
+# mirror may lack a security update's sources); prints where it unpacked.
+# Debian's patches are left out: they move the library directory to
+# /usr/lib/postgresql/15/lib, where this build would replace Debian's.
+tuvl_asan_fetch() {
+    local v
+    for v in $(dpkg-query -W -f='${source:Version}' "$2") \
+        $(apt-cache showsrc "$1" | sed -n 's/^Version: //p' | sort -rV); do
+        if apt-get source --download-only -qq "$1=$v" >/dev/null 2>&1 &&
+            dpkg-source -x --skip-patches "$1_${v#*:}.dsc" "$1-src" >/dev/null 2>&1; then
+            echo "$PWD/$1-src"
+            return 0
+        fi
+    done
+    return 1
+}
+
+tuvl_asan_pg() {
+    local prefix=$TUVL_ASAN_DIR/pg src=$TUVL_ASAN_DIR/src log=$TUVL_ASAN_DIR/build.log stamp dir
+    stamp="$(dpkg-query -W -f='${Version} ${source:Version}' postgresql-15 postgresql-15-cron) $TUVL_ASAN_CFLAGS"
+    if [ "$(cat "$prefix/.tuvl-stamp" 2>/dev/null)" != "$stamp" ]; then
+        if [ "$(id -u)" -ne 0 ]; then
+            echo "no AddressSanitizer build in $prefix (run as root to make one)" >&2
+            return 1
+        fi
+        tuvl_log "building PostgreSQL with AddressSanitizer into $prefix (log: $log)"
+        # the sources, configured, are kept: a build that stopped goes on
+        if [ "$(cat "$src/.tuvl-configured" 2>/dev/null)" != "$stamp" ]; then
+            tuvl_asan_sources || return 1
+            rm -rf "$src"
+            mkdir -p "$src"
+            (cd "$src" && dir=$(tuvl_asan_fetch postgresql-15 postgresql-15) && cd "$dir" &&
+                echo "== configure" && ASAN_OPTIONS=detect_leaks=0 ./configure --prefix="$prefix" \
+                    --enable-cassert --enable-debug --without-icu --without-readline --without-zlib \
+                    --without-llvm --disable-nls --with-system-tzdata=/usr/share/zoneinfo CC=clang-14 \
+                    CFLAGS="$TUVL_ASAN_CFLAGS" LDFLAGS="-fsanitize=address" &&
+                # nothing of this build may land outside its prefix
+                ! grep -n '/usr/lib/postgresql' src/Makefile.global) >"$log" 2>&1 ||
+                { tail -20 "$log" >&2; return 1; }
+            echo "$stamp" >"$src/.tuvl-configured"
+        fi
+        dir=$src/postgresql-15-src
+        # pg_cron, preloaded by the test cluster, is built against this
+        # server, or when the archive lacks its sources Debian's build is
+        # copied (same major version, and no sanitizer in it); pgTAP is SQL
+        if ! (export ASAN_OPTIONS=detect_leaks=0
+            echo "== make" && nice -n 10 make -C "$dir" -s -j2 &&
+                echo "== install" && rm -rf "$prefix" && make -C "$dir" -s install &&
+                echo "== pg_cron" && cd "$src" && rm -rf pg-cron* && {
+                { cron=$(tuvl_asan_fetch pg-cron postgresql-15-cron) &&
+                    nice -n 10 make -C "$cron" -s PG_CONFIG="$prefix/bin/pg_config" &&
+                    make -C "$cron" -s install PG_CONFIG="$prefix/bin/pg_config"; } ||
+                    { echo "pg_cron's sources are not in the archive: Debian's build copied" &&
+                        cp /usr/lib/postgresql/15/lib/pg_cron.so "$("$prefix/bin/pg_config" --pkglibdir)/" &&
+                        cp /usr/share/postgresql/15/extension/pg_cron* \
+                            "$("$prefix/bin/pg_config" --sharedir)/extension/"; }; } &&
+                cp /usr/share/postgresql/15/extension/pgtap* "$("$prefix/bin/pg_config" --sharedir)/extension/"
+        ) >>"$log" 2>&1; then
+            tail -20 "$log" >&2
+            return 1
+        fi
+        echo "$stamp" >"$prefix/.tuvl-stamp"
+    fi
+    export PG_CONFIG=$prefix/bin/pg_config PGBIN=$prefix/bin
+    # every program of the build (pg_config, initdb, psql) would report leaks
+    # at exit, and end with status 23, having lost what it wrote to a pipe
+    export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+}
+
+# tuvl built with the ASan build's flags, out of the tree: the sources by
+# VPATH, the headers linked so that a changed one rebuilds everything; its
+# reports do not stop the process (tuvl_asan_options).
+tuvl_asan_build() {
+    local b=$TUVL_ASAN_DIR/tuvl
+    tuvl_log "building tuvl with AddressSanitizer in $b"
+    mkdir -p "$b/src"
+    ln -sfn "$TUVL_ROOT/sql" "$b/sql"
+    ln -sf "$TUVL_ROOT/tuvl.control" "$TUVL_ROOT/README.md" "$b/"
+    find "$b/src" -name '*.h' -type l -delete
+    ln -sf "$TUVL_ROOT"/src/*.h "$b/src/"
+    # objects of other flags or another tree are built again
+    if [ "$(cat "$b/.flags" 2>/dev/null)" != "$TUVL_ROOT $PG_CONFIG recover" ]; then
+        rm -f "$b"/src/*.o "$b"/*.so
+        echo "$TUVL_ROOT $PG_CONFIG recover" >"$b/.flags"
+    fi
+    make -s -C "$b" -f "$TUVL_ROOT/Makefile" VPATH="$TUVL_ROOT" PG_CONFIG="$PG_CONFIG" \
+        COPT=-fsanitize-recover=address >/dev/null &&
+        make -s -C "$b" -f "$TUVL_ROOT/Makefile" VPATH="$TUVL_ROOT" PG_CONFIG="$PG_CONFIG" install >/dev/null
+}
+
+# The server's ASAN_OPTIONS: reports to $1.<pid>; no leak checks (a
+# backend keeps its memory to the end by design, and a leak report would
+# change every exit status); a report in tuvl's code does not stop the
+# process (tuvl is built with -fsanitize-recover=address), so one run
+# collects every report and one bug does not fail the tests after it; a
+# report that stops a process (in PostgreSQL's code, a failed assertion, a
+# segfault) ends it with status 1, as a FATAL error does, not with abort(),
+# which the postmaster would answer by restarting every session; malloc
+# may fail, as PostgreSQL expects; a smaller quarantine, for forty
+# processes.
+tuvl_asan_options() {
+    local sym
+    sym=$(command -v llvm-symbolizer-14 || true)
+    echo "log_path=$1:detect_leaks=0:halt_on_error=0:abort_on_error=0:exitcode=1:handle_abort=1:handle_segv=1:allocator_may_return_null=1:quarantine_size_mb=32:malloc_context_size=20:detect_stack_use_after_return=0${sym:+:external_symbolizer_path=$sym}"
+}
+
+# The ASan reports in $1 (files $1.<pid>) whose stack passes through tuvl
+# (its library, or its sources in this tree): their number; with -s, one
+# line per place (the report's kind and its first frame in tuvl) with its
+# count, then the first report of each place.
+tuvl_asan_reports() {
+    local summary=
+    [ "$1" = -s ] && { summary=1; shift; }
+    TUVL_SUMMARY=$summary "$TUVL_PYTHON" - "$TUVL_ROOT/src/" "$1".* <<'PY'
+import collections, os, re, sys
+ours = re.compile(r"/tuvl\.so\b|" + re.escape(sys.argv[1]))
+places = collections.OrderedDict()
+for path in sys.argv[2:]:
+    if not os.path.isfile(path):
+        continue
+    text = open(path, errors="replace").read()
+    for r in re.split(r"\n(?===\d+==ERROR: )", "\n" + text):
+        if "==ERROR: " not in r or not ours.search(r):
+            continue
+        kind = re.search(r"ERROR: AddressSanitizer: ([\w-]+)", r)
+        frame = next((l.strip() for l in r.splitlines() if re.match(r"\s*#\d+ ", l) and ours.search(l)), "?")
+        key = (kind.group(1) if kind else "?", re.sub(r"^#\d+ 0x[0-9a-f]+ in ", "", frame))
+        places.setdefault(key, [0, path, r.strip()])[0] += 1
+if os.environ.get("TUVL_SUMMARY"):
+    for (kind, frame), (n, path, report) in places.items():
+        print(f"{n} x {kind} at {frame} ({path})")
+    for (kind, frame), (n, path, report) in places.items():
+        print("\n".join(report.splitlines()[:40]) + "\n")
+else:
+    print(sum(v[0] for v in places.values()))
+PY
 }
 
 # TUVL_VALGRIND=1 runs the server (and every backend and worker) under
@@ -138,7 +320,13 @@ print(sum(1 for b in blocks if "tuvl.so" in b and re.search(r"Invalid|uninitiali
 }
 
 tuvl_setup() {
-    tuvl_install_packages
+    if [ -n "${TUVL_ASAN:-}" ]; then
+        TUVL_EXTRA_PACKAGES="${TUVL_EXTRA_PACKAGES:-} $TUVL_CLANG_PACKAGES $TUVL_ASAN_PACKAGES" \
+            tuvl_install_packages || return 1
+        tuvl_asan_pg || return 1
+    else
+        tuvl_install_packages || return 1
+    fi
     tuvl_build
 }
 
