@@ -820,6 +820,51 @@ boundary_control(Transition *t)
 }
 
 /*
+ * Dev mode (issue 38): does a breakpoint or step mode stop the run before
+ * the step it enters?  tuvl._dev_stop() decides, from tuvl.breakpoints
+ * and tuvl.dev_runs, and answers who stops it ("breakpoint" or "step");
+ * then the run parks paused before the step, as a pause does, and
+ * tuvl.resume_run() or tuvl.step_run() lets it enter.  Not asked when
+ * the step goes on after an effect.  Returns true when the run stopped.
+ */
+static bool
+dev_mode_stop(Transition *t)
+{
+	static const Oid types[3] = {INT8OID, TEXTOID, TEXTOID};
+	RunState   *run = t->run;
+	char	   *state_step = run->step_state ? JsonGetString(run->step_state, "step") : NULL;
+	Datum		values[3];
+	SecurityFrame frame;
+	char	   *by = NULL;
+	Checkpoint	cp;
+	JsonObjBuilder b;
+
+	if (state_step && strcmp(state_step, t->step->id) == 0)
+		return false;
+	values[0] = Int64GetDatum(run->id);
+	values[1] = CStringGetTextDatum(run->workflow);
+	values[2] = CStringGetTextDatum(t->step->id);
+	SecurityAsOwner(&frame);
+	if (SpiExec("SELECT tuvl._dev_stop($1, $2, $3)", 3, types, values, NULL, SPI_OK_SELECT) == 1)
+		by = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+	SecurityRestore(&frame);
+	if (by == NULL)
+		return false;
+	memset(&cp, 0, sizeof(cp));
+	cp.events = list_copy(t->events);
+	cp.context = run->context;
+	cp.step = t->step->id;
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "step", t->step->id);
+	JsonObjAddString(&b, "by", by);
+	JournalAdd(&cp.events, "paused", t->step->id, t->step->kind_name, JsonObjEnd(&b));
+	cp.status = RUN_PAUSED;
+	cp.step_state = paused_step_state(run->step_state);
+	CheckpointWrite(run, &cp);
+	return true;
+}
+
+/*
  * Everything a transition needs before its step executes: the workflow,
  * the step, the journal events of entering it, the effect just
  * performed, its deadline.  Returns false when operator control ended
@@ -858,6 +903,9 @@ prepare_transition(Transition *t)
 
 	if (run->control && run->fresh_effect == NULL && !CompensationActive(run) &&
 		boundary_control(t))
+		return false;
+	if (!run->replay && run->fresh_effect == NULL && !CompensationActive(run) &&
+		dev_mode_stop(t))
 		return false;
 
 	/* entering the step, or continuing it after an effect? */

@@ -29,6 +29,7 @@ import { Hub } from "./hub.js";
 import * as ops from "./ops.js";
 import { openapi } from "./openapi.js";
 import { EventStream } from "./sse.js";
+import { registerConsole } from "./console.js";
 
 export interface ServeOptions {
     db: ClientConfig;
@@ -142,6 +143,7 @@ export class Server {
         this.db = new Database(opts.db, opts.pool, log);
         this.hub = new Hub(opts.db, log);
         this.setup();
+        registerConsole(this.app, this.db, { db: opts.db, authDelayMs: opts.authDelayMs });
         this.routes();
     }
 
