@@ -245,6 +245,7 @@ function RunPage({ id }: { id: number }) {
     const visited = useMemo(() => new Set(events.filter((e) => e.type === "agent_started" && e.step).map((e) => e.step as string)), [events]);
     const hasAgent = agentSteps.size > 0;
     useEffect(() => { if (hasAgent) setTab("conversation"); }, [hasAgent]);
+    const [bps, toggleBp] = useBreakpoints(run?.workflow ?? "", d?.breakpoints, reload, (e) => setNotice(e ? (e as Error).message : null));
     if (detail.error && !d) return <ErrorBox error={detail.error} />;
     if (!d) return <p className="loading">Loading run {id}…</p>;
     const status: string = run.status;
@@ -253,11 +254,7 @@ function RunPage({ id }: { id: number }) {
         reload();
     });
     const t0 = Date.parse(run.created_at);
-    const toggleBp = async (step: string) => {
-        const on = !d.breakpoints.includes(step);
-        await post("/api/console/breakpoints", { workflow: run.workflow, step, on });
-        reload();
-    };
+
     return <>
         <h1>Run #{id} <Badge status={status} /></h1>
         <div className="card">
@@ -300,8 +297,8 @@ function RunPage({ id }: { id: number }) {
         <div className="grid2">
             <section aria-label="Graph">
                 <h2>Graph</h2>
-                {d.graph ? <Graph dot={d.graph} current={FINAL.has(status) ? null : run.step} visited={visited} breakpoints={d.breakpoints}
-                    onNode={toggleBp} label={`graph of workflow ${run.workflow}`} /> : <p className="muted">No graph.</p>}
+                {d.graph ? <Graph dot={d.graph} current={FINAL.has(status) ? null : run.step} visited={visited} breakpoints={bps}
+                    onNode={(step) => void toggleBp(step)} label={`graph of workflow ${run.workflow}`} /> : <p className="muted">No graph.</p>}
                 <p className="muted">Select a step to set or clear a breakpoint before it (dev mode): runs of {run.workflow} pause there.</p>
                 {d.children.length ? <><h2>Children ({d.children.length})</h2>
                     <ul>{d.children.map((c: any) => <li key={c.id}><Link to={`/console/runs/${c.id}`}>#{c.id}</Link> {c.workflow} <Badge status={c.status} /></li>)}</ul></> : null}
@@ -512,14 +509,12 @@ function WorkflowsPage() {
 function WorkflowPage({ name }: { name: string }) {
     const [version, setVersion] = useState<number | undefined>(undefined);
     const w = useLoad(() => get(`/api/console/workflows/${encodeURIComponent(name)}${qs({ version })}`), [name, version]);
+    const [error, setError] = useState<unknown>(null);
     const d = w.data;
-    const toggle = async (step: string) => {
-        await post("/api/console/breakpoints", { workflow: name, step, on: !d.breakpoints.includes(step) });
-        w.reload();
-    };
+    const [bps, toggle] = useBreakpoints(name, d?.breakpoints, w.reload, setError);
     return <>
         <h1>Workflow {name}</h1>
-        <ErrorBox error={w.error} />
+        <ErrorBox error={w.error ?? error} />
         {d ? <>
             <div className="row card">
                 <label>Version<select value={d.version} onChange={(e) => setVersion(Number(e.target.value))}>
@@ -529,17 +524,37 @@ function WorkflowPage({ name }: { name: string }) {
             </div>
             <div className="grid2">
                 <section><h2>Graph (newest version)</h2>
-                    <Graph dot={d.graph} breakpoints={d.breakpoints} onNode={toggle} label={`graph of workflow ${name}`} />
+                    <Graph dot={d.graph} breakpoints={bps} onNode={toggle} label={`graph of workflow ${name}`} />
                     <h2>Dev mode</h2>
                     <p className="muted">A breakpoint pauses your runs of {name} before that step; from the run's page, Step runs one step at a time.</p>
                     <ul aria-label="Breakpoints">{d.steps.map((s: any) => <li key={s.id}><label style={{ flexDirection: "row", gap: 6 }}>
-                        <input type="checkbox" checked={d.breakpoints.includes(s.id)} onChange={() => void toggle(s.id)} data-breakpoint={s.id} />
+                        <input type="checkbox" checked={bps.includes(s.id)} onChange={() => void toggle(s.id)} data-breakpoint={s.id} />
                         breakpoint before <strong>{s.id}</strong> <span className="muted">({s.kind})</span></label></li>)}</ul>
                 </section>
                 <section><h2>YAML (v{d.version})</h2><pre>{d.source}</pre></section>
             </div>
         </> : null}
     </>;
+}
+
+/* A workflow's breakpoints of the signed-in role, changed at once on the page and then in the database. */
+function useBreakpoints(workflow: string, loaded: string[] | undefined, reload: () => void,
+                        onError: (e: unknown) => void): [string[], (step: string) => Promise<void>] {
+    const [local, setLocal] = useState<string[] | null>(null);
+    useEffect(() => setLocal(null), [loaded]);
+    const bps = local ?? loaded ?? [];
+    const toggle = async (step: string) => {
+        const on = !bps.includes(step);
+        setLocal(on ? [...bps, step] : bps.filter((b) => b !== step));
+        try {
+            await post("/api/console/breakpoints", { workflow, step, on });
+            onError(null);
+        } catch (e) {
+            onError(e);
+        }
+        reload();
+    };
+    return [bps, toggle];
 }
 
 function Bars({ title, data, unit }: { title: string; data: [string, number][]; unit?: string }) {

@@ -385,7 +385,7 @@ describe("console", () => {
         const page = await newPage();
         await signIn(page, "con_alice");
         await page.goto(`${base}/console/workflows/con_slow`);
-        await page.locator("input[data-breakpoint=b]").check();
+        await page.locator("input[data-breakpoint=b]").click();
         await page.locator(".graph g.node.bp[data-step=b]").waitFor();
         const id = await start("con_slow", { secs: 0.2 });
         await waitStatus(id, "paused");
@@ -407,7 +407,7 @@ describe("console", () => {
         await page.locator("h1 .badge[data-status=completed]").waitFor();
         /* clear the breakpoint: the next run goes through */
         await page.goto(`${base}/console/workflows/con_slow`);
-        await page.locator("input[data-breakpoint=b]").uncheck();
+        await page.locator("input[data-breakpoint=b]").click();
         await page.locator(".graph g.node.bp").waitFor({ state: "detached" });
         const id2 = await start("con_slow", { secs: 0.1 });
         await waitStatus(id2, "completed");
@@ -441,9 +441,9 @@ describe("console", () => {
         await page.getByRole("table", { name: "Workers" }).locator("tbody tr").first().waitFor();
         /* keyboard: the pages' links take the focus and Enter follows them */
         await page.goto(`${base}/console/runs`);
-        await page.keyboard.press("Tab");
-        await page.keyboard.press("Tab");
-        await page.keyboard.press("Tab");
+        await page.getByRole("heading", { name: "Runs" }).waitFor();
+        for (let i = 0; i < 12 && (await page.evaluate(() => document.activeElement?.textContent)) !== "People"; i++)
+            await page.keyboard.press("Tab");
         await page.keyboard.press("Enter");
         await page.getByRole("heading", { name: "People" }).waitFor();
         await page.context().close();
