@@ -140,6 +140,31 @@ def peers_section(peers, p):
     p("")
 
 
+def insight_rows(ins, p):
+    """The HTTP front door (bench/insight.mjs): its rows of the summary table."""
+    lat = ins.get("latency")
+    if lat:
+        h, d = lat["http"], lat["direct"]
+        o = lat["overhead_p50_ms"]
+        p("| insight: a start over HTTP (POST /api/workflows/{name}/runs, 202) against `tuvl.start_run()` on a direct connection, one at a time, %s each: p50 HTTP / direct (p99 HTTP / direct) | %.3f / %.3f ms (%.3f / %.3f) | |"
+          % (num(h["n"]), h["median"], d["median"], h["p99"], d["p99"]))
+        p("| insight: p50 overhead of the HTTP start | %.3f ms | <= 1 ms: **%s** |" % (o, "met" if o <= 1.0 else "missed"))
+    thr = ins.get("throughput")
+    if thr:
+        ratios = [r["ratio"] for r in thr]
+        p("| insight: starts/s with %d clients at once, HTTP / direct, each round; ratio median (range) | %s; %.2f (%.2f - %.2f) | ratio >= 0.5: **%s** |"
+          % (ins["config"]["clients"], ", ".join("%s / %s" % (num(r["http"]["per_s"]), num(r["direct"]["per_s"])) for r in thr),
+             median(ratios), min(ratios), max(ratios), "met" if median(ratios) >= 0.5 else "missed"))
+    st = ins.get("streams")
+    if st:
+        dm = st["delivery_ms"]
+        p("| insight: %s SSE clients on one server, each following a run; a form submitted at %d/s: delivery after the commit's NOTIFY, p50 / p99 / max over %s live events | %s / %s / %s ms | p99 <= 50 ms: **%s** |"
+          % (num(st["streams"]), st["rate"], num(dm.get("n")), f1(dm.get("median")), f1(dm.get("p99")), f1(dm.get("max")),
+             "met" if dm.get("p99") is not None and dm["p99"] <= 50 else "missed"))
+        p("| insight: every stream got its run's every event once, in order, and ended with the run | %s (%d of %d streams ended; opened in %.1f s) | all |"
+          % ("**PASS**" if st["ok"] else "**FAIL**", st["ended"], st["streams"], st["open_s"]))
+
+
 def main():
     d = sys.argv[1]
     env = load(d, "env.json") or {}
@@ -155,6 +180,7 @@ def main():
     ret = load(d, "retention.json")
     peers = load(d, "peers.json")
     wal = load(d, "wal.json")
+    insight = load(d, "insight.json")
     out = []
     p = out.append
 
@@ -330,17 +356,19 @@ def main():
         p("| fairness: ratio loaded / idle at p50 / p99 | %.1f / %.1f | <= 2 at p99: **%s** |"
           % (fair["ratio_p50"], fair["ratio_p99"], "met" if fair["ratio_p99"] <= 2 else "missed"))
         m = fair.get("memory")
-        if ret:
-            p("| retention: tuvl.purge() of %s runs and %s events: time, WAL (bytes per event) | %.1f s, %.0f MB (%.0f) | |"
-              % (num(ret["history_runs"]), num(ret["history_events"]), ret["purge_s"],
-                 ret["purge_wal_bytes"] / 1e6, ret["purge_wal_bytes_per_event"]))
-            p("| retention: five-step runs while it purges, steps/s and ratio to the same load without it | %.0f / %.0f (%.2f); %d lost | nothing lost: **%s** |"
-              % (ret["during_purge_steps_per_s"], ret["baseline_steps_per_s"], ret["ratio"],
-                 ret["load_runs_not_completed"], "met" if ret["load_runs_not_completed"] == 0 and ret["history_left"] == 0 else "missed"))
         if m and m.get("responses"):
             g = m["growth_mb"]
             p("| memory: %d runs fetching 10 MB each, tuvl.max_worker_memory = %s: peak private memory growth per worker | %s MB (%.1f s) | bounded: limit + one result's working copies |"
               % (m["responses"], m["limit"], ", ".join("%.0f" % v for v in g.values()), m["wall_s"]))
+    if ret:
+        p("| retention: tuvl.purge() of %s runs and %s events: time, WAL (bytes per event) | %.1f s, %.0f MB (%.0f) | |"
+          % (num(ret["history_runs"]), num(ret["history_events"]), ret["purge_s"],
+             ret["purge_wal_bytes"] / 1e6, ret["purge_wal_bytes_per_event"]))
+        p("| retention: five-step runs while it purges, steps/s and ratio to the same load without it | %.0f / %.0f (%.2f); %d lost | nothing lost: **%s** |"
+          % (ret["during_purge_steps_per_s"], ret["baseline_steps_per_s"], ret["ratio"],
+             ret["load_runs_not_completed"], "met" if ret["load_runs_not_completed"] == 0 and ret["history_left"] == 0 else "missed"))
+    if insight:
+        insight_rows(insight, p)
     p("")
 
     if wal:

@@ -541,8 +541,10 @@ mask_jsonb(JsonbValue *fields, JsonbValue *patterns, Jsonb *j)
 			mask_next = list_has(fields, v.val.string.val, v.val.string.len);
 		else if (tok == WJB_VALUE || tok == WJB_ELEM)
 			mask_scalar(patterns, &v);
-		/* a scalar, or an array's rawScalar flag; an object's begin takes none */
-		res = pushJsonbValue(&state, tok, end || tok == WJB_BEGIN_OBJECT ? NULL : &v);
+		/* a scalar, or a raw scalar's array; containers' bounds take none */
+		res = pushJsonbValue(&state, tok,
+							 tok < WJB_BEGIN_ARRAY ||
+							 (tok == WJB_BEGIN_ARRAY && v.val.array.rawScalar) ? &v : NULL);
 	}
 	return JsonbValueToJsonb(res);
 }

@@ -48,13 +48,13 @@ export class DirectBackend implements Backend {
         this.client.on("notice", (n) => { if (n.message) this.notices.push(n.message); });
     }
 
-    private async q<R = Row>(sql: string, params?: unknown[]): Promise<R[]> {
+    private async q<R = Row>(sql: ops.Statement, params?: unknown[]): Promise<R[]> {
         if (!this.connected) {
             await this.client.connect();
             this.connected = true;
         }
         try {
-            return (await this.client.query(sql, params)).rows as R[];
+            return (await this.client.query(sql as string, params)).rows as R[];
         } catch (e) {
             throw apiError(e);
         }
@@ -228,7 +228,7 @@ export class HttpBackend implements Backend {
         for (;;) {
             let res: Response;
             try {
-                res = await fetch(`${this.base}/api/runs/${id}/events`, {
+                res = await fetch(`${this.base}/api/runs/${id}/events?summary=true`, {
                     headers: { Authorization: `Bearer ${this.token}`, Accept: "text/event-stream", "Last-Event-ID": String(last) },
                 });
             } catch (e) {

@@ -97,7 +97,10 @@ export async function fillForm(p: Prompter, form: Schema): Promise<Record<string
         const text = await p.ask("the data, as a JSON object: ");
         return parseAnswer(text, {}) as Record<string, unknown>;
     }
-    for (const [name, s] of Object.entries(props)) {
+    /* the required properties first, in the order of "required" (a stored form's keys are sorted) */
+    const names = [...[...required].filter((n) => n in props), ...Object.keys(props).filter((n) => !required.has(n))];
+    for (const name of names) {
+        const s = props[name];
         const desc = typeof s.description === "string" ? ` (${s.description})` : "";
         for (;;) {
             const text = await p.ask(`${name}${desc} [${hintOf(s)}]${required.has(name) ? "" : " (optional)"}: `);

@@ -113,11 +113,18 @@ export function runFooter(r: Row): string {
     return out.join("\n");
 }
 
+/* A form's fields, the required ones first. */
+function formFields(form: Row): string {
+    const props = Object.keys((form.properties ?? {}) as Row);
+    const req = Array.isArray(form.required) ? (form.required as string[]) : [];
+    return [...req.filter((n) => props.includes(n)), ...props.filter((n) => !req.includes(n))].join(", ");
+}
+
 export function peopleTable(rows: Row[]): string {
     const shown = rows.map((p) => {
         const a = (p.awaiting ?? {}) as Row;
         const what = p.answer_with === "submit"
-            ? `form: ${Object.keys(((a.form ?? {}) as Row).properties as Row ?? {}).join(", ")}`
+            ? `form: ${formFields((a.form ?? {}) as Row)}`
             : `approve ${a.tool ?? "?"}(${JSON.stringify(a.arguments ?? {})})`;
         return { ...p, what, age: duration(Number(p.age_s) * 1000) };
     });

@@ -10,9 +10,17 @@
  * security hides the rows), the operation asks tuvl._require_scope()
  * first, so the caller learns which scope it lacks.
  */
+import pg from "pg";
+
 import { ApiError } from "./errors.js";
 
-export type Query = <R = Record<string, unknown>>(sql: string, params?: unknown[]) => Promise<R[]>;
+/* int8 (run ids, counts) as numbers; timestamps stay Dates. */
+pg.types.setTypeParser(20, (v: string) => Number(v));
+
+/* A statement: its text, or a named one (prepared once per connection). */
+export type Statement = string | { name: string; text: string };
+/* opts.last: the transaction's last statement (a pipelining connection sends the COMMIT with it) */
+export type Query = <R = Record<string, unknown>>(sql: Statement, params?: unknown[], opts?: { last?: boolean }) => Promise<R[]>;
 
 export const STATUSES = ["queued", "sleeping", "running", "waiting_human", "waiting_approval", "waiting_children",
                          "paused", "completed", "failed", "aborted", "compensating", "compensated"];
@@ -59,13 +67,13 @@ const WAIT_SQL = `
  * either executes the run here with tuvl.run() (the synchronous path)
  * or queues it with tuvl.start_run().
  */
-const START_PLAIN_SQL = `
+const START_PLAIN_SQL = { name: "tuvl_insight_start", text: `
 WITH t AS (${WAIT_SQL})
 SELECT CASE WHEN t.wait OPERATOR(pg_catalog.>) '0'::pg_catalog.interval
             THEN tuvl.run($1, $2::pg_catalog.jsonb, t.wait) END AS sync,
        CASE WHEN t.wait IS NULL OR t.wait OPERATOR(pg_catalog.<=) '0'::pg_catalog.interval
             THEN tuvl.start_run($1, $2::pg_catalog.jsonb) END AS run_id
-FROM t`;
+FROM t` };
 
 /* With them: tuvl.start_run() takes them all; a wait is tuvl.wait() after the commit. */
 const START_FULL_SQL = `
@@ -81,7 +89,7 @@ export async function startRun(q: Query, r: StartRequest): Promise<StartResult> 
     const plain = r.key === undefined && r.notBefore === undefined && r.priority === undefined && r.traceparent === undefined;
     if (plain) {
         const [row] = await q<{ sync: StartResult | null; run_id: number | null }>(
-            START_PLAIN_SQL, [r.workflow, input, r.wait ?? null, r.maxWait]);
+            START_PLAIN_SQL, [r.workflow, input, r.wait ?? null, r.maxWait], { last: true });
         if (row.sync) return row.sync;
         return { run_id: row.run_id as number, status: "queued" };
     }
@@ -271,12 +279,13 @@ export async function ship(q: Query, source: string, strict: boolean): Promise<{
             hint: "Correct them and ship again; insight/tuvl validate FILE lists them.",
             extra: { findings },
         });
-    const [row] = await q<{ version: number; name: string | null }>(
-        `SELECT v.version, (SELECT w.name FROM tuvl.workflows w
-                            WHERE w.version OPERATOR(pg_catalog.=) v.version AND w.source OPERATOR(pg_catalog.=) $1
-                            ORDER BY w.created_at DESC LIMIT 1) AS name
-         FROM (SELECT tuvl.register_workflow($1) AS version) v`, [source]);
-    return { workflow: row.name ?? "", version: row.version, warnings: findings.filter((f) => f.severity !== "error") };
+    const [row] = await q<{ version: number }>("SELECT tuvl.register_workflow($1) AS version", [source]);
+    /* a later statement sees the new version (the one that made it does not) */
+    const [named] = await q<{ name: string }>(
+        `SELECT w.name FROM tuvl.workflows w
+         WHERE w.version OPERATOR(pg_catalog.=) $2 AND w.source OPERATOR(pg_catalog.=) $1
+         ORDER BY w.created_at DESC LIMIT 1`, [source, row.version]);
+    return { workflow: named?.name ?? "", version: row.version, warnings: findings.filter((f) => f.severity !== "error") };
 }
 
 /* ------------------------------------------------------------ tokens */

@@ -28,7 +28,7 @@ import { ApiError, errors, toApiError } from "./errors.js";
 import { Hub } from "./hub.js";
 import * as ops from "./ops.js";
 import { openapi } from "./openapi.js";
-import { EventStream } from "./sse.js";
+import { EventStream, Reader } from "./sse.js";
 import { registerConsole } from "./console.js";
 
 export interface ServeOptions {
@@ -119,6 +119,13 @@ function bearer(req: Req): Credentials {
     return { kind: "token", token: m[1] };
 }
 
+/* Before a stream: the token's runs:read (or an error naming it), the role's channel, the run. */
+const STREAM_SQL = {
+    name: "tuvl_insight_stream",
+    text: `SELECT tuvl._require_scope('runs:read'), tuvl.events_channel() AS channel, r.status, r.last_seq
+           FROM (SELECT 1) one LEFT JOIN tuvl.runs r ON r.id OPERATOR(pg_catalog.=) $1`,
+};
+
 const runUrls = (id: number) => ({ status_url: `/api/runs/${id}`, events_url: `/api/runs/${id}/events` });
 
 /* ---------------------------------------------------------------- the server */
@@ -128,7 +135,11 @@ export class Server {
     private readonly db: Database;
     private readonly hub: Hub;
     private readonly streams = new Set<EventStream>();
+    /* the journal's readers of the streams, one per token */
+    private readonly readers = new Map<string, Reader>();
     private readonly opts: ServeOptions;
+    /* requests waiting out the delay of a failed authentication */
+    private delayed = 0;
 
     constructor(opts: ServeOptions) {
         this.opts = opts;
@@ -205,7 +216,14 @@ export class Server {
             else err = toApiError(error);
             if (err.status >= 500 && !(error instanceof ApiError))
                 req.log.error({ err: error }, `${req.method} ${req.url.split("?")[0]} failed`);
-            if (error instanceof AuthFailure) await sleep(this.opts.authDelayMs * (0.75 + Math.random() / 2));
+            if (error instanceof AuthFailure) {
+                this.delayed++;
+                try {
+                    await sleep(this.opts.authDelayMs * (0.75 + Math.random() / 2));
+                } finally {
+                    this.delayed--;
+                }
+            }
             if (err.headers) for (const [k, v] of Object.entries(err.headers)) reply.header(k, v);
             return reply.code(err.status).send(err.body());
         });
@@ -220,7 +238,7 @@ export class Server {
             } catch {
                 return reply.code(503).send({ status: "unavailable", database: false, listener: this.hub.connected });
             }
-            return { status: "ok", database: true, listener: this.hub.connected, streams: this.streams.size };
+            return { status: "ok", database: true, listener: this.hub.connected, streams: this.streams.size, delayed: this.delayed };
         });
 
         app.get("/api/openapi.json", async (req) => {
@@ -402,22 +420,27 @@ export class Server {
             throw new ApiError(503, "53300", "too many event streams", { hint: "The server's --max-streams bounds them.", headers: { "Retry-After": "5" } });
         const cred = bearer(req);
         const info = await this.as(cred, async (q) => {
-            await q("SELECT tuvl._require_scope('runs:read')");
-            const [row] = await q<{ channel: string; status: string | null; last_seq: number | null }>(
-                `SELECT tuvl.events_channel() AS channel, r.status, r.last_seq
-                 FROM (SELECT 1) one LEFT JOIN tuvl.runs r ON r.id OPERATOR(pg_catalog.=) $1`, [id]);
+            const [row] = await q<{ channel: string; status: string | null; last_seq: number | null }>(STREAM_SQL, [id], { last: true });
             return row;
         });
         if (!info || info.status === null) throw ops.runMissing(id);
         if (ops.FINAL.has(info.status) && (info.last_seq ?? 0) <= after) return reply.code(204).send();
+        const key = (cred as { token: string }).token;
+        let reader = this.readers.get(key);
+        if (!reader) this.readers.set(key, (reader = new Reader(this.db, cred)));
+        reader.users++;
+        const summary = /^(1|true|yes)$/i.test(query(req).summary ?? "");
         reply.hijack();
-        const stream = new EventStream(this.db, this.hub, cred, id, info.channel, after, reply.raw, (m) => this.app.log.warn(m));
+        const ended = () => {
+            this.streams.delete(stream);
+            if (--reader.users === 0) this.readers.delete(key);
+        };
+        const stream = new EventStream(this.hub, reader, id, info.channel, after, summary, reply.raw,
+                                       (m) => this.app.log.warn(m), ended);
         this.streams.add(stream);
-        reply.raw.on("close", () => this.streams.delete(stream));
         try {
             await stream.start();
         } catch (e) {
-            this.streams.delete(stream);
             stream.close();
             this.app.log.warn(`event stream of run ${id}: ${(e as Error).message}`);
         }
