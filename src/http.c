@@ -21,6 +21,25 @@
  * loads every request shares shard 0's connections; a shard is added when
  * all are that busy.
  *
+ * HTTPS and HTTP/2.  With tuvl.http2 on (the default), a request over TLS
+ * offers HTTP/2 by ALPN and waits for a connection that may carry it
+ * (CURLOPT_PIPEWAIT) rather than opening one more.  HTTPS requests go to
+ * multiplexing shards: at most H2_CONNECTIONS connections to a host,
+ * H2_STREAMS streams each (fewer when the server says so),
+ * H2_SHARD_TRANSFERS transfers a shard, the rest queued by libcurl until
+ * a stream is free.  Without that bound libcurl 7.88 opens a connection
+ * for every transfer that finds the streams of the open ones taken, each
+ * before it knows the new one could be shared: a hundred connections
+ * where two would do.  An HTTPS origin that answers HTTP/1.1 is
+ * remembered (H1_ORIGINS of them), its shard loses the bound and becomes
+ * a plain one, and its later requests go to plain shards: a server
+ * without HTTP/2 is held to H2_CONNECTIONS connections for its first
+ * answer only.  Cleartext requests use the plain shards, HTTP/1.1, one
+ * connection per request in flight, as with tuvl.http2 off.  TLS sessions and DNS
+ * answers are shared by every shard, so a new connection resumes a
+ * session instead of a full handshake.  tuvl.http_ca_file adds a CA
+ * bundle to the system's (libcurl keeps its compiled-in CA directory).
+ *
  * libcurl's callbacks never palloc or ereport: transfers, their buffers
  * and headers are malloc'd, and HttpTakeResult copies a finished transfer
  * into palloc'd memory and frees it.  An ERROR in the caller must be
@@ -100,14 +119,28 @@ struct HttpTransfer
 
 #define SHARD_TRANSFERS 256
 #define MAX_SHARDS 64
+/* HTTP/2: connections per host and streams per connection at most, and a
+ * multiplexing shard's load */
+#define H2_CONNECTIONS 4
+#define H2_STREAMS 2048
+#define H2_SHARD_TRANSFERS (H2_CONNECTIONS * H2_STREAMS)
+/* HTTPS origins (scheme://host:port) known to answer over HTTP/1.x */
+#define H1_ORIGINS 64
+#define ORIGIN_LEN 256
 
 typedef struct HttpShard
 {
 	CURLM	   *multi;
 	int			index;
 	int			transfers;		/* added to multi and not removed */
+	bool		multiplexed;	/* for HTTPS, connections per host bounded */
 	TimestampTz deadline;		/* libcurl's timer; 0: none */
 } HttpShard;
+
+/* TLS sessions and DNS answers, shared by every shard's transfers */
+static CURLSH *share = NULL;
+static char h1_origins[H1_ORIGINS][ORIGIN_LEN];
+static int	n_h1_origins = 0;
 
 static HttpShard shards[MAX_SHARDS];
 static int	n_shards = 0;
@@ -468,7 +501,7 @@ connections_kept(void)
 
 /* Add a shard: a multi handle whose sockets go to the epoll set. */
 static HttpShard *
-shard_add(void)
+shard_add(bool multiplexed)
 {
 	HttpShard  *shard = &shards[n_shards];
 
@@ -477,36 +510,99 @@ shard_add(void)
 		elog(ERROR, "could not create a libcurl multi handle");
 	shard->index = n_shards++;
 	shard->transfers = 0;
+	shard->multiplexed = multiplexed;
 	shard->deadline = 0;
 	if (sockets > 0)
 		curl_multi_setopt(shard->multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, sockets / max_shards);
-	curl_multi_setopt(shard->multi, CURLMOPT_MAX_HOST_CONNECTIONS, 0L);
+	curl_multi_setopt(shard->multi, CURLMOPT_MAX_HOST_CONNECTIONS,
+					  multiplexed ? (long) H2_CONNECTIONS : 0L);
 	curl_multi_setopt(shard->multi, CURLMOPT_MAXCONNECTS, connections_kept());
 	curl_multi_setopt(shard->multi, CURLMOPT_SOCKETFUNCTION, socket_cb);
 	curl_multi_setopt(shard->multi, CURLMOPT_SOCKETDATA, shard);
 	curl_multi_setopt(shard->multi, CURLMOPT_TIMERFUNCTION, timer_cb);
 	curl_multi_setopt(shard->multi, CURLMOPT_TIMERDATA, shard);
+	curl_multi_setopt(shard->multi, CURLMOPT_PIPELINING, (long) CURLPIPE_MULTIPLEX);
+	curl_multi_setopt(shard->multi, CURLMOPT_MAX_CONCURRENT_STREAMS, (long) H2_STREAMS);
 	return shard;
 }
 
+/* The length of url's origin, "scheme://authority" (0 when it has none that fits). */
+static size_t
+origin_length(const char *url)
+{
+	const char *p = strstr(url, "://");
+	size_t		len;
+
+	if (p == NULL)
+		return 0;
+	len = (p + 3 - url) + strcspn(p + 3, "/?#");
+	return len < ORIGIN_LEN ? len : 0;
+}
+
+static bool
+origin_is_h1(const char *url)
+{
+	size_t		len = origin_length(url);
+
+	for (int i = 0; len > 0 && i < n_h1_origins; i++)
+		if (strlen(h1_origins[i]) == len && pg_strncasecmp(h1_origins[i], url, len) == 0)
+			return true;
+	return false;
+}
+
+/* url's origin answered over HTTPS with HTTP/1.x: later requests take plain shards. */
+static void
+remember_h1_origin(const char *url)
+{
+	size_t		len = origin_length(url);
+
+	if (len == 0 || origin_is_h1(url))
+		return;
+	/* the oldest is forgotten: its requests are tried multiplexed again */
+	if (n_h1_origins == H1_ORIGINS)
+	{
+		memmove(h1_origins[0], h1_origins[1], sizeof(h1_origins[0]) * (H1_ORIGINS - 1));
+		n_h1_origins--;
+	}
+	memcpy(h1_origins[n_h1_origins], url, len);
+	h1_origins[n_h1_origins++][len] = '\0';
+}
+
 /*
- * The shard for a new transfer: the first with room, a new one when none
- * has, the least busy when no more may be added (it queues the transfer
- * until one of its connections is free).
+ * The shard for a new transfer to url: among the shards of its kind
+ * (multiplexing for HTTPS with tuvl.http2 on, unless the origin is known
+ * to answer HTTP/1.x),
+ * the first with room, a new one when none has, the least busy when no
+ * more may be added (it queues the transfer until one of its connections
+ * is free), or the least busy of any when no shard of its kind may be.
  */
 static HttpShard *
-shard_for_transfer(void)
+shard_for_transfer(const char *url)
 {
+	bool		multiplexed = tuvl_http2 && pg_strncasecmp(url, "https://", 8) == 0 &&
+		!origin_is_h1(url);
+	int			room = multiplexed ? H2_SHARD_TRANSFERS : SHARD_TRANSFERS;
 	HttpShard  *least = NULL;
 
 	for (int i = 0; i < n_shards; i++)
 	{
-		if (shards[i].transfers < SHARD_TRANSFERS)
+		if (shards[i].multiplexed != multiplexed)
+			continue;
+		if (shards[i].transfers < room)
 			return &shards[i];
 		if (least == NULL || shards[i].transfers < least->transfers)
 			least = &shards[i];
 	}
-	return n_shards < max_shards ? shard_add() : least;
+	if (n_shards < max_shards)
+		return shard_add(multiplexed);
+	if (least != NULL)
+		return least;
+	/* no room for a shard of its kind: the least busy of any */
+	least = &shards[0];
+	for (int i = 1; i < n_shards; i++)
+		if (shards[i].transfers < least->transfers)
+			least = &shards[i];
+	return least;
 }
 
 /* Take t off its multi handle (a finished, cancelled or redirected transfer). */
@@ -534,6 +630,14 @@ engine_init(void)
 			elog(ERROR, "could not initialize libcurl");
 		global_done = true;
 	}
+	if (share == NULL)
+	{
+		share = curl_share_init();
+		if (share == NULL)
+			elog(ERROR, "could not create a libcurl share handle");
+		curl_share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
+		curl_share_setopt(share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
+	}
 	epfd = epoll_create1(EPOLL_CLOEXEC);
 	if (epfd < 0)
 		ereport(ERROR,
@@ -541,7 +645,7 @@ engine_init(void)
 				 errmsg("could not create epoll set: %m")));
 	sockets = socket_budget();
 	max_shards = sockets > 0 ? (int) Max(1, Min(MAX_SHARDS, sockets / SHARD_TRANSFERS)) : MAX_SHARDS;
-	(void) shard_add();
+	(void) shard_add(false);
 
 	wait_set = CreateWaitEventSet(TopMemoryContext, 3);
 	AddWaitEventToSet(wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
@@ -639,6 +743,14 @@ transfer_submit(HttpTransfer *t)
 	curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long) Min(t->timeout_ms, 30000));
 	curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, tuvl_http_verify_tls ? 1L : 0L);
 	curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, tuvl_http_verify_tls ? 2L : 0L);
+	if (tuvl_http_ca_file && tuvl_http_ca_file[0] != '\0')
+		curl_easy_setopt(e, CURLOPT_CAINFO, tuvl_http_ca_file);
+	curl_easy_setopt(e, CURLOPT_SHARE, share);
+	curl_easy_setopt(e, CURLOPT_HTTP_VERSION,
+					 tuvl_http2 ? (long) CURL_HTTP_VERSION_2TLS : (long) CURL_HTTP_VERSION_1_1);
+	/* over TLS, wait for a connection to know whether it multiplexes */
+	curl_easy_setopt(e, CURLOPT_PIPEWAIT,
+					 tuvl_http2 && pg_strncasecmp(t->url, "https://", 8) == 0 ? 1L : 0L);
 	/* libcurl's receive buffer, 16 kB by default, per transfer in flight */
 	curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 8192L);
 	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, write_cb);
@@ -669,7 +781,7 @@ transfer_submit(HttpTransfer *t)
 	t->admitted = false;
 	t->too_large = false;
 	t->errbuf[0] = '\0';
-	t->shard = shard_for_transfer();
+	t->shard = shard_for_transfer(t->url);
 	t->shard->transfers++;
 	curl_multi_add_handle(t->shard->multi, e);
 }
@@ -982,6 +1094,37 @@ maybe_redirect(HttpTransfer *t)
 }
 
 /* Move the finished transfers of a shard to the done list. */
+/*
+ * An HTTPS origin answered HTTP/1.x on a multiplexing shard: remember it,
+ * make the shard a plain one, and start again the transfers waiting in it
+ * for one of its few connections (libcurl would let them go one per
+ * finished transfer).  Only those that sent nothing yet are taken back.
+ */
+static void
+unbound_shard(HttpShard *shard, const char *url)
+{
+	dlist_mutable_iter iter;
+
+	remember_h1_origin(url);
+	shard->multiplexed = false;
+	curl_multi_setopt(shard->multi, CURLMOPT_MAX_HOST_CONNECTIONS, 0L);
+	dlist_foreach_modify(iter, &in_flight)
+	{
+		HttpTransfer *w = dlist_container(HttpTransfer, node, iter.cur);
+		curl_off_t	sent_at = 0;
+
+		if (w->shard != shard || w->done)
+			continue;
+		curl_easy_getinfo(w->easy, CURLINFO_PRETRANSFER_TIME_T, &sent_at);
+		if (sent_at != 0)
+			continue;
+		transfer_remove(w);
+		w->shard = shard_for_transfer(w->url);
+		w->shard->transfers++;
+		curl_multi_add_handle(w->shard->multi, w->easy);
+	}
+}
+
 static void
 drain_shard(HttpShard *shard)
 {
@@ -997,6 +1140,14 @@ drain_shard(HttpShard *shard)
 		curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **) &t);
 		t->code = msg->data.result;
 		curl_easy_getinfo(t->easy, CURLINFO_RESPONSE_CODE, &t->status);
+		if (t->code == CURLE_OK && shard->multiplexed)
+		{
+			long		version = 0;
+
+			curl_easy_getinfo(t->easy, CURLINFO_HTTP_VERSION, &version);
+			if (version == CURL_HTTP_VERSION_1_0 || version == CURL_HTTP_VERSION_1_1)
+				unbound_shard(shard, t->url);
+		}
 		if (maybe_redirect(t))
 			continue;
 		transfer_remove(t);
@@ -1277,6 +1428,8 @@ HttpSendAtExit(const char *method, const char *url, List *headers, long timeout_
 	curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, timeout_ms);
 	curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, tuvl_http_verify_tls ? 1L : 0L);
 	curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, tuvl_http_verify_tls ? 2L : 0L);
+	if (tuvl_http_ca_file && tuvl_http_ca_file[0] != '\0')
+		curl_easy_setopt(e, CURLOPT_CAINFO, tuvl_http_ca_file);
 	curl_easy_setopt(e, CURLOPT_USERAGENT, "tuvl/" TUVL_VERSION);
 	curl_easy_setopt(e, CURLOPT_HTTPHEADER, hdrs);
 	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, discard_cb);

@@ -68,6 +68,8 @@ TuvlWorkerSlot *MyTuvlSlot = NULL;
 int			tuvl_http_max_response_size = 10 * 1024 * 1024;
 int			tuvl_http_max_redirects = 5;
 bool		tuvl_http_verify_tls = true;
+char	   *tuvl_http_ca_file = NULL;
+bool		tuvl_http2 = true;
 bool		tuvl_log_agent_events = false;
 char	   *tuvl_otlp_endpoint = NULL;
 char	   *tuvl_retention = NULL;
@@ -636,6 +638,16 @@ check_retention(char **newval, void **extra, GucSource source)
 	return true;
 }
 
+/* tuvl.http_ca_file: empty, or an absolute path (read when a request is made). */
+static bool
+check_ca_file(char **newval, void **extra, GucSource source)
+{
+	if (*newval == NULL || (*newval)[0] == '\0' || is_absolute_path(*newval))
+		return true;
+	GUC_check_errdetail("tuvl.http_ca_file must be an absolute path, such as /etc/tuvl/ca.pem.");
+	return false;
+}
+
 /* tuvl.databases: a list of database names, as search_path is written. */
 static bool
 check_databases(char **newval, void **extra, GucSource source)
@@ -671,6 +683,16 @@ TuvlDefineGucs(void)
 							 "Verify TLS certificates and host names of HTTPS requests.",
 							 "Turn off only for testing.",
 							 &tuvl_http_verify_tls, true,
+							 PGC_SUSET, 0, NULL, NULL, NULL);
+	DefineCustomStringVariable("tuvl.http_ca_file",
+							   "A PEM file of certificate authorities HTTPS requests trust besides the system's.",
+							   "An absolute path readable by the server, for a private CA; empty (the default): the system's only.",
+							   &tuvl_http_ca_file, "",
+							   PGC_SUSET, 0, check_ca_file, NULL, NULL);
+	DefineCustomBoolVariable("tuvl.http2",
+							 "Use HTTP/2 with multiplexing where an HTTPS server offers it.",
+							 "Off: every request uses HTTP/1.1, one connection per request in flight.",
+							 &tuvl_http2, true,
 							 PGC_SUSET, 0, NULL, NULL, NULL);
 	DefineCustomStringVariable("tuvl.databases",
 							   "The databases tuvl workers run in.",

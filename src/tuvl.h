@@ -129,6 +129,8 @@ extern void TuvlCheckSize(const char *what, int64 bytes, int64 limit, const char
 extern int	tuvl_http_max_response_size;
 extern int	tuvl_http_max_redirects;
 extern bool tuvl_http_verify_tls;
+extern char *tuvl_http_ca_file;
+extern bool tuvl_http2;
 extern bool tuvl_log_agent_events;
 extern char *tuvl_otlp_endpoint;
 extern char *tuvl_retention;
