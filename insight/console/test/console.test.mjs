@@ -195,7 +195,38 @@ before(async () => {
     browser = await chromium.launch({ executablePath: CHROMIUM, args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"] });
 });
 
+/*
+ * TUVL_SCREENSHOTS=DIR: the main pages as PNG files in DIR, from the data
+ * the tests left (insight/console/screenshots runs this for docs/insight.md).
+ */
+async function screenshots(dir) {
+    const waiting = await start("con_expense", {});
+    await waitStatus(waiting, "waiting_human");
+    const { rows: [{ id: agentRun }] } = await admin.query("SELECT max(id) AS id FROM tuvl.runs WHERE workflow = 'con_agent' AND status = 'completed'");
+    const page = await newPage({ viewport: { width: 1280, height: 800 } });
+    await signIn(page, "con_alice");
+    const shot = async (path, name, ready) => {
+        await page.goto(`${base}${path}`);
+        await ready();
+        await sleep(300);
+        await page.screenshot({ path: join(dir, name), fullPage: false });
+    };
+    await shot("/console/runs", "insight-runs.png", () => page.locator("tr[data-run]").first().waitFor());
+    await shot(`/console/runs/${agentRun}`, "insight-run-agent.png", () => page.locator(".toolcall").first().waitFor());
+    await shot("/console/people", "insight-people.png", () => page.getByTestId(`form-${waiting}`).waitFor());
+    await shot("/console/workflows/con_slow", "insight-workflow.png", () => page.locator(".graph svg").waitFor());
+    await shot("/console/metrics", "insight-metrics.png", () => page.getByRole("img", { name: "Runs by status" }).waitFor());
+    await page.goto(`${base}/console/fixtures?run=${agentRun}`);
+    await page.getByRole("button", { name: "Replay", exact: true }).click();
+    await page.getByTestId("replay-result").waitFor();
+    await page.screenshot({ path: join(dir, "insight-fixtures.png") });
+    await page.setViewportSize({ width: 390, height: 844 });
+    await shot(`/console/runs/${agentRun}`, "insight-phone.png", () => page.locator(".toolcall").first().waitFor());
+    await page.context().close();
+}
+
 after(async () => {
+    if (process.env.TUVL_SCREENSHOTS && browser) await screenshots(process.env.TUVL_SCREENSHOTS);
     await browser?.close();
     if (server) { server.kill("SIGTERM"); await new Promise((r) => server.once("exit", r)); }
     await alice?.end();
