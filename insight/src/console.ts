@@ -42,7 +42,9 @@ const COOKIE = "tuvl_session";
 const SESSION_HOURS = 12;
 const ALL_SCOPES = ["runs:start", "runs:read", "runs:control", "people:answer", "workflows:write", "admin"];
 /* counts by status look at this many of the newest runs at most */
-const COUNT_WINDOW = 100_000;
+const COUNT_WINDOW = 50_000;
+/* a text filter looks at this many of the newest runs the other filters select */
+export const TEXT_WINDOW = 20_000;
 
 type Q = ops.Query;
 type Row = Record<string, unknown>;
@@ -140,17 +142,44 @@ const RUNS_WHERE = `
     AND ($6::text IS NULL OR pg_catalog.strpos(pg_catalog.lower(r.input::text), pg_catalog.lower($6)) OPERATOR(pg_catalog.>) 0
          OR pg_catalog.strpos(pg_catalog.lower(coalesce(r.response::text, '')), pg_catalog.lower($6)) OPERATOR(pg_catalog.>) 0)`;
 
+/* the filters but the text, and the page: where a text search looks ($6 unused) */
+const WINDOW_WHERE = `
+    ($1::text IS NULL OR r.workflow OPERATOR(pg_catalog.=) $1)
+    AND ($2::text[] IS NULL OR r.status OPERATOR(pg_catalog.=) ANY ($2::text[]))
+    AND ($3::text IS NULL OR r.key OPERATOR(pg_catalog.=) $3)
+    AND ($4::timestamptz IS NULL OR r.created_at OPERATOR(pg_catalog.>=) $4::timestamptz)
+    AND ($5::timestamptz IS NULL OR r.created_at OPERATOR(pg_catalog.<) $5::timestamptz)
+    AND ($7::bigint IS NULL OR r.id OPERATOR(pg_catalog.<) $7)
+    AND ($6::text IS NULL OR true)`;
+
+/* Where the text window of a search ended (null: it reached the oldest run). */
+export async function consoleTextWindowEnd(q: Q, f: ConsoleRunFilter): Promise<number | null> {
+    const [w] = await q<{ last: number | null }>(
+        `SELECT pg_catalog.min(x.id) AS last FROM (SELECT r.id FROM tuvl.runs r WHERE ${WINDOW_WHERE}
+                                                  ORDER BY r.id DESC LIMIT ${TEXT_WINDOW}) x
+         HAVING pg_catalog.count(*) OPERATOR(pg_catalog.=) ${TEXT_WINDOW}`, [...filterParams(f), f.before ?? null]);
+    return w?.last ?? null;
+}
+
 function filterParams(f: ConsoleRunFilter): unknown[] {
     return [f.workflow ?? null, f.status ?? null, f.key ?? null, f.from ?? null, f.to ?? null, f.text ?? null];
 }
 
 export async function consoleRuns(q: Q, f: ConsoleRunFilter): Promise<Row[]> {
     await q("SELECT tuvl._require_scope('runs:read')");
+    /*
+     * Text is searched among the TEXT_WINDOW newest runs (before the page)
+     * that the other filters select: a text found in no run would
+     * otherwise read every run's input and response.
+     */
     return q(`SELECT r.id, r.workflow, r.workflow_version AS version, r.status, r.current_step AS step,
                      r.end_name AS "end", r.key, r.principal, r.parent_run_id, r.created_at, r.started_at,
                      r.finished_at, r.last_seq
-              FROM tuvl.runs r
-              WHERE ${RUNS_WHERE} AND ($7::bigint IS NULL OR r.id OPERATOR(pg_catalog.<) $7)
+              FROM (SELECT r.* FROM tuvl.runs r
+                    WHERE ${WINDOW_WHERE}
+                    ORDER BY r.id DESC
+                    LIMIT CASE WHEN $6::text IS NULL THEN $8 ELSE ${TEXT_WINDOW} END) r
+              WHERE ${RUNS_WHERE}
               ORDER BY r.id DESC LIMIT $8`, [...filterParams(f), f.before ?? null, f.limit]);
 }
 
@@ -370,7 +399,12 @@ export function registerConsole(app: FastifyInstance, db: Database, opts: Consol
     app.get("/api/console/runs", async (req) => {
         const f = filterOf(req);
         const runs = await as(req, (q) => consoleRuns(q, f));
-        return { runs, next_before: runs.length === f.limit ? runs[runs.length - 1].id : null };
+        /* a text search goes on from where its window ended, even when it found less than a page */
+        let next: unknown = runs.length === f.limit ? runs[runs.length - 1].id : null;
+        if (f.text && next === null) {
+            next = await as(req, (q) => consoleTextWindowEnd(q, f));
+        }
+        return { runs, next_before: next, text_window: f.text ? TEXT_WINDOW : undefined };
     });
     app.get("/api/console/counts", async (req) => {
         const f = filterOf(req);

@@ -18,6 +18,9 @@ import { Badge, ConfirmHost, confirmAction, download, duration, ErrorBox, Json, 
 const STATUSES = ["queued", "sleeping", "running", "waiting_human", "waiting_approval", "waiting_children",
                   "paused", "completed", "failed", "aborted", "compensating", "compensated"];
 const FINAL = new Set(["completed", "failed", "aborted", "compensated"]);
+/* journal events after which the run's row (status, step, context) has changed */
+const MOVES = new Set(["checkpoint", "paused", "resumed", "run_completed", "run_failed", "run_aborted", "approval_requested",
+                       "approval_decided", "decision", "compensation_started", "compensation_completed", "children_started", "children_ended"]);
 
 interface Me { role: string; operator: boolean; scopes: string[] | null; csrf: string; signed_in_with: string; }
 
@@ -173,6 +176,8 @@ function RunsPage({ search }: { search: URLSearchParams }) {
             {counts.data?.capped ? <span className="muted">(counts of the newest {counts.data.window.toLocaleString()} runs)</span> : null}
         </div>
         <ErrorBox error={runs.error} />
+        {runs.data?.text_window ? <p className="muted">Text is searched in the newest {runs.data.text_window.toLocaleString()} runs
+            {f.before ? ` before #${f.before}` : ""} that the other filters select; <em>Older →</em> searches on.</p> : null}
         <div className="table-wrap"><table aria-label="Runs">
             <thead><tr><th>Run</th><th>Workflow</th><th>Status</th><th className="hide-sm">Step</th><th className="hide-sm">Key</th>
                 <th className="hide-sm">By</th><th>Created</th><th className="hide-sm">Took</th></tr></thead>
@@ -211,7 +216,7 @@ function useEvents(id: number): { events: Ev[]; ended: boolean; error: string | 
                 ev.step = ev.step ?? ev.agent_id ?? null;      /* the journal's agent_id is the step's id */
                 buf.push(ev);
             } catch { return; }
-            if (flush === undefined) flush = window.setTimeout(() => { flush = undefined; setEvents((old) => [...old, ...buf.splice(0)]); }, 50);
+            if (flush === undefined) flush = window.setTimeout(() => { flush = undefined; setEvents((old) => [...old, ...buf.splice(0)]); }, 100);
         };
         const types = ["run_queued", "run_started", "agent_started", "agent_completed", "signal", "checkpoint", "tool_call", "tool_result",
                        "llm_turn", "judge_verdict", "decision", "approval_requested", "approval_decided", "paused", "resumed", "run_completed",
@@ -235,15 +240,21 @@ function RunPage({ id }: { id: number }) {
     const { events, error: streamError } = useEvents(id);
     const [tab, setTab] = useState<"timeline" | "conversation" | "data">("timeline");
     const [notice, setNotice] = useState<string | null>(null);
-    const lastSeq = events.length ? events[events.length - 1].seq : 0;
-    /* the run's row again whenever the journal moves */
+    /* the run's row again when the journal says its status or step moved (at most every 300 ms) */
+    const moves = useMemo(() => events.filter((e) => MOVES.has(e.type)).length, [events]);
     const reload = detail.reload;
-    useEffect(() => { if (lastSeq) reload(); /* eslint-disable-next-line */ }, [lastSeq]);
+    useEffect(() => {
+        if (!moves) return;
+        const t = window.setTimeout(reload, 300);
+        return () => clearTimeout(t);
+        /* eslint-disable-next-line */
+    }, [moves]);
     const d = detail.data;
     const run = d?.run;
     const agentSteps = useMemo(() => new Set<string>((d?.steps ?? []).filter((s: any) => s.kind === "Agent").map((s: any) => s.id)), [d]);
     const visited = useMemo(() => new Set(events.filter((e) => e.type === "agent_started" && e.step).map((e) => e.step as string)), [events]);
     const hasAgent = agentSteps.size > 0;
+    const conversation = useMemo(() => <Conversation events={events.filter(isAgentEvent)} agentSteps={agentSteps} />, [events, agentSteps]);
     useEffect(() => { if (hasAgent) setTab("conversation"); }, [hasAgent]);
     const [bps, toggleBp] = useBreakpoints(run?.workflow ?? "", d?.breakpoints, reload, (e) => setNotice(e ? (e as Error).message : null));
     if (detail.error && !d) return <ErrorBox error={detail.error} />;
@@ -309,7 +320,7 @@ function RunPage({ id }: { id: number }) {
                     <button type="button" role="tab" aria-selected={tab === "timeline"} onClick={() => setTab("timeline")}>Timeline ({events.length})</button>
                     <button type="button" role="tab" aria-selected={tab === "data"} onClick={() => setTab("data")}>Context and response</button>
                 </div>
-                {tab === "conversation" ? <Conversation events={events.filter(isAgentEvent)} agentSteps={agentSteps} /> : null}
+                {tab === "conversation" ? conversation : null}
                 {tab === "timeline" ? <Timeline events={events} t0={t0} /> : null}
                 {tab === "data" ? <>
                     <h2>Input</h2><Json value={run.input} />
