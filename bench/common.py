@@ -6,6 +6,7 @@ test/lib.sh's tuvl_start exports; only the database name is passed.
 import json
 import math
 import os
+import ssl
 import subprocess
 import sys
 import time
@@ -112,25 +113,33 @@ def write_json(path, data):
 
 class Loadgen:
     """bench/servers/loadgen.mjs, the load generator: the one at url, or one
-    started here (with the machine's node) and stopped by stop()."""
+    started here (with the machine's node, with the extra arguments args)
+    and stopped by stop().  With --tls-dir DIR among args it serves HTTPS,
+    and ca is DIR/ca.pem (the CA that signs its certificate)."""
 
-    def __init__(self, url=None):
+    def __init__(self, url=None, args=(), ca=None):
         self.proc = None
+        self.ca = ca
+        args = list(args)
         if url is None:
             here = os.path.dirname(os.path.abspath(__file__))
-            self.proc = subprocess.Popen(["node", os.path.join(here, "servers", "loadgen.mjs"), "--port", "0"],
+            self.proc = subprocess.Popen(["node", os.path.join(here, "servers", "loadgen.mjs"), "--port", "0"] + args,
                                          stderr=subprocess.PIPE, text=True)
             line = self.proc.stderr.readline()
             if "load generator on" not in line:
                 raise SystemExit("the load generator did not start: %s" % line.strip())
-            url = "http://" + line.split()[-1]
+            tls = "--tls-dir" in args
+            url = ("https://" if tls else "http://") + line.split()[-1]
+            if tls:
+                self.ca = os.path.join(args[args.index("--tls-dir") + 1], "ca.pem")
         self.url = url.rstrip("/")
+        self.context = ssl.create_default_context(cafile=self.ca) if self.url.startswith("https:") else None
 
     def call(self, method, path, body=None):
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(self.url + path, data=data, method=method,
                                      headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
+        with urllib.request.urlopen(req, timeout=60, context=self.context) as r:
             return json.load(r)
 
     def stop(self):

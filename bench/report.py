@@ -39,7 +39,8 @@ def mb(kb):
     return "n/a" if kb is None else "%.1f" % (kb / 1024.0)
 
 
-PEER_NAMES = {"tuvl": "tuvl", "pgboss": "pg-boss", "graphile": "graphile-worker"}
+PEER_NAMES = {"tuvl": "tuvl", "pgboss": "pg-boss", "graphile": "graphile-worker", "dbos": "DBOS Transact",
+              "langgraph": "LangGraph JS"}
 
 
 def span(xs, fmt):
@@ -52,21 +53,23 @@ def span(xs, fmt):
 
 
 def peers_section(peers, p):
-    """The Peers section: bench/peers.py's JSON, tuvl against pg-boss and graphile-worker."""
+    """The Peers section: bench/peers.py's JSON, tuvl against pg-boss, graphile-worker, DBOS and LangGraph."""
     cfg = peers["config"]
     rounds = peers["rounds"]
     names = cfg["peers"]
     systems = ["tuvl"] + names
     n = cfg["n"]
-    p("### Peers: tuvl against %s on the same cluster" % " and ".join(PEER_NAMES[x] for x in names))
+    p("### Peers: tuvl against %s on the same cluster" % ", ".join(PEER_NAMES[x] for x in names))
     p("")
     p("%s on Node %s; %d round%s; in each round every measure ran tuvl and each peer in turn (the order "
       "reversed every round); each peer with %s. "
-      "tuvl / peer > 1 means tuvl is better (wake-up: peer latency / tuvl latency)."
-      % (", ".join("%s %s" % (PEER_NAMES[x], cfg["versions"][x]) for x in names), cfg["node"], len(rounds),
+      "tuvl / peer > 1 means tuvl is better (wake-up, agents' wall and CPU: peer / tuvl)."
+      % (", ".join("%s %s" % (PEER_NAMES[x], cfg["versions"][x]) for x in names)
+         + (" with %s" % cfg["checkpointer"] if cfg.get("checkpointer") else ""), cfg["node"], len(rounds),
          "" if len(rounds) == 1 else "s",
-         "its best setting from a search over its grid (%s wake-up jobs, %s trivial jobs, %s chains)" % (
-             num(cfg["search_n"]["wakeup"]), num(cfg["search_n"]["trivial"]), num(cfg["search_n"]["chains"]))
+         "its best setting from a search over its grid (%s wake-up jobs, %s trivial jobs, %s chains, %s agents)" % (
+             num(cfg["search_n"]["wakeup"]), num(cfg["search_n"]["trivial"]), num(cfg["search_n"]["chains"]),
+             num(cfg["search_n"].get("agents", 0)))
          if cfg.get("searched") else "the first setting of its grid (no search)"))
     p("")
     measures = [
@@ -78,17 +81,22 @@ def peers_section(peers, p):
          % (num(n["chains"]), cfg["steps_per_chain"]), lambda r: r["steps_per_s"], num, "ratio_"),
         ("chains", "the same chains: steps/s, commit -> all complete (wall)",
          lambda r: r["steps_per_s_wall"], num, "ratio_wall_"),
+        ("agents", "%s three-turn agents, 0 ms model (load generator): wall s" % num(n.get("agents", 0)),
+         lambda r: r["wall_s"], "%.2f", "ratio_"),
+        ("agents", "the same agents: CPU per model turn, ms (tuvl: workers; peer: its processes and their backends)",
+         lambda r: r["cpu_per_turn_ms"], "%.3f", "ratio_cpu_"),
     ]
+    measured_by = cfg.get("measured_by") or {m: systems for m in cfg["measures"]}
     p("| measure | system (setting) | median (range) over rounds | tuvl / peer, median (range) | WAL bytes / step | commits / step |")
     p("|---|---|---|---|---|---|")
     for m, label, value, fmt, rkey in measures:
         if m not in cfg["measures"]:
             continue
-        for system in systems:
+        for system in measured_by[m]:
             res = [r[m][system] for r in rounds if "error" not in r[m][system]]
             setting = "" if system == "tuvl" else " `%s`" % peers["best"][system][m]
             cost = ["", ""]
-            if m != "wakeup" and rkey == "ratio_":
+            if m in ("trivial", "chains") and rkey == "ratio_":
                 cost = [span([x.get("wal_bytes_per_step") for x in res], num),
                         span([x.get("commits_per_step") for x in res], "%.3f")]
             failed = len(rounds) - len(res)
@@ -111,6 +119,8 @@ def peers_section(peers, p):
             return ms4(res["before_commit_ms"])
         if m == "trivial":
             return "%s jobs/s" % num(res["jobs_per_s"])
+        if m == "agents":
+            return "%.2f s, %.3f ms CPU/turn" % (res["wall_s"], res["cpu_per_turn_ms"])
         return "%s steps/s (wall %s)" % (num(res["steps_per_s"]), num(res["steps_per_s_wall"]))
 
     for i, r in enumerate(rounds):
@@ -119,9 +129,12 @@ def peers_section(peers, p):
             for x in names:
                 v = r[m].get("ratio_" + x)
                 w = r[m].get("ratio_wall_" + x)
-                ratios.append("n/a" if v is None else "%.2f%s" % (v, " (wall %.2f)" % w if w is not None else ""))
+                c = r[m].get("ratio_cpu_" + x)
+                ratios.append("" if x not in r[m] else "n/a" if v is None else "%.2f%s%s" % (
+                    v, " (wall %.2f)" % w if w is not None else "", " (CPU %.2f)" % c if c is not None else ""))
             p("| %d (%s) | %s | %s | %s |" % (i + 1, PEER_NAMES[r["order"][0]], m,
-                                             " | ".join(cell(m, r[m][x]) for x in systems), " | ".join(ratios)))
+                                             " | ".join(cell(m, r[m][x]) if x in r[m] else "" for x in systems),
+                                             " | ".join(ratios)))
     p("")
     if not cfg.get("searched"):
         return
@@ -130,10 +143,13 @@ def peers_section(peers, p):
     p("")
     for x in names:
         for m in cfg["measures"]:
+            if m not in peers["search"][x]:
+                continue
             cells = []
             for e in peers["search"][x][m]:
                 runs = ["failed" if r.get("score") is None else
-                        "%.3f" % r["score"] if m == "wakeup" else num(r["score"]) for r in e["runs"]]
+                        "%.3f" % r["score"] if m == "wakeup" else "%.2f s" % r["score"] if m == "agents"
+                        else num(r["score"]) for r in e["runs"]]
                 text = "`%s` %s" % (e["setting"], " / ".join(runs))
                 cells.append("**%s**" % text if e["setting"] == peers["best"][x][m] else text)
             p("- %s, %s: %s" % (PEER_NAMES[x], m, "; ".join(cells)))
@@ -165,6 +181,63 @@ def insight_rows(ins, p):
           % ("**PASS**" if st["ok"] else "**FAIL**", st["ended"], st["streams"], st["open_s"]))
 
 
+def tls_section(tls, p):
+    """bench/agents_tls.py: a model turn against a step, by transport."""
+    cfg = tls["config"]
+    p("Agents over HTTPS and HTTP/2 (bench/agents_tls.py): %s three-turn agents at 0 ms per transport against "
+      "%s five-step runs, %d rounds alternating; the workers' CPU from /proc:" % (
+          num(cfg["agents"]), num(cfg["steps_runs"]), len(tls["rounds"])))
+    p("")
+    p("| transport | CPU per turn, median (range) | turn / step (target <= 3) | / plain HTTP (target <= 1.3) "
+      "| connections per worker over the batch (target <= 8 over HTTP/2) | TLS handshakes (resumed) |")
+    p("|---|---|---|---|---|---|")
+    summary = tls.get("summary", {})
+    for m in ("http", "https_h1", "https_h2"):
+        if m in tls.get("not_run", {}):
+            p("| %s | not run: %s | | | | |" % (m, tls["not_run"][m].replace("|", "/")))
+            continue
+        rs = [r[m] for r in tls["rounds"] if m in r]
+        if not rs:
+            continue
+        s = summary.get(m, {})
+        p("| %s | %s µs | %s | %s | %s | %s |" % (
+            m, span([r["cpu_per_turn_us"] for r in rs], "%.0f"), span([r["turn_per_step"] for r in rs], "%.2f"),
+            "%.2f" % s["cpu_vs_http"] if s.get("cpu_vs_http") else "",
+            span([r["connections_per_worker"] for r in rs], "%.1f"),
+            " / ".join("%d (%d)" % (r["tls"]["handshakes"], r["tls"]["resumed"]) for r in rs)))
+    p("")
+    p("A step: %s µs of worker CPU (median of the rounds)." % f1(summary.get("cpu_per_step_us")))
+    p("")
+
+
+def flow_section(flow, p):
+    """bench/flow_control.py: a provider's rate limits."""
+    cfg = flow["config"]
+    p("Flow control (bench/flow_control.py): %s three-turn agents on one key limited to %s requests and %s tokens "
+      "a minute (429 with Retry-After beyond), %d agents of a second model on another key %g s in:" % (
+          num(cfg["agents"]), num(cfg["rpm"]), num(cfg["tpm"]), cfg["second"], cfg["second_after"]))
+    p("")
+    p("| case | wall | completed / failed | requests | 429s (target <= 1 %) | admitted a minute / allowed "
+      "(target >= 95 %) | second model p99 / idle (target <= 2) |")
+    p("|---|---|---|---|---|---|---|")
+    idle = flow.get("idle") or {}
+    for case in ("no_limits", "limits"):
+        if case in flow.get("not_run", {}):
+            p("| %s | not run: %s | | | | | |" % (case, flow["not_run"][case].replace("|", "/")))
+            continue
+        r = flow.get("cases", {}).get(case)
+        if not r:
+            continue
+        b = r["second_model"]
+        ratio = b["p99_ms"] / idle["p99_ms"] if b.get("p99_ms") and idle.get("p99_ms") else None
+        p("| %s | %.0f s | %d / %d | %s | %s (%.1f %%) | %s / %s (%s) | %s ms / %s ms (%s) |" % (
+            case, r["wall_s"], r["completed"], r["failed"], num(r["requests"]), num(r["rejected_429"]),
+            100 * r["share_429"], "%.0f" % r["admitted_per_min"] if r.get("admitted_per_min") else "n/a",
+            num(r["allowed_per_min"]), "%.0f %%" % (100 * r["rate_vs_allowed"]) if r.get("rate_vs_allowed") else "n/a",
+            num(b.get("p99_ms")), num(idle.get("p99_ms")), "%.2f" % ratio if ratio else "n/a"))
+    p("")
+
+
 def main():
     d = sys.argv[1]
     env = load(d, "env.json") or {}
@@ -177,8 +250,11 @@ def main():
     fair = load(d, "fairness.json")
     tracing = load(d, "tracing.json")
     mcp = load(d, "mcp.json")
+    mcp26 = load(d, "mcp_stateless.json")
     ret = load(d, "retention.json")
     peers = load(d, "peers.json")
+    tls = load(d, "agents_tls.json")
+    flow = load(d, "flow.json")
     wal = load(d, "wal.json")
     insight = load(d, "insight.json")
     out = []
@@ -334,6 +410,19 @@ def main():
         p("| MCP calls: %s runs at once, one tools/call each on the workers' shared sessions (reference server-everything): wall time with a 0 ms / 200 ms tool, each round | %s | every call answered and 200 ms wall <= 2 x 200 ms + the 0 ms wall: **%s** (%d of %d rounds) |"
           % (num(mcp["runs"]), "; ".join(cells), "met" if met == len(mcp["rounds"]) else "missed",
              met, len(mcp["rounds"])))
+    if mcp26 and mcp26.get("rounds"):
+        cells = ["%.3f s / %.3f s (limit %.3f s; answered %d + %d; %.3f ms worker CPU per call)"
+                 % (r["fast"]["wall_s"], r["slow"]["wall_s"], r["limit_s"], r["fast"]["answered"],
+                    r["slow"]["answered"], r["fast"].get("cpu_ms_per_call", float("nan")))
+                 for r in mcp26["rounds"]]
+        met = sum(1 for r in mcp26["rounds"] if r["met"])
+        base = ""
+        if mcp and mcp.get("rounds") and all("cpu_ms_per_call" in r["fast"] for r in mcp["rounds"]):
+            base = " (session-based: %s ms)" % " / ".join("%.3f" % r["fast"]["cpu_ms_per_call"]
+                                                        for r in mcp["rounds"])
+        p("| MCP calls on the stateless revision 2026-07-28: %s runs at once, one tools/call each without a session (scripted server): wall time with a 0 ms / 200 ms tool, each round%s | %s | every call answered and 200 ms wall <= 2 x 200 ms + the 0 ms wall: **%s** (%d of %d rounds) |"
+          % (num(mcp26["runs"]), base, "; ".join(cells), "met" if met == len(mcp26["rounds"]) else "missed",
+             met, len(mcp26["rounds"])))
     if tracing and tracing.get("rounds"):
         ratios = [r["ratio_on_off"] for r in tracing["rounds"]]
         cpu = [r["on"]["cpu_us_per_step_workers"] / r["off"]["cpu_us_per_step_workers"]
@@ -451,6 +540,10 @@ def main():
                  "%s / %s" % (f1(r["on"].get("cpu_us_per_step_launcher")), f1(r["on"].get("cpu_us_per_step_receiver"))),
                  num(r["on"].get("spans_accepted"))))
         p("")
+    if tls and tls.get("rounds"):
+        tls_section(tls, p)
+    if flow and (flow.get("cases") or flow.get("not_run")):
+        flow_section(flow, p)
     if peers and peers.get("rounds"):
         peers_section(peers, p)
     if iso:

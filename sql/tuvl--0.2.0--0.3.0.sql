@@ -558,7 +558,86 @@ AS 'MODULE_PATHNAME', 'tuvl_verify_hook'
 LANGUAGE C VOLATILE;
 COMMENT ON FUNCTION tuvl.verify_hook(text, text, text) IS 'the owner of the workflow served at path, when signature (hex, or sha256=<hex>) is the HMAC-SHA256 of body under its trigger.http.signature secret; authenticates the transaction as that role with scope runs:start; 28000 otherwise';
 
--- Dev mode (issue 38)
+/* ------------------------------------------------------------------ Beyond one server (issue 42) */
+-- Beyond one server (issue 42)
+
+/*
+ * Run ids carry their partition (docs/scaling.md): behind tuvl_router a
+ * database has GUC tuvl.partition = p and its runs get the ids
+ * p * 2^44 + n, n from tuvl.run_id_seq (1 .. 2^44 - 1), so the router
+ * reads a run's partition from its id (id >> 44) without a lookup.  Not
+ * partitioned (tuvl.partition = -1, the default), ids are n, as before.
+ * The identity column becomes a plain column whose default is
+ * tuvl._next_run_id(); the sequence goes on where the identity's stopped.
+ */
+CREATE SEQUENCE tuvl.run_id_seq AS bigint MINVALUE 1 MAXVALUE 17592186044415;
+SELECT pg_catalog.setval('tuvl.run_id_seq', s.last_value, s.is_called) FROM tuvl.runs_id_seq s;
+/* out of the extension first, which also takes it off its dump list */
+ALTER EXTENSION tuvl DROP SEQUENCE tuvl.runs_id_seq;
+ALTER TABLE tuvl.runs ALTER COLUMN id DROP IDENTITY;
+ALTER SEQUENCE tuvl.run_id_seq OWNED BY tuvl.runs.id;
+SELECT pg_catalog.pg_extension_config_dump('tuvl.run_id_seq', '');
+COMMENT ON SEQUENCE tuvl.run_id_seq IS 'the per-partition part of run ids: id = partition * 2^44 + nextval';
+
+CREATE FUNCTION tuvl._next_run_id() RETURNS bigint
+LANGUAGE sql VOLATILE
+RETURN pg_catalog.nextval('tuvl.run_id_seq'::pg_catalog.regclass)
+       OPERATOR(pg_catalog.+)
+       (GREATEST(coalesce(pg_catalog.current_setting('tuvl.partition', true), '-1')::integer, 0)::bigint
+        OPERATOR(pg_catalog.<<) 44);
+COMMENT ON FUNCTION tuvl._next_run_id() IS 'a new run id: tuvl.partition * 2^44 + the next value of tuvl.run_id_seq';
+ALTER TABLE tuvl.runs ALTER COLUMN id SET DEFAULT tuvl._next_run_id();
+
+/*
+ * What tuvl_router calls on every partition before it registers anything
+ * anywhere: the registration itself, in a subtransaction rolled back at
+ * once, so every check (validation, ownership, grants, sizes) runs as it
+ * will for real.  Returns NULL when the partition would accept it, or the
+ * error (sqlstate, message, detail, hint) it would raise.  SECURITY
+ * INVOKER: it checks as the caller.
+ */
+CREATE FUNCTION tuvl._try_register(kind text, source text)
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    st text; msg text; det text; hnt text;
+BEGIN
+    BEGIN
+        CASE kind
+            WHEN 'workflow' THEN PERFORM tuvl.register_workflow(source);
+            WHEN 'artifact' THEN PERFORM tuvl.register_artifact(source);
+            WHEN 'llm' THEN PERFORM tuvl.register_llm(source);
+            ELSE RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = pg_catalog.format('unknown registration kind "%s"', kind),
+                HINT = 'The kinds are workflow, artifact and llm.';
+        END CASE;
+        RAISE EXCEPTION USING ERRCODE = 'P0001', MESSAGE = 'tuvl dry run';
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS st = RETURNED_SQLSTATE, msg = MESSAGE_TEXT,
+            det = PG_EXCEPTION_DETAIL, hnt = PG_EXCEPTION_HINT;
+        IF st OPERATOR(pg_catalog.=) 'P0001' AND msg OPERATOR(pg_catalog.=) 'tuvl dry run' THEN
+            RETURN NULL;
+        END IF;
+        RETURN pg_catalog.jsonb_build_object('sqlstate', st, 'message', msg,
+            'detail', NULLIF(det, ''), 'hint', NULLIF(hnt, ''),
+            'partition', pg_catalog.current_setting('tuvl.partition', true));
+    END;
+END;
+$fn$;
+COMMENT ON FUNCTION tuvl._try_register(text, text) IS 'tuvl_router''s first phase: would this partition register the source (kind workflow, artifact or llm)? NULL if so, else the error as JSON';
+REVOKE ALL ON FUNCTION tuvl._try_register(text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION tuvl._try_register(text, text) TO tuvl_user;
+
+/* ------------------------------------------------------------------ flow control: model admission and costs (issue 41) */
+
+/* ------------------------------------------------------------------ flow control: rate limits and debounce (issue 41) */
+
+/* ------------------------------------------------------------------ errors that say what to do, schedules (issue 44) */
+
+/* ------------------------------------------------------------------ console: dev mode (issue 38) */
+
 /* ------------------------------------------------------------------ dev mode: breakpoints and step mode
  *
  * Insight's dev mode, kept in the database so that it holds for runs on

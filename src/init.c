@@ -29,6 +29,7 @@
 #include "launcher.h"
 #include "metrics.h"
 #include "queue.h"
+#include "replay.h"
 #include "security.h"
 #include "trace.h"
 #include "tuvl.h"
@@ -104,6 +105,8 @@ _PG_init(void)
 {
 	for (int i = 0; i < (int) lengthof(step_kinds); i++)
 		ExecutorRegister(&step_kinds[i]);
+	ExecutorReplayChildren = ReplayTakeChildren;
+	ExecutorReplayControl = ReplayControl;
 
 	if (IsBinaryUpgrade)
 		return;

@@ -29,7 +29,8 @@ TUVL_PIDS=()
 
 TUVL_PACKAGES="postgresql-15 postgresql-server-dev-15 libcurl4-openssl-dev libyaml-dev
 postgresql-15-cron postgresql-15-pgtap libtap-parser-sourcehandler-pgtap-perl
-python3 python3-psycopg2 python3-pytest python3-prometheus-client make gcc pkg-config procps iproute2"
+python3 python3-psycopg2 python3-pytest python3-prometheus-client make gcc pkg-config procps iproute2
+postgresql-15-auto-failover pg-auto-failover-cli postgresql-15-plproxy"
 # clang with libFuzzer's and AddressSanitizer's runtimes and the symbolizer:
 # the fuzz harness (test/fuzz) and test/run asan add them to the install
 TUVL_CLANG_PACKAGES="clang-14 libclang-rt-14-dev llvm-14"
@@ -115,7 +116,8 @@ tuvl_build() {
         return
     fi
     tuvl_log "building tuvl"
-    make -s -C "$TUVL_ROOT" >/dev/null
+    # warnings are errors in the test build (COPT=... to override)
+    make -s -C "$TUVL_ROOT" COPT="${COPT--Werror}" >/dev/null
     make -s -C "$TUVL_ROOT" install >/dev/null
 }
 
@@ -223,25 +225,30 @@ tuvl_asan_pg() {
     export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 }
 
-# tuvl built with the ASan build's flags, out of the tree: the sources by
-# VPATH, the headers linked so that a changed one rebuilds everything; its
-# reports do not stop the process (tuvl_asan_options).
+# tuvl built with the ASan build's flags, out of the tree, from a copy of
+# its sources in $TUVL_ASAN_DIR/tuvl; its reports do not stop the process
+# (tuvl_asan_options).
 tuvl_asan_build() {
     local b=$TUVL_ASAN_DIR/tuvl
     tuvl_log "building tuvl with AddressSanitizer in $b"
     mkdir -p "$b/src"
-    ln -sfn "$TUVL_ROOT/sql" "$b/sql"
-    ln -sf "$TUVL_ROOT/tuvl.control" "$TUVL_ROOT/README.md" "$b/"
-    find "$b/src" -name '*.h' -type l -delete
-    ln -sf "$TUVL_ROOT"/src/*.h "$b/src/"
     # objects of other flags or another tree are built again
-    if [ "$(cat "$b/.flags" 2>/dev/null)" != "$TUVL_ROOT $PG_CONFIG recover" ]; then
-        rm -f "$b"/src/*.o "$b"/*.so
-        echo "$TUVL_ROOT $PG_CONFIG recover" >"$b/.flags"
+    if [ "$(cat "$b/.flags" 2>/dev/null)" != "$TUVL_ROOT $PG_CONFIG recover copy" ]; then
+        rm -rf "$b"
+        mkdir -p "$b"
+        echo "$TUVL_ROOT $PG_CONFIG recover copy" >"$b/.flags"
     fi
-    make -s -C "$b" -f "$TUVL_ROOT/Makefile" VPATH="$TUVL_ROOT" PG_CONFIG="$PG_CONFIG" \
-        COPT=-fsanitize-recover=address >/dev/null &&
-        make -s -C "$b" -f "$TUVL_ROOT/Makefile" VPATH="$TUVL_ROOT" PG_CONFIG="$PG_CONFIG" install >/dev/null
+    # a copy of the sources, without the plain build's objects (through
+    # VPATH, make would take those for up to date ones and link them
+    # uninstrumented); mtimes are kept, so only what changed is built again
+    find "$b/src" \( -name '*.c' -o -name '*.h' \) -delete
+    (cd "$TUVL_ROOT" && tar cf - --exclude='*.o' --exclude='*.bc' --exclude='*.so' \
+        Makefile ./*.control README.md sql src) | (cd "$b" && tar xf -) || return 1
+    make -s -C "$b" PG_CONFIG="$PG_CONFIG" COPT=-fsanitize-recover=address >/dev/null &&
+        make -s -C "$b" PG_CONFIG="$PG_CONFIG" install >/dev/null &&
+        # instrumented, or nothing checks tuvl's own memory accesses
+        nm "$b/tuvl.so" | grep -q '__asan_report_load' ||
+        { echo "tuvl.so in $b is not instrumented by AddressSanitizer" >&2; return 1; }
 }
 
 # The server's ASAN_OPTIONS: reports to $1.<pid>; no leak checks (a
@@ -328,6 +335,19 @@ tuvl_setup() {
         tuvl_install_packages || return 1
     fi
     tuvl_build
+}
+
+# The suites beyond one server need pg_autoctl (on PATH) and the
+# pgautofailover and plproxy extensions in the installation PG_CONFIG
+# names.  Debian's packages put them into the system PostgreSQL, which is
+# PG_CONFIG's on CI; a private installation (PG_CONFIG elsewhere) must
+# hold copies of its own.  Missing, the suite fails: it never skips.
+tuvl_require_extension() {
+    local share
+    share=$("${PG_CONFIG:-pg_config}" --sharedir)
+    [ -f "$share/extension/$1.control" ] && return 0
+    echo "extension $1 is not installed in $share (package $2)" >&2
+    return 1
 }
 
 # Wait until something listens on 127.0.0.1:$1.

@@ -1,14 +1,21 @@
 #!/usr/bin/env python3
 """The shape of src/, checked on every test run (test/run's "structure" suite).
 
-Three rules of CONTRIBUTING.md that a compiler does not enforce:
+The rules of CONTRIBUTING.md that a compiler does not enforce:
 
-  functions   no function in src/*.c is longer than 120 lines
+  functions   no function in src/**/*.c is longer than 120 lines
   calls       no cycle of calls between files: the symbols each object file
               uses (nm) never lead back to it through other files
-  includes    no cycle of #include "..." between the headers in src/
+  includes    no cycle of #include "..." between the headers in src/**
+  folders     src/'s folders are the layers of docs/internals.md's table
+              ("The files, by layer"), in the order of the Makefile's
+              TUVL_LAYERS, and every .c is in one of them and named in
+              that section
+  layers      no call goes up the table: a file calls only into its own
+              layer or one below it (the step kinds are called through the
+              step table, never by name)
 
-Run after a build (it reads src/*.o).  Prints one line per check,
+Run after a build (it reads src/**/*.o).  Prints one line per check,
 "ok <check>" or "not ok <check>: <what>", and exits 1 when one fails.
 """
 import glob
@@ -17,7 +24,10 @@ import re
 import subprocess
 import sys
 
-SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+SRC = os.path.join(ROOT, "src")
+INTERNALS = os.path.join(ROOT, "docs", "internals.md")
+MAKEFILE = os.path.join(ROOT, "Makefile")
 MAX_LINES = 120
 
 
@@ -25,11 +35,13 @@ def long_functions():
     """(file, line, name, length) of every function over MAX_LINES lines; a
     function runs from its "{" in column 0 to the next "}" in column 0."""
     found = []
-    for path in sorted(glob.glob(os.path.join(SRC, "*.c"))):
+    for path in sorted(glob.glob(os.path.join(SRC, "**", "*.c"), recursive=True)):
         lines = open(path, encoding="utf-8").read().split("\n")
         i = 0
         while i < len(lines):
-            if lines[i] == "{":
+            # a function's "{" follows its parameter list; a struct's or an
+            # enum's follows its name
+            if lines[i] == "{" and lines[i - 1].rstrip().endswith(")"):
                 j = i - 1
                 while j > 0 and "(" not in lines[j]:
                     j -= 1
@@ -44,11 +56,12 @@ def long_functions():
     return found
 
 
-def call_graph():
-    """{file: set of files whose symbols it uses}, from the object files."""
+def symbol_uses():
+    """{(file, file it calls into): symbols}, from the object files; a file
+    is its path under src/ without .c ("runtime/worker")."""
     defined, used = {}, {}
-    for obj in sorted(glob.glob(os.path.join(SRC, "*.o"))):
-        name = os.path.basename(obj)[:-2]
+    for obj in sorted(glob.glob(os.path.join(SRC, "**", "*.o"), recursive=True)):
+        name = os.path.relpath(obj, SRC)[:-2]
         out = subprocess.run(["nm", obj], capture_output=True, text=True, check=True).stdout
         used[name] = set()
         for line in out.splitlines():
@@ -57,8 +70,84 @@ def call_graph():
                 used[name].add(parts[1])
             elif len(parts) == 3 and parts[1] in "TDBR":
                 defined[parts[2]] = name
-    return {f: {defined[s] for s in syms if s in defined and defined[s] != f}
-            for f, syms in used.items()}
+    edges = {}
+    for f, syms in used.items():
+        for sym in syms:
+            if sym in defined and defined[sym] != f:
+                edges.setdefault((f, defined[sym]), set()).add(sym)
+    return used.keys(), edges
+
+
+def call_graph():
+    """{file: set of files whose symbols it uses}."""
+    files, edges = symbol_uses()
+    graph = {f: set() for f in files}
+    for f, g in edges:
+        graph[f].add(g)
+    return graph
+
+
+def layer_table():
+    """[(layer, path)] of docs/internals.md's table, top layer first; path
+    is a folder under src/ ("runtime/") or a file ("init.c")."""
+    text = open(INTERNALS, encoding="utf-8").read()
+    m = re.search(r"<!-- layers: begin.*?-->(.*?)<!-- layers: end -->", text, re.S)
+    if not m:
+        return []
+    rows = []
+    for line in m.group(1).splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[1].startswith("`src/"):
+            rows.append((cells[0], cells[1].strip("`")[len("src/"):]))
+    return rows
+
+
+def layer_of(table, f):
+    """The index in table of file f ("runtime/worker"), or None."""
+    for i, (_, path) in enumerate(table):
+        if (path.endswith("/") and f.startswith(path)) or f + ".c" == path:
+            return i
+    return None
+
+
+def folder_problems(table):
+    """What differs between the table, src/'s folders and TUVL_LAYERS."""
+    if not table:
+        return ["docs/internals.md has no layers table"]
+    problems = []
+    folders = [p.rstrip("/") for _, p in table if p.endswith("/")]
+    on_disk = sorted(d for d in os.listdir(SRC) if os.path.isdir(os.path.join(SRC, d)))
+    for d in on_disk:
+        if d not in folders:
+            problems.append(f"src/{d}/ is not in the table")
+    for d in folders:
+        if d not in on_disk:
+            problems.append(f"the table's src/{d}/ does not exist")
+    m = re.search(r"^TUVL_LAYERS = (.*)$", open(MAKEFILE, encoding="utf-8").read(), re.M)
+    if not m or m.group(1).split() != folders:
+        problems.append(f"the Makefile's TUVL_LAYERS is not {' '.join(folders)}")
+    text = open(INTERNALS, encoding="utf-8").read()
+    section = text[text.find("## The files, by layer"):]
+    section = section[:section.find("\n## ", 1)]
+    for path in sorted(glob.glob(os.path.join(SRC, "**", "*.c"), recursive=True)):
+        f = os.path.relpath(path, SRC)[:-2]
+        if layer_of(table, f) is None:
+            problems.append(f"src/{f}.c is in no layer of the table")
+        if f"`{os.path.basename(f)}.c`" not in section:
+            problems.append(f"src/{f}.c is not named in internals.md's \"The files, by layer\"")
+    return problems
+
+
+def upward_calls(table):
+    """Calls into a layer above the caller's, with the symbols."""
+    _, edges = symbol_uses()
+    found = []
+    for (f, g), syms in sorted(edges.items()):
+        lf, lg = layer_of(table, f), layer_of(table, g)
+        if lf is not None and lg is not None and lg < lf:
+            found.append(f"{f}.c ({table[lf][0]}) calls up into {g}.c ({table[lg][0]}): "
+                         f"{', '.join(sorted(syms))}")
+    return found
 
 
 def cycles(graph):
@@ -97,21 +186,24 @@ def cycles(graph):
 
 def include_graph():
     graph = {}
-    for path in glob.glob(os.path.join(SRC, "*.h")):
+    for path in glob.glob(os.path.join(SRC, "**", "*.h"), recursive=True):
         graph[os.path.basename(path)] = set(
             re.findall(r'#include "([^"]+)"', open(path, encoding="utf-8").read()))
     return graph
 
 
 def main():
-    if not glob.glob(os.path.join(SRC, "*.o")):
+    if not glob.glob(os.path.join(SRC, "**", "*.o"), recursive=True):
         print("not ok calls: no object files in src/ (build first)")
         return 1
     failed = 0
+    table = layer_table()
     checks = [
         ("functions", [f"{f}:{line} {name} has {n} lines" for f, line, name, n in long_functions()]),
         ("calls", [" -> ".join(c) for c in cycles(call_graph())]),
         ("includes", [" -> ".join(c) for c in cycles(include_graph())]),
+        ("folders", folder_problems(table)),
+        ("layers", upward_calls(table)),
     ]
     for name, problems in checks:
         if problems:

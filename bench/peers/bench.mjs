@@ -1,11 +1,13 @@
-// bench/peers/bench.mjs: one measurement of a peer job queue (pg-boss or
-// graphile-worker), defined as bench/wakeup.py and bench/throughput.py define
-// tuvl's, on the same cluster.  Run with the pinned Node 22 that
+// bench/peers/bench.mjs: one measurement of a peer (the job queues pg-boss
+// and graphile-worker, the workflow engine DBOS Transact, the agent framework
+// LangGraph JS), defined as bench/wakeup.py, bench/throughput.py and
+// bench/agents_scale.py define tuvl's, on the same cluster.  Run with the pinned Node 22 that
 // bench/peers/install.sh puts in node_modules/.bin/node; bench/peers.py runs
 // it, but it also runs on its own:
 //
-//   node_modules/.bin/node bench.mjs --peer pgboss|graphile \
-//       --measure wakeup|trivial|chains --setting NAME --db DB [--n N] [--json OUT]
+//   node_modules/.bin/node bench.mjs --peer pgboss|graphile|dbos|langgraph \
+//       --measure wakeup|trivial|chains|agents --setting NAME --db DB [--n N] [--json OUT]
+//       [--llm-url http://127.0.0.1:PORT/lat/0/v1]   (agents: the load generator)
 //   node_modules/.bin/node bench.mjs --list        # the settings grids, as JSON
 //
 // Each invocation installs the peer's schema in DB afresh (drops it, then the
@@ -33,6 +35,15 @@
 //            from the first step's start to the last step's completion as
 //            recorded, and from COMMIT returned to the poll that sees all done.
 //
+//   agents   N (default 1,000) LangGraph agents of three model turns against
+//            the load generator's script bench_agents (--llm-url; two calls of
+//            the tool `note`, each a row of bench_peers.tool_calls, then
+//            "done"), `c` at once in each of the setting's processes, after a
+//            warm-up of 10 per process: wall from handing them out until all
+//            are done; CPU of the Node processes and of the PostgreSQL
+//            backends serving them (/proc) per model turn; the processes' RSS
+//            growth per agent in flight.
+//
 // For trivial and chains, WAL bytes and commits per step are the deltas of
 // pg_stat_wal and of the database's pg_stat_database.xact_commit (read from
 // database postgres, as bench/throughput.py does) over the workers' whole
@@ -43,19 +54,25 @@
 // that (the settings search of bench/peers.py).
 import { fork } from 'node:child_process';
 import { EventEmitter } from 'node:events';
-import { writeFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
 import { parseArgs } from 'node:util';
 
 import pg from 'pg';
 import { PgBoss } from 'pg-boss';
 import { Logger, run as graphileRun, runMigrations as graphileMigrate } from 'graphile-worker';
+import { DBOS, DBOSClient } from '@dbos-inc/dbos-sdk';
+import { createReactAgent } from '@langchain/langgraph/prebuilt';
+import { PostgresSaver } from '@langchain/langgraph-checkpoint-postgres';
+import { ChatOpenAI } from '@langchain/openai';
+import { tool } from '@langchain/core/tools';
+import { z } from 'zod';
 
 const STEPS = 5;                     // steps per chain, as bench/throughput.py's workflow `five`
 const RESULT = { n: 1 };             // what every chain step returns, as bench.five_step
 const STATS_SETTLE_MS = 2500;        // as bench/throughput.py's STATS_SETTLE_S
 const APP = 'tuvl bench peers';      // application_name of the client's connections
-const DEFAULT_N = { wakeup: 1000, trivial: 10000, chains: 2000 };
+const DEFAULT_N = { wakeup: 1000, trivial: 10000, chains: 2000, agents: 1000 };
 
 // ---------------------------------------------------------------------------
 // Settings.  A setting is a name that spells out its options, so any
@@ -77,6 +94,16 @@ const DEFAULT_N = { wakeup: 1000, trivial: 10000, chains: 2000 };
 //     -nt: useNodeTime; -np: preparedStatements off.  maxPoolSize is
 //     concurrency + 3 (graphile-worker's advice, concurrency + 2, and its
 //     LISTEN connection).
+//   DBOS Transact    p<processes>-c<workerConcurrency>-i<minPollingIntervalMs>
+//                    -pool<systemDatabasePoolSize>[-d<maxConcurrentQueueDispatches>]
+//     a workflow queue (DBOS.registerQueue) that the processes' executors
+//     poll, at least every -i ms (DBOS's default is 1000); the client enqueues
+//     with DBOSClient.enqueueInTransaction in the measure's own transaction.
+//     Chains: one workflow per chain, each step a DBOS.runStep returning the
+//     result (checkpointed by DBOS in dbos.operation_outputs).
+//   LangGraph JS     p<processes>-c<agents run at once per process>-pool<PostgresSaver pool>
+//     agents only: createReactAgent with ChatOpenAI on the load generator
+//     (--llm-url) and PostgresSaver checkpoints, each agent its own thread.
 // ---------------------------------------------------------------------------
 const GRIDS = {
     pgboss: {
@@ -92,6 +119,15 @@ const GRIDS = {
             'p2-c10-lq11-cb0', 'p1-c24-lq500-cb0-nt', 'p1-c24-lq500-cb0-np', 'p1-c24-lq500-cb0-pi100'],
         chains: ['p1-c24-lq500-cb0', 'p1-c4', 'p1-c10', 'p1-c24', 'p1-c10-lq11-cb0',
             'p2-c10-lq11-cb0', 'p1-c24-lq500-cb0-nt', 'p1-c24-lq500-cb0-np', 'p1-c24-lq500-cb0-pi100'],
+    },
+    dbos: {
+        wakeup: ['p1-c1-i10-pool10', 'p1-c1-i1-pool10', 'p1-c1-i5-pool10', 'p1-c1-i50-pool10'],
+        chains: ['p1-c50-i10-pool20', 'p1-c20-i10-pool10', 'p1-c100-i10-pool40', 'p1-c200-i10-pool40',
+            'p1-c50-i1-pool20', 'p1-c50-i50-pool20', 'p1-c100-i10-pool40-d6', 'p2-c50-i10-pool20'],
+    },
+    langgraph: {
+        agents: ['p1-c50-pool20', 'p1-c20-pool10', 'p1-c100-pool20', 'p1-c100-pool40', 'p1-c200-pool40',
+            'p2-c50-pool20'],
     },
 };
 
@@ -119,6 +155,20 @@ function parseSetting(peer, name) {
         if (!s.concurrency) bad();
         const known = new Set(['p' + procs, 'c' + s.concurrency, 'lq' + s.localQueueSize,
             'cb' + s.batchDelay, 'pi' + s.pollInterval, 'nt', 'np']);
+        if (parts.some(x => !known.has(x))) bad();
+        return s;
+    }
+    if (peer === 'dbos') {
+        const s = { procs, concurrency: num('c'), interval: num('i'), pool: num('pool'), dispatches: num('d') };
+        if (!s.concurrency || s.interval === undefined || !s.pool) bad();
+        const known = new Set(['p' + procs, 'c' + s.concurrency, 'i' + s.interval, 'pool' + s.pool, 'd' + s.dispatches]);
+        if (parts.some(x => !known.has(x))) bad();
+        return s;
+    }
+    if (peer === 'langgraph') {
+        const s = { procs, concurrency: num('c'), pool: num('pool') };
+        if (!s.concurrency || !s.pool) bad();
+        const known = new Set(['p' + procs, 'c' + s.concurrency, 'pool' + s.pool]);
         if (parts.some(x => !known.has(x))) bad();
         return s;
     }
@@ -197,7 +247,7 @@ async function counters(db) {
 //   work(db, measure, s, hooks)  a worker process's side: start the peer's
 //                                workers, return a function that stops them
 // ---------------------------------------------------------------------------
-const QUEUE = { wakeup: 'wake', trivial: 'trivial', chains: 'chain' };
+const QUEUE = { wakeup: 'wake', trivial: 'trivial', chains: 'chain', agents: 'agents' };
 
 const pgboss = {
     options(db, extra) {
@@ -358,7 +408,214 @@ const graphile = {
     },
 };
 
-const PEERS = { pgboss, graphile };
+// DBOS Transact: the executors run in the worker processes; the schema is
+// made afresh by one launch in the main process (so that two worker
+// processes do not migrate at once).  Its URL must name a host and a user;
+// PGHOST may be a socket directory, given as ?host=.
+const DBOS_APP = 'tuvl-bench';
+const dbos = {
+    url: (db) => `postgresql://${encodeURIComponent(process.env.PGUSER || 'postgres')}@localhost:` +
+        `${process.env.PGPORT || 5432}/${db}` + (process.env.PGHOST && process.env.PGHOST.startsWith('/')
+            ? `?host=${encodeURIComponent(process.env.PGHOST)}` : ''),
+    config(db, s) {
+        return { name: DBOS_APP, systemDatabaseUrl: this.url(db), systemDatabasePoolSize: s.pool, logLevel: 'warn',
+            ...(s.dispatches ? { maxConcurrentQueueDispatches: s.dispatches } : {}) };
+    },
+    async prepare(db, measure, s) {
+        await withConn(db, (c) => c.query('DROP SCHEMA IF EXISTS dbos CASCADE'));
+        DBOS.setConfig(this.config(db, s));
+        await DBOS.launch();
+        await DBOS.shutdown();
+    },
+    async client(conn, measure) {
+        const client = await DBOSClient.create({ systemDatabaseUrl: this.url(conn.client.database),
+            applicationName: DBOS_APP, systemDatabasePoolSize: 2 });
+        const opts = { queueName: QUEUE[measure], workflowName: measure === 'chains' ? 'chain' : 'wake' };
+        return {
+            // in the measure's transaction, on its connection
+            one: async (i) => (await client.enqueueInTransaction(conn.client, opts, i)).workflowID,
+            many: async (n) => { for (let i = 1; i <= n; i++) await client.enqueueInTransaction(conn.client, opts, i); },
+            done: async (id) => (await conn.one('SELECT status FROM dbos.workflow_status WHERE workflow_uuid = $1',
+                [id]))?.status === 'SUCCESS',
+            stop: () => client.destroy(),
+        };
+    },
+    pending: (measure) => `SELECT EXISTS (SELECT 1 FROM dbos.workflow_status WHERE queue_name = '${QUEUE[measure]}' ` +
+        `AND status IN ('ENQUEUED', 'PENDING')) AS pending`,
+    recorded: (measure) => measure !== 'chains'
+        ? 'SELECT NULL::int AS completed, NULL::int AS with_result, NULL::float8 AS first_start, NULL::float8 AS last_done'
+        : `SELECT (SELECT count(*) FROM dbos.operation_outputs o JOIN dbos.workflow_status w USING (workflow_uuid)
+                   WHERE w.status = 'SUCCESS' AND o.error IS NULL)::int AS completed,
+                  (SELECT count(*) FROM dbos.operation_outputs
+                   WHERE (output::jsonb -> 'json') = '${JSON.stringify(RESULT)}'::jsonb)::int AS with_result,
+                  (SELECT count(*) FROM dbos.operation_outputs)::int AS rows,
+                  (SELECT min(started_at_epoch_ms) FROM dbos.operation_outputs)::float8 / 1000 AS first_start,
+                  (SELECT max(completed_at::bigint) FROM dbos.workflow_status)::float8 / 1000 AS last_done`,
+    async work(db, measure, s, hooks) {
+        DBOS.setConfig(this.config(db, s));
+        if (measure === 'wakeup') {
+            DBOS.registerWorkflow(async function wake(k) { hooks.started(k); }, { name: 'wake' });
+        } else {
+            DBOS.registerWorkflow(async function chain(c) {
+                for (let i = 1; i <= STEPS; i++) await DBOS.runStep(async () => RESULT, { name: `s${i}` });
+                return c;
+            }, { name: 'chain' });
+        }
+        await DBOS.launch();
+        await DBOS.registerQueue(QUEUE[measure], { workerConcurrency: s.concurrency,
+            minPollingIntervalMs: s.interval, onConflict: 'always_update' });
+        return () => DBOS.shutdown();
+    },
+};
+
+// LangGraph JS: bench/agents.py's agent (three model turns, the tool `note`
+// twice) as a prebuilt ReAct agent, checkpointed by PostgresSaver, each
+// agent its own thread; the tool records its call in bench_peers.tool_calls
+// as tuvl's bench_agents.note does.
+const LG_APP = 'tuvl bench langgraph';
+const langgraph = {
+    pool: (db, max) => new pg.Pool({ database: db, max, idleTimeoutMillis: 0, application_name: LG_APP }),
+    async prepare(db) {
+        await withConn(db, (c) => c.query('DROP TABLE IF EXISTS checkpoints, checkpoint_blobs, checkpoint_writes, ' +
+            'checkpoint_migrations CASCADE; DROP SCHEMA IF EXISTS bench_peers CASCADE; CREATE SCHEMA bench_peers; ' +
+            'CREATE TABLE bench_peers.tool_calls (k int NOT NULL, turn int, ' +
+            'at timestamptz NOT NULL DEFAULT clock_timestamp())'));
+        const pool = this.pool(db, 2);
+        await new PostgresSaver(pool).setup();
+        await pool.end();
+    },
+    agent(pool, llmUrl) {
+        const note = tool(async ({ turn }, config) => {
+            const r = await pool.query('INSERT INTO bench_peers.tool_calls (k, turn) VALUES ($1, $2) RETURNING turn',
+                [config.configurable.k, turn]);
+            return JSON.stringify({ noted: r.rows[0].turn });
+        }, { name: 'note', description: 'Record a note about the current turn.',
+            schema: z.object({ turn: z.coerce.number().int() }) });
+        const llm = new ChatOpenAI({ model: 'bench_agents', apiKey: 'bench', maxRetries: 0, timeout: 60000,
+            configuration: { baseURL: llmUrl } });
+        return createReactAgent({ llm, tools: [note], checkpointSaver: new PostgresSaver(pool),
+            prompt: 'Record two notes, then answer done.' });
+    },
+};
+
+const PEERS = { pgboss, graphile, dbos, langgraph };
+
+// The CPU seconds (user + system) of a process, from /proc, or null.
+const CLK_TCK = 100;
+function procCpu(pid) {
+    try {
+        const f = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
+        return (Number(f[11]) + Number(f[12])) / CLK_TCK;
+    } catch { return null; }
+}
+
+// The agents measure, a worker process: its share of the agents, `concurrency`
+// at once, after a warm-up of a few (not counted).
+async function workerAgents(args, s) {
+    const pool = langgraph.pool(args.db, s.pool);
+    const agent = langgraph.agent(pool, args.llmUrl);
+    const runOne = async (k) => {
+        const r = await agent.invoke({ messages: [{ role: 'user', content: JSON.stringify({ k }) }] },
+            { configurable: { thread_id: `agent-${k}`, k }, recursionLimit: 20 });
+        return r.messages.at(-1).content === 'done';
+    };
+    const lanes = async (keys) => {
+        let next = 0, ok = 0, inFlight = 0, peak = 0;
+        const lane = async () => {
+            while (next < keys.length) {
+                const k = keys[next++];
+                inFlight++;
+                if (inFlight > peak) peak = inFlight;
+                if (await runOne(k)) ok++;
+                inFlight--;
+            }
+        };
+        await Promise.all(Array.from({ length: Math.min(s.concurrency, keys.length) }, lane));
+        return { ok, peak };
+    };
+    await lanes(Array.from({ length: 10 }, (_, i) => -1 - i - 10 * args.index));   // warm-up: negative keys
+    process.on('message', async (m) => {
+        if (m.type === 'go') {
+            const rss0 = process.memoryUsage.rss();
+            let rssPeak = rss0;
+            const sampler = setInterval(() => { rssPeak = Math.max(rssPeak, process.memoryUsage.rss()); }, 20);
+            const cpu0 = process.cpuUsage();
+            const t0 = hr();
+            const { ok, peak } = await lanes(m.keys);
+            const t1 = hr();
+            const cpu = process.cpuUsage(cpu0);
+            clearInterval(sampler);
+            process.send({ type: 'done', ok, peak, t0, t1, cpu_s: (cpu.user + cpu.system) / 1e6,
+                rss0_kb: rss0 / 1024, rss_peak_kb: rssPeak / 1024 });
+        }
+        if (m.type === 'stop') { await pool.end(); process.exit(0); }
+    });
+    process.send({ type: 'ready' });
+}
+
+// The agents measure, the main process: prepare, start the workers (each
+// warms up), hand out the agents, wait, count, with the CPU of the worker
+// processes and of the PostgreSQL backends serving them.
+async function measureAgents(args, s) {
+    await langgraph.prepare(args.db);
+    const children = [];
+    const done = [];
+    let failed = null;
+    const backendCpu = () => withConn(args.db, async (c) => {
+        const r = await c.query('SELECT pid FROM pg_stat_activity WHERE datname = $1 AND application_name = $2',
+            [args.db, LG_APP]);
+        return Object.fromEntries(r.rows.map(x => [x.pid, procCpu(x.pid)]));
+    });
+    try {
+        for (let i = 0; i < s.procs; i++) {
+            const child = fork(new URL(import.meta.url).pathname,
+                ['--role', 'worker', '--peer', 'langgraph', '--measure', 'agents', '--setting', args.setting,
+                    '--db', args.db, '--llm-url', args.llmUrl, '--index', String(i)],
+                { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+            child.on('message', (m) => { if (m.type === 'ready') child.ready = true; if (m.type === 'done') done.push(m); });
+            child.on('exit', (code) => { child.exited = true; if (code) failed = new Error(`worker exited with ${code}`); });
+            children.push(child);
+        }
+        const until = async (cond, what) => {
+            const deadline = Date.now() + args.timeout * 1000;
+            while (!cond()) {
+                if (failed) throw failed;
+                if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+                await sleep(5);
+            }
+        };
+        await until(() => children.every(c => c.ready), 'the workers to start');
+        await withConn(args.db, (c) => c.query('TRUNCATE bench_peers.tool_calls'));
+        const cpuBefore = await backendCpu();
+        const t0 = hr();
+        children.forEach((c, i) => c.send({ type: 'go',
+            keys: Array.from({ length: args.n }, (_, k) => k).filter(k => k % s.procs === i) }));
+        await until(() => done.length === children.length, 'the agents');
+        const wall = (hr() - t0) / 1000;
+        const cpuAfter = await backendCpu();
+        const backend = Object.entries(cpuAfter).reduce((a, [pid, v]) => a + (v ?? 0) - (cpuBefore[pid] ?? 0), 0);
+        const r = await withConn(args.db, (c) => c.one(`SELECT count(*)::int AS rows,
+            count(DISTINCT k)::int AS agents, count(*) FILTER (WHERE turn NOT IN (0, 1))::int AS bad
+            FROM bench_peers.tool_calls`));
+        const ok = done.reduce((a, d) => a + d.ok, 0);
+        const workerCpu = done.reduce((a, d) => a + d.cpu_s, 0);
+        const turns = 3 * args.n;
+        const inFlight = done.reduce((a, d) => a + d.peak, 0);
+        const rssGrowth = done.reduce((a, d) => a + (d.rss_peak_kb - d.rss0_kb), 0);
+        return { agents: args.n, turns, wall_s: wall, answered_done: ok, tool_rows: r.rows,
+            worker_cpu_s: workerCpu, backend_cpu_s: backend, cpu_s: workerCpu + backend,
+            cpu_per_turn_ms: 1000 * (workerCpu + backend) / turns,
+            worker_cpu_per_turn_ms: 1000 * workerCpu / turns,
+            agents_in_flight: inFlight, rss_growth_kb: rssGrowth,
+            kb_per_agent_in_flight: inFlight > 0 ? rssGrowth / inFlight : null,
+            ok: ok === args.n && r.rows === 2 * args.n && r.agents === args.n && r.bad === 0 };
+    } finally {
+        for (const c of children) if (!c.exited) c.send({ type: 'stop' });
+        const deadline = Date.now() + 30000;
+        while (children.some(c => !c.exited) && Date.now() < deadline) await sleep(20);
+        for (const c of children) if (!c.exited) c.kill('SIGKILL');
+    }
+}
 
 // ---------------------------------------------------------------------------
 // Worker processes: forked from the main process, they run the peer's
@@ -368,6 +625,7 @@ const PEERS = { pgboss, graphile };
 async function workerMain(args) {
     const peer = PEERS[args.peer];
     const s = parseSetting(args.peer, args.setting);
+    if (args.measure === 'agents') return workerAgents(args, s);
     const stop = await peer.work(args.db, args.measure, s, {
         started: (k) => process.send({ type: 'started', k, t: hr() }),
     });
@@ -496,6 +754,12 @@ async function mainMain(args) {
     const peer = PEERS[args.peer];
     const s = parseSetting(args.peer, args.setting);
     const t = Date.now();
+    if (args.measure === 'agents') {
+        const out = { peer: args.peer, measure: args.measure, setting: args.setting, settings: s, n: args.n,
+            ...(await measureAgents(args, s)) };
+        out.invocation_s = (Date.now() - t) / 1000;
+        return out;
+    }
     await peer.prepare(args.db, args.measure, s);
     const bulk = args.measure !== 'wakeup';
     const conn = await new Conn(args.db).open();
@@ -561,6 +825,12 @@ async function mainMain(args) {
 }
 
 function describe(o) {
+    if (o.measure === 'agents') {
+        return `${o.agents} agents in ${o.wall_s.toFixed(2)} s, ${o.cpu_per_turn_ms.toFixed(2)} ms CPU per turn ` +
+            `(node ${o.worker_cpu_s.toFixed(1)} s, backends ${o.backend_cpu_s.toFixed(1)} s), ` +
+            `${o.kb_per_agent_in_flight === null ? 'n/a' : o.kb_per_agent_in_flight.toFixed(0)} kB per agent in flight` +
+            `${o.ok ? '' : ' NOT ALL COMPLETE'}`;
+    }
     if (o.measure === 'wakeup') {
         const b = o.before_commit_ms, a = o.after_commit_ms;
         return `from before commit median ${b.median.toFixed(3)} p95 ${b.p95.toFixed(3)} p99 ${b.p99.toFixed(3)} ` +
@@ -583,10 +853,11 @@ async function main() {
         json: { type: 'string' }, 'poll-ms': { type: 'string', default: '10' },
         timeout: { type: 'string', default: '300' }, 'no-counters': { type: 'boolean', default: false },
         list: { type: 'boolean', default: false }, help: { type: 'boolean', short: 'h', default: false },
+        'llm-url': { type: 'string' }, index: { type: 'string', default: '0' },
     } });
     if (values.help) {
-        process.stdout.write('usage: bench.mjs --peer pgboss|graphile --measure wakeup|trivial|chains --setting NAME ' +
-            '--db DB [--n N] [--warmup 50] [--poll-ms 10] [--timeout 300] [--no-counters] [--json OUT]\n' +
+        process.stdout.write('usage: bench.mjs --peer pgboss|graphile|dbos|langgraph --measure wakeup|trivial|chains|agents --setting NAME ' +
+            '--db DB [--n N] [--warmup 50] [--poll-ms 10] [--timeout 300] [--no-counters] [--json OUT] [--llm-url URL]\n' +
             '       bench.mjs --list   (the settings grids as JSON)\n(see the comment at the top of bench.mjs)\n');
         return;
     }
@@ -601,13 +872,16 @@ async function main() {
         process.stdout.write(JSON.stringify(grids, null, 2) + '\n');
         return;
     }
-    if (!PEERS[values.peer]) throw new Error('--peer pgboss|graphile');
-    if (!QUEUE[values.measure]) throw new Error('--measure wakeup|trivial|chains');
+    if (!PEERS[values.peer]) throw new Error('--peer pgboss|graphile|dbos|langgraph');
+    if (!QUEUE[values.measure]) throw new Error('--measure wakeup|trivial|chains|agents');
+    if (!GRIDS[values.peer][values.measure]) throw new Error(`${values.peer} has no measure ${values.measure}`);
+    if (values.measure === 'agents' && !values['llm-url']) throw new Error('--llm-url URL (the load generator\'s /lat/0/v1)');
     if (!values.db) throw new Error('--db DB');
     const args = { peer: values.peer, measure: values.measure, db: values.db,
         setting: values.setting ?? GRIDS[values.peer][values.measure][0],
         n: Number(values.n ?? DEFAULT_N[values.measure]), warmup: Number(values.warmup),
-        pollMs: Number(values['poll-ms']), timeout: Number(values.timeout), counters: !values['no-counters'] };
+        pollMs: Number(values['poll-ms']), timeout: Number(values.timeout), counters: !values['no-counters'],
+        llmUrl: values['llm-url'], index: Number(values.index) };
     if (values.role === 'worker') return workerMain(args);
     parseSetting(args.peer, args.setting);
     const out = await mainMain(args);

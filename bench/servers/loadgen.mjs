@@ -14,9 +14,31 @@
 //
 //   node bench/servers/loadgen.mjs [--port N] [--host 127.0.0.1] [--scripts FILE]
 //                                  [--latency-ms N] [--log-max N] [--backlog N]
+//                                  [--tls-dir DIR] [--http2] [--h2-max-streams N]
+//                                  [--limit-rpm N] [--limit-tpm N]
+//                                  [--limit-window-ms N] [--stats-file FILE]
 //
 // --port 0 (the default) picks a free port; the one line on stderr names the
-// port bound ("load generator on 127.0.0.1:PORT").
+// port bound ("load generator on 127.0.0.1:PORT", also with TLS).
+//
+// --tls-dir DIR serves HTTPS: ca.pem, cert.pem and key.pem in DIR, made
+// there with openssl(1) when any is missing (a CA, and a certificate it
+// signs for 127.0.0.1, ::1 and localhost; see "TLS" below); a client trusts
+// DIR/ca.pem.  --http2 adds HTTP/2: by ALPN over TLS ("h2", HTTP/1.1 the
+// fallback) and, on a plain port, h2c with prior knowledge;
+// --h2-max-streams (default 128) is SETTINGS_MAX_CONCURRENT_STREAMS.
+// GET /_conns counts the connections by protocol, TLS handshakes and
+// resumptions, HTTP/2 sessions and streams.
+//
+// --limit-rpm N, --limit-tpm N enforce, for every API key (the
+// Authorization bearer, x-api-key or api-key header), at most N requests /
+// N tokens over a sliding window of --limit-window-ms (default 60000), as
+// a model provider does: beyond them 429 rate_limit_exceeded with
+// Retry-After, retry-after-ms and x-ratelimit-* (see "rate limits" below);
+// 0 (the default): no limit.  POST /_limits changes them at run time.
+//
+// --stats-file FILE writes /_stats, /_conns and /_limits as JSON there on
+// SIGTERM or SIGINT.
 //
 // Model endpoints (POST; the same answers as llm_server.py's OpenAI format):
 //
@@ -110,6 +132,30 @@
 //                            statsJson() below)
 //   DELETE /_stats           reset those counters and peaks
 //   GET    /_health          {"ok": true}
+//   GET    /_conns[?list=1]  connections since DELETE /_stats: accepted,
+//                            open, peak, by_protocol ("http/1.1",
+//                            "http/1.1+tls", "h2+tls", "h2c"), by_address,
+//                            tls {handshakes, resumed, failed}, h2
+//                            {sessions, streams, peak_concurrent_streams,
+//                            max_streams_per_session, goaways},
+//                            requests_by_protocol; ?list=1 adds one record
+//                            per connection {port, address, protocol,
+//                            opened_s, closed_s, requests, streams,
+//                            tls_resumed}
+//   DELETE /_conns           close every connection with no request in flight
+//                            (HTTP/2: GOAWAY), as a server's idle timeout
+//                            would: {"ok": true, "closed": n}
+//   GET    /_limits[?series=1]
+//                            the rate limits and, per API key ("(none)":
+//                            no key), admitted, rejected {requests, tokens,
+//                            total}, tokens, window and peak_window
+//                            {requests, tokens}, per_min; ?series=1 adds
+//                            per_second and tokens_per_second
+//   POST   /_limits          {"rpm": n, "tpm": n, "window_ms": n, "keys":
+//                            {"KEY": {"rpm": n, "tpm": n} or null},
+//                            "reset": true}: change the limits (400 on a
+//                            bad one)
+//   DELETE /_limits          forget every key's window and counters
 //
 // Bookkeeping per request is O(1): counters, a histogram and, for /_log,
 // one map entry per distinct Idempotency-Key (cleared by DELETE /_log).  No
@@ -122,8 +168,12 @@
 // Scripts load at startup with --scripts FILE, a JSON object mapping each
 // name to its turns (a list, or an object with a "turns" list).
 
+import { execFileSync } from "node:child_process";
 import fs from "node:fs";
+import http2 from "node:http2";
 import net from "node:net";
+import path from "node:path";
+import tls from "node:tls";
 import { PerformanceObserver, constants as perfConstants, createHistogram, monitorEventLoopDelay,
          performance } from "node:perf_hooks";
 import crypto from "node:crypto";
@@ -156,9 +206,11 @@ const STATUS_ERRORS = {
 
 function parseOptions(argv) {
   const o = { port: 0, host: "127.0.0.1", scripts: null, latencyMs: 0, logMax: 0,
-              backlog: 16384 };
+              backlog: 16384, tlsDir: null, http2: false, h2MaxStreams: 128, limitRpm: 0, limitTpm: 0,
+              limitWindowMs: 60000, statsFile: null };
   const numeric = { "--port": "port", "--latency-ms": "latencyMs", "--log-max": "logMax",
-                    "--backlog": "backlog" };
+                    "--backlog": "backlog", "--h2-max-streams": "h2MaxStreams", "--limit-rpm": "limitRpm",
+                    "--limit-tpm": "limitTpm", "--limit-window-ms": "limitWindowMs" };
   for (let i = 0; i < argv.length; i++) {
     let a = argv[i], v;
     const eq = a.indexOf("=");
@@ -175,14 +227,21 @@ function parseOptions(argv) {
       o[numeric[a]] = n;
     } else if (a === "--host") o.host = value();
     else if (a === "--scripts") o.scripts = value();
+    else if (a === "--tls-dir") o.tlsDir = value();
+    else if (a === "--stats-file") o.statsFile = value();
+    else if (a === "--http2") o.http2 = true;
     else usage(`unknown argument ${a}`);
   }
+  if (o.limitWindowMs < 1) usage("--limit-window-ms must be at least 1");
+  if (o.h2MaxStreams < 1) usage("--h2-max-streams must be at least 1");
   return o;
 }
 
 function usage(error) {
   const text = "usage: node loadgen.mjs [--port N] [--host 127.0.0.1] [--scripts FILE] [--latency-ms N]\n" +
-               "                        [--log-max N] [--backlog N]\n";
+               "                        [--log-max N] [--backlog N] [--tls-dir DIR] [--http2]\n" +
+               "                        [--h2-max-streams N] [--limit-rpm N] [--limit-tpm N]\n" +
+               "                        [--limit-window-ms N] [--stats-file FILE]\n";
   if (error) { process.stderr.write(`loadgen: ${error}\n${text}`); process.exit(2); }
   process.stdout.write(text);
   process.exit(0);
@@ -429,6 +488,7 @@ const log = {
 // It samples every ELD_RESOLUTION_MS and records the whole interval between
 // two samples: the delay is that minus the resolution.
 const ELD_RESOLUTION_MS = 10;
+const resetHooks = [];               // more counters that DELETE /_stats resets
 const eventLoopDelay = monitorEventLoopDelay({ resolution: ELD_RESOLUTION_MS });
 eventLoopDelay.enable();
 const stats = {
@@ -438,6 +498,7 @@ const stats = {
   peakInFlight: 0, peakConnections: 0, accepted: 0, acceptErrors: 0, listenOverflows: null,
   late: createHistogram(),           // µs between when an answer was due and when it left
   gc: { minor: 0, minorMs: 0, major: 0, majorMs: 0 },
+  requestsByProtocol: {},            // counted requests by their connection's protocol
 };
 
 // Garbage collections: 10,000 answers waiting 1 s each are 10,000 requests
@@ -465,6 +526,8 @@ function resetStats() {
   stats.listenOverflows = listenOverflows();
   stats.gc = { minor: 0, minorMs: 0, major: 0, majorMs: 0 };
   eventLoopDelay.reset();
+  // the connections' and the rate limits' counters (declared further down)
+  for (const reset of resetHooks) reset();
 }
 resetStats();
 
@@ -478,6 +541,268 @@ function resetLog() {
   if (log.ring) { log.ring = new Array(opts.logMax); log.ringNext = log.ringSize = 0; }
 }
 
+// ---------------------------------------------------------------- rate limits
+
+// Requests and tokens per API key over a sliding window (60 s unless
+// --limit-window-ms), enforced as a model provider does: a model request
+// that would take its key past the requests (rpm) or tokens (tpm) allowed
+// in the window is answered 429 at once, with Retry-After (whole seconds,
+// at least 1), retry-after-ms and the x-ratelimit-* headers, and is not
+// counted.  A request's tokens are estimated when it arrives as its body's
+// length / 4 (at least 1) and replaced, when its answer leaves, by the
+// usage the answer reports (prompt + completion tokens).  Every key is
+// counted (GET /_limits), limits or not; --limit-rpm / --limit-tpm (0: no
+// limit) apply to every key, and POST /_limits changes them and sets them
+// per key.
+//
+// The window of a key: the requests admitted in the last window_ms, a ring
+// of (time, tokens, second since the reset) in admission order.
+class KeyWindow {
+  constructor(key) {
+    this.key = key;
+    this.times = new Float64Array(64);
+    this.tokens = new Float64Array(64);
+    this.secs = new Int32Array(64);
+    this.head = 0;                   // sequence number of the oldest entry in the window
+    this.next = 0;                   // sequence number of the next entry
+    this.requests = 0;               // in the window
+    this.tokenSum = 0;               // in the window
+    this.resetCounters();
+  }
+
+  resetCounters() {
+    this.admitted = 0;
+    this.rejected = { requests: 0, tokens: 0 };
+    this.tokensTotal = 0;            // of the admitted requests, as corrected by their answers
+    this.peak = { requests: this.requests, tokens: this.tokenSum };
+    this.firstS = null;
+    this.lastS = null;
+    this.perSecond = [];             // admitted requests per second since the reset
+    this.tokensPerSecond = [];
+  }
+
+  slot(seq) { return seq & (this.times.length - 1); }
+
+  // Drop the entries older than the window.
+  prune(now, windowMs) {
+    const edge = now - windowMs;
+    while (this.head < this.next) {
+      const i = this.slot(this.head);
+      if (this.times[i] > edge) break;
+      this.requests--;
+      this.tokenSum -= this.tokens[i];
+      this.head++;
+    }
+  }
+
+  push(now, tokens, sec) {
+    if (this.next - this.head === this.times.length) this.grow();
+    const i = this.slot(this.next);
+    this.times[i] = now;
+    this.tokens[i] = tokens;
+    this.secs[i] = sec;
+    this.requests++;
+    this.tokenSum += tokens;
+    return this.next++;
+  }
+
+  grow() {
+    const n = this.times.length;
+    const times = new Float64Array(2 * n), tokens = new Float64Array(2 * n), secs = new Int32Array(2 * n);
+    for (let q = this.head; q < this.next; q++) {
+      times[q & (2 * n - 1)] = this.times[q & (n - 1)];
+      tokens[q & (2 * n - 1)] = this.tokens[q & (n - 1)];
+      secs[q & (2 * n - 1)] = this.secs[q & (n - 1)];
+    }
+    this.times = times;
+    this.tokens = tokens;
+    this.secs = secs;
+  }
+
+  // ms until `need` tokens have left the window (oldest first)
+  tokensFreeIn(now, need, windowMs) {
+    let freed = 0;
+    for (let q = this.head; q < this.next; q++) {
+      const i = this.slot(q);
+      freed += this.tokens[i];
+      if (freed >= need) return this.times[i] + windowMs - now;
+    }
+    return windowMs;
+  }
+}
+
+const limits = {
+  rpm: opts.limitRpm, tpm: opts.limitTpm, windowMs: opts.limitWindowMs,
+  perKey: new Map(),                 // key -> {rpm, tpm}: overrides of the defaults
+  keys: new Map(),                   // key -> KeyWindow
+  since: performance.now(),
+
+  of(key) {
+    let w = this.keys.get(key);
+    if (w === undefined) this.keys.set(key, w = new KeyWindow(key));
+    return w;
+  },
+
+  limitsOf(key) {
+    const o = this.perKey.get(key);
+    return o === undefined ? { rpm: this.rpm, tpm: this.tpm } : o;
+  },
+
+  // Admit model request p (tokens: its estimate) or answer it 429: true
+  // when it was answered.
+  admit(p, tokens) {
+    const key = p.apiKey === undefined ? "" : p.apiKey;
+    const w = this.of(key);
+    const now = performance.now();
+    const { rpm, tpm } = this.limitsOf(key);
+    w.prune(now, this.windowMs);
+    let kind = null, waitMs = 0;
+    if (rpm > 0 && w.requests + 1 > rpm) {
+      kind = "requests";
+      waitMs = w.times[w.slot(w.head)] + this.windowMs - now;
+    } else if (tpm > 0 && w.tokenSum + tokens > tpm) {
+      kind = "tokens";
+      waitMs = tokens > tpm ? this.windowMs : w.tokensFreeIn(now, w.tokenSum + tokens - tpm, this.windowMs);
+    }
+    if (kind !== null) {
+      const headers = rateHeaders(w, rpm, tpm, now, this.windowMs);
+      w.rejected[kind]++;
+      waitMs = Math.max(1, Math.ceil(waitMs));
+      const used = kind === "requests" ? w.requests : Math.round(w.tokenSum);
+      const limit = kind === "requests" ? rpm : tpm;
+      const what = kind === "requests" ? "requests per min (RPM)" : "tokens per min (TPM)";
+      const message = tokens > tpm && kind === "tokens"
+        ? `Request too large for ${p.model} on ${what}: Limit ${limit}, Requested ${tokens}.`
+        : `Rate limit reached for ${p.model} on ${what}: Limit ${limit}, Used ${used}, ` +
+          `Requested ${kind === "requests" ? 1 : tokens}. Please try again in ${formatWait(waitMs)}.`;
+      p.rateLimited = kind;
+      p.answer(429, errorPayload(kind, message, "rate_limit_exceeded"),
+               `Retry-After: ${Math.ceil(waitMs / 1000)}\r\nretry-after-ms: ${waitMs}\r\n` + headers, 0);
+      return true;
+    }
+    const sec = Math.floor((now - this.since) / 1000);
+    p.limit = w.push(now, tokens, sec);
+    p.limitKey = w;
+    p.limitHeaders = rateHeaders(w, rpm, tpm, now, this.windowMs);
+    w.admitted++;
+    w.tokensTotal += tokens;
+    if (w.requests > w.peak.requests) w.peak.requests = w.requests;
+    if (w.tokenSum > w.peak.tokens) w.peak.tokens = w.tokenSum;
+    if (w.firstS === null) w.firstS = (now - this.since) / 1000;
+    w.lastS = (now - this.since) / 1000;
+    if (sec < 86400) {
+      while (w.perSecond.length <= sec) { w.perSecond.push(0); w.tokensPerSecond.push(0); }
+      w.perSecond[sec]++;
+      w.tokensPerSecond[sec] += tokens;
+    }
+    return false;
+  },
+
+  // p's answer left: its tokens become the usage the answer reported.
+  settle(p) {
+    const w = p.limitKey, seq = p.limit;
+    p.limit = null;
+    if (p.status !== 200 || !p.hasUsage) return;
+    const actual = p.prompt + p.completion;
+    const i = w.slot(seq);
+    const delta = actual - w.tokens[i];
+    if (delta === 0) return;
+    w.tokensTotal += delta;
+    const sec = seq >= w.head ? w.secs[i] : null;
+    if (seq >= w.head) {             // still in the window
+      w.tokens[i] = actual;
+      w.tokenSum += delta;
+      if (w.tokenSum > w.peak.tokens) w.peak.tokens = w.tokenSum;
+    }
+    if (sec !== null && sec < w.tokensPerSecond.length) w.tokensPerSecond[sec] += delta;
+  },
+
+  resetCounters() {
+    this.since = performance.now();
+    for (const w of this.keys.values()) w.resetCounters();
+  },
+
+  json(query) {
+    const now = performance.now();
+    const elapsed = (now - this.since) / 1000;
+    const series = query && query.get("series") === "1";
+    const keys = {};
+    for (const [key, w] of this.keys) {
+      w.prune(now, this.windowMs);
+      const { rpm, tpm } = this.limitsOf(key);
+      const span = w.firstS === null ? 0 : elapsed - w.firstS;
+      const k = {
+        limits: { rpm, tpm },
+        admitted: w.admitted, rejected: { ...w.rejected, total: w.rejected.requests + w.rejected.tokens },
+        tokens: Math.round(w.tokensTotal),
+        // in the window now, and the most at any admission since the reset
+        window: { requests: w.requests, tokens: Math.round(w.tokenSum) },
+        peak_window: { requests: w.peak.requests, tokens: Math.round(w.peak.tokens) },
+        first_s: w.firstS, last_s: w.lastS,
+        // per minute, from the key's first admission until now
+        per_min: span > 0 ? { requests: w.admitted * 60 / span, tokens: w.tokensTotal * 60 / span } : null,
+      };
+      if (series) { k.per_second = w.perSecond; k.tokens_per_second = w.tokensPerSecond.map(Math.round); }
+      keys[key === "" ? "(none)" : key] = k;
+    }
+    const perKey = {};
+    for (const [key, l] of this.perKey) perKey[key] = l;
+    return { window_ms: this.windowMs, rpm: this.rpm, tpm: this.tpm, per_key: perKey, since_reset_s: elapsed,
+             keys };
+  },
+
+  configure(body) {
+    if (!isObject(body)) throw new ScriptError("the body is a JSON object");
+    const known = new Set(["rpm", "tpm", "window_ms", "keys", "reset"]);
+    const bad = Object.keys(body).filter((k) => !known.has(k));
+    if (bad.length) throw new ScriptError(`unknown keys ${JSON.stringify(bad)} (known: rpm, tpm, window_ms, keys, reset)`);
+    const limitPair = (o, where) => {
+      if (!isObject(o) || !Object.entries(o).every(([k, v]) => (k === "rpm" || k === "tpm") && isCount(v)))
+        throw new ScriptError(`${where}: {"rpm": n, "tpm": n}, non-negative integers (0: no limit)`);
+    };
+    limitPair(Object.fromEntries(Object.entries(body).filter(([k]) => k === "rpm" || k === "tpm")), "rpm, tpm");
+    if ("window_ms" in body && !(isCount(body.window_ms) && body.window_ms >= 1))
+      throw new ScriptError("window_ms must be a positive integer");
+    if ("keys" in body) {
+      if (!isObject(body.keys)) throw new ScriptError('keys: {"KEY": {"rpm": n, "tpm": n}, ...}');
+      for (const [k, v] of Object.entries(body.keys)) if (v !== null) limitPair(v, `keys.${k}`);
+    }
+    if ("rpm" in body) this.rpm = body.rpm;
+    if ("tpm" in body) this.tpm = body.tpm;
+    if ("window_ms" in body) this.windowMs = body.window_ms;
+    if ("keys" in body) {
+      for (const [k, v] of Object.entries(body.keys)) {
+        const key = k === "(none)" ? "" : k;
+        if (v === null) this.perKey.delete(key);
+        else this.perKey.set(key, { rpm: v.rpm ?? 0, tpm: v.tpm ?? 0 });
+      }
+    }
+    if (body.reset) { this.keys = new Map(); this.since = performance.now(); }
+  },
+};
+
+resetHooks.push(() => limits.resetCounters());
+
+// The x-ratelimit-* headers of a key's answer (as OpenAI sends them; none
+// when the key has no limits).
+function rateHeaders(w, rpm, tpm, now, windowMs) {
+  let h = "";
+  if (rpm > 0) {
+    const reset = w.next > w.head ? w.times[w.slot(w.head)] + windowMs - now : 0;
+    h += `x-ratelimit-limit-requests: ${rpm}\r\nx-ratelimit-remaining-requests: ${Math.max(0, rpm - w.requests)}\r\n` +
+         `x-ratelimit-reset-requests: ${formatWait(Math.max(0, Math.ceil(reset)))}\r\n`;
+  }
+  if (tpm > 0) {
+    h += `x-ratelimit-limit-tokens: ${tpm}\r\nx-ratelimit-remaining-tokens: ${Math.max(0, Math.round(tpm - w.tokenSum))}\r\n`;
+  }
+  return h;
+}
+
+// "1.5s", "120ms", as OpenAI writes a wait
+function formatWait(ms) {
+  return ms >= 1000 ? `${Number((ms / 1000).toFixed(3))}s` : `${ms}ms`;
+}
+
 // ---------------------------------------------------------------- requests
 
 // One request from the moment it has been read whole until it is answered
@@ -485,8 +810,10 @@ function resetLog() {
 // "counted": in flight, in /_log and in /_stats' requests; control
 // requests only keep their place in their connection's order of answers.
 class Pending {
-  constructor(conn, method, url, key, body, keepAlive) {
+  constructor(conn, method, url, key, body, keepAlive, apiKey) {
     this.conn = conn;
+    this.apiKey = apiKey;            // the API key the request carried (rate limits), or undefined
+    this.limit = null;               // its place in its key's window, once admitted (see Limits)
     this.method = method;
     this.url = url;
     this.key = key;                  // the Idempotency-Key header, or undefined
@@ -509,11 +836,20 @@ class Pending {
     this.prompt = 0;
     this.completion = 0;
     this.usageMore = "";             // usage fields after total_tokens
+    this.hasUsage = false;           // a model answer with usage (the tokens its key's window counts)
+    this.limitKey = null;            // its key's KeyWindow, once admitted
+    this.limitHeaders = null;
+    this.rateLimited = null;         // "requests" or "tokens": answered 429 by the rate limits
   }
 
   count(kind) {
     this.kind = kind;
     this.counted = true;
+    const rec = this.conn.rec;
+    if (rec !== undefined) {
+      rec.requests++;
+      stats.requestsByProtocol[rec.protocol] = (stats.requestsByProtocol[rec.protocol] || 0) + 1;
+    }
     inFlight++;
     if (inFlight > log.peak) log.peak = inFlight;
     if (inFlight > stats.peakInFlight) stats.peakInFlight = inFlight;
@@ -546,6 +882,7 @@ class Pending {
     stats.answered++;
     stats.byKind[this.kind]++;
     stats.byStatus[this.status] = (stats.byStatus[this.status] || 0) + 1;
+    if (this.limit !== null) limits.settle(this);
     this.tally(this.status);
   }
 
@@ -770,7 +1107,7 @@ class Conn {
       }
       this.head = null;
       if (!h.keepAlive) this.closing = true;
-      const p = new Pending(this, h.method, h.url, h.key, body, h.keepAlive);
+      const p = new Pending(this, h.method, h.url, h.key, body, h.keepAlive, h.apiKey);
       this.queue.push(p);
       dispatch(p);
     }
@@ -819,7 +1156,6 @@ class Conn {
 
   onClose() {
     this.closed = true;
-    openConnections--;
     this.abandon();
   }
 
@@ -849,7 +1185,7 @@ function parseHead(text) {
     const slash = url.indexOf("/", url.indexOf("//") + 2);
     url = slash < 0 ? "/" : url.slice(slash);
   }
-  let length = 0, chunked = false, expectContinue = false, key, connection = "";
+  let length = 0, chunked = false, expectContinue = false, key, connection = "", apiKey;
   for (i++; i < lines.length; i++) {
     const l = lines[i];
     const colon = l.indexOf(":");
@@ -881,11 +1217,33 @@ function parseHead(text) {
         if (l.slice(0, 15).toLowerCase() === "idempotency-key")
           key = Buffer.from(l.slice(16).trim(), "latin1").latin1Slice();
         break;
+      // the API key, for the rate limits: OpenAI's "Authorization: Bearer
+      // KEY", Anthropic's x-api-key, Azure's api-key
+      case 13:
+        if (l.slice(0, 13).toLowerCase() === "authorization") apiKey = bearer(l.slice(14));
+        break;
+      case 9:
+        if (apiKey === undefined && l.slice(0, 9).toLowerCase() === "x-api-key") apiKey = apiKeyOf(l.slice(10));
+        break;
+      case 7:
+        if (apiKey === undefined && l.slice(0, 7).toLowerCase() === "api-key") apiKey = apiKeyOf(l.slice(8));
+        break;
       default:
     }
   }
   const keepAlive = version === "HTTP/1.1" ? !connection.includes("close") : connection.includes("keep-alive");
-  return { method, url, keepAlive, length: chunked ? -1 : length, chunked, expectContinue, key };
+  return { method, url, keepAlive, length: chunked ? -1 : length, chunked, expectContinue, key, apiKey };
+}
+
+// The key of an Authorization header's value ("Bearer KEY"), or of an
+// x-api-key or api-key header (a copy: a waiting request must not hold the
+// request's text).
+function bearer(value) {
+  const v = value.trim();
+  return apiKeyOf(/^bearer\s/i.test(v) ? v.slice(7) : v);
+}
+function apiKeyOf(value) {
+  return Buffer.from(value.trim(), "latin1").latin1Slice();
 }
 
 // A chunked body at the start of buf: {body, next (the offset after it)},
@@ -998,16 +1356,20 @@ function chat(p, latency) {
   p.script = name;
   p.turn = number;
   p.model = model;
+  // the key's rate limits: answered 429 here when over them
+  if (limits.admit(p, Math.max(1, raw.length >> 2))) return;
+  const limitHeaders = p.limitHeaders;
+  p.limitHeaders = null;
 
   const delay = turn && turn.latency !== undefined ? turn.latency : (latency !== undefined ? latency : opts.latencyMs);
   const fault = turn ? turn.fault : undefined;
   if (fault !== undefined && fault !== "malformed" && fault !== "empty") {
     const [status, payload] = faultError(fault, turn.source.message);
     const headers = "retry_after" in turn.source ? `Retry-After: ${formatSeconds(turn.source.retry_after)}\r\n` : "";
-    return p.answer(status, payload, headers, delay);
+    return p.answer(status, payload, headers + limitHeaders, delay);
   }
   if (fault === "malformed")
-    return p.answer(200, '{"id": "chatcmpl-malformed", "object": "chat.completion", "choices": [{', "", delay);
+    return p.answer(200, '{"id": "chatcmpl-malformed", "object": "chat.completion", "choices": [{', limitHeaders, delay);
   if (turn) choice = choiceOf(turn, number, messages);
 
   // What the answer needs, kept until it leaves: the request (its body,
@@ -1016,7 +1378,8 @@ function chat(p, latency) {
   p.prompt = turn && turn.promptTokens !== undefined ? turn.promptTokens : Math.max(1, raw.length >> 2);
   p.completion = turn && turn.completionTokens !== undefined ? turn.completionTokens : Math.max(1, choice.chars >> 2);
   if (turn) p.usageMore = turn.usageMore;
-  return p.answer(200, null, "", delay);
+  p.hasUsage = true;
+  return p.answer(200, null, limitHeaders, delay);
 }
 
 // The text of a model answer, made when it leaves.
@@ -1043,6 +1406,20 @@ function control(p, path, query) {
   if (path === "/_log") {
     if (m === "DELETE") { resetLog(); return reply(p, 200, { ok: true }); }
     if (m === "GET") return reply(p, 200, logJson(query));
+  }
+  if (path === "/_conns" && m === "GET") return reply(p, 200, connsJson(query));
+  if (path === "/_conns" && m === "DELETE") return reply(p, 200, { ok: true, closed: closeIdle() });
+  if (path === "/_limits") {
+    if (m === "GET") return reply(p, 200, limits.json(query));
+    if (m === "DELETE") { limits.configure({ reset: true }); return reply(p, 200, { ok: true }); }
+    if (m === "POST") {
+      try {
+        limits.configure(JSON.parse(p.body.toString("utf8") || "null"));
+      } catch (e) {
+        return reply(p, 400, { ok: false, error: e.message });
+      }
+      return reply(p, 200, { ok: true, ...limits.json(null) });
+    }
   }
   if (path === "/_script" && m === "POST") {
     let body, turns;
@@ -1152,6 +1529,12 @@ function listenOverflows() {
   return null;
 }
 
+function rateLimited() {
+  const out = { requests: 0, tokens: 0 };
+  for (const w of limits.keys.values()) { out.requests += w.rejected.requests; out.tokens += w.rejected.tokens; }
+  return out;
+}
+
 // The server's own load since DELETE /_stats (or since it started).
 function statsJson() {
   const wall = (performance.now() - stats.since) / 1000;
@@ -1174,11 +1557,15 @@ function statsJson() {
     // could not read, and connections reset
     requests: { received: stats.received, answered: stats.answered, disconnected: stats.disconnected,
                 by_kind: stats.byKind, by_status: stats.byStatus, errors: stats.errors,
-                client_errors: stats.clientErrors,
+                client_errors: stats.clientErrors, by_protocol: stats.requestsByProtocol,
                 per_s: wall > 0 ? stats.answered / wall : 0 },
     in_flight: inFlight, peak_in_flight: stats.peakInFlight,
     connections: { open: openConnections, peak: stats.peakConnections, accepted: stats.accepted,
-                   accept_errors: stats.acceptErrors },
+                   accept_errors: stats.acceptErrors, by_protocol: conns.byProtocol, tls: conns.tls,
+                   h2: { sessions: conns.h2.sessions, streams: conns.h2.streams,
+                         peak_concurrent_streams: conns.h2.peakStreams } },
+    // answered 429 by the rate limits (not by a script's fault), by limit
+    rate_limited: rateLimited(),
     // delay: how late the event loop ran a timer due every 10 ms;
     // utilization: the share of the time the loop was busy (1: saturated)
     event_loop: { delay_ms: histogramMs(eventLoopDelay, 1, ELD_RESOLUTION_MS), utilization: elu.utilization },
@@ -1196,20 +1583,338 @@ function statsJson() {
   };
 }
 
-// ---------------------------------------------------------------- server
+// ---------------------------------------------------------------- connections
 
-const server = net.createServer({ noDelay: true }, (socket) => {
-  socket.setNoDelay(true);           // also for Node versions without the option
+// Every TCP connection is counted when accepted (before any TLS handshake),
+// by client address and address family, and by protocol once that is
+// known: "http/1.1", "http/1.1+tls", "h2+tls" or "h2c".  GET /_conns lists
+// them one by one (client port, protocol, requests, when opened and
+// closed), so that a benchmark can tell which client process opened which
+// (its sockets' local ports, /proc/PID/fd and /proc/net/tcp).
+const CONN_RECORDS_MAX = 200000;
+const conns = {
+  records: [], dropped: 0,           // since the reset, at most CONN_RECORDS_MAX
+  byAddress: new Map(),              // address -> {opened, open, peak}
+  byFamily: {}, byProtocol: {},
+  tls: { handshakes: 0, resumed: 0, failed: 0 },
+  h2: { sessions: 0, streams: 0, peakStreams: 0, maxStreamsPerSession: 0, goaways: 0 },
+};
+
+function resetConns() {
+  conns.records = [];
+  conns.dropped = 0;
+  for (const a of conns.byAddress.values()) { a.opened = 0; a.peak = a.open; }
+  conns.byFamily = {};
+  conns.byProtocol = {};
+  conns.tls = { handshakes: 0, resumed: 0, failed: 0 };
+  conns.h2 = { sessions: 0, streams: 0, peakStreams: 0, maxStreamsPerSession: 0, goaways: 0 };
+  stats.requestsByProtocol = {};
+}
+
+resetHooks.push(resetConns);
+
+const sinceReset = () => Math.round(performance.now() - stats.since) / 1000;
+
+// A TCP connection accepted: its record (see GET /_conns).
+function accepted(socket) {
   openConnections++;
   stats.accepted++;
   if (openConnections > stats.peakConnections) stats.peakConnections = openConnections;
+  const address = socket.remoteAddress || "?";
+  let a = conns.byAddress.get(address);
+  if (a === undefined) conns.byAddress.set(address, a = { opened: 0, open: 0, peak: 0 });
+  a.opened++;
+  if (++a.open > a.peak) a.peak = a.open;
+  const family = socket.remoteFamily || "?";
+  conns.byFamily[family] = (conns.byFamily[family] || 0) + 1;
+  const rec = { port: socket.remotePort, address, protocol: null, opened_s: sinceReset(), closed_s: null,
+                requests: 0, streams: 0, tls_resumed: null };
+  if (conns.records.length < CONN_RECORDS_MAX) conns.records.push(rec);
+  else conns.dropped++;
+  live.add(rec);
+  socket.on("close", () => {
+    openConnections--;
+    a.open--;
+    rec.closed_s = sinceReset();
+    live.delete(rec);
+  });
+  return rec;
+}
+
+// The open connections' records; rec.idle() says whether a connection
+// has no request in flight, rec.shut() closes it (DELETE /_conns).
+const live = new Set();
+
+function closeIdle() {
+  let closed = 0;
+  for (const rec of live) {
+    if (rec.idle && rec.idle()) { rec.shut(); closed++; }
+  }
+  return closed;
+}
+
+function setProtocol(rec, protocol) {
+  rec.protocol = protocol;
+  conns.byProtocol[protocol] = (conns.byProtocol[protocol] || 0) + 1;
+}
+
+// HTTP/1.1 on a socket (plain or TLS), through Conn.
+function startH1(socket, rec, protocol, first) {
+  setProtocol(rec, protocol);
   const conn = new Conn(socket);
+  conn.rec = rec;
+  rec.idle = () => !conn.closing && !conn.closed && conn.queue.length === 0 && conn.head === null;
+  rec.shut = () => { conn.closing = true; socket.end(); };
   socket.on("data", (chunk) => conn.onData(chunk));
   socket.on("end", () => conn.onEnd());
   socket.on("close", () => conn.onClose());
   socket.on("error", () => { stats.clientErrors++; });   // a reset: "close" follows
-});
+  if (first) conn.onData(first);
+}
+
+// ---------------------------------------------------------------- HTTP/2
+
+// HTTP/2 is node:http2's (core API, streams rather than request objects):
+// over TLS when the client offers "h2" by ALPN (--tls-dir with --http2),
+// and in clear text (h2c) with prior knowledge on a plain port with
+// --http2 (a connection that starts with the HTTP/2 preface; anything else
+// is HTTP/1.1).  The server allows --h2-max-streams concurrent streams per
+// connection (SETTINGS_MAX_CONCURRENT_STREAMS, default 128); a model answer
+// is the same as over HTTP/1.1, with its headers in lower case.
+const H2_PREFACE = Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+const REC = Symbol("record");
+const OPEN_STREAMS = Symbol("open streams");
+let nextSessionRec = null;           // the record of the connection handed to h2server
+
+const h2server = opts.http2 ? http2.createServer({
+  settings: { maxConcurrentStreams: opts.h2MaxStreams },
+  maxSessionMemory: 1024,            // MB: thousands of answers waiting on one session
+}) : null;
+
+if (h2server) {
+  h2server.on("session", (session) => {
+    const rec = nextSessionRec;
+    nextSessionRec = null;
+    session[REC] = rec;
+    session[OPEN_STREAMS] = 0;
+    if (rec) {
+      rec.idle = () => !session.closed && !session.destroyed && session[OPEN_STREAMS] === 0;
+      rec.shut = () => session.close();
+    }
+    conns.h2.sessions++;
+    session.on("error", () => { stats.clientErrors++; });
+    session.on("goaway", () => { conns.h2.goaways++; });
+  });
+  h2server.on("stream", onStream);
+  h2server.on("sessionError", () => { stats.clientErrors++; });
+}
+
+// Hand a socket (TLS after ALPN h2, or plain after the preface) to h2server.
+function startH2(socket, rec, protocol) {
+  setProtocol(rec, protocol);
+  nextSessionRec = rec;
+  h2server.emit("connection", socket);
+  if (nextSessionRec !== null) {     // (not expected: the session is made at once)
+    nextSessionRec = null;
+    socket.destroy();
+  }
+}
+
+// A plain connection with --http2: HTTP/2 if it starts with the preface.
+function sniff(socket, rec) {
+  let got = EMPTY;
+  const onData = (chunk) => {
+    got = got.length ? Buffer.concat([got, chunk]) : chunk;
+    const n = Math.min(got.length, H2_PREFACE.length);
+    const h2 = got.subarray(0, n).equals(H2_PREFACE.subarray(0, n));
+    if (h2 && got.length < H2_PREFACE.length) return;      // wait for the rest of it
+    socket.removeListener("data", onData);
+    if (h2) {
+      socket.pause();
+      socket.unshift(got);
+      startH2(socket, rec, "h2c");
+    } else startH1(socket, rec, "http/1.1", got);
+  };
+  socket.on("data", onData);
+  socket.on("error", () => { stats.clientErrors++; });
+}
+
+// The answer of one stream: Pending calls flush() when it is ready.
+class StreamConn {
+  constructor(stream, rec) {
+    this.stream = stream;
+    this.rec = rec;
+    this.p = null;
+  }
+
+  flush() {
+    const p = this.p;
+    if (p === null || !p.ready || p.done) return;
+    const stream = this.stream;
+    if (stream.destroyed || stream.closed) { p.gone(); return; }
+    if (p.body === null) p.body = chatAnswer(p);
+    const headers = { ":status": p.status, "content-type": "application/json",
+                      "content-length": Buffer.byteLength(p.body) };
+    if (p.kind === "chat") headers["x-request-id"] = `req_${newId()}`;
+    for (const line of p.headers.split("\r\n")) {
+      const colon = line.indexOf(":");
+      if (colon > 0) headers[line.slice(0, colon).toLowerCase()] = line.slice(colon + 1).trim();
+    }
+    try {
+      if (p.method === "HEAD") stream.respond(headers, { endStream: true });
+      else {
+        stream.respond(headers);
+        stream.end(p.body);
+      }
+    } catch {
+      p.gone();                      // the stream was reset meanwhile
+      return;
+    }
+    p.body = p.choice = null;
+    p.sent();
+  }
+}
+
+function onStream(stream, headers) {
+  const session = stream.session;
+  const rec = session[REC];
+  rec.streams++;
+  conns.h2.streams++;
+  if (rec.streams > conns.h2.maxStreamsPerSession) conns.h2.maxStreamsPerSession = rec.streams;
+  if (++session[OPEN_STREAMS] > conns.h2.peakStreams) conns.h2.peakStreams = session[OPEN_STREAMS];
+  const sc = new StreamConn(stream, rec);
+  stream.on("error", () => { stats.clientErrors++; });   // a reset: "close" follows
+  stream.on("close", () => {
+    session[OPEN_STREAMS]--;
+    if (sc.p !== null && !sc.p.done) sc.p.gone();
+  });
+  const header = (name) => {
+    const v = headers[name];
+    return v === undefined ? undefined : apiKeyOf(Array.isArray(v) ? v[0] : String(v));
+  };
+  const auth = headers.authorization;
+  const apiKey = auth !== undefined ? bearer(String(auth)) : (header("x-api-key") ?? header("api-key"));
+  const method = METHODS[headers[":method"]] || String(headers[":method"]);
+  const url = String(headers[":path"] || "/");
+  const key = header("idempotency-key");
+  const parts = [];
+  let size = 0;
+  stream.on("data", (chunk) => {
+    size += chunk.length;
+    if (size <= MAX_BODY) parts.push(chunk);
+  });
+  stream.on("end", () => {
+    if (stream.destroyed) return;
+    const p = new Pending(sc, method, url, key, parts.length === 1 ? parts[0] : Buffer.concat(parts), true, apiKey);
+    sc.p = p;
+    if (size > MAX_BODY) {
+      stats.clientErrors++;
+      return p.answer(413, JSON.stringify({ error: { message: "the body is too large", type: "invalid_request_error",
+                                                     param: null, code: null } }), "", 0);
+    }
+    dispatch(p);
+  });
+}
+
+// ---------------------------------------------------------------- TLS
+
+// --tls-dir DIR: ca.pem, cert.pem and key.pem there, or, when any is
+// missing, a new CA (ca.pem, ca-key.pem) and a server certificate it signs
+// for 127.0.0.1, ::1 and localhost (cert.pem, key.pem; ECDSA P-256, 10
+// years), made with openssl(1).  A client trusts ca.pem (curl --cacert,
+// tuvl.http_ca_file).
+function tlsFiles(dir) {
+  const f = (n) => path.join(dir, n);
+  if (!["ca.pem", "cert.pem", "key.pem"].every((n) => fs.existsSync(f(n)))) {
+    fs.mkdirSync(dir, { recursive: true });
+    const openssl = (...args) => execFileSync("openssl", args, { stdio: ["ignore", "ignore", "pipe"] });
+    const ext = f("server.ext");
+    fs.writeFileSync(ext, "basicConstraints = critical, CA:FALSE\n" +
+      "keyUsage = critical, digitalSignature, keyEncipherment\nextendedKeyUsage = serverAuth\n" +
+      "subjectAltName = IP:127.0.0.1, IP:::1, DNS:localhost\n");
+    try {
+      openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+              "-keyout", f("ca-key.pem"), "-out", f("ca.pem"), "-days", "3650", "-subj", "/CN=tuvl bench CA",
+              "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign");
+      openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+              "-keyout", f("key.pem"), "-out", f("server.csr"), "-subj", "/CN=127.0.0.1");
+      openssl("x509", "-req", "-in", f("server.csr"), "-CA", f("ca.pem"), "-CAkey", f("ca-key.pem"),
+              "-CAcreateserial", "-out", f("cert.pem"), "-days", "3650", "-extfile", ext);
+    } catch (e) {
+      throw new Error(`openssl could not make the certificates in ${dir}: ${(e.stderr || e.message).toString().trim()}`);
+    }
+    for (const n of ["server.csr", "server.ext", "ca.srl"]) fs.rmSync(f(n), { force: true });
+  }
+  return { key: fs.readFileSync(f("key.pem")), cert: fs.readFileSync(f("cert.pem")) };
+}
+
+// ---------------------------------------------------------------- servers
+
+let server;
+if (opts.tlsDir) {
+  let files;
+  try {
+    files = tlsFiles(opts.tlsDir);
+  } catch (e) {
+    process.stderr.write(`loadgen: ${e.message}\n`);
+    process.exit(1);
+  }
+  const pendingHandshakes = new Map();   // "address port" -> record
+  server = tls.createServer({ ...files, ALPNProtocols: opts.http2 ? ["h2", "http/1.1"] : ["http/1.1"] });
+  server.on("connection", (raw) => {
+    raw.setNoDelay(true);
+    const id = `${raw.remoteAddress} ${raw.remotePort}`;
+    pendingHandshakes.set(id, accepted(raw));
+    raw.on("close", () => pendingHandshakes.delete(id));
+  });
+  server.on("secureConnection", (socket) => {
+    const id = `${socket.remoteAddress} ${socket.remotePort}`;
+    const rec = pendingHandshakes.get(id);
+    pendingHandshakes.delete(id);
+    if (rec === undefined) { socket.destroy(); return; }
+    conns.tls.handshakes++;
+    rec.tls_resumed = socket.isSessionReused();
+    if (rec.tls_resumed) conns.tls.resumed++;
+    if (socket.alpnProtocol === "h2" && h2server) startH2(socket, rec, "h2+tls");
+    else startH1(socket, rec, "http/1.1+tls", null);
+  });
+  server.on("tlsClientError", () => { conns.tls.failed++; });
+} else {
+  server = net.createServer({ noDelay: true }, (socket) => {
+    socket.setNoDelay(true);         // also for Node versions without the option
+    const rec = accepted(socket);
+    if (h2server) sniff(socket, rec);
+    else startH1(socket, rec, "http/1.1", null);
+  });
+}
 // server.maxConnections stays unset: unlimited.
+
+function connsJson(query) {
+  const byAddress = {};
+  for (const [a, c] of conns.byAddress) if (c.opened > 0 || c.open > 0) byAddress[a] = { ...c };
+  const out = {
+    scheme: opts.tlsDir ? "https" : "http", http2: opts.http2, h2_max_streams: opts.http2 ? opts.h2MaxStreams : null,
+    accepted: stats.accepted, open: openConnections, peak: stats.peakConnections,
+    by_protocol: conns.byProtocol, by_family: conns.byFamily, by_address: byAddress,
+    tls: conns.tls,
+    h2: { sessions: conns.h2.sessions, streams: conns.h2.streams, peak_concurrent_streams: conns.h2.peakStreams,
+          max_streams_per_session: conns.h2.maxStreamsPerSession, goaways: conns.h2.goaways },
+    requests_by_protocol: stats.requestsByProtocol,
+    records_dropped: conns.dropped,
+  };
+  if (query && query.get("list") === "1") out.connections = conns.records;
+  return out;
+}
+
+function writeStatsFile() {
+  if (!opts.statsFile) return;
+  try {
+    fs.writeFileSync(opts.statsFile, JSON.stringify({ stats: statsJson(), connections: connsJson(null),
+                                                      limits: limits.json(null) }, null, 2) + "\n");
+  } catch (e) {
+    process.stderr.write(`loadgen: --stats-file: ${e.message}\n`);
+  }
+}
 
 let listening = false;
 server.on("error", (e) => {
@@ -1221,9 +1926,10 @@ server.on("error", (e) => {
   if (stats.acceptErrors++ === 0) process.stderr.write(`loadgen: ${e.message}\n`);
 });
 
-for (const sig of ["SIGTERM", "SIGINT"]) process.on(sig, () => process.exit(0));
+for (const sig of ["SIGTERM", "SIGINT"]) process.on(sig, () => { writeStatsFile(); process.exit(0); });
 
 server.listen({ port: opts.port, host: opts.host, backlog: opts.backlog }, () => {
   listening = true;
+  // (this line as it was before TLS: the benchmarks read the port from it)
   process.stderr.write(`load generator on ${opts.host}:${server.address().port}\n`);
 });

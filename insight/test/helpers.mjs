@@ -78,6 +78,12 @@ steps:
   - { id: wake, kind: ModelOp, sql: "SELECT 1 AS x", routes: { default: done } }
 ends:
   - { id: done, response: { woke: true } }`,
+        /* ten steps of 0.5 s: time for a command line to start under load, and a pause lands within 0.5 s */
+        `name: steady
+steps:
+${Array.from({ length: 10 }, (_, i) => `  - { id: s${i}, kind: ModelOp, sql: "SELECT pg_sleep(0.5)", routes: { default: ${i < 9 ? `s${i + 1}` : "done"} } }`).join("\n")}
+ends:
+  - { id: done, response: { steady: true } }`,
         `name: quick_default
 trigger:
   sync_timeout: 10s

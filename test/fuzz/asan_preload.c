@@ -28,6 +28,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "sanitizer_hooks.h"
+
 typedef void (*CmpHook) (void *pc, const void *s1, const void *s2, size_t n, int result);
 typedef void (*StrHook) (void *pc, const char *s1, const char *s2, int result);
 typedef void (*FindHook) (void *pc, const char *s1, const char *s2, char *result);
@@ -53,22 +55,6 @@ static void *hooks[NHOOKS];
 extern char *swift_demangle(const char *mangled, size_t len, char *out,
 							size_t *outlen, uint32_t flags);
 extern void tuvl_fuzz_set_hooks(void *const *fns, int n);
-extern void __sanitizer_weak_hook_memcmp(void *pc, const void *s1, const void *s2,
-										 size_t n, int result);
-extern void __sanitizer_weak_hook_strncmp(void *pc, const char *s1, const char *s2,
-										  size_t n, int result);
-extern void __sanitizer_weak_hook_strncasecmp(void *pc, const char *s1, const char *s2,
-											  size_t n, int result);
-extern void __sanitizer_weak_hook_strcmp(void *pc, const char *s1, const char *s2,
-										 int result);
-extern void __sanitizer_weak_hook_strcasecmp(void *pc, const char *s1, const char *s2,
-											 int result);
-extern void __sanitizer_weak_hook_strstr(void *pc, const char *s1, const char *s2,
-										 char *result);
-extern void __sanitizer_weak_hook_strcasestr(void *pc, const char *s1, const char *s2,
-											 char *result);
-extern void __sanitizer_weak_hook_memmem(void *pc, const void *s1, size_t len1,
-										 const void *s2, size_t len2, void *result);
 
 char *
 swift_demangle(const char *mangled, size_t len, char *out, size_t *outlen,

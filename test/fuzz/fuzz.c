@@ -72,27 +72,11 @@
 #include "workflow.h"
 #include "yamlparse.h"
 
+#include "sanitizer_hooks.h"
+
 /* libFuzzer's entry point for a driver of its own (LLVM 12 and later) */
 typedef int (*FuzzCallback) (const uint8_t *data, size_t size);
 extern int	LLVMFuzzerRunDriver(int *argc, char ***argv, FuzzCallback callback);
-
-/* libFuzzer's hooks of the sanitizer's comparison interceptors */
-extern void __sanitizer_weak_hook_memcmp(void *pc, const void *s1, const void *s2,
-										 size_t n, int result);
-extern void __sanitizer_weak_hook_strncmp(void *pc, const char *s1, const char *s2,
-										  size_t n, int result);
-extern void __sanitizer_weak_hook_strncasecmp(void *pc, const char *s1, const char *s2,
-											  size_t n, int result);
-extern void __sanitizer_weak_hook_strcmp(void *pc, const char *s1, const char *s2,
-										 int result);
-extern void __sanitizer_weak_hook_strcasecmp(void *pc, const char *s1, const char *s2,
-											 int result);
-extern void __sanitizer_weak_hook_strstr(void *pc, const char *s1, const char *s2,
-										 char *result);
-extern void __sanitizer_weak_hook_strcasestr(void *pc, const char *s1, const char *s2,
-											 char *result);
-extern void __sanitizer_weak_hook_memmem(void *pc, const void *s1, size_t len1,
-										 const void *s2, size_t len2, void *result);
 
 /* asan_preload.c's, when it is preloaded */
 typedef void (*SetHooksFn) (void *const *fns, int n);

@@ -104,9 +104,9 @@ def yaml_sources():
                 found.append((f"doc-{page}-{i}", block))
             elif lang == "sql":
                 found += [(f"doc-{page}-{i}", m.group(2)) for m in DOLLAR.finditer(block)]
-    tests = (sorted(glob.glob(os.path.join(ROOT, "sql", "*.sql")))
+    tests = (sorted(glob.glob(os.path.join(ROOT, "test", "regress", "sql", "*.sql")))
              + sorted(glob.glob(os.path.join(ROOT, "test", "pgtap", "*.sql")))
-             + sorted(glob.glob(os.path.join(ROOT, "specs", "*.spec")))
+             + sorted(glob.glob(os.path.join(ROOT, "test", "regress", "specs", "*.spec")))
              + sorted(glob.glob(os.path.join(ROOT, "demo", "*.sql")))
              + sorted(glob.glob(os.path.join(ROOT, "test", "python", "*.py"))))
     for path in tests:

@@ -813,7 +813,7 @@ def in_flight(m, n):
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_a_run_keeps_its_versions_across_a_new_version_and_a_worker_crash(db, provider,
+def test_crash_of_a_worker_and_a_new_version_leave_a_run_its_versions(db, provider,
                                                                            server_log):
     conn = connect(db)
     try:
@@ -873,7 +873,7 @@ def test_a_run_keeps_its_versions_across_a_new_version_and_a_worker_crash(db, pr
         conn.close()
 
 
-def test_a_completion_run_keeps_its_versions_across_a_new_version_and_a_worker_crash(
+def test_crash_of_a_worker_and_a_new_version_leave_a_completion_run_its_versions(
         db, server_log):
     """Two completion steps share artifact://tone and artifact://ask (floating); the
     first is slow.  Version 2 is published and the worker killed while it is in

@@ -280,16 +280,33 @@ def test_an_abort_stops_a_step_converting_a_million_rows(bnd, user, big_outputs)
 
 
 def test_the_steps_timeout_stops_a_step_converting_a_million_rows(bnd, user, big_outputs):
-    name = rows_workflow(user, DOCS, timeout="2s")
+    # twice the rows: their conversion takes three times the timeout or more
+    name = rows_workflow(user, DOCS, timeout="1s")
     with WorkerMemory(bnd) as mem:
         started = time.monotonic()
-        res = run_to_end(user, name, {"n": DOC_ROWS}, 60)
+        res = run_to_end(user, name, {"n": 2 * DOC_ROWS}, 60)
         took = time.monotonic() - started
     assert not mem.killed, f"a worker grew past {GUARD_MB} MB and was killed"
     assert res["response"]["type"] == "timeout", res
-    assert res["response"]["error"] == "the step's timeout of 2 s passed", res
-    report(f"timeout: 2s on a ModelOp of {DOC_ROWS:,} rows of 60 kB: routed after {took:.2f} s")
-    assert took < 3.5, took
+    assert res["response"]["error"] == "the step's timeout of 1 s passed", res
+    report(f"timeout: 1s on a ModelOp of {2 * DOC_ROWS:,} rows of 60 kB: routed after {took:.2f} s")
+    # the deadline, a claim and a commit; more on a machine others load
+    assert took < 3, took
+
+
+def test_a_step_done_within_its_timeout_is_not_cancelled_while_its_output_is_written(
+        bnd, user, big_outputs):
+    """Writing a large output takes seconds after the step: the step's
+    timeout covers the step and its hooks, not tuvl's recording of it."""
+    name = rows_workflow(user, DOCS, timeout="3s")
+    n = DOC_ROWS // 2             # converted in a second, written in several
+    started = time.monotonic()
+    run_id = q1(user, "SELECT tuvl.start_run(%s, %s::jsonb)", (name, json.dumps({"n": n})))
+    assert q1(user, "SELECT tuvl.wait(%s, '60 s')", (run_id,)) == "completed", outcome(user, run_id)
+    took = time.monotonic() - started
+    rows = q1(user, "SELECT jsonb_array_length(context->'rows_result') FROM tuvl.runs WHERE id = %s", (run_id,))
+    report(f"a ModelOp of {n:,} rows of 60 kB within a 3 s timeout: completed after {took:.2f} s")
+    assert rows == n, outcome(user, run_id)
 
 
 def test_pg_terminate_backend_stops_a_worker_converting_a_million_rows(bnd, user, big_outputs,

@@ -222,7 +222,7 @@ def test_a_thousand_children_fifty_at_a_time(conn):
     assert journal_violations(conn, [run_id] + ids) == []
 
 
-def test_kill_9_while_children_and_sleepers_exist_loses_and_duplicates_nothing(wf, conns, server_log):
+def test_crash_kill_9_while_children_and_sleepers_exist_loses_and_duplicates_nothing(wf, conns, server_log):
     conn = conns(wf)
     parents = [q1(conn, "SELECT tuvl.start_run('fan_nap', %s)", (json.dumps({"items": list(range(12)), "secs": 1}),))
                for _ in range(3)]

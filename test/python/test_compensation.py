@@ -596,7 +596,7 @@ def test_functional_steps_and_compensators_get_a_stable_idempotency_key(conn):
 # kill -9 of the worker while a compensator runs
 
 
-def test_kill_9_during_compensation_resumes_and_runs_no_finished_compensator_twice(cdb, server_log):
+def test_crash_kill_9_during_compensation_resumes_and_runs_no_finished_compensator_twice(cdb, server_log):
     conn = connect(cdb)
     tag = new_name("t")
     try:

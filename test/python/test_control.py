@@ -1,4 +1,5 @@
-"""Operator control and people in the loop (src/control.c).
+"""Operator control and people in the loop (src/api/control.c,
+src/runtime/run_control.c).
 
 pause_run, resume_run, abort_run and steer_run on a running Functional
 workflow (three steps that each call ctl.slow, a SQL function that sleeps
@@ -881,7 +882,7 @@ def test_a_null_decision_is_refused(conn):
 # A crash while runs wait
 
 
-def test_a_worker_crash_leaves_waiting_runs_waiting(ctldb, server_log):
+def test_crash_of_a_worker_leaves_waiting_runs_waiting(ctldb, server_log):
     conn = connect(ctldb)
     try:
         human = start(conn, "expense", {"amount": 7})

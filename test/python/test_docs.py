@@ -162,11 +162,12 @@ def test_every_tuvl_name_the_docs_use_exists(fresh):
                 "UNION SELECT substr(name, 6) FROM pg_settings WHERE name LIKE 'tuvl.%'")
     known = {r[0] for r in cur.fetchall()}
     conn.close()
-    for f in os.listdir(os.path.join(ROOT, "src")):
-        if f.endswith((".c", ".h")):
-            known.add(f.split(".")[0] if f.startswith("tuvl.") else "")
-            code = open(os.path.join(ROOT, "src", f)).read()
-            known |= set(re.findall(r'"tuvl\.([a-z_][a-z0-9_]*)', code))
+    for d, _, files in os.walk(os.path.join(ROOT, "src")):
+        for f in files:
+            if f.endswith((".c", ".h")):
+                known.add(f.split(".")[0] if f.startswith("tuvl.") else "")
+                code = open(os.path.join(d, f)).read()
+                known |= set(re.findall(r'"tuvl\.([a-z_][a-z0-9_]*)', code))
     unknown = set()
     for page in PAGES:
         text = open(os.path.join(ROOT, page)).read()

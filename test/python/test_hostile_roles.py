@@ -18,7 +18,7 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
-from conftest import connect, q, q1, wait_until, worker_pids
+from conftest import connect, q, q1, wait_until, worker_pids, not_under_asan
 
 MALLORY = "tuvl_hr_mallory"
 VICTIM = "tuvl_hr_victim"
@@ -94,6 +94,7 @@ def peak_kb(pid):
                 return int(line.split()[1])
 
 
+@not_under_asan
 def test_validating_thousands_of_steps_is_linear_and_cancellable(as_role):
     """0.2.0: 3,000 steps took 2.5 GB in tuvl.validate and a 2 s
     statement_timeout landed after 6-9 s (compile was quadratic)."""

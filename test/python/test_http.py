@@ -638,7 +638,7 @@ def test_hundreds_of_requests_are_in_flight_at_once(conn):
 N_CRASH = 100
 
 
-def test_kill_9_sends_again_only_requests_without_a_journaled_result(wf, server_log):
+def test_crash_kill_9_sends_again_only_requests_without_a_journaled_result(wf, server_log):
     db = wf
     conn = connect(db)
     tok = unique("crash")

@@ -94,14 +94,17 @@ def tls(db):
     d = tempfile.mkdtemp(prefix="tuvl-tls.")
     os.chmod(d, 0o755)
     make_certificates(d)
-    both, h1 = H2Server(d), H2Server(d, "--h1-only")
     conn = connect(db)
     q(conn, "SELECT tuvl.register_workflow(%s)", (WORKFLOW % "https_call",))
     conn.close()
-    yield {"dir": d, "ca": both.ca, "h2": both, "h1": h1}
-    both.stop()
-    h1.stop()
-    shutil.rmtree(d, ignore_errors=True)
+    servers = [H2Server(d)]
+    try:
+        servers.append(H2Server(d, "--h1-only"))
+        yield {"dir": d, "ca": servers[0].ca, "h2": servers[0], "h1": servers[1]}
+    finally:
+        for server in servers:
+            server.stop()
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture

@@ -941,7 +941,7 @@ def test_tokens_per_run_and_per_workflow(conn, provider):
 # kill -9 of a worker while a call is in flight
 
 
-def test_kill_9_while_a_call_is_in_flight_resends_it_once(db, provider, server_log):
+def test_crash_kill_9_while_a_call_is_in_flight_resends_it_once(db, provider, server_log):
     conn = connect(db)
     try:
         name = make_agent(conn, provider, [{"text": "slow answer", "latency_ms": 3000}])
@@ -974,7 +974,7 @@ def test_kill_9_while_a_call_is_in_flight_resends_it_once(db, provider, server_l
         conn.close()
 
 
-def test_kill_9_during_the_backoff_before_a_retry_loses_no_attempt(db, server_log):
+def test_crash_kill_9_during_the_backoff_before_a_retry_loses_no_attempt(db, server_log):
     conn = connect(db)
     try:
         name = make_agent(conn, "openai", [{"fault": "500", "times": 1, "text": "retried"}],

@@ -3,8 +3,9 @@
 Most tests talk to the reference server @modelcontextprotocol/server-everything
 that test/lib.sh starts (TUVL_MCP_URL), through the synchronous tuvl.run()
 and through the background workers.  The journal must show every JSON-RPC
-message as a tool_call / tool_result pair: initialize, the initialized
-notification and tools/call on a backend's first call, tools/call alone on
+message as a tool_call / tool_result pair: server/discover (which these 2025
+servers refuse), initialize, the initialized notification and tools/call on
+a backend's first call, tools/call alone on
 the next ones (the session is cached), and after the server lost the session
 the failed call, a new handshake and the repeated call.
 
@@ -251,8 +252,10 @@ def test_first_call_initializes_and_later_calls_reuse_the_session(wf, conns):
     second = call(c, "echo", {"message": "two"})
     assert completed(first)["text"] == "Echo: one" and completed(second)["text"] == "Echo: two"
     run1, run2 = first["run_id"], second["run_id"]
-    assert rpcs(c, run1) == ["initialize", "notifications/initialized", "tools/call"]
-    r1 = results(c, run1)
+    # server/discover first: the reference server is a 2025 one (it refuses
+    # a request outside a session), so the step initializes
+    assert rpcs(c, run1) == ["server/discover", "initialize", "notifications/initialized", "tools/call"]
+    r1 = results(c, run1)[1:]
     assert [r["op"] for r in r1] == ["initialize", "initialized", "call"]
     assert r1[0]["status"] == 200 and r1[1]["status"] == 202 and r1[2]["status"] == 200
     session = r1[0]["headers"]["mcp-session-id"]
@@ -271,7 +274,8 @@ def test_session_lost_by_a_server_restart_is_recovered(wf, conns, mcp_restarts):
     c = conns(wf)
     before = call(c, "echo", {"message": "before"})
     assert completed(before)["text"] == "Echo: before"
-    old_session = results(c, before["run_id"])[0]["headers"]["mcp-session-id"]
+    old_session = [r for r in results(c, before["run_id"])
+                   if r["op"] == "initialize"][0]["headers"]["mcp-session-id"]
     # the workers hold sessions too
     for i in range(4):
         completed(call(c, "echo", {"message": f"worker before {i}"}, "worker"))
@@ -341,16 +345,18 @@ def test_handshake_messages_are_well_formed(wf, conns, scripted):
     completed(call(c, "plain", {"say": "x"}, url=scripted.url))
     got = scripted.requests[start:]
     msgs = [json.loads(r["body"]) for r in got]
-    assert [m["method"] for m in msgs] == ["initialize", "notifications/initialized", "tools/call"]
-    init, note, tcall = msgs
+    assert [m["method"] for m in msgs] == ["server/discover", "initialize", "notifications/initialized",
+                                           "tools/call"]
+    discover, init, note, tcall = msgs
     # ids are the effects' idempotency keys: strings no other request repeats
-    assert re.fullmatch(r"tuvl-[0-9a-f]{16}-\d+-\d+-0", init["id"]), init["id"]
+    assert re.fullmatch(r"tuvl-[0-9a-f]{16}-\d+-\d+-0", discover["id"]), discover["id"]
+    assert init["id"] == discover["id"][:-1] + "1"
     assert init["params"]["protocolVersion"] == "2025-11-25"
     assert init["params"]["clientInfo"]["name"] == "tuvl" and "capabilities" in init["params"]
-    assert "mcp-session-id" not in got[0]["headers"]
+    assert "mcp-session-id" not in got[1]["headers"]
     assert "id" not in note, "a notification has no id"
-    assert got[1]["headers"]["mcp-session-id"] == got[2]["headers"]["mcp-session-id"]
-    assert tcall["id"] == init["id"][:-1] + "2"
+    assert got[2]["headers"]["mcp-session-id"] == got[3]["headers"]["mcp-session-id"]
+    assert tcall["id"] == discover["id"][:-1] + "3"
 
 
 def test_session_forgotten_with_404_is_recovered(wf, conns, scripted):
@@ -483,8 +489,8 @@ def test_mcp_headers_go_with_every_message_and_sessions_follow_them(wf, conns, s
     res = execute(c, name, {"url": scripted.url, "tenant": "acme"})
     assert res["status"] == "completed", res
     got = scripted.requests[start:]
-    assert [json.loads(r["body"])["method"] for r in got] == ["initialize", "notifications/initialized",
-                                                              "tools/call"]
+    assert [json.loads(r["body"])["method"] for r in got] == ["server/discover", "initialize",
+                                                              "notifications/initialized", "tools/call"]
     assert {r["headers"]["authorization"] for r in got} == {"Bearer tok-s3cret"}
     assert {r["headers"]["x-tenant"] for r in got} == {"acme"}
     assert q1(c, "SELECT count(*) FROM tuvl.events WHERE run_id = %s AND payload::text LIKE '%%tok-s3cret%%'",

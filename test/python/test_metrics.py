@@ -1,4 +1,4 @@
-"""Metrics (src/metrics.c): tuvl.metrics and tuvl.metrics_prometheus().
+"""Metrics (src/telemetry/metrics.c): tuvl.metrics and tuvl.metrics_prometheus().
 
 Runs with known outcomes, then the counters they must have left: steps by
 signal, step durations, agent turns, tool calls, tokens by model, aborts,
@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import connect, q, q1
 from llmutil import LLM_URL
-from test_agent import (FUNCTIONS, agent_workflow, call, calls, execute, final, make_agent,  # noqa: F401
+from agentutil import (FUNCTIONS, agent_workflow, call, calls, execute, final, make_agent,  # noqa: F401
                         new_name, agdb, conn, mode)
 
 

@@ -21,7 +21,7 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
-from conftest import connect, q, q1, report, wait_until, worker_pids
+from conftest import connect, q, q1, report, wait_until, worker_pids, not_under_asan
 from httputil import HTTP_BASE, execute, unique
 from llmutil import LLM_URL, script
 
@@ -411,6 +411,7 @@ def rss_anon_kb(pid):
     return 0
 
 
+@not_under_asan
 def test_large_responses_in_flight_stay_within_the_workers_memory_limit(res, conns, set_gucs):
     limit_mb = 128
     set_gucs({"tuvl.max_worker_memory": (f"{limit_mb}MB", f"{limit_mb}MB")})

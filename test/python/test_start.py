@@ -12,7 +12,7 @@ import psycopg2.errors
 import pytest
 
 from conftest import connect, q, q1
-from test_agent import FUNCTIONS, agdb, conn, new_name  # noqa: F401
+from agentutil import FUNCTIONS, agdb, conn, new_name  # noqa: F401
 from test_traces import OTLP_URL, receiver, spans_of, tracing  # noqa: F401
 
 

@@ -1,4 +1,4 @@
-"""The workflow's supervisor (src/supervisor.c): rules and an LLM judge that
+"""The workflow's supervisor (src/agent/supervisor.c): rules and an LLM judge that
 watch every autonomous agent of a run at the top of each turn, and steer,
 pause or abort it through the same paths operators use.
 
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conftest import journal_violations, q, q1, wait_until
-from test_agent import (FUNCTIONS, agent_workflow, call, calls, conversation, events, execute,  # noqa: F401
+from agentutil import (FUNCTIONS, agent_workflow, call, calls, conversation, events, execute,  # noqa: F401
                         final, new_name, register_llm, script, sent, start, agdb, conn, mode)
 
 ROUTES = "{ default: done, error: oops, aborted: oops, max_iterations: oops }"

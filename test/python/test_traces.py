@@ -1,4 +1,4 @@
-"""Traces (src/trace.c): spans of runs, steps, agent turns, tool calls and
+"""Traces (src/telemetry/trace.c): spans of runs, steps, agent turns, tool calls and
 requests, exported over OTLP/HTTP to tuvl.otlp_endpoint.
 
 The receiver (test/servers/otlp_receiver.js, started by test/run) reads every
@@ -17,7 +17,7 @@ import pytest
 from conftest import ServerLog, q, q1, wait_until
 from httputil import HTTP_BASE, requests_with
 from llmutil import sent
-from test_agent import (FUNCTIONS, TOOL_STEPS, call, calls, execute, final, make_agent,  # noqa: F401
+from agentutil import (FUNCTIONS, TOOL_STEPS, call, calls, execute, final, make_agent,  # noqa: F401
                         new_name, agdb, conn, mode)
 
 OTLP_URL = os.environ.get("TUVL_OTLP_URL")
@@ -167,7 +167,7 @@ def test_without_an_endpoint_no_request_carries_traceparent(conn):
     assert all("traceparent" not in r["headers"] for r in sent(name))
 
 
-def test_spans_after_a_worker_crash_still_belong_to_the_run(conn, tracing, server_log, agdb):
+def test_crash_of_a_worker_leaves_spans_that_still_belong_to_the_run(conn, tracing, server_log, agdb):
     """kill -9 of the worker while step two sleeps: the postmaster restarts
     every process (the span buffer with them), the run is reclaimed, and the
     spans made after the crash have the ids and parents they would have had:

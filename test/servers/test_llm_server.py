@@ -12,13 +12,14 @@ import resource
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 
 import pytest
+
+import peer
 
 SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llm_server.py")
 FORMATS = ("openai", "anthropic")
@@ -27,41 +28,12 @@ PATHS = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}
 
 # ---------------------------------------------------------------- fixtures and helpers
 
-class Running:
-    def __init__(self, proc, port, errfile):
-        self.proc, self.port, self.errfile = proc, port, errfile
-        self.base = f"http://127.0.0.1:{port}"
-
-
 def start_server(*args):
-    errfile = tempfile.NamedTemporaryFile(prefix="llm_server.", suffix=".err", delete=False)
-    proc = subprocess.Popen([sys.executable, SERVER, "--port", "0", *args],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errfile)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        with open(errfile.name) as f:
-            line = f.readline()
-        if line.startswith("scripted LLM server on 127.0.0.1:") and line.endswith("\n"):
-            return Running(proc, int(line.rsplit(":", 1)[1]), errfile)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.02)
-    stop_server(Running(proc, 0, errfile))
-    with open(errfile.name) as f:
-        raise RuntimeError("the server did not start: " + f.read())
+    return peer.start(SERVER, "scripted LLM server on 127.0.0.1:", *args)
 
 
 def stop_server(srv):
-    srv.proc.terminate()
-    try:
-        srv.proc.wait(5)
-    except subprocess.TimeoutExpired:
-        srv.proc.kill()
-        srv.proc.wait(5)
-    srv.errfile.close()
-    with open(srv.errfile.name) as f:
-        errors = f.read().splitlines()[1:]
-    os.unlink(srv.errfile.name)
+    errors = peer.stop(srv)
     assert srv.proc.returncode is not None
     return errors
 
@@ -663,7 +635,7 @@ def test_echo(server, fmt):
      "refund, escalate, deny.", "refund"),
     ('Return JSON: {"outcome": "yes" | "no", "result": string}', "yes"),
     ("Respond with JSON. Allowed values for outcome: `auto`, `manual`.", "auto"),
-    # What tuvl's Agent step asks for (src/step_agent.c, AgentFinalFormat).
+    # What tuvl's Agent step asks for (src/agent/agent_outcome.c, AgentFinalFormat).
     ('You review refunds.\n\nAnswer with a single JSON object and nothing else: '
      '{"outcome": <one of "needs review", "approve">, "result": <your answer>}. '
      'Do not wrap it in markdown code fences.', "needs review"),

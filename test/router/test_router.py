@@ -1,0 +1,367 @@
+"""Scale-out with tuvl_router over PL/Proxy (test/run router; docs/scaling.md).
+
+The partitions are two databases of the test cluster, tuvl_rp0 and tuvl_rp1,
+with tuvl.partition 0 and 1 (a partition may be a database: its workers, ids
+and runs are its own); the router database tuvl_router has plproxy, the
+foreign server tuvl_cluster and the extension tuvl_router.  Prints the
+router's measured overhead (a line starting with "router:").
+"""
+import json
+import os
+import statistics
+import time
+
+import psycopg2
+import psycopg2.errors
+import pytest
+
+PARTS = ("tuvl_rp0", "tuvl_rp1")
+ROUTER = "tuvl_router_db"
+ROLES = ("tuvl_r_alice", "tuvl_r_bob")
+
+FIVE = """
+name: r_five
+steps:
+  - {id: a, kind: ModelOp, sql: "SELECT 1 AS x"}
+  - {id: b, kind: ModelOp, sql: "SELECT 2 AS x"}
+  - {id: c, kind: ModelOp, sql: "SELECT 3 AS x"}
+  - {id: d, kind: ModelOp, sql: "SELECT 4 AS x"}
+  - {id: e, kind: ModelOp, sql: "SELECT 5 AS x"}
+ends:
+  - {id: done, status: completed}
+"""
+
+SLOW = """
+name: r_slow
+steps:
+  - {id: a, kind: ModelOp, sql: "SELECT pg_sleep(1.5) AS x"}
+  - {id: b, kind: ModelOp, sql: "SELECT 1 AS x"}
+ends:
+  - {id: done, status: completed}
+"""
+
+ASK = """
+name: r_ask
+steps:
+  - id: ask
+    kind: Human
+    form: { type: object, required: [ok], properties: { ok: { type: boolean } } }
+ends:
+  - { id: done, status: completed, response: "{{ ask_result }}" }
+"""
+
+PARENT = """
+name: r_parent
+steps:
+  - id: kids
+    kind: Workflow
+    workflow: r_five
+    for_each: "{{ items }}"
+    input: { i: "{{ item }}" }
+ends:
+  - { id: done, status: completed }
+"""
+
+
+def connect(dbname, user="postgres"):
+    c = psycopg2.connect(dbname=dbname, user=user, connect_timeout=10)
+    c.autocommit = True
+    return c
+
+
+def q(conn, sql, params=None):
+    with conn.cursor() as cur:
+        cur.execute(sql, params)
+        return cur.fetchall() if cur.description else None
+
+
+def q1(conn, sql, params=None):
+    rows = q(conn, sql, params)
+    return rows[0][0] if rows else None
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if not os.environ.get("PGHOST"):
+        pytest.fail("run the suite through test/run (PGHOST must be set)")
+    admin = connect("postgres")
+    for d in PARTS + (ROUTER,):
+        q(admin, f"DROP DATABASE IF EXISTS {d} WITH (FORCE)")
+    opts = []
+    for i, d in enumerate(PARTS):
+        q(admin, f"CREATE DATABASE {d}")
+        q(admin, f"ALTER DATABASE {d} SET tuvl.partition = {i}")
+        c = connect(d)
+        q(c, "CREATE EXTENSION tuvl")
+        c.close()
+        opts.append(f"p{i} 'host={os.environ['PGHOST']} port={os.environ['PGPORT']} dbname={d}'")
+    # roles are the cluster's: the same on every partition (on N servers,
+    # make them on each)
+    for r in ROLES:
+        q(admin, f"DROP ROLE IF EXISTS {r}")
+        q(admin, f"CREATE ROLE {r} LOGIN")
+        q(admin, f"GRANT tuvl_user TO {r}")
+    q(admin, f"CREATE DATABASE {ROUTER}")
+    r = connect(ROUTER)
+    q(r, "CREATE EXTENSION plproxy")
+    q(r, f"CREATE SERVER tuvl_cluster FOREIGN DATA WRAPPER plproxy OPTIONS ({', '.join(opts)})")
+    q(r, "CREATE USER MAPPING FOR PUBLIC SERVER tuvl_cluster")
+    for role in ROLES:
+        q(r, f"GRANT USAGE ON FOREIGN SERVER tuvl_cluster TO {role}")
+    q(r, "CREATE EXTENSION tuvl_router")
+    r.close()
+    # alice's workflows, on every partition (test_registration_... checks them)
+    r = connect(ROUTER, ROLES[0])
+    for src in (FIVE, ASK, PARENT, SLOW):
+        q(r, "SELECT tuvl_router.register_workflow(%s)", (src,))
+    r.close()
+    # one worker per partition database starts without a restart
+    yield {"admin": admin}
+    for d in PARTS + (ROUTER,):
+        q(admin, f"DROP DATABASE IF EXISTS {d} WITH (FORCE)")
+    for role in ROLES:
+        q(admin, f"DROP ROLE IF EXISTS {role}")
+    admin.close()
+
+
+def wait_status(conn, run_id, want, timeout=30):
+    deadline = time.monotonic() + timeout
+    while True:
+        st = q1(conn, "SELECT tuvl_router.wait(%s, '2 seconds')", (run_id,))
+        if st == want:
+            return
+        assert time.monotonic() < deadline, f"run {run_id} is {st}, not {want}"
+
+
+def test_registration_reaches_every_partition(cluster):
+    r = connect(ROUTER, ROLES[0])
+    # the fixture registered version 1 of each through the router
+    assert q1(r, "SELECT tuvl_router.register_workflow(%s)", (FIVE,)) == 2
+    assert q1(r, "SELECT tuvl_router.register_artifact(%s)", ("name: r_tone\ntype: steering\nbody: hi\n",)) == 1
+    q(r, "SELECT tuvl_router.register_llm(%s)", ("name: r_model\nprovider: openai\n"
+                                               "base_url: http://127.0.0.1:9/v1\nmodel: x\n",))
+    adm = connect(ROUTER)       # secrets are tuvl_admin's
+    q(adm, "SELECT tuvl_router.set_secret('r_key', 'v')")
+    q(adm, "SELECT tuvl_router.grant_secret('r_key', %s)", (ROLES[1],))
+    for d in PARTS:
+        c = connect(d)
+        assert q(c, "SELECT name, max(version) FROM tuvl.workflows GROUP BY 1 ORDER BY 1") == \
+            [("r_ask", 1), ("r_five", 2), ("r_parent", 1), ("r_slow", 1)]
+        assert q1(c, "SELECT count(*) FROM tuvl.artifacts WHERE name = 'r_tone'") == 1
+        assert q1(c, "SELECT count(*) FROM tuvl.llms WHERE name = 'r_model'") == 1
+        assert q1(c, "SELECT count(*) FROM tuvl.secret_grants WHERE secret = 'r_key'") == 1
+        c.close()
+    q(adm, "SELECT tuvl_router.revoke_secret('r_key', %s)", (ROLES[1],))
+    adm.close()
+    for d in PARTS:
+        c = connect(d)
+        assert q1(c, "SELECT count(*) FROM tuvl.secret_grants WHERE secret = 'r_key'") == 0
+        c.close()
+    # the synchronous path, on any partition
+    res = q1(r, "SELECT tuvl_router.run('r_five', '{}', '10 seconds')")
+    assert res["status"] == "completed" and res["run_id"] >> 44 in (0, 1)
+    r.close()
+
+
+def test_refused_on_one_partition_registers_nowhere(cluster):
+    # bob owns the name on partition 1 only: alice's version must not run anywhere
+    b = connect(PARTS[1], ROLES[1])
+    q(b, "SELECT tuvl.register_workflow(%s)", (FIVE.replace("r_five", "r_clash"),))
+    b.close()
+    r = connect(ROUTER, ROLES[0])
+    with pytest.raises(psycopg2.Error) as e:
+        q(r, "SELECT tuvl_router.register_workflow(%s)", (FIVE.replace("r_five", "r_clash"),))
+    assert "partition 1 refused it; nothing was registered on any partition" in e.value.diag.message_detail
+    assert e.value.pgcode == "42501", e.value.pgcode
+    c = connect(PARTS[0])
+    assert q1(c, "SELECT count(*) FROM tuvl.workflows WHERE name = 'r_clash'") == 0
+    c.close()
+    # an invalid source: the partition's own error, with its SQLSTATE and hint
+    with pytest.raises(psycopg2.Error) as e:
+        q(r, "SELECT tuvl_router.register_workflow('name: r_broken')")
+    assert e.value.diag.message_hint and "tuvl.validate" in e.value.diag.message_hint
+    for d in PARTS:
+        c = connect(d)
+        assert q1(c, "SELECT count(*) FROM tuvl.workflows WHERE name = 'r_broken'") == 0
+        c.close()
+    r.close()
+
+
+def test_run_ids_carry_their_partition(cluster):
+    r = connect(ROUTER, ROLES[0])
+    ids = [q1(r, "SELECT tuvl_router.start_run('r_five')") for _ in range(40)]
+    parts = {i >> 44 for i in ids}
+    assert parts == {0, 1}, "runs without a key were not spread over both partitions"
+    for i in ids:
+        c = connect(PARTS[i >> 44])
+        assert q1(c, "SELECT count(*) FROM tuvl.runs WHERE id = %s", (i,)) == 1
+        c.close()
+    for i in ids:
+        wait_status(r, i, "completed")
+    assert q1(r, "SELECT count(*) FROM tuvl_router.runs WHERE id = ANY(%s) AND status = 'completed'",
+              (ids,)) == 40
+    assert q1(r, "SELECT count(*) FROM tuvl_router.runs WHERE partition <> id >> 44") == 0
+    r.close()
+
+
+def test_keys_stay_on_one_partition(cluster):
+    r = connect(ROUTER, ROLES[0])
+    first = {k: q1(r, "SELECT tuvl_router.start_run('r_five', '{}', %s)", (f"k{k}",)) for k in range(30)}
+    assert {i >> 44 for i in first.values()} == {0, 1}
+    again = {k: q1(r, "SELECT tuvl_router.start_run('r_five', '{}', %s)", (f"k{k}",)) for k in range(30)}
+    assert again == first, "a second start of a key made a new run"
+    for i in first.values():
+        wait_status(r, i, "completed")
+    r.close()
+
+
+def test_children_stay_on_their_parents_partition(cluster):
+    r = connect(ROUTER, ROLES[0])
+    pid = q1(r, "SELECT tuvl_router.start_run('r_parent', '{\"items\": [1, 2, 3, 4]}')")
+    wait_status(r, pid, "completed")
+    kids = q(r, "SELECT id, partition FROM tuvl_router.runs WHERE parent_run_id = %s", (pid,))
+    assert len(kids) == 4
+    assert {p for _, p in kids} == {pid >> 44}
+    r.close()
+
+
+def test_control_people_and_views_through_the_router(cluster):
+    r = connect(ROUTER, ROLES[0])
+    ask = [q1(r, "SELECT tuvl_router.start_run('r_ask')") for _ in range(6)]
+    for i in ask:
+        wait_status(r, i, "waiting_human")
+    queue = q(r, "SELECT run_id, partition FROM tuvl_router.people_queue")
+    assert sorted(i for i, _ in queue) == sorted(ask)
+    assert {p for _, p in queue} == {0, 1}
+    assert q1(r, "SELECT count(*) FROM tuvl_router.runs_in_flight WHERE id = ANY(%s)", (ask,)) == 6
+    q(r, "SELECT tuvl_router.submit(%s, '{\"ok\": true}')", (ask[0],))
+    wait_status(r, ask[0], "completed")
+    slow = q1(r, "SELECT tuvl_router.start_run('r_slow')")
+    deadline = time.monotonic() + 20
+    while q1(r, "SELECT status FROM tuvl_router.runs WHERE id = %s", (slow,)) != "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    q(r, "SELECT tuvl_router.pause_run(%s)", (slow,))
+    wait_status(r, slow, "paused")
+    q(r, "SELECT tuvl_router.resume_run(%s)", (slow,))
+    wait_status(r, slow, "completed")
+    q(r, "SELECT tuvl_router.steer_run(%s, 'hello')", (ask[1],))
+    q(r, "SELECT tuvl_router.abort_run(%s, 'test')", (ask[2],))
+    wait_status(r, ask[2], "aborted")
+    tl = q(r, "SELECT seq, event FROM tuvl_router.timeline(%s)", (ask[0],))
+    assert tl[0] == (1, "run_queued") and tl[-1][1] == "run_completed"
+    fixture = q1(r, "SELECT tuvl_router.pin_run(%s)", (ask[0],))
+    assert fixture["effects"][0]["step"] == "ask"
+    ev = q(r, "SELECT DISTINCT partition FROM tuvl_router.events WHERE run_id = ANY(%s)", (ask,))
+    assert {p for (p,) in ev} == {0, 1}
+    # metrics: one series set per partition
+    assert q1(r, "SELECT count(DISTINCT labels->>'partition') FROM tuvl_router.metrics "
+                 "WHERE name = 'tuvl.runs'") == 2
+    # a run id of no partition's is the partition's own error
+    with pytest.raises(psycopg2.Error):
+        q(r, "SELECT tuvl_router.submit(%s, '{\"ok\": true}')", ((1 << 44) + 999999,))
+    r.close()
+
+
+def test_hostile_role_through_the_router(cluster):
+    a = connect(ROUTER, ROLES[0])
+    run = q1(a, "SELECT tuvl_router.start_run('r_ask')")
+    wait_status(a, run, "waiting_human")
+    b = connect(ROUTER, ROLES[1])
+    # bob sees none of alice's runs, and cannot answer, steer or abort them
+    assert q1(b, "SELECT count(*) FROM tuvl_router.runs WHERE principal = %s", (ROLES[0],)) == 0
+    assert q1(b, "SELECT count(*) FROM tuvl_router.people_queue") == 0
+    for sql in ("SELECT tuvl_router.submit(%s, '{\"ok\": false}')",
+                "SELECT tuvl_router.abort_run(%s)",
+                "SELECT tuvl_router.steer_run(%s, 'hi')",
+                "SELECT tuvl_router.wait(%s, '0 seconds')"):
+        with pytest.raises(psycopg2.Error):
+            q(b, sql, (run,))
+    assert q1(a, "SELECT status FROM tuvl_router.runs WHERE id = %s", (run,)) == "waiting_human"
+    # nor can any session move its runs to another partition's ids
+    for dbname, user in ((PARTS[0], ROLES[1]), (PARTS[0], "postgres")):
+        c = connect(dbname, user)
+        with pytest.raises(psycopg2.Error) as e:
+            q(c, "SET tuvl.partition = 1")
+        assert e.value.pgcode in ("22023", "42501"), e.value.pgcode
+        c.close()
+    # a per-role setting is refused when a session starts (a warning), and
+    # the database's holds
+    c = connect(PARTS[0])
+    q(c, f"ALTER ROLE {ROLES[1]} SET tuvl.partition = 1")
+    try:
+        b0 = connect(PARTS[0], ROLES[1])
+        assert q1(b0, "SHOW tuvl.partition") == "0"
+        assert q1(b0, "SELECT tuvl.start_run('r_five')") >> 44 == 0
+        b0.close()
+    finally:
+        q(c, f"ALTER ROLE {ROLES[1]} RESET tuvl.partition")
+    c.close()
+    a.close()
+    b.close()
+
+
+def _p50_ms(a, sql_a, params_a, b, sql_b, params_b):
+    """p50 of each of two kinds of calls, made in turns so that both see the
+    same load of the (shared) machine."""
+    ta, tb = [], []
+    for pa, pb in zip(params_a, params_b):
+        for conn, sql, p, times in ((a, sql_a, pa, ta), (b, sql_b, pb, tb)):
+            t = time.perf_counter()
+            q(conn, sql, p)
+            times.append((time.perf_counter() - t) * 1000)
+    return statistics.median(ta), statistics.median(tb)
+
+
+def test_router_overhead(cluster):
+    """Per call, p50: start_run and a control call direct and through the router."""
+    n = 300
+    # without the commit's fsync, which is the same on both paths and on
+    # this shared machine is most of a call's time and of its noise
+    admin = cluster["admin"]
+    q(admin, f"ALTER DATABASE {PARTS[0]} SET synchronous_commit = off")
+    try:
+        _overhead(n)
+    finally:
+        q(admin, f"ALTER DATABASE {PARTS[0]} RESET synchronous_commit")
+
+
+def _overhead(n):
+    d = connect(PARTS[0], ROLES[0])
+    r = connect(ROUTER, ROLES[0])
+    # keyed starts, all to partition 0 through the router (the same key space)
+    keys = []
+    k = 0
+    while len(keys) < n:
+        if q1(r, "SELECT tuvl_router.partition_of_key('r_ask', %s) & 1", (f"o{k}",)) == 0:
+            keys.append(f"o{k}")
+        k += 1
+    for _ in range(20):                      # warm both paths
+        q(d, "SELECT tuvl.version()")
+        q(r, "SELECT tuvl_router.partition_of(1)")
+    # queued for later: none runs while we measure
+    direct_start, router_start = _p50_ms(
+        d, "SELECT tuvl.start_run('r_ask', '{}', %s, now() + interval '1 hour')", [(f"d{i}",) for i in range(n)],
+        r, "SELECT tuvl_router.start_run('r_ask', '{}', %s, now() + interval '1 hour')", [(x,) for x in keys])
+    ids = [i for (i,) in q(d, "SELECT id FROM tuvl.runs WHERE key LIKE 'd%%' ORDER BY id")]
+    rids = [i for (i,) in q(d, "SELECT id FROM tuvl.runs WHERE key LIKE 'o%%' ORDER BY id")]
+    assert len(rids) == n
+    direct_ctl, router_ctl = _p50_ms(d, "SELECT tuvl.abort_run(%s)", [(i,) for i in ids],
+                                     r, "SELECT tuvl_router.abort_run(%s)", [(i,) for i in rids])
+    numbers = {
+        "start_run_direct_p50_ms": round(direct_start, 3), "start_run_router_p50_ms": round(router_start, 3),
+        "start_overhead_ms": round(router_start - direct_start, 3),
+        "abort_run_direct_p50_ms": round(direct_ctl, 3), "abort_run_router_p50_ms": round(router_ctl, 3),
+        "control_overhead_ms": round(router_ctl - direct_ctl, 3),
+    }
+    print("router: " + json.dumps(numbers))
+    out = os.environ.get("TUVL_ROUTER_NUMBERS")
+    if out:
+        with open(out, "a") as fh:
+            fh.write(json.dumps(numbers) + "\n")
+    # the target is 1 ms at p50 (docs/scaling.md has the measurements); on a
+    # shared two-core machine under other suites' load, fail only far past
+    # it (a connection per call, say)
+    assert router_start - direct_start < 10 and router_ctl - direct_ctl < 10, numbers
+    d.close()
+    r.close()
