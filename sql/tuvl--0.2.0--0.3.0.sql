@@ -638,8 +638,7 @@ GRANT EXECUTE ON FUNCTION tuvl._try_register(text, text) TO tuvl_user;
 
 /* ------------------------------------------------------------------ console: dev mode (issue 38) */
 
-/* ------------------------------------------------------------------ dev mode: breakpoints and step mode
- *
+/*
  * Insight's dev mode, kept in the database so that it holds for runs on
  * any worker and survives restarts, as a pause does.  A breakpoint
  * (workflow, step) set by a role stops that role's runs of the workflow
@@ -647,10 +646,16 @@ GRANT EXECUTE ON FUNCTION tuvl._try_register(text, text) TO tuvl_user;
  * runs); the run parks paused, its paused event saying by: breakpoint.
  * tuvl.step_run() lets a paused run execute the step it stopped before
  * and stop again before the next one (by: step); tuvl.resume_run() lets
- * it go on.  The worker asks tuvl._dev_stop() each time a run enters a
- * step (runtime.c, dev_mode_stop); tuvl.dev_runs keeps per run whether
- * it is in step mode and the step it may enter once without stopping
- * (the one it stopped before).
+ * it go on.  tuvl.dev_runs keeps per run whether it is in step mode and
+ * the step it may enter once without stopping (the one it stopped
+ * before).
+ *
+ * Only tuvl writes the two tables: the C functions below and the workers
+ * (src/api/devmode.c, src/runtime/breakpoints.c), through the owner
+ * switch, which also keep the gate in shared memory that spares runs the
+ * question while the database has no breakpoint and no run in step mode.
+ * Ordinary roles may only read them, their own rows (row security): a
+ * role that could write them could LOCK them and stall the workers.
  */
 CREATE TABLE tuvl.breakpoints (
     workflow text NOT NULL,
@@ -659,15 +664,12 @@ CREATE TABLE tuvl.breakpoints (
     created_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     PRIMARY KEY (workflow, step, role)
 );
-COMMENT ON TABLE tuvl.breakpoints IS 'dev mode: runs of workflow stop before step (runs of role; a member of tuvl_operator: all runs); tuvl.set_breakpoint, tuvl.clear_breakpoint';
+COMMENT ON TABLE tuvl.breakpoints IS 'dev mode: runs of workflow stop before step (runs of role; a member of tuvl_operator: all runs); written by tuvl.set_breakpoint, tuvl.clear_breakpoint only';
 SELECT pg_catalog.pg_extension_config_dump('tuvl.breakpoints', '');
 ALTER TABLE tuvl.breakpoints ENABLE ROW LEVEL SECURITY;
-CREATE POLICY breakpoints_own ON tuvl.breakpoints
-    USING (pg_catalog.pg_has_role(role::pg_catalog.oid, 'MEMBER') OR pg_catalog.pg_has_role('tuvl_operator', 'USAGE'))
-    WITH CHECK (role::pg_catalog.oid OPERATOR(pg_catalog.=)
-                (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER)
-                AND tuvl._has_scope('runs:control'));
-GRANT SELECT, INSERT, DELETE ON tuvl.breakpoints TO tuvl_user;
+CREATE POLICY breakpoints_visible ON tuvl.breakpoints FOR SELECT
+    USING (pg_catalog.pg_has_role(role::pg_catalog.oid, 'MEMBER') OR pg_catalog.pg_has_role('tuvl_operator', 'USAGE'));
+GRANT SELECT ON tuvl.breakpoints TO tuvl_user;
 
 CREATE TABLE tuvl.dev_runs (
     run_id bigint PRIMARY KEY REFERENCES tuvl.runs (id) ON DELETE CASCADE,
@@ -675,124 +677,31 @@ CREATE TABLE tuvl.dev_runs (
     pass_step text,
     updated_at timestamptz NOT NULL DEFAULT pg_catalog.now()
 );
-COMMENT ON TABLE tuvl.dev_runs IS 'dev mode of a run: step_mode (stop before the next step it enters) and pass_step (the step it may enter once without stopping: the one it stopped before)';
+COMMENT ON TABLE tuvl.dev_runs IS 'dev mode of a run: step_mode (stop before the next step it enters) and pass_step (the step it may enter once without stopping: the one it stopped before); written by tuvl.step_run and the workers only';
 SELECT pg_catalog.pg_extension_config_dump('tuvl.dev_runs', '');
 ALTER TABLE tuvl.dev_runs ENABLE ROW LEVEL SECURITY;
-CREATE POLICY dev_runs_visible ON tuvl.dev_runs
-    USING (EXISTS (SELECT 1 FROM tuvl.runs r WHERE r.id OPERATOR(pg_catalog.=) dev_runs.run_id))
-    WITH CHECK (EXISTS (SELECT 1 FROM tuvl.runs r WHERE r.id OPERATOR(pg_catalog.=) dev_runs.run_id)
-                AND tuvl._has_scope('runs:control'));
-GRANT SELECT, INSERT, UPDATE ON tuvl.dev_runs TO tuvl_user;
+CREATE POLICY dev_runs_visible ON tuvl.dev_runs FOR SELECT
+    USING (EXISTS (SELECT 1 FROM tuvl.runs r WHERE r.id OPERATOR(pg_catalog.=) dev_runs.run_id));
+GRANT SELECT ON tuvl.dev_runs TO tuvl_user;
 
 CREATE FUNCTION tuvl.set_breakpoint(workflow text, step text)
 RETURNS void
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM tuvl._require_scope('runs:control');
-    IF NOT EXISTS (SELECT 1 FROM tuvl.workflows w WHERE w.name OPERATOR(pg_catalog.=) set_breakpoint.workflow) THEN
-        RAISE EXCEPTION 'workflow "%" does not exist', set_breakpoint.workflow
-            USING ERRCODE = 'undefined_object', HINT = 'Register it with tuvl.register_workflow().';
-    END IF;
-    IF NOT EXISTS (SELECT 1 FROM tuvl.workflows w,
-                          pg_catalog.jsonb_array_elements(w.definition OPERATOR(pg_catalog.->) 'steps') s
-                   WHERE w.name OPERATOR(pg_catalog.=) set_breakpoint.workflow
-                     AND s OPERATOR(pg_catalog.->>) 'id' OPERATOR(pg_catalog.=) set_breakpoint.step) THEN
-        RAISE EXCEPTION 'workflow "%" has no step "%"', set_breakpoint.workflow, set_breakpoint.step
-            USING ERRCODE = 'undefined_object',
-                  DETAIL = 'No registered version of the workflow has a step of that id.',
-                  HINT = 'tuvl.graph(workflow) shows its steps.';
-    END IF;
-    INSERT INTO tuvl.breakpoints (workflow, step, role)
-    VALUES (set_breakpoint.workflow, set_breakpoint.step, CURRENT_USER::pg_catalog.regrole)
-    ON CONFLICT DO NOTHING;
-END
-$$;
+AS 'MODULE_PATHNAME', 'tuvl_set_breakpoint'
+LANGUAGE C VOLATILE;
 COMMENT ON FUNCTION tuvl.set_breakpoint(text, text) IS 'dev mode: your runs of workflow (a member of tuvl_operator: all its runs) pause before they enter step; the paused event says by: breakpoint';
 
 CREATE FUNCTION tuvl.clear_breakpoint(workflow text, step text)
 RETURNS void
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    PERFORM tuvl._require_scope('runs:control');
-    DELETE FROM tuvl.breakpoints b
-    WHERE b.workflow OPERATOR(pg_catalog.=) clear_breakpoint.workflow
-      AND b.step OPERATOR(pg_catalog.=) clear_breakpoint.step
-      AND b.role::pg_catalog.oid OPERATOR(pg_catalog.=)
-          (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER);
-    IF NOT FOUND THEN
-        RAISE NOTICE 'no breakpoint of yours before step "%" of workflow "%"', clear_breakpoint.step, clear_breakpoint.workflow;
-    END IF;
-END
-$$;
+AS 'MODULE_PATHNAME', 'tuvl_clear_breakpoint'
+LANGUAGE C VOLATILE;
 COMMENT ON FUNCTION tuvl.clear_breakpoint(text, text) IS 'dev mode: remove your breakpoint before step of workflow';
 
 CREATE FUNCTION tuvl.step_run(run_id bigint)
 RETURNS void
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    st text;
-    cur text;
-BEGIN
-    PERFORM tuvl._require_scope('runs:control');
-    SELECT r.status, r.current_step INTO st, cur FROM tuvl.runs r WHERE r.id OPERATOR(pg_catalog.=) step_run.run_id;
-    IF st IS NOT NULL AND st OPERATOR(pg_catalog.<>) 'paused' THEN
-        RAISE EXCEPTION 'cannot step run %: its status is %', step_run.run_id, st
-            USING ERRCODE = 'object_not_in_prerequisite_state',
-                  HINT = 'Only a paused run can be stepped: pause it, or set a breakpoint with tuvl.set_breakpoint().';
-    END IF;
-    -- resume_run checks that the caller may control the run (and reports a run it may not see as missing)
-    PERFORM tuvl.resume_run(step_run.run_id);
-    INSERT INTO tuvl.dev_runs AS d (run_id, step_mode, pass_step)
-    VALUES (step_run.run_id, true, cur)
-    ON CONFLICT ON CONSTRAINT dev_runs_pkey
-    DO UPDATE SET step_mode = true, pass_step = excluded.pass_step, updated_at = pg_catalog.now();
-END
-$$;
+AS 'MODULE_PATHNAME', 'tuvl_step_run'
+LANGUAGE C VOLATILE;
 COMMENT ON FUNCTION tuvl.step_run(bigint) IS 'dev mode: a paused run executes the step it stopped before and pauses again before the next (by: step); at an end the run ends';
 
-CREATE FUNCTION tuvl._dev_stop(run_id bigint, workflow text, step text)
-RETURNS text
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    d record;
-    bp boolean;
-BEGIN
-    bp := EXISTS (SELECT 1 FROM tuvl.breakpoints b, tuvl.runs r
-                  WHERE r.id OPERATOR(pg_catalog.=) _dev_stop.run_id
-                    AND b.workflow OPERATOR(pg_catalog.=) _dev_stop.workflow
-                    AND b.step OPERATOR(pg_catalog.=) _dev_stop.step
-                    AND (b.role::pg_catalog.oid OPERATOR(pg_catalog.=) r.principal_id::pg_catalog.oid
-                         OR pg_catalog.pg_has_role(b.role::pg_catalog.oid, 'tuvl_operator', 'USAGE')));
-    SELECT x.step_mode, x.pass_step INTO d FROM tuvl.dev_runs x WHERE x.run_id OPERATOR(pg_catalog.=) _dev_stop.run_id;
-    IF NOT FOUND THEN
-        IF NOT bp THEN
-            RETURN NULL;
-        END IF;
-    ELSIF d.pass_step OPERATOR(pg_catalog.=) _dev_stop.step THEN
-        -- entering the step it stopped before: once, without stopping
-        UPDATE tuvl.dev_runs x SET pass_step = NULL, updated_at = pg_catalog.now()
-        WHERE x.run_id OPERATOR(pg_catalog.=) _dev_stop.run_id;
-        RETURN NULL;
-    ELSIF NOT bp AND NOT d.step_mode THEN
-        RETURN NULL;
-    END IF;
-    INSERT INTO tuvl.dev_runs AS x (run_id, step_mode, pass_step)
-    VALUES (_dev_stop.run_id, false, _dev_stop.step)
-    ON CONFLICT ON CONSTRAINT dev_runs_pkey
-    DO UPDATE SET step_mode = false, pass_step = excluded.pass_step, updated_at = pg_catalog.now();
-    RETURN CASE WHEN bp THEN 'breakpoint' ELSE 'step' END;
-END
-$$;
-COMMENT ON FUNCTION tuvl._dev_stop(bigint, text, text) IS 'for the workers (runtime.c): who stops run_id before it enters step, breakpoint or step, or NULL: it goes on';
-REVOKE ALL ON FUNCTION tuvl._dev_stop(bigint, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tuvl.set_breakpoint(text, text), tuvl.clear_breakpoint(text, text),
     tuvl.step_run(bigint) TO tuvl_user;
 

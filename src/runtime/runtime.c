@@ -65,6 +65,7 @@
 #include "utils/timestamp.h"
 
 #include "run_control.h"
+#include "breakpoints.h"
 #include "deadline.h"
 #include "effect.h"
 #include "hook.h"
@@ -845,33 +846,30 @@ boundary_control(Transition *t)
 
 /*
  * Dev mode (issue 38): does a breakpoint or step mode stop the run before
- * the step it enters?  tuvl._dev_stop() decides, from tuvl.breakpoints
- * and tuvl.dev_runs, and answers who stops it ("breakpoint" or "step");
- * then the run parks paused before the step, as a pause does, and
- * tuvl.resume_run() or tuvl.step_run() lets it enter.  Not asked when
- * the step goes on after an effect.  Returns true when the run stopped.
+ * the step it enters?  Asked only while this database has a breakpoint or
+ * a run in step mode (the gate in shared memory: a run without dev mode
+ * pays one atomic read); then BreakpointsStop decides, from
+ * tuvl.breakpoints and tuvl.dev_runs, who stops it ("breakpoint" or
+ * "step"), and the run parks paused before the step, as a pause does,
+ * until tuvl.resume_run() or tuvl.step_run() lets it enter.  Not asked
+ * when the step goes on after an effect.  Returns true when the run
+ * stopped.
  */
 static bool
 dev_mode_stop(Transition *t)
 {
-	static const Oid types[3] = {INT8OID, TEXTOID, TEXTOID};
 	RunState   *run = t->run;
-	char	   *state_step = run->step_state ? JsonGetString(run->step_state, "step") : NULL;
-	Datum		values[3];
-	SecurityFrame frame;
-	char	   *by = NULL;
+	char	   *state_step;
+	const char *by;
 	Checkpoint	cp;
 	JsonObjBuilder b;
 
+	if (!TuvlDevGate())
+		return false;
+	state_step = run->step_state ? JsonGetString(run->step_state, "step") : NULL;
 	if (state_step && strcmp(state_step, t->step->id) == 0)
 		return false;
-	values[0] = Int64GetDatum(run->id);
-	values[1] = CStringGetTextDatum(run->workflow);
-	values[2] = CStringGetTextDatum(t->step->id);
-	SecurityAsOwner(&frame);
-	if (SpiExec("SELECT tuvl._dev_stop($1, $2, $3)", 3, types, values, NULL, SPI_OK_SELECT) == 1)
-		by = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
-	SecurityRestore(&frame);
+	by = BreakpointsStop(run->id, run->principal, run->workflow, t->step->id);
 	if (by == NULL)
 		return false;
 	memset(&cp, 0, sizeof(cp));

@@ -53,6 +53,7 @@
 #include "driver.h"
 #include "effect.h"
 #include "http.h"
+#include "breakpoints.h"
 #include "concurrency.h"
 #include "run_control.h"
 #include "timers.h"
@@ -1465,6 +1466,13 @@ check_extension_at_start(void)
 	MemoryContextSwitchTo(round_cxt);
 	note_extension_present();
 	was_present = true;
+	/* dev mode's gate, after a start or crash restart (breakpoints.c) */
+	if (!TuvlDevGateCounted())
+	{
+		begin_tx("tuvl: counting breakpoints");
+		BreakpointsCount();
+		commit_tx();
+	}
 }
 
 /*
