@@ -146,33 +146,66 @@ BreakpointsStepMode(int64 run_id, const char *pass_step)
 		TuvlDevGateAdd(1);
 }
 
+static void count_locked(void);
+
 /*
  * Count the gate from the tables, once per database after every start or
- * crash restart (a worker, as it starts).  The tables are locked against
- * writers meanwhile, so that no change in flight escapes the count (a
- * writer counts its change before it commits).  An extension not yet
- * updated to 0.3.0 has neither table: nothing can stop a run.  In a
- * transaction with SPI connected.
+ * crash restart (the workers' maintenance, the first thing a worker
+ * does).  The tables are locked against writers meanwhile, so that no
+ * change in flight escapes the count (a writer counts its change before
+ * it commits); when a transaction holds them (tuvl.set_breakpoint() in a
+ * transaction left open), the count waits for the next maintenance and
+ * runs ask meanwhile: nobody's lock makes a worker wait.  An extension
+ * not yet updated to 0.3.0 has neither table: nothing can stop a run.
+ * In a transaction with SPI connected.
  */
 void
 BreakpointsCount(void)
 {
-	Datum		d;
-	int			n = 0;
+	MemoryContext cxt = CurrentMemoryContext;
+	SpiSubxact	sub;
 
 	if (TuvlDevGateCounted())
 		return;
 	if (SecurityExec("SELECT 1 WHERE pg_catalog.to_regclass('tuvl.dev_runs') IS NOT NULL "
 					 "AND pg_catalog.to_regclass('tuvl.breakpoints') IS NOT NULL",
-					 0, NULL, NULL, NULL, SPI_OK_SELECT) == 1)
+					 0, NULL, NULL, NULL, SPI_OK_SELECT) == 0)
 	{
-		SecurityExec("LOCK TABLE tuvl.breakpoints, tuvl.dev_runs IN SHARE MODE",
-					 0, NULL, NULL, NULL, SPI_OK_UTILITY);
-		if (SecurityExec("SELECT ((SELECT pg_catalog.count(*) FROM tuvl.breakpoints) "
-						 "  OPERATOR(pg_catalog.+) "
-						 "  (SELECT pg_catalog.count(*) FROM tuvl.dev_runs WHERE step_mode))::pg_catalog.int4",
-						 0, NULL, NULL, NULL, SPI_OK_SELECT) == 1 && SpiValue(1, &d))
-			n = DatumGetInt32(d);
+		TuvlDevGateSet(0);
+		return;
 	}
+	SpiSubxactBegin(&sub);
+	PG_TRY();
+	{
+		SecurityExec("LOCK TABLE tuvl.breakpoints, tuvl.dev_runs IN SHARE MODE NOWAIT",
+					 0, NULL, NULL, NULL, SPI_OK_UTILITY);
+		SpiSubxactCommit(&sub);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata = SpiSubxactAbort(&sub);
+
+		if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
+			ReThrowError(edata);
+		FreeErrorData(edata);
+		MemoryContextSwitchTo(cxt);
+		return;
+	}
+	PG_END_TRY();
+	count_locked();
+}
+
+/* BreakpointsCount, the tables locked. */
+static void
+count_locked(void)
+{
+	Datum		d;
+	int			n = 0;
+
+	if (SecurityExec("SELECT ((SELECT pg_catalog.count(*) FROM tuvl.breakpoints) "
+					 "  OPERATOR(pg_catalog.+) "
+					 "  (SELECT pg_catalog.count(*) FROM tuvl.dev_runs WHERE step_mode))::pg_catalog.int4",
+					 0, NULL, NULL, NULL, SPI_OK_SELECT) == 1 && SpiValue(1, &d))
+		n = DatumGetInt32(d);
 	TuvlDevGateSet(n);
 }

@@ -331,6 +331,9 @@ maintenance(bool renew)
 		return;
 	}
 	release_unreleased();
+	/* dev mode's gate, after a start or crash restart (breakpoints.c) */
+	if (!TuvlDevGateCounted())
+		BreakpointsCount();
 	n = LeaseReclaim();
 	n += ControlExpirePauses();
 	n += ControlWakeSleepers();
@@ -1466,13 +1469,6 @@ check_extension_at_start(void)
 	MemoryContextSwitchTo(round_cxt);
 	note_extension_present();
 	was_present = true;
-	/* dev mode's gate, after a start or crash restart (breakpoints.c) */
-	if (!TuvlDevGateCounted())
-	{
-		begin_tx("tuvl: counting breakpoints");
-		BreakpointsCount();
-		commit_tx();
-	}
 }
 
 /*
