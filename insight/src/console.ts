@@ -227,6 +227,28 @@ export async function consoleRun(q: Q, id: number): Promise<Row> {
     };
 }
 
+/*
+ * A run's whole journal for its page, in one read: the events as the
+ * event stream sends them (without summaries), aggregated to JSON text by
+ * the database and passed through as it is, and the seq the stream goes
+ * on from.  The page renders it once and then follows the stream after
+ * last_seq, instead of taking a long run's journal from the stream in
+ * pages and rendering at each.
+ */
+export async function consoleJournal(q: Q, id: number): Promise<string> {
+    await q("SELECT tuvl._require_scope('runs:read')");
+    const [row] = await q<{ body: string | null }>(
+        `SELECT pg_catalog.json_build_object('run_id', r.id, 'status', r.status, 'last_seq', r.last_seq,
+                    'events', coalesce((SELECT pg_catalog.json_agg(pg_catalog.json_build_object(
+                                 'run_id', e.run_id, 'seq', e.seq, 'ts', e.ts, 'type', e.type, 'agent_id', e.agent_id,
+                                 'engine', e.engine, 'tokens', e.tokens, 'latency_ms', e.latency_ms, 'payload', e.payload)
+                               ORDER BY e.seq)
+                         FROM tuvl.events e WHERE e.run_id OPERATOR(pg_catalog.=) r.id), '[]'::pg_catalog.json))::text AS body
+         FROM tuvl.runs r WHERE r.id OPERATOR(pg_catalog.=) $1`, [id]);
+    if (!row?.body) throw ops.runMissing(id);
+    return row.body;
+}
+
 export async function consoleWorkflows(q: Q): Promise<Row[]> {
     return q(`SELECT w.name, pg_catalog.max(w.version) AS version, pg_catalog.count(*) AS versions,
                      (pg_catalog.array_agg(w.owner::text ORDER BY w.version DESC))[1] AS owner,
@@ -413,6 +435,11 @@ export function registerConsole(app: FastifyInstance, db: Database, opts: Consol
     app.get("/api/console/runs/:id", async (req) => {
         const id = positive((req.params as { id: string }).id, "run id") as number;
         return as(req, (q) => consoleRun(q, id));
+    });
+    app.get("/api/console/runs/:id/journal", async (req, reply) => {
+        const id = positive((req.params as { id: string }).id, "run id") as number;
+        const body = await as(req, (q) => consoleJournal(q, id));
+        return reply.type("application/json; charset=utf-8").send(body);
     });
     app.get("/api/console/workflows", async (req) => ({ workflows: await as(req, consoleWorkflows) }));
     app.get("/api/console/workflows/:name", async (req) => {

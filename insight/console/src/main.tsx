@@ -209,28 +209,43 @@ function useEvents(id: number): { events: Ev[]; ended: boolean; error: string | 
     useEffect(() => {
         const buf: Ev[] = [];
         let flush: number | undefined;
-        const es = new EventSource(`/api/runs/${id}/events`);
+        let es: EventSource | null = null;
+        let closed = false;
+        const step = (ev: Ev & { agent_id?: string | null }) => {
+            ev.step = ev.step ?? ev.agent_id ?? null;      /* the journal's agent_id is the step's id */
+            return ev;
+        };
         const push = (e: MessageEvent) => {
             try {
-                const ev = JSON.parse(e.data);
-                ev.step = ev.step ?? ev.agent_id ?? null;      /* the journal's agent_id is the step's id */
-                buf.push(ev);
+                buf.push(step(JSON.parse(e.data)));
             } catch { return; }
             if (flush === undefined) flush = window.setTimeout(() => { flush = undefined; setEvents((old) => [...old, ...buf.splice(0)]); }, 100);
         };
-        const types = ["run_queued", "run_started", "agent_started", "agent_completed", "signal", "checkpoint", "tool_call", "tool_result",
-                       "llm_turn", "judge_verdict", "decision", "approval_requested", "approval_decided", "paused", "resumed", "run_completed",
-                       "run_failed", "run_aborted", "compensation_started", "compensation_completed", "children_started", "children_ended",
-                       "guardrail", "guardrail_verdict", "steered", "human_submitted", "message"];
-        for (const t of types) es.addEventListener(t, push as EventListener);
-        es.onmessage = push;
-        /* other event types: the stream's own error event, or any type not listed */
-        es.addEventListener("stream_error", (e) => { setError(JSON.parse((e as MessageEvent).data).message); es.close(); });
-        es.onerror = () => {
-            /* the server ends the stream after the run's final event (204 on reconnection) */
-            if (es.readyState === EventSource.CLOSED) setEnded(true);
+        const follow = (after: number) => {
+            es = new EventSource(`/api/runs/${id}/events?after=${after}`);
+            const types = ["run_queued", "run_started", "agent_started", "agent_completed", "signal", "checkpoint", "tool_call", "tool_result",
+                           "llm_turn", "judge_verdict", "decision", "approval_requested", "approval_decided", "paused", "resumed", "run_completed",
+                           "run_failed", "run_aborted", "compensation_started", "compensation_completed", "children_started", "children_ended",
+                           "guardrail", "guardrail_verdict", "steered", "human_submitted", "message"];
+            for (const t of types) es.addEventListener(t, push as EventListener);
+            es.onmessage = push;
+            /* other event types: the stream's own error event, or any type not listed */
+            es.addEventListener("stream_error", (e) => { setError(JSON.parse((e as MessageEvent).data).message); es?.close(); });
+            es.onerror = () => {
+                /* the server ends the stream after the run's final event (204 on reconnection) */
+                if (es?.readyState === EventSource.CLOSED) setEnded(true);
+            };
         };
-        return () => { es.close(); if (flush) clearTimeout(flush); };
+        /* the journal so far in one read and one render; then the stream, from its last seq */
+        get<{ status: string; events: Ev[] }>(`/api/console/runs/${id}/journal`).then((j) => {
+            if (closed) return;
+            const evs = j.events.map(step);
+            setEvents(evs);
+            const last = evs.length ? Number(evs[evs.length - 1].seq) : 0;
+            if (FINAL.has(j.status)) setEnded(true);
+            else follow(last);
+        }, (e: Error) => { if (!closed) setError(e.message); });
+        return () => { closed = true; es?.close(); if (flush) clearTimeout(flush); };
     }, [id]);
     return { events, ended, error };
 }
@@ -348,12 +363,17 @@ function Timeline({ events, t0 }: { events: Ev[]; t0: number }) {
 
 /* ------------------------------------------------------------ people */
 
-function Answer({ item, onDone }: { item: any; onDone: () => void }) {
+/*
+ * An answer's confirmation is the page's (onDone), not the card's: the
+ * run leaves the list as soon as a worker takes it on, often before the
+ * reload that follows the answer.
+ */
+function Answer({ item, onDone }: { item: any; onDone: (notice: string) => void }) {
     const [error, setError] = useState<unknown>(null);
     const [note, setNote] = useState("");
     const [done, setDone] = useState<string | null>(null);
     const a = item.awaiting ?? {};
-    if (done) return <div className="notice" role="status">{done}</div>;
+    if (done) return <p className="muted">{done}</p>;
     if (item.status === "waiting_human") {
         const schema = a.form ?? { type: "object" };
         return <div className="rjsf" data-testid={`form-${item.run_id}`}>
@@ -363,8 +383,8 @@ function Answer({ item, onDone }: { item: any; onDone: () => void }) {
                     setError(null);
                     try {
                         await post(`/api/runs/${item.run_id}/submit`, { data: formData ?? {} });
-                        setDone(`Submitted to run #${item.run_id}.`);
-                        onDone();
+                        setDone("Sent.");
+                        onDone(`Submitted to run #${item.run_id}.`);
                     } catch (e) { setError(e); }
                 }}>
                 <div className="actions"><button type="submit" className="primary">Submit</button></div>
@@ -376,8 +396,8 @@ function Answer({ item, onDone }: { item: any; onDone: () => void }) {
         setError(null);
         try {
             await post(`/api/runs/${item.run_id}/decide`, note ? { approved, note } : { approved });
-            setDone(`${approved ? "Approved" : "Rejected"}: ${a.tool} of run #${item.run_id}.`);
-            onDone();
+            setDone("Sent.");
+            onDone(`${approved ? "Approved" : "Rejected"}: ${a.tool} of run #${item.run_id}.`);
         } catch (e) { setError(e); }
     };
     return <div data-testid={`approval-${item.run_id}`}>
@@ -396,16 +416,19 @@ function PeoplePage() {
     const people = useLoad(() => get("/api/people"), [], 3000);
     const paused = useLoad(() => get("/api/console/runs?status=paused&limit=100"), [], 3000);
     const items: any[] = people.data?.people ?? [];
+    const [notice, setNotice] = useState<string | null>(null);
+    const answered = (n: string) => { setNotice(n); people.reload(); };
     return <>
         <h1>People</h1>
         <p className="muted">What waits for a person: forms of Human steps, tool calls to approve, paused runs.</p>
+        {notice ? <div className="notice" role="status">{notice}</div> : null}
         <ErrorBox error={people.error} />
         {items.length === 0 && people.data ? <p>Nothing waits for you.</p> : null}
         <div className="grid3">
             {items.map((p) => <div className="card" key={`${p.run_id}-${p.step}`} data-run={p.run_id}>
                 <h2>{p.status === "waiting_human" ? "Form" : "Approval"} · {p.workflow} #{p.run_id}</h2>
                 <p className="muted">waiting {duration((p.age_s ?? 0) * 1000)}{p.deadline ? `, due ${time(p.deadline)}` : ""}</p>
-                <Answer item={p} onDone={people.reload} />
+                <Answer item={p} onDone={answered} />
             </div>)}
         </div>
         <h2>Paused runs</h2>

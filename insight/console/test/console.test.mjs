@@ -306,6 +306,28 @@ describe("console", () => {
         await page.context().close();
     });
 
+    test("a run's page reads its journal once, renders it, and follows the stream only after its last seq", async () => {
+        const done = await start("con_slow", { secs: 0.1 });
+        await waitStatus(done, "completed");
+        const page = await newPage();
+        await signIn(page, "con_alice");
+        const urls = [];
+        page.on("request", (r) => urls.push(new URL(r.url()).pathname + new URL(r.url()).search));
+        await page.goto(`${base}/console/runs/${done}`);
+        await page.getByRole("tab", { name: /Timeline/ }).click();
+        await page.locator("tr[data-event=run_completed]").waitFor();
+        assert.equal(urls.filter((u) => u === `/api/console/runs/${done}/journal`).length, 1, urls.join(" "));
+        assert.deepEqual(urls.filter((u) => u.startsWith(`/api/runs/${done}/events`)), [], "an ended run needs no stream");
+        /* a live run: the stream starts after what the journal read gave */
+        const live = await start("con_slow", { secs: 1.5 });
+        urls.length = 0;
+        await page.goto(`${base}/console/runs/${live}`);
+        await page.locator("h1 .badge[data-status=completed]").waitFor();
+        const streams = urls.filter((u) => u.startsWith(`/api/runs/${live}/events`));
+        assert.ok(streams.length >= 1 && streams.every((u) => /[?&]after=[0-9]+/.test(u)), streams.join(" "));
+        await page.context().close();
+    });
+
     test("an agent run shows its conversation with tool calls; a tool call is approved, another rejected, with notes", async () => {
         const r1 = await start("con_agent", { task: "refund order A-17" });
         const r2 = await start("con_agent", { task: "refund order A-17 again" });
