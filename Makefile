@@ -47,3 +47,20 @@ include $(PGXS)
 # Every object depends on every local header (a changed struct rebuilds all)
 # and on the control file (TUVL_VERSION comes from it).
 $(OBJS): $(wildcard $(tuvl_top)/src/*.h $(foreach d,$(TUVL_LAYERS),$(tuvl_top)/src/$(d)/*.h)) tuvl.control
+
+# pgindent's formatting (tools/indent.py: Debian's pg-bsd-indent with
+# pgindent's options and its fixes after them), and the typedefs list it
+# needs: every typedef name of the headers tuvl compiles against and of its
+# own sources.  `make typedefs` after adding a typedef; `make indent` before
+# a commit; the structure suite checks that nothing is left to format.
+tuvl_c_files = $(sort $(wildcard $(tuvl_top)/src/*.[ch] $(foreach d,$(TUVL_LAYERS),$(tuvl_top)/src/$(d)/*.[ch])))
+
+typedefs:
+	$(tuvl_top)/tools/typedefs.py $(shell $(PG_CONFIG) --includedir-server) \
+		$(shell pkg-config --variable=includedir libcurl)/curl $(wildcard $(shell pkg-config --variable=includedir libcurl)/$(shell gcc -print-multiarch 2>/dev/null)/curl) \
+		$(shell pkg-config --variable=includedir yaml-0.1)/yaml.h -- $(tuvl_c_files) > $(tuvl_top)/typedefs.list
+
+indent:
+	$(tuvl_top)/tools/indent.py $(tuvl_c_files)
+
+.PHONY: typedefs indent

@@ -210,6 +210,24 @@ def tls_section(tls, p):
     p("")
 
 
+def linearity_section(lin, p):
+    """bench/agents_linearity.py: a long conversation's turn against a short one's."""
+    cfg = lin["config"]
+    s = lin.get("summary") or {}
+    p("Long conversations (bench/agents_linearity.py): batches of %s autonomous agents of 5, 10, 45 and 50 turns "
+      "at 0 ms, %d rounds; a turn's worker CPU from the difference of batches five turns apart:" % (
+          num(cfg["agents"]), len(lin["rounds"])))
+    p("")
+    p("| turns 6-10, each | turns 46-50, each | late / early (target <= 2) | all agents completed |")
+    p("|---|---|---|---|")
+    p("| %s µs | %s µs | %s | %s |" % (
+        span([r["early_turn_us"] for r in lin["rounds"]], "%.0f"),
+        span([r["late_turn_us"] for r in lin["rounds"]], "%.0f"),
+        span([r["late_per_early"] for r in lin["rounds"] if r["late_per_early"] is not None], "%.2f"),
+        "yes" if s.get("ok") else "**no**"))
+    p("")
+
+
 def flow_section(flow, p):
     """bench/flow_control.py: a provider's rate limits."""
     cfg = flow["config"]
@@ -254,6 +272,7 @@ def main():
     ret = load(d, "retention.json")
     peers = load(d, "peers.json")
     tls = load(d, "agents_tls.json")
+    lin = load(d, "agents_linearity.json")
     flow = load(d, "flow.json")
     wal = load(d, "wal.json")
     insight = load(d, "insight.json")
@@ -542,6 +561,8 @@ def main():
         p("")
     if tls and tls.get("rounds"):
         tls_section(tls, p)
+    if lin and lin.get("rounds"):
+        linearity_section(lin, p)
     if flow and (flow.get("cases") or flow.get("not_run")):
         flow_section(flow, p)
     if peers and peers.get("rounds"):

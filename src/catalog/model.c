@@ -202,6 +202,7 @@ tuvl_register_llm(PG_FUNCTION_ARGS)
 										name));
 	{
 		static const Oid types[5] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID, REGROLEOID};
+		static const Oid version_types[2] = {TEXTOID, REGROLEOID};
 
 		/* a new version: the row of the name (locked by the upsert) numbers it */
 		SecurityExecArgs("INSERT INTO tuvl.llms (name, provider, source, definition, owner, version) "
@@ -215,7 +216,7 @@ tuvl_register_llm(PG_FUNCTION_ARGS)
 		SecurityExecArgs("INSERT INTO tuvl.llm_versions (name, version, provider, source, definition, registered_by) "
 						 "SELECT l.name, l.version, l.provider, l.source, l.definition, $2 "
 						 "FROM tuvl.llms l WHERE l.name OPERATOR(pg_catalog.=) $1",
-						 SPI_OK_INSERT, 2, (Oid[]) {TEXTOID, REGROLEOID}, CStringGetTextDatum(name),
+						 SPI_OK_INSERT, 2, version_types, CStringGetTextDatum(name),
 						 ObjectIdGetDatum(GetUserId()));
 	}
 	SPI_finish();

@@ -530,6 +530,7 @@ check_http_block(ValidateState *vs, Jsonb *http, const char *hpath)
 	"get", "post", "put", "patch", "delete", "head", "options", NULL};
 	static const char *const http_on[] = {"timeout", "error", "429", "5xx", NULL};
 	static const char *const idem[] = {"auto", "none", NULL};
+	static const char *const bodiless[] = {"GET", "get", "HEAD", "head", NULL};
 	static const char *const http_keys[] = {"method", "url", "headers", "query", "body", "timeout",
 	"idempotency", "retry", NULL};
 	JsonbValue *v;
@@ -542,7 +543,7 @@ check_http_block(ValidateState *vs, Jsonb *http, const char *hpath)
 		add_finding(vs, "error", psprintf("%s.method", hpath),
 					"method must be one of GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS");
 	else if (v && JsonGetField(http, "body") &&
-			 (string_in(v, (const char *const[]) {"GET", "get", "HEAD", "head", NULL})))
+			 string_in(v, bodiless))
 		add_finding(vs, "error", psprintf("%s.body", hpath),
 					"a GET or HEAD request cannot carry a body; use POST, or move the values to query");
 	v = JsonGetField(http, "headers");
@@ -1426,6 +1427,7 @@ static void
 check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
 {
 	static const char *const functional_keys[] = {"function", NULL};
+	static const char *const agent_modes[] = {"completion", "autonomous", NULL};
 	static const char *const modelop_keys[] = {"sql", "params", NULL};
 	static const char *const router_keys[] = {"on", NULL};
 	static const char *const apicall_keys[] = {"http", NULL};
@@ -1480,7 +1482,7 @@ check_step_kind(ValidateState *vs, Jsonb *step, StepKind kind, const char *path)
 			if (v == NULL)
 				add_finding(vs, "error", path,
 							"an Agent step needs mode: completion or mode: autonomous");
-			else if (!string_in(v, (const char *const[]) {"completion", "autonomous", NULL}))
+			else if (!string_in(v, agent_modes))
 				add_finding(vs, "error", psprintf("%s.mode", path),
 							"mode must be completion or autonomous");
 			if (!is_mapping(JsonGetField(step, "agent")))
