@@ -896,6 +896,93 @@ GRANT EXECUTE ON FUNCTION tuvl._cron_jobs() TO tuvl_user;
 
 /* ------------------------------------------------------------------ console: dev mode (issue 38) */
 
+/*
+ * Insight's dev mode, kept in the database so that it holds for runs on
+ * any worker and survives restarts, as a pause does.  A breakpoint
+ * (workflow, step) set by a role stops that role's runs of the workflow
+ * before they enter the step (a member of tuvl_operator: everyone's
+ * runs); the run parks paused, its paused event saying by: breakpoint.
+ * tuvl.step_run() lets a paused run execute the step it stopped before
+ * and stop again before the next one (by: step); tuvl.resume_run() lets
+ * it go on.  tuvl.dev_runs keeps per run whether it is in step mode and
+ * the step it may enter once without stopping (the one it stopped
+ * before).
+ *
+ * Only tuvl writes the two tables: the C functions below and the workers
+ * (src/api/devmode.c, src/runtime/breakpoints.c), through the owner
+ * switch, which also keep the gate in shared memory that spares runs the
+ * question while the database has no breakpoint and no run in step mode.
+ * Ordinary roles may only read them, their own rows (row security): a
+ * role that could write them could LOCK them and stall the workers.
+ */
+CREATE TABLE tuvl.breakpoints (
+    workflow text NOT NULL,
+    step text NOT NULL,
+    role pg_catalog.regrole NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    PRIMARY KEY (workflow, step, role)
+);
+COMMENT ON TABLE tuvl.breakpoints IS 'dev mode: runs of workflow stop before step (runs of role; a member of tuvl_operator: all runs); written by tuvl.set_breakpoint, tuvl.clear_breakpoint only';
+SELECT pg_catalog.pg_extension_config_dump('tuvl.breakpoints', '');
+ALTER TABLE tuvl.breakpoints ENABLE ROW LEVEL SECURITY;
+CREATE POLICY breakpoints_visible ON tuvl.breakpoints FOR SELECT
+    USING (pg_catalog.pg_has_role(role::pg_catalog.oid, 'MEMBER') OR pg_catalog.pg_has_role('tuvl_operator', 'USAGE'));
+GRANT SELECT ON tuvl.breakpoints TO tuvl_user;
+
+/*
+ * No foreign key to tuvl.runs: one would make every DELETE of runs
+ * (tuvl.purge()) fire a cascade trigger per run and refuse TRUNCATE
+ * tuvl.runs.  A run's row goes when the run ends (breakpoints.c); one
+ * left behind (a run aborted while paused) is seen by nobody, as its run
+ * is gone or ended.
+ */
+CREATE TABLE tuvl.dev_runs (
+    run_id bigint PRIMARY KEY,
+    step_mode boolean NOT NULL DEFAULT false,
+    pass_step text,
+    updated_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+COMMENT ON TABLE tuvl.dev_runs IS 'dev mode of a run: step_mode (stop before the next step it enters) and pass_step (the step it may enter once without stopping: the one it stopped before); written by tuvl.step_run and the workers only';
+SELECT pg_catalog.pg_extension_config_dump('tuvl.dev_runs', '');
+ALTER TABLE tuvl.dev_runs ENABLE ROW LEVEL SECURITY;
+CREATE POLICY dev_runs_visible ON tuvl.dev_runs FOR SELECT
+    USING (EXISTS (SELECT 1 FROM tuvl.runs r WHERE r.id OPERATOR(pg_catalog.=) dev_runs.run_id));
+GRANT SELECT ON tuvl.dev_runs TO tuvl_user;
+
+CREATE FUNCTION tuvl.set_breakpoint(workflow text, step text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'tuvl_set_breakpoint'
+LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION tuvl.set_breakpoint(text, text) IS 'dev mode: your runs of workflow (a member of tuvl_operator: all its runs) pause before they enter step; the paused event says by: breakpoint';
+
+CREATE FUNCTION tuvl.clear_breakpoint(workflow text, step text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'tuvl_clear_breakpoint'
+LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION tuvl.clear_breakpoint(text, text) IS 'dev mode: remove your breakpoint before step of workflow';
+
+CREATE FUNCTION tuvl.step_run(run_id bigint)
+RETURNS void
+AS 'MODULE_PATHNAME', 'tuvl_step_run'
+LANGUAGE C VOLATILE;
+COMMENT ON FUNCTION tuvl.step_run(bigint) IS 'dev mode: a paused run executes the step it stopped before and pauses again before the next (by: step); at an end the run ends';
+
+GRANT EXECUTE ON FUNCTION tuvl.set_breakpoint(text, text), tuvl.clear_breakpoint(text, text),
+    tuvl.step_run(bigint) TO tuvl_user;
+
+/*
+ * The console's counts by status read up to 50,000 runs, and the policy of
+ * tuvl.runs called pg_has_role() and tuvl._has_scope() for each of them:
+ * most of the query's time.  Neither depends on the row, so each becomes a
+ * scalar subquery, which PostgreSQL evaluates once a query (an InitPlan).
+ * The rule is the same; the journal's policies reach it through EXISTS.
+ */
+ALTER POLICY runs_visible ON tuvl.runs
+    USING ((principal_id::pg_catalog.oid OPERATOR(pg_catalog.=)
+                (SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) CURRENT_USER)
+            OR (SELECT pg_catalog.pg_has_role('tuvl_operator', 'USAGE')))
+           AND (SELECT tuvl._has_scope('runs:read')));
+
 /* ------------------------------------------------------------------ mcp: OAuth and elicitation (issue 40) */
 
 /*

@@ -44,6 +44,11 @@ typedef struct TuvlDbEntry
 	uint32		created_gen;	/* bumped when CREATE EXTENSION commits here */
 	int			solo_workers;	/* workers executing a slow step alone */
 	QueueState	queue;			/* roles with queued runs: see queue.c */
+	pg_atomic_uint32 dev_active;	/* dev mode's gate (shmem.c, TuvlDevGate):
+									 * breakpoints plus runs in step mode, as
+									 * a signed count */
+	bool		dev_counted;	/* dev_active was counted from the tables
+								 * since this entry was made */
 } TuvlDbEntry;
 
 /* One background worker slot. */
@@ -163,6 +168,11 @@ extern void TuvlInterruptRunAtCommit(int pid, int64 run_id);
 extern bool TuvlAbortRequested(int64 run_id);
 extern void TuvlAbortApplied(int64 run_id);
 extern void TuvlSetExecuting(int64 run_id);
+extern bool TuvlDevGate(void);
+extern bool TuvlDevGateCounted(void);
+extern void TuvlDevGateAdd(int n);
+extern void TuvlDevGateSubAtCommit(int n);
+extern void TuvlDevGateSet(int n);
 
 /* The shared memory slot of this process, when it is a tuvl worker. */
 extern TuvlWorkerSlot *MyTuvlSlot;

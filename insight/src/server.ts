@@ -30,6 +30,7 @@ import { openapi } from "./openapi.js";
 import * as routerOps from "./routerops.js";
 import { EventStream, Reader } from "./sse.js";
 import { Target } from "./target.js";
+import { registerConsole } from "./console.js";
 
 export interface ServeOptions {
     db: ConnSettings;
@@ -157,6 +158,7 @@ export class Server {
         this.db = new Database(target, opts.pool, log);
         this.hub = new Hub(target, log);
         this.setup();
+        registerConsole(this.app, this.db, { db: opts.db, authDelayMs: opts.authDelayMs });
         this.routes();
     }
 

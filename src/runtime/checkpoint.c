@@ -25,6 +25,7 @@
 #include "utils/builtins.h"
 #include "utils/memutils.h"
 
+#include "breakpoints.h"
 #include "journal.h"
 #include "jsonutil.h"
 #include "security.h"
@@ -235,6 +236,9 @@ CheckpointWrite(RunState *run, const Checkpoint *cp)
 	control = fenced_update(run, cp, next_seq);
 	(void) JournalWrite(run->id, run->principal, run->last_seq, cp->events);
 	SecurityRestore(&frame);
+	/* a run that ends in step mode holds dev mode's gate open no longer */
+	if (RunStatusIsTerminal(cp->status) && TuvlDevGate())
+		BreakpointsRunEnded(run->id);
 	/* tuvl.wait() and tuvl.run()'s callers hear of every run that settles */
 	if (!RunStatusIsHeld(cp->status))
 		TuvlRunChangedAtCommit();

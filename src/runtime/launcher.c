@@ -133,6 +133,7 @@ db_entry(Oid dboid, bool create)
 	free_entry->dboid = dboid;
 	free_entry->state = TUVL_DB_UNKNOWN;
 	QueueResetState(&free_entry->queue);
+	pg_atomic_init_u32(&free_entry->dev_active, 0);
 	return free_entry;
 }
 

@@ -65,6 +65,7 @@
 #include "utils/timestamp.h"
 
 #include "run_control.h"
+#include "breakpoints.h"
 #include "deadline.h"
 #include "admission.h"
 #include "effect.h"
@@ -899,6 +900,48 @@ boundary_control(Transition *t)
 }
 
 /*
+ * Dev mode (issue 38): does a breakpoint or step mode stop the run before
+ * the step it enters?  Asked only while this database has a breakpoint or
+ * a run in step mode (the gate in shared memory: a run without dev mode
+ * pays one atomic read); then BreakpointsStop decides, from
+ * tuvl.breakpoints and tuvl.dev_runs, who stops it ("breakpoint" or
+ * "step"), and the run parks paused before the step, as a pause does,
+ * until tuvl.resume_run() or tuvl.step_run() lets it enter.  Not asked
+ * when the step goes on after an effect.  Returns true when the run
+ * stopped.
+ */
+static bool
+dev_mode_stop(Transition *t)
+{
+	RunState   *run = t->run;
+	char	   *state_step;
+	const char *by;
+	Checkpoint	cp;
+	JsonObjBuilder b;
+
+	if (!TuvlDevGate())
+		return false;
+	state_step = run->step_state ? JsonGetString(run->step_state, "step") : NULL;
+	if (state_step && strcmp(state_step, t->step->id) == 0)
+		return false;
+	by = BreakpointsStop(run->id, run->principal, run->workflow, t->step->id);
+	if (by == NULL)
+		return false;
+	memset(&cp, 0, sizeof(cp));
+	cp.events = list_copy(t->events);
+	cp.context = run->context;
+	cp.step = t->step->id;
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "step", t->step->id);
+	JsonObjAddString(&b, "by", by);
+	JournalAdd(&cp.events, "paused", t->step->id, t->step->kind_name, JsonObjEnd(&b));
+	cp.status = RUN_PAUSED;
+	cp.step_state = paused_step_state(run->step_state);
+	CheckpointWrite(run, &cp);
+	return true;
+}
+
+/*
  * Everything a transition needs before its step executes: the workflow,
  * the step, the journal events of entering it, the effect just
  * performed, its deadline.  Returns false when operator control ended
@@ -937,6 +980,9 @@ prepare_transition(Transition *t)
 
 	if (run->control && run->fresh_effect == NULL && !CompensationActive(run) &&
 		boundary_control(t))
+		return false;
+	if (!run->replay && run->fresh_effect == NULL && !CompensationActive(run) &&
+		dev_mode_stop(t))
 		return false;
 
 	/* entering the step, or continuing it after an effect? */

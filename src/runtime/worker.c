@@ -54,6 +54,7 @@
 #include "driver.h"
 #include "effect.h"
 #include "http.h"
+#include "breakpoints.h"
 #include "concurrency.h"
 #include "run_control.h"
 #include "timers.h"
@@ -331,6 +332,9 @@ maintenance(bool renew)
 		return;
 	}
 	release_unreleased();
+	/* dev mode's gate, after a start or crash restart (breakpoints.c) */
+	if (!TuvlDevGateCounted())
+		BreakpointsCount();
 	n = LeaseReclaim();
 	n += ControlExpirePauses();
 	n += ControlWakeSleepers();

@@ -62,6 +62,22 @@ static void wake_one(Oid dboid, Oid principal);
 static bool run_changed_pending = false;
 static bool control_changed_pending = false;
 
+/*
+ * Dev mode's gate: what this transaction added (counted already), and
+ * what it removes (counted at its commit), by subtransaction nesting
+ * level, so that a subtransaction's abort takes back its own.  Levels
+ * from DEV_LEVELS - 1 down share the last entry, where an abort takes
+ * nothing back but forgets the removals: the count stays high, which
+ * only costs queries.
+ */
+#define DEV_LEVELS 16
+static int	dev_added[DEV_LEVELS];
+static int	dev_removed[DEV_LEVELS];
+static bool dev_pending = false;
+static bool dev_subxact_registered = false;
+static void dev_gate_apply(int n);
+static void dev_gate_end(bool commit);
+
 Size
 TuvlShmemSize(void)
 {
@@ -96,6 +112,8 @@ TuvlShmemStartup(void)
 		TuvlShmem->nslots = tuvl_max_workers;
 		ConditionVariableInit(&TuvlShmem->run_cv);
 		pg_atomic_init_u64(&TuvlShmem->control_gen, 1);	/* 0: never read */
+		for (int i = 0; i < TUVL_MAX_DATABASES; i++)
+			pg_atomic_init_u32(&TuvlShmem->dbs[i].dev_active, 0);
 	}
 	LWLockRelease(AddinShmemInitLock);
 }
@@ -118,14 +136,22 @@ TuvlXactCallback(XactEvent event, void *arg)
 			if (control_changed_pending && TuvlShmem)
 				pg_atomic_fetch_add_u64(&TuvlShmem->control_gen, 1);
 			deliver_interrupts();
+			dev_gate_end(true);
 			/* FALLTHROUGH */
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
+			dev_gate_end(false);
 			wake_workers_pending = false;
 			wake_principal = InvalidOid;
 			run_changed_pending = false;
 			control_changed_pending = false;
 			n_pending_interrupts = 0;
+			break;
+		case XACT_EVENT_PREPARE:
+			/* its changes count when COMMIT PREPARED or not at all: stay high */
+			memset(dev_added, 0, sizeof(dev_added));
+			memset(dev_removed, 0, sizeof(dev_removed));
+			dev_pending = false;
 			break;
 		default:
 			break;
@@ -265,6 +291,154 @@ TuvlSetExecuting(int64 run_id)
 	if (QueryCancelPending && DeadlineFiredOuter() == DEADLINE_NONE)
 		QueryCancelPending = false;
 	MyTuvlSlot->executing_run = run_id;
+	LWLockRelease(TuvlShmem->lock);
+}
+
+/*
+ * Dev mode's gate (issue 38).  Every run entering a step would ask the
+ * tables whether a breakpoint or step mode stops it (breakpoints.c); this
+ * database's entry counts what could (rows of tuvl.breakpoints, runs of
+ * tuvl.dev_runs in step mode), so a run asks only while the count is not
+ * zero.  The count errs on the side of asking: what a transaction adds
+ * counts at once (and is taken back if it aborts), what it removes
+ * counts from its commit.  After a start or crash restart the entry is
+ * new and uncounted, which also asks, until a worker counts the tables
+ * (BreakpointsCount at its start).  Without the entry (the library not
+ * preloaded, a database the launcher has not seen yet) the gate is open.
+ */
+static TuvlDbEntry *
+dev_entry(void)
+{
+	if (TuvlShmem == NULL || !OidIsValid(MyDatabaseId))
+		return NULL;
+	for (int i = 0; i < TUVL_MAX_DATABASES; i++)
+		if (TuvlShmem->dbs[i].dboid == MyDatabaseId)
+			return &TuvlShmem->dbs[i];
+	return NULL;
+}
+
+static void
+dev_gate_apply(int n)
+{
+	TuvlDbEntry *e = dev_entry();
+
+	if (e && n != 0)
+		pg_atomic_fetch_add_u32(&e->dev_active, (uint32) n);
+}
+
+/* The transaction ends: count its removals (commit) or take back its additions. */
+static void
+dev_gate_end(bool commit)
+{
+	if (!dev_pending)
+		return;
+	for (int i = 0; i < DEV_LEVELS; i++)
+	{
+		dev_gate_apply(commit ? -dev_removed[i] : -dev_added[i]);
+		dev_added[i] = 0;
+		dev_removed[i] = 0;
+	}
+	dev_pending = false;
+}
+
+static void
+dev_subxact_callback(SubXactEvent event, SubTransactionId mySubid,
+					 SubTransactionId parentSubid, void *arg)
+{
+	/* the entry of the subtransaction ending (the top level's is 0) */
+	int			idx = GetCurrentTransactionNestLevel() - 1;
+
+	if (!dev_pending || idx <= 0)
+		return;
+	if (event == SUBXACT_EVENT_ABORT_SUB)
+	{
+		if (idx < DEV_LEVELS - 1)
+			for (int i = idx; i < DEV_LEVELS; i++)
+			{
+				dev_gate_apply(-dev_added[i]);
+				dev_added[i] = 0;
+				dev_removed[i] = 0;
+			}
+		else
+			dev_removed[DEV_LEVELS - 1] = 0;
+	}
+	else if (event == SUBXACT_EVENT_COMMIT_SUB && idx <= DEV_LEVELS - 1)
+	{
+		/* the parent's now (no deeper subtransaction is open) */
+		for (int i = idx; i < DEV_LEVELS; i++)
+		{
+			dev_added[idx - 1] += dev_added[i];
+			dev_removed[idx - 1] += dev_removed[i];
+			dev_added[i] = 0;
+			dev_removed[i] = 0;
+		}
+	}
+}
+
+static int
+dev_level(void)
+{
+	int			level = GetCurrentTransactionNestLevel() - 1;
+
+	if (!dev_subxact_registered)
+	{
+		RegisterSubXactCallback(dev_subxact_callback, NULL);
+		dev_subxact_registered = true;
+	}
+	dev_pending = true;
+	return Min(Max(level, 0), DEV_LEVELS - 1);
+}
+
+/* Must a run entering a step ask whether dev mode stops it? */
+bool
+TuvlDevGate(void)
+{
+	TuvlDbEntry *e = dev_entry();
+
+	if (e == NULL || !e->dev_counted)
+		return true;
+	pg_read_barrier();
+	return (int32) pg_atomic_read_u32(&e->dev_active) != 0;
+}
+
+/* Has the gate of this database been counted from the tables? */
+bool
+TuvlDevGateCounted(void)
+{
+	TuvlDbEntry *e = dev_entry();
+
+	return e == NULL || e->dev_counted;
+}
+
+/* This transaction adds n breakpoints or runs in step mode. */
+void
+TuvlDevGateAdd(int n)
+{
+	dev_added[dev_level()] += n;
+	dev_gate_apply(n);
+}
+
+/* This transaction removes n of them: they stop counting at its commit. */
+void
+TuvlDevGateSubAtCommit(int n)
+{
+	dev_removed[dev_level()] += n;
+}
+
+/*
+ * The count, from the tables, by a transaction that holds them locked
+ * against writers (BreakpointsCount): nothing in flight is missed.
+ */
+void
+TuvlDevGateSet(int n)
+{
+	TuvlDbEntry *e = dev_entry();
+
+	if (e == NULL)
+		return;
+	LWLockAcquire(TuvlShmem->lock, LW_EXCLUSIVE);
+	pg_atomic_write_u32(&e->dev_active, (uint32) n);
+	e->dev_counted = true;
 	LWLockRelease(TuvlShmem->lock);
 }
 

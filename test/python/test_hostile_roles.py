@@ -447,7 +447,7 @@ def test_an_ordinary_role_cannot_lock_tuvls_tables(as_role):
     mallory.autocommit = False
     try:
         for table in ("schedule_slots", "runs", "journal", "workflows", "llms", "artifacts",
-                      "secret_grants", "use_grants", "llm_versions"):
+                      "secret_grants", "use_grants", "llm_versions", "breakpoints", "dev_runs"):
             with pytest.raises(psycopg2.errors.InsufficientPrivilege):
                 q(mallory, f"LOCK TABLE tuvl.{table} IN EXCLUSIVE MODE NOWAIT")
             mallory.rollback()

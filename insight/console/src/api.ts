@@ -1,0 +1,42 @@
+/* api.ts: the console's calls to insight's API, as the signed-in person (the session cookie). */
+export class ApiFailure extends Error {
+    constructor(public status: number, message: string, public sqlstate: string | null,
+                public detail: string | null, public hint: string | null) {
+        super(message);
+    }
+}
+
+let csrf = "";
+export function setCsrf(token: string): void { csrf = token; }
+let onSignedOut: () => void = () => undefined;
+export function whenSignedOut(fn: () => void): void { onSignedOut = fn; }
+
+export async function api<T = any>(method: string, path: string, body?: unknown): Promise<T> {
+    const headers: Record<string, string> = { Accept: "application/json" };
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    if (method !== "GET") headers["X-CSRF-Token"] = csrf;
+    let res: Response;
+    try {
+        res = await fetch(path, { method, headers, credentials: "same-origin", body: body === undefined ? undefined : JSON.stringify(body) });
+    } catch (e) {
+        throw new ApiFailure(0, `the server could not be reached (${(e as Error).message})`, null, null, null);
+    }
+    const text = await res.text();
+    let data: any = null;
+    try { data = text ? JSON.parse(text) : null; } catch { /* not JSON */ }
+    if (!res.ok) {
+        if (res.status === 401 && !path.startsWith("/api/console/session")) onSignedOut();
+        throw new ApiFailure(res.status, data?.message ?? `HTTP ${res.status}`, data?.sqlstate ?? null, data?.detail ?? null, data?.hint ?? null);
+    }
+    return data as T;
+}
+
+export const get = <T = any>(path: string) => api<T>("GET", path);
+export const post = <T = any>(path: string, body: unknown = {}) => api<T>("POST", path, body);
+
+export function qs(params: Record<string, string | number | undefined | null>): string {
+    const p = new URLSearchParams();
+    for (const [k, v] of Object.entries(params)) if (v !== undefined && v !== null && v !== "") p.set(k, String(v));
+    const s = p.toString();
+    return s ? `?${s}` : "";
+}

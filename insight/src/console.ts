@@ -1,0 +1,495 @@
+/*
+ * console.ts: the web console (insight/console/), served at /console, and
+ * the few reads it needs beyond the API, under /api/console/.
+ *
+ * Sign-in, without any state in the server:
+ *
+ *  - With a role and its password: the server opens a connection as that
+ *    role with that password, so PostgreSQL itself checks the password
+ *    (SCRAM, as pg_hba.conf says), and on that connection the role makes
+ *    itself an API token (tuvl.create_token(), every scope, 12 hours),
+ *    then the connection closes.  From then on the person is that token.
+ *  - With an API token: checked by tuvl.authenticate() as any request is.
+ *
+ * The token travels in a cookie (HttpOnly, SameSite=Strict, Path=/,
+ * Secure over HTTPS) that scripts in the page cannot read.  A request
+ * with the cookie and no Authorization header is a request of that token
+ * (this file's onRequest hook turns the one into the other), so every
+ * permission stays the database's: a person sees and may do exactly what
+ * their role may in SQL, within the token's scopes.  A request that
+ * changes something (any method but GET and HEAD) must also carry the
+ * header X-CSRF-Token with the value the sign-in returned (a SHA-256 of
+ * the token, which another site can neither read nor compute), and, when
+ * the browser sends Origin, come from the server's own origin.  Signing
+ * out revokes a token that a password sign-in made, and clears the
+ * cookie.
+ */
+import { createHash, timingSafeEqual } from "node:crypto";
+import { existsSync, readFileSync, statSync } from "node:fs";
+import { dirname, extname, join, normalize } from "node:path";
+import { fileURLToPath } from "node:url";
+
+import pg from "pg";
+import type { ConnSettings } from "./conninfo.js";
+import { connectFirst } from "./target.js";
+import type { FastifyInstance, FastifyReply, FastifyRequest } from "fastify";
+
+import type { Database } from "./db.js";
+import { wellFormedToken } from "./db.js";
+import { ApiError, errors, toApiError } from "./errors.js";
+import * as ops from "./ops.js";
+
+const COOKIE = "tuvl_session";
+const SESSION_HOURS = 12;
+const ALL_SCOPES = ["runs:start", "runs:read", "runs:control", "people:answer", "workflows:write", "admin"];
+/* counts by status look at this many of the newest runs at most */
+const COUNT_WINDOW = 50_000;
+/* a text filter looks at this many of the newest runs the other filters select */
+export const TEXT_WINDOW = 20_000;
+
+type Q = ops.Query;
+type Row = Record<string, unknown>;
+
+export interface ConsoleOptions {
+    db: ConnSettings;
+    authDelayMs: number;
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+export function csrfOf(token: string): string {
+    return createHash("sha256").update("tuvl console csrf\0" + token).digest("base64url");
+}
+
+function cookies(req: FastifyRequest): Record<string, string> {
+    const out: Record<string, string> = {};
+    for (const part of (req.headers.cookie ?? "").split(";")) {
+        const i = part.indexOf("=");
+        if (i > 0) out[part.slice(0, i).trim()] = decodeURIComponent(part.slice(i + 1).trim());
+    }
+    return out;
+}
+
+/* The session cookie's value: "p." (made by a password sign-in) or "t." and the token. */
+function session(req: FastifyRequest): { token: string; minted: boolean } | null {
+    const v = cookies(req)[COOKIE];
+    if (!v || v.length < 3 || (v[0] !== "p" && v[0] !== "t") || v[1] !== ".") return null;
+    const token = v.slice(2);
+    if (!wellFormedToken(token)) return null;
+    return { token, minted: v[0] === "p" };
+}
+
+function sameText(a: string, b: string): boolean {
+    const x = Buffer.from(a);
+    const y = Buffer.from(b);
+    return x.length === y.length && timingSafeEqual(x, y);
+}
+
+function setCookie(req: FastifyRequest, reply: FastifyReply, value: string, maxAge: number): void {
+    const secure = req.protocol === "https" ? "; Secure" : "";
+    reply.header("Set-Cookie", `${COOKIE}=${encodeURIComponent(value)}; Path=/; HttpOnly; SameSite=Strict; Max-Age=${maxAge}${secure}`);
+}
+
+function positive(text: string | undefined, what: string): number | undefined {
+    if (text === undefined || text === "") return undefined;
+    if (!/^[0-9]{1,18}$/.test(text) || Number(text) <= 0) throw errors.badRequest(`${what} must be a positive integer`);
+    return Number(text);
+}
+
+function queryOf(req: FastifyRequest): Record<string, string | undefined> {
+    const q = (req.query ?? {}) as Record<string, unknown>;
+    const out: Record<string, string | undefined> = {};
+    for (const [k, v] of Object.entries(q)) out[k] = Array.isArray(v) ? String(v[v.length - 1]) : v === undefined ? undefined : String(v);
+    return out;
+}
+
+function bodyOf(req: FastifyRequest): Row {
+    const raw = typeof req.body === "string" ? req.body : "";
+    if (raw.trim() === "") return {};
+    let v: unknown;
+    try {
+        v = JSON.parse(raw);
+    } catch (e) {
+        throw errors.badJson((e as Error).message);
+    }
+    if (v === null || typeof v !== "object" || Array.isArray(v)) throw errors.badRequest("the request body must be a JSON object");
+    return v as Row;
+}
+
+/* ------------------------------------------------------------ the reads */
+
+export interface ConsoleRunFilter {
+    workflow?: string | undefined;
+    status?: string[] | undefined;
+    key?: string | undefined;
+    from?: string | undefined;
+    to?: string | undefined;
+    text?: string | undefined;
+    before?: number | undefined;
+    limit: number;
+}
+
+/*
+ * The runs page: newest first, by id (the primary key: keyset paging
+ * stays one index scan however many runs there are); text is searched
+ * in the input and the response.
+ */
+const RUNS_WHERE = `
+    ($1::text IS NULL OR r.workflow OPERATOR(pg_catalog.=) $1)
+    AND ($2::text[] IS NULL OR r.status OPERATOR(pg_catalog.=) ANY ($2::text[]))
+    AND ($3::text IS NULL OR r.key OPERATOR(pg_catalog.=) $3)
+    AND ($4::timestamptz IS NULL OR r.created_at OPERATOR(pg_catalog.>=) $4::timestamptz)
+    AND ($5::timestamptz IS NULL OR r.created_at OPERATOR(pg_catalog.<) $5::timestamptz)
+    AND ($6::text IS NULL OR pg_catalog.strpos(pg_catalog.lower(r.input::text), pg_catalog.lower($6)) OPERATOR(pg_catalog.>) 0
+         OR pg_catalog.strpos(pg_catalog.lower(coalesce(r.response::text, '')), pg_catalog.lower($6)) OPERATOR(pg_catalog.>) 0)`;
+
+/* the filters but the text, and the page: where a text search looks ($6 unused) */
+const WINDOW_WHERE = `
+    ($1::text IS NULL OR r.workflow OPERATOR(pg_catalog.=) $1)
+    AND ($2::text[] IS NULL OR r.status OPERATOR(pg_catalog.=) ANY ($2::text[]))
+    AND ($3::text IS NULL OR r.key OPERATOR(pg_catalog.=) $3)
+    AND ($4::timestamptz IS NULL OR r.created_at OPERATOR(pg_catalog.>=) $4::timestamptz)
+    AND ($5::timestamptz IS NULL OR r.created_at OPERATOR(pg_catalog.<) $5::timestamptz)
+    AND ($7::bigint IS NULL OR r.id OPERATOR(pg_catalog.<) $7)
+    AND ($6::text IS NULL OR true)`;
+
+/* Where the text window of a search ended (null: it reached the oldest run). */
+export async function consoleTextWindowEnd(q: Q, f: ConsoleRunFilter): Promise<number | null> {
+    const [w] = await q<{ last: number | null }>(
+        `SELECT pg_catalog.min(x.id) AS last FROM (SELECT r.id FROM tuvl.runs r WHERE ${WINDOW_WHERE}
+                                                  ORDER BY r.id DESC LIMIT ${TEXT_WINDOW}) x
+         HAVING pg_catalog.count(*) OPERATOR(pg_catalog.=) ${TEXT_WINDOW}`, [...filterParams(f), f.before ?? null]);
+    return w?.last ?? null;
+}
+
+function filterParams(f: ConsoleRunFilter): unknown[] {
+    return [f.workflow ?? null, f.status ?? null, f.key ?? null, f.from ?? null, f.to ?? null, f.text ?? null];
+}
+
+export async function consoleRuns(q: Q, f: ConsoleRunFilter): Promise<Row[]> {
+    await q("SELECT tuvl._require_scope('runs:read')");
+    /*
+     * Text is searched among the TEXT_WINDOW newest runs (before the page)
+     * that the other filters select: a text found in no run would
+     * otherwise read every run's input and response.
+     */
+    return q(`SELECT r.id, r.workflow, r.workflow_version AS version, r.status, r.current_step AS step,
+                     r.end_name AS "end", r.key, r.principal, r.parent_run_id, r.created_at, r.started_at,
+                     r.finished_at, r.last_seq
+              FROM (SELECT r.* FROM tuvl.runs r
+                    WHERE ${WINDOW_WHERE}
+                    ORDER BY r.id DESC
+                    LIMIT CASE WHEN $6::text IS NULL THEN $8 ELSE ${TEXT_WINDOW} END) r
+              WHERE ${RUNS_WHERE}
+              ORDER BY r.id DESC LIMIT $8`, [...filterParams(f), f.before ?? null, f.limit]);
+}
+
+/* Counts by status of the runs the filter selects, among the newest COUNT_WINDOW of them. */
+export async function consoleCounts(q: Q, f: ConsoleRunFilter): Promise<{ counts: Record<string, number>; window: number; capped: boolean }> {
+    await q("SELECT tuvl._require_scope('runs:read')");
+    const rows = await q<{ status: string; n: number }>(
+        `SELECT w.status, pg_catalog.count(*) AS n
+         FROM (SELECT r.status FROM tuvl.runs r WHERE ${RUNS_WHERE} ORDER BY r.id DESC LIMIT $7) w
+         GROUP BY w.status`, [...filterParams(f), COUNT_WINDOW + 1]);
+    const counts: Record<string, number> = {};
+    let total = 0;
+    for (const r of rows) {
+        counts[r.status] = Number(r.n);
+        total += Number(r.n);
+    }
+    return { counts, window: COUNT_WINDOW, capped: total > COUNT_WINDOW };
+}
+
+/* A run for its page: the run, its parent and children, its workflow's graph and breakpoints. */
+export async function consoleRun(q: Q, id: number): Promise<Row> {
+    const run = await ops.getRun(q, id);
+    const [parent] = await q(`SELECT r.id, r.workflow, r.status FROM tuvl.runs r
+                              WHERE r.id OPERATOR(pg_catalog.=) $1`, [run.parent_run_id ?? null]);
+    const children = await q(`SELECT r.id, r.workflow, r.status, r.current_step AS step, r.created_at
+                              FROM tuvl.runs r WHERE r.parent_run_id OPERATOR(pg_catalog.=) $1
+                              ORDER BY r.id LIMIT 500`, [id]);
+    let graph: string | null = null;
+    const [wf] = await q<{ source: string; steps: unknown }>(
+        `SELECT w.source, w.definition OPERATOR(pg_catalog.->) 'steps' AS steps FROM tuvl.workflows w
+         WHERE w.name OPERATOR(pg_catalog.=) $1 AND w.version OPERATOR(pg_catalog.=) $2`, [run.workflow, run.version]);
+    try {
+        await q("SAVEPOINT graph");
+        [{ graph }] = await q<{ graph: string }>("SELECT tuvl.graph($1, 'dot') AS graph", [run.workflow]);
+        await q("RELEASE SAVEPOINT graph");
+    } catch {
+        await q("ROLLBACK TO SAVEPOINT graph");
+    }
+    const breakpoints = await q<{ step: string }>(
+        `SELECT b.step FROM tuvl.breakpoints b WHERE b.workflow OPERATOR(pg_catalog.=) $1 ORDER BY b.step`, [run.workflow]);
+    return {
+        run, parent: parent ?? null, children, graph, source: wf?.source ?? null,
+        steps: Array.isArray(wf?.steps) ? (wf.steps as Row[]).map((s) => ({ id: s.id, kind: s.kind })) : [],
+        breakpoints: breakpoints.map((b) => b.step),
+    };
+}
+
+/*
+ * A run's whole journal for its page, in one read: the events as the
+ * event stream sends them (without summaries), aggregated to JSON text by
+ * the database and passed through as it is, and the seq the stream goes
+ * on from.  The page renders it once and then follows the stream after
+ * last_seq, instead of taking a long run's journal from the stream in
+ * pages and rendering at each.
+ */
+export async function consoleJournal(q: Q, id: number): Promise<string> {
+    await q("SELECT tuvl._require_scope('runs:read')");
+    const [row] = await q<{ body: string | null }>(
+        `SELECT pg_catalog.json_build_object('run_id', r.id, 'status', r.status, 'last_seq', r.last_seq,
+                    'events', coalesce((SELECT pg_catalog.json_agg(pg_catalog.json_build_object(
+                                 'run_id', e.run_id, 'seq', e.seq, 'ts', e.ts, 'type', e.type, 'agent_id', e.agent_id,
+                                 'engine', e.engine, 'tokens', e.tokens, 'latency_ms', e.latency_ms, 'payload', e.payload)
+                               ORDER BY e.seq)
+                         FROM tuvl.events e WHERE e.run_id OPERATOR(pg_catalog.=) r.id), '[]'::pg_catalog.json))::text AS body
+         FROM tuvl.runs r WHERE r.id OPERATOR(pg_catalog.=) $1`, [id]);
+    if (!row?.body) throw ops.runMissing(id);
+    return row.body;
+}
+
+export async function consoleWorkflows(q: Q): Promise<Row[]> {
+    return q(`SELECT w.name, pg_catalog.max(w.version) AS version, pg_catalog.count(*) AS versions,
+                     (pg_catalog.array_agg(w.owner::text ORDER BY w.version DESC))[1] AS owner,
+                     pg_catalog.max(w.created_at) AS updated_at,
+                     (pg_catalog.array_agg(w.definition OPERATOR(pg_catalog.->>) 'description' ORDER BY w.version DESC))[1] AS description
+              FROM tuvl.workflows w GROUP BY w.name ORDER BY w.name`);
+}
+
+export async function consoleWorkflow(q: Q, name: string, version: number | undefined): Promise<Row> {
+    const versions = await q(`SELECT w.version, w.owner::text AS owner, w.created_at FROM tuvl.workflows w
+                              WHERE w.name OPERATOR(pg_catalog.=) $1 ORDER BY w.version DESC`, [name]);
+    if (versions.length === 0)
+        throw new ApiError(404, "42704", `workflow "${name.slice(0, 80)}" does not exist`, { hint: "Register it with tuvl.register_workflow()." });
+    const v = version ?? Number(versions[0].version);
+    const [w] = await q<{ source: string; steps: unknown }>(
+        `SELECT w.source, w.definition OPERATOR(pg_catalog.->) 'steps' AS steps FROM tuvl.workflows w
+         WHERE w.name OPERATOR(pg_catalog.=) $1 AND w.version OPERATOR(pg_catalog.=) $2`, [name, v]);
+    if (!w) throw new ApiError(404, "42704", `workflow "${name.slice(0, 80)}" has no version ${v}`);
+    const [{ graph }] = await q<{ graph: string }>("SELECT tuvl.graph($1, 'dot') AS graph", [name]);
+    const breakpoints = await q<{ step: string }>(
+        `SELECT b.step FROM tuvl.breakpoints b WHERE b.workflow OPERATOR(pg_catalog.=) $1 ORDER BY b.step`, [name]);
+    return {
+        name, version: v, versions, source: w.source, graph,
+        steps: Array.isArray(w.steps) ? (w.steps as Row[]).map((s) => ({ id: s.id, kind: s.kind })) : [],
+        breakpoints: breakpoints.map((b) => b.step),
+    };
+}
+
+export async function consoleMetrics(q: Q): Promise<Row[]> {
+    await q("SELECT tuvl._require_scope('runs:read')");
+    return q("SELECT m.name, m.kind, m.labels, m.value FROM tuvl.metrics m ORDER BY m.name, m.labels::text");
+}
+
+export async function consoleWorkers(q: Q): Promise<Row[]> {
+    return q(`SELECT w.pid, w.database, w.worker, w.runs_held, w.transfers_in_flight, w.peak_transfers_in_flight,
+                     w.heartbeat, EXTRACT(epoch FROM w.since_heartbeat)::float8 AS since_heartbeat_s, w.state
+              FROM tuvl.workers w ORDER BY w.pid`);
+}
+
+/* ------------------------------------------------------------ static files */
+
+const TYPES: Record<string, string> = {
+    ".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml", ".png": "image/png", ".json": "application/json", ".ico": "image/x-icon",
+    ".woff2": "font/woff2", ".map": "application/json",
+};
+
+/* insight/console/dist, beside insight/dist where this file is built to */
+export function consoleDir(): string {
+    return join(dirname(fileURLToPath(import.meta.url)), "..", "console", "dist");
+}
+
+/* ------------------------------------------------------------ the routes */
+
+export function registerConsole(app: FastifyInstance, db: Database, opts: ConsoleOptions): void {
+    const root = consoleDir();
+
+    /* a request with the session cookie and no Authorization header is the cookie's token's */
+    app.addHook("onRequest", async (req) => {
+        if (req.headers.authorization || !req.url.startsWith("/api/")) return;
+        const s = session(req);
+        if (!s) return;
+        if (req.method !== "GET" && req.method !== "HEAD") {
+            const sent = req.headers["x-csrf-token"];
+            if (typeof sent !== "string" || !sameText(sent, csrfOf(s.token)))
+                throw new ApiError(403, "42501", "the request has no valid CSRF token",
+                                   { hint: "Requests of the console send the X-CSRF-Token header its sign-in returned." });
+            const origin = req.headers.origin;
+            if (origin && origin !== "null" && new URL(origin).host !== req.headers.host)
+                throw new ApiError(403, "42501", "the request comes from another site");
+        }
+        req.headers.authorization = `Bearer ${s.token}`;
+    });
+
+    const as = async <T>(req: FastifyRequest, fn: (q: Q) => Promise<T>): Promise<T> => {
+        const h = req.headers.authorization;
+        const m = h ? /^Bearer[ \t]+(\S+)[ \t]*$/i.exec(h) : null;
+        if (!m || !wellFormedToken(m[1])) throw errors.noToken();
+        try {
+            return await db.asCaller({ kind: "token", token: m[1] }, (tx) => fn(tx.query as Q));
+        } catch (e) {
+            const err = toApiError(e);
+            if (err.sqlstate === "28000") {
+                await sleep(opts.authDelayMs * (0.75 + Math.random() / 2));
+                throw new ApiError(401, "28000", err.message, { detail: err.detail, hint: err.hint });
+            }
+            throw e;
+        }
+    };
+
+    /* who am I: the role, the token's scopes, the CSRF token */
+    const whoami = (token: string) => async (q: Q) => (await q<{ role: string; operator: boolean; scopes: string[] | null }>(
+        `SELECT CURRENT_USER::text AS role, pg_catalog.pg_has_role('tuvl_operator', 'USAGE') AS operator,
+                (SELECT t.scopes FROM tuvl.tokens t WHERE t.id OPERATOR(pg_catalog.=) $1) AS scopes`,
+        [Number(token.split("_")[1])]))[0];
+
+    app.post("/api/console/session", async (req, reply) => {
+        const body = bodyOf(req);
+        let token: string;
+        let minted = false;
+        if (typeof body.token === "string") {
+            token = body.token.trim();
+            if (!wellFormedToken(token)) {
+                await sleep(opts.authDelayMs * (0.75 + Math.random() / 2));
+                throw new ApiError(401, "28000", "invalid token", { detail: "The token is malformed, unknown, revoked or expired." });
+            }
+        } else if (typeof body.role === "string" && typeof body.password === "string") {
+            if (body.role === "" || body.role.length > 63) throw errors.badRequest("role must name a role");
+            let client: pg.Client;
+            try {
+                /* the host the server's settings choose (the primary, after a failover) */
+                ({ client } = await connectFirst(opts.db, { user: body.role, password: body.password,
+                    application_name: "tuvl insight sign-in" }));
+            } catch (e) {
+                const code = (e as { code?: string }).code;
+                await sleep(opts.authDelayMs * (0.75 + Math.random() / 2));
+                if (code === "28P01" || code === "28000" || code === "3D000")
+                    throw new ApiError(401, "28000", "sign-in failed", { detail: "The role or the password is wrong, or the role may not connect." });
+                throw new ApiError(503, "08006", "the server could not connect to the database", { hint: "Try again later." });
+            }
+            try {
+                const { rows } = await client.query<{ token: string }>(
+                    "SELECT tuvl.create_token(CURRENT_USER::pg_catalog.regrole, $1::text[], $2::pg_catalog.interval) AS token",
+                    [ALL_SCOPES, `${SESSION_HOURS} hours`]);
+                token = rows[0].token;
+                minted = true;
+            } catch (e) {
+                const err = toApiError(e);
+                throw new ApiError(403, err.sqlstate ?? "42501", "the role may not use tuvl", { detail: err.message, hint: "Grant it tuvl_user." });
+            } finally {
+                await client.end().catch(() => undefined);
+            }
+        } else throw errors.badRequest("sign in with {\"role\", \"password\"} or {\"token\"}");
+        const me = await as({ headers: { authorization: `Bearer ${token}` } } as FastifyRequest, whoami(token));
+        setCookie(req, reply, `${minted ? "p" : "t"}.${token}`, SESSION_HOURS * 3600);
+        return { role: me.role, operator: me.operator, scopes: me.scopes, csrf: csrfOf(token), signed_in_with: minted ? "password" : "token" };
+    });
+
+    app.get("/api/console/session", async (req) => {
+        const s = session(req);
+        if (!s || req.headers.authorization !== `Bearer ${s.token}`) throw errors.noToken();
+        const me = await as(req, whoami(s.token));
+        return { role: me.role, operator: me.operator, scopes: me.scopes, csrf: csrfOf(s.token), signed_in_with: s.minted ? "password" : "token" };
+    });
+
+    app.delete("/api/console/session", async (req, reply) => {
+        const s = session(req);
+        if (s && s.minted) {
+            try {
+                await as(req, (q) => q("SELECT tuvl.revoke_token($1)", [Number(s.token.split("_")[1])]));
+            } catch { /* already revoked or expired: signed out all the same */ }
+        }
+        setCookie(req, reply, "", 0);
+        return { signed_out: true };
+    });
+
+    const filterOf = (req: FastifyRequest): ConsoleRunFilter => {
+        const q = queryOf(req);
+        const status = q.status ? q.status.split(",").map((s) => s.trim()).filter(Boolean) : undefined;
+        for (const s of status ?? [])
+            if (!ops.STATUSES.includes(s)) throw errors.badRequest(`"${s.slice(0, 40)}" is not a status`);
+        const limit = positive(q.limit, "limit") ?? 50;
+        if (limit > 500) throw errors.badRequest("limit must be at most 500");
+        for (const t of [q.from, q.to])
+            if (t && Number.isNaN(Date.parse(t))) throw errors.badRequest(`"${t.slice(0, 40)}" is not a time`);
+        return {
+            workflow: q.workflow || undefined, status, key: q.key || undefined, from: q.from || undefined,
+            to: q.to || undefined, text: q.q || undefined, before: positive(q.before, "before"), limit,
+        };
+    };
+
+    app.get("/api/console/runs", async (req) => {
+        const f = filterOf(req);
+        const runs = await as(req, (q) => consoleRuns(q, f));
+        /* a text search goes on from where its window ended, even when it found less than a page */
+        let next: unknown = runs.length === f.limit ? runs[runs.length - 1].id : null;
+        if (f.text && next === null) {
+            next = await as(req, (q) => consoleTextWindowEnd(q, f));
+        }
+        return { runs, next_before: next, text_window: f.text ? TEXT_WINDOW : undefined };
+    });
+    app.get("/api/console/counts", async (req) => {
+        const f = filterOf(req);
+        return as(req, (q) => consoleCounts(q, f));
+    });
+    app.get("/api/console/runs/:id", async (req) => {
+        const id = positive((req.params as { id: string }).id, "run id") as number;
+        return as(req, (q) => consoleRun(q, id));
+    });
+    app.get("/api/console/runs/:id/journal", async (req, reply) => {
+        const id = positive((req.params as { id: string }).id, "run id") as number;
+        const body = await as(req, (q) => consoleJournal(q, id));
+        return reply.type("application/json; charset=utf-8").send(body);
+    });
+    app.get("/api/console/workflows", async (req) => ({ workflows: await as(req, consoleWorkflows) }));
+    app.get("/api/console/workflows/:name", async (req) => {
+        const name = (req.params as { name: string }).name;
+        const version = positive(queryOf(req).version, "version");
+        return as(req, (q) => consoleWorkflow(q, name, version));
+    });
+    app.get("/api/console/metrics", async (req) => ({ metrics: await as(req, consoleMetrics) }));
+    app.get("/api/console/workers", async (req) => ({ workers: await as(req, consoleWorkers) }));
+
+    /* dev mode: breakpoints and step mode (tuvl.set_breakpoint, clear_breakpoint, step_run) */
+    app.post("/api/console/breakpoints", async (req) => {
+        const b = bodyOf(req);
+        if (typeof b.workflow !== "string" || typeof b.step !== "string") throw errors.badRequest("send {\"workflow\", \"step\"}");
+        const on = b.on !== false;
+        await as(req, (q) => q(on ? "SELECT tuvl.set_breakpoint($1, $2)" : "SELECT tuvl.clear_breakpoint($1, $2)", [b.workflow, b.step]));
+        return { workflow: b.workflow, step: b.step, on };
+    });
+    app.post("/api/runs/:id/step", async (req) => {
+        const id = positive((req.params as { id: string }).id, "run id") as number;
+        return as(req, async (q) => {
+            await q("SELECT tuvl.step_run($1)", [id]);
+            const [s] = await q<{ status: string }>("SELECT status FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1", [id]);
+            return { run_id: id, status: s ? s.status : null };
+        });
+    });
+
+    /* the application: files of insight/console/dist, index.html for every page of it */
+    const index = join(root, "index.html");
+    const sendFile = (reply: FastifyReply, file: string) => {
+        const type = TYPES[extname(file)] ?? "application/octet-stream";
+        reply.header("Content-Type", type);
+        reply.header("Cache-Control", file.endsWith("index.html") ? "no-cache" : "public, max-age=3600");
+        reply.header("Content-Security-Policy",
+                     "default-src 'self'; script-src 'self' 'unsafe-eval'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'");
+        reply.header("X-Frame-Options", "DENY");
+        reply.header("Referrer-Policy", "no-referrer");
+        return reply.send(readFileSync(file));
+    };
+    app.get("/", async (_req, reply) => reply.redirect("/console/"));
+    app.get("/console", async (_req, reply) => reply.redirect("/console/"));
+    app.get("/console/*", async (req, reply) => {
+        if (!existsSync(index))
+            throw new ApiError(503, null, "the console is not built", { hint: "Run insight/tuvl once (it builds insight/console/dist)." });
+        const rel = normalize("/" + ((req.params as { "*": string })["*"] ?? "")).replace(/^\/+/, "");
+        const file = join(root, rel);
+        if (rel !== "" && file.startsWith(root + "/") && existsSync(file) && statSync(file).isFile()) return sendFile(reply, file);
+        return sendFile(reply, index);
+    });
+}
