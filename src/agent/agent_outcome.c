@@ -440,6 +440,7 @@ cap_of(Jsonb *obj, const char *key)
 static double
 run_cost(RunState *run)
 {
+	static const Oid types[1] = {INT8OID};
 	Datum		values[1] = {Int64GetDatum(run->id)};
 	SecurityFrame frame;
 	double		cost = 0;
@@ -447,7 +448,7 @@ run_cost(RunState *run)
 
 	SecurityAsOwner(&frame);
 	if (SpiExec("SELECT cost FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1", 1,
-				(Oid[]) {INT8OID}, values, NULL, SPI_OK_SELECT) == 1)
+				types, values, NULL, SPI_OK_SELECT) == 1)
 	{
 		Datum		d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
 

@@ -355,6 +355,8 @@ pin_effects(int64 id, Jsonb *pending_requests, int64 *tokens)
 static JsonbValue *
 replay_cost(int64 run_id)
 {
+	static const Oid types[1] = {INT8OID};
+	Datum		values[1] = {Int64GetDatum(run_id)};
 	JsonbValue *v = palloc0(sizeof(JsonbValue));
 	bool		isnull;
 	SecurityFrame frame;
@@ -364,7 +366,7 @@ replay_cost(int64 run_id)
 	v->val.numeric = int64_to_numeric(0);
 	SecurityAsOwner(&frame);
 	n = SpiExec("SELECT cost::pg_catalog.numeric FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1", 1,
-				(Oid[]) {INT8OID}, (Datum[]) {Int64GetDatum(run_id)}, NULL, SPI_OK_SELECT);
+				types, values, NULL, SPI_OK_SELECT);
 	SecurityRestore(&frame);
 	if (n == 1)
 	{

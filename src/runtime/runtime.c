@@ -524,6 +524,7 @@ count_tokens(Transition *t, Jsonb *payload)
 static void
 count_cost(Transition *t, Jsonb *payload)
 {
+	static const Oid cost_types[2] = {INT8OID, FLOAT8OID};
 	JsonbValue *c = JsonGetField(payload, "cost");
 	double		cost;
 	MetricLabel labels[4] = {
@@ -540,7 +541,7 @@ count_cost(Transition *t, Jsonb *payload)
 		elog(ERROR, "could not connect to SPI");
 	SecurityExecArgs("UPDATE tuvl.runs SET cost = cost OPERATOR(pg_catalog.+) $2 "
 					 "WHERE id OPERATOR(pg_catalog.=) $1",
-					 SPI_OK_UPDATE, 2, (Oid[]) {INT8OID, FLOAT8OID},
+					 SPI_OK_UPDATE, 2, cost_types,
 					 Int64GetDatum(t->run->id), Float8GetDatum(cost));
 	SPI_finish();
 }
