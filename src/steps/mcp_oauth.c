@@ -591,6 +591,28 @@ store_tokens(const char *url, Oid role, Jsonb *tok, const char *token_endpoint,
  * POST a token request (form) with the client's authentication; returns
  * the answer's JSON (tokens), raising for a refusal.
  */
+/*
+ * The credentials of client_secret_basic (RFC 6749 2.3.1): the client id
+ * and secret, each form-encoded, joined by a colon, in base64.
+ */
+static char *
+basic_credentials(const char *client_id, const char *client_secret)
+{
+	char	   *id = curl_easy_escape(NULL, client_id, 0);
+	char	   *sec = curl_easy_escape(NULL, client_secret, 0);
+	char	   *pair = psprintf("%s:%s", id, sec);
+	int			cap = pg_b64_enc_len(strlen(pair)) + 1;
+	char	   *b64 = palloc0(cap);
+	int			n = pg_b64_encode(pair, strlen(pair), b64, cap);
+
+	curl_free(id);
+	curl_free(sec);
+	if (n < 0)
+		elog(ERROR, "could not encode base64");
+	b64[n] = '\0';
+	return b64;
+}
+
 static Jsonb *
 token_request(const char *url, const char *endpoint, StringInfo form, const char *client_id,
 			  const char *client_secret, const char *auth_method)
@@ -606,19 +628,8 @@ token_request(const char *url, const char *endpoint, StringInfo form, const char
 		secrets = lappend(secrets, (char *) client_secret);
 	if (strcmp(auth_method, "client_secret_basic") == 0 && client_secret)
 	{
-		/* RFC 6749 2.3.1: both form-encoded, then Basic */
-		char	   *id = curl_easy_escape(NULL, client_id, 0);
-		char	   *sec = curl_easy_escape(NULL, client_secret, 0);
-		char	   *pair = psprintf("%s:%s", id, sec);
-		int			cap = pg_b64_enc_len(strlen(pair)) + 1;
-		char	   *b64 = palloc0(cap);
-		int			n = pg_b64_encode(pair, strlen(pair), b64, cap);
+		char	   *b64 = basic_credentials(client_id, client_secret);
 
-		curl_free(id);
-		curl_free(sec);
-		if (n < 0)
-			elog(ERROR, "could not encode base64");
-		b64[n] = '\0';
 		h = palloc(sizeof(HttpHeader));
 		h->name = "Authorization";
 		h->value = psprintf("Basic %s", b64);
@@ -1319,18 +1330,8 @@ token_effect(RunState *run, int n, const char *endpoint, StringInfo form, const 
 	headers = lappend(headers, h);
 	if (strcmp(method, "client_secret_basic") == 0 && client_secret)
 	{
-		char	   *id = curl_easy_escape(NULL, client_id ? client_id : "", 0);
-		char	   *sec = curl_easy_escape(NULL, client_secret, 0);
-		char	   *pair = psprintf("%s:%s", id, sec);
-		int			cap = pg_b64_enc_len(strlen(pair)) + 1;
-		char	   *b64 = palloc0(cap);
-		int			len = pg_b64_encode(pair, strlen(pair), b64, cap);
+		char	   *b64 = basic_credentials(client_id ? client_id : "", client_secret);
 
-		curl_free(id);
-		curl_free(sec);
-		if (len < 0)
-			elog(ERROR, "could not encode base64");
-		b64[len] = '\0';
 		h = palloc(sizeof(HttpHeader));
 		h->name = "Authorization";
 		h->value = psprintf("Basic %s", b64);
