@@ -16,7 +16,7 @@ FROM unnest(ARRAY['id', 'workflow', 'workflow_version', 'status', 'input', 'cont
                   'lease_expires_at', 'created_at', 'started_at', 'finished_at', 'principal']) AS c;
 SELECT has_function('tuvl', 'register_workflow', ARRAY['text']);
 SELECT has_function('tuvl', 'validate', ARRAY['text', 'boolean']);
-SELECT has_function('tuvl', 'start_run', ARRAY['text', 'jsonb', 'text', 'timestamp with time zone', 'integer', 'integer', 'text']);
+SELECT has_function('tuvl', 'start_run', ARRAY['text', 'jsonb', 'text', 'timestamp with time zone', 'integer', 'integer', 'text', 'interval']);
 SELECT has_function('tuvl', 'run', ARRAY['text', 'jsonb', 'interval']);
 SELECT has_function('tuvl', 'wait', ARRAY['bigint', 'interval']);
 SELECT has_function('tuvl', 'metrics_prometheus', ARRAY[]::text[]);

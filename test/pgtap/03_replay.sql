@@ -106,7 +106,7 @@ CREATE TEMP TABLE replayed AS
 SELECT tuvl.replay(fixture) AS r FROM fixtures WHERE name = 'large_approved';
 SELECT is((SELECT r - 'transitions' FROM replayed),
     '{"status": "completed", "end": "done", "response": {"refunded": 900}, "effects_served": 1,
-      "effects_live": 0, "tokens_spent": 0, "tokens_recorded": 0, "workflow_version": 1}'::jsonb,
+      "effects_live": 0, "tokens_spent": 0, "cost_recorded": 0, "tokens_recorded": 0, "workflow_version": 1}'::jsonb,
     'tuvl.replay() returns the end, the response and what it served');
 SELECT is((SELECT count(*) FROM tap_replay.refunds WHERE order_id = 2)::int, 2,
     'SQL steps really execute during a replay (two approved replays, two rows)');
