@@ -86,6 +86,16 @@ export class Database {
             }
         }
         this.pool = new pg.Pool({ ...target.settings.base, max, idleTimeoutMillis: 600_000, pipeline: true, Client: TargetClient } as unknown as pg.PoolConfig);
+        /*
+         * A connection that breaks while a request holds it (a server
+         * killed, a backend terminated) emits "error" on its client, and
+         * the pool listens only while the client is idle: without a
+         * listener of its own, that error would end the whole process.
+         * The request's statement fails with the same error and answers it.
+         */
+        this.pool.on("connect", (client) => {
+            client.on("error", () => undefined);
+        });
         /* an idle client whose connection broke: the pool drops it */
         this.pool.on("error", (e, client) => {
             this.log(`database connection lost: ${e.message}`);

@@ -513,3 +513,24 @@ test("hostile: no token in the server's log or answers, CORS only for the config
 });
 
 export { start, until, runStatus };
+
+test("a connection killed in the middle of a request is a 503, and the server goes on", async () => {
+    /* the synchronous path runs the workflow in the request's own transaction */
+    const pending = start("sleepy", {}, { query: "?wait=10s" });
+    let killed = 0;
+    await until(async () => {
+        const rows = await sql(`SELECT pg_terminate_backend(pid) AS t FROM pg_stat_activity
+                                WHERE usename = 'insight_auth' AND state = 'active' AND query LIKE '%tuvl.run(%'`);
+        killed = rows.filter((r) => r.t).length;
+        return killed > 0;
+    }, "the request's backend", 10_000);
+    const r = await pending;
+    assert.equal(r.status, 503, r.text);
+    assert.equal(r.json.sqlstate, "08006");
+    assert.ok(r.headers.get("retry-after"), "a 503 says when to try again");
+    /* the server is still up, and its pool has a working connection again */
+    assert.equal(server.child.exitCode, null, server.log.text.slice(-2000));
+    const ok = await start("greet", { input: { name: "after" } });
+    assert.equal(ok.status, 202, ok.text);
+    assert.equal((await api("GET", "/health")).status, 200);
+});
