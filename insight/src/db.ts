@@ -54,9 +54,13 @@ const AUTH_ROUTER_SQL = {
     text: "SELECT pg_catalog.set_config('role', tuvl_router.authenticate($1), true) AS role",
 };
 
-/* Does text look like a token tuvl.create_token() made? (checked before any query) */
+/*
+ * Does text look like a token tuvl.create_token() made? (checked before
+ * any query)  Its secret is 32 bytes in 43 base64url characters, whose
+ * last one carries 2 bits of padding that are 0.
+ */
 export function wellFormedToken(text: string): boolean {
-    return /^tuvl_[1-9][0-9]{0,18}_[A-Za-z0-9_-]{43}$/.test(text);
+    return /^tuvl_[1-9][0-9]{0,18}_[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048]$/.test(text);
 }
 
 /*

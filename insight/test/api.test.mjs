@@ -534,3 +534,27 @@ test("a connection killed in the middle of a request is a 503, and the server go
     assert.equal(ok.status, 202, ok.text);
     assert.equal((await api("GET", "/health")).status, 200);
 });
+
+test("a token has one spelling: another that decodes to the same secret is refused", async () => {
+    const t = T.alice;
+    const id = t.slice(5, t.indexOf("_", 5));
+    const secret = t.slice(t.indexOf("_", 5) + 1);
+    const b64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    /* the same 4 high bits in the last character, other padding bits */
+    const last = b64.indexOf(secret.at(-1));
+    const sibling = secret.slice(0, -1) + b64[last + 1];
+    const authenticate = async (token) => {
+        try {
+            await sql("SELECT tuvl.authenticate($1)", [token]);
+            return "accepted";
+        } catch (e) {
+            return e.code;
+        }
+    };
+    assert.equal(await authenticate(t), "accepted");
+    for (const bad of [`tuvl_${id}_${sibling}`, `tuvl_+${id}_${secret}`, `tuvl_0${id}_${secret}`, `tuvl_ ${id}_${secret}`])
+        assert.equal(await authenticate(bad), "28000", bad);
+    /* and the server refuses them before asking the database */
+    const r = await api("GET", "/api/runs", { token: `tuvl_${id}_${sibling}` });
+    assert.equal(r.status, 401);
+});

@@ -331,14 +331,21 @@ tuvl_authenticate(PG_FUNCTION_ARGS)
 	token = text_to_cstring(PG_GETARG_TEXT_PP(0));
 	if (strncmp(token, "tuvl_", 5) != 0)
 		bad_token();
+	/* one spelling per token: digits without sign, space or leading 0 */
+	if (token[5] < '1' || token[5] > '9')
+		bad_token();
 	errno = 0;
 	id = strtoll(token + 5, &end, 10);
 	if (errno != 0 || end == token + 5 || *end != '_' || id <= 0)
 		bad_token();
 	p = end + 1;
 	n = decode_secret(p, secret, sizeof(secret));
-	if (n != SECRET_BYTES)
+	/* and the secret as create_token() spells it (no stray low bits) */
+	if (n != SECRET_BYTES || strcmp(base64url(secret, SECRET_BYTES), p) != 0)
+	{
+		explicit_bzero(secret, sizeof(secret));
 		bad_token();
+	}
 	sha256(secret, SECRET_BYTES, digest);
 	explicit_bzero(secret, sizeof(secret));
 
