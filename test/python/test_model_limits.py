@@ -181,9 +181,6 @@ def test_tpm_counts_the_estimated_tokens_of_each_request(conn, window):
     assert max_in_window([r["t"] for r in reqs], WINDOW) <= 2, [r["t"] for r in reqs]
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known bug since the merges of 2026-12-07 (issue 41): after the other tests of this file, "
-    "concurrency: 1 let 2 calls be in flight (peak_concurrent 2); alone it passes. To fix first."))
 def test_concurrency_bounds_the_calls_in_flight(conn):
     model = new_name()
     script(model, [{"text": "ok", "latency_ms": 400}])
@@ -198,7 +195,9 @@ def test_concurrency_bounds_the_calls_in_flight(conn):
     times = sorted(r["t"] for r in reqs)
     # one at a time: each starts after the previous one's 400 ms answer
     assert all(b - a >= 0.35 for a, b in zip(times, times[1:])), times
-    assert llm_server("GET", f"/_log?model={model}")["peak_concurrent"] == 1
+    # (the peak of this model's calls: another test's runs may still be
+    # talking to the server)
+    assert llm_server("GET", f"/_log?model={model}")["peak_concurrent"] == 1, reqs
 
 
 def test_a_429_pauses_the_config_for_every_run(conn):

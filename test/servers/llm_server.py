@@ -34,11 +34,15 @@ Control endpoints:
   GET    /_script          {"scripts": {name: number of turns}}
   GET    /_script/<name>   {"name": ..., "turns": [...]}
   DELETE /_script/<name>   remove a script (404 if there is none)
-  GET    /_log[?model=s1]  {"requests": [...], "peak_concurrent": n}; each
+  GET    /_log[?model=s1]  {"requests": [...], "peak_concurrent": n}: with
+                           ?model=, the most of that model's logged
+                           requests in flight at once (t to t_end); each
                            request: {t, path, format, model, headers (lower
                            case), body (parsed JSON, or the raw text when it
                            is not JSON), turn, status, script, and when they
-                           apply: fault, error, note, disconnected}.  status
+                           apply: fault, error, note, disconnected}, and
+                           t_end: when its answer began (after its latency)
+                           or its handler ended.  status
                            is null while a request is in flight, and for one
                            that was never answered (hang, client gone).
                            The newest --log-max requests (100000) are kept
@@ -192,6 +196,21 @@ class RequestError(ValueError):
 
 
 # ---------------------------------------------------------------- scripts
+
+def overlap_peak(rows):
+    """The most of rows in flight at once: each from t to t_end (none yet:
+    still in flight)."""
+    marks = []
+    for e in rows:
+        marks.append((e["t"], 1))
+        if e.get("t_end") is not None:
+            marks.append((e["t_end"], -1))
+    peak = now = 0
+    for _, d in sorted(marks, key=lambda m: (m[0], m[1])):
+        now += d
+        peak = max(peak, now)
+    return peak
+
 
 def check_turns(turns):
     """Validate a script's turns; return them (raises ScriptError)."""
@@ -927,7 +946,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             self._model_request(fmt, raw, latency, entry)
         finally:
-            self.server.end()
+            self.server.end(entry)
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = do_any
 
@@ -1036,6 +1055,10 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return None
 
+        # the answer leaves from now on: the request is no longer in flight
+        # for the peak of its model (a client may send the next one as soon
+        # as it has read this one)
+        srv.update(entry, t_end=time.time())
         last_user = last_user_text(fmt, messages)
         if fault in ("hang",):
             if self._wait_for_disconnect(HANG_SECONDS):
@@ -1192,9 +1215,10 @@ class Server(ThreadingHTTPServer):
             self.in_flight += 1
             self.peak = max(self.peak, self.in_flight)
 
-    def end(self):
+    def end(self, entry):
         with self.lock:
             self.in_flight -= 1
+            entry.setdefault("t_end", time.time())
 
     def set_status(self, entry, status):
         self.update(entry, status=status)
@@ -1220,7 +1244,8 @@ class Server(ThreadingHTTPServer):
         with self.lock:
             rows = [e for e in list(self.log)
                     if model is None or e.get("model") == model or e.get("script") == model]
-            return json.dumps({"requests": rows, "peak_concurrent": self.peak})
+            peak = self.peak if model is None else overlap_peak(rows)
+            return json.dumps({"requests": rows, "peak_concurrent": peak})
 
     def set_script(self, name, turns):
         with self.lock:

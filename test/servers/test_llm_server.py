@@ -526,6 +526,31 @@ def test_request_log(server):
     assert get_log(server)["requests"] == []
 
 
+
+def test_peak_concurrent_of_one_model(server):
+    """?model= gives that model's own peak, whatever else is in flight."""
+    register(server, "peak_a", [{"text": "a", "latency_ms": 300}])
+    register(server, "peak_b", [{"text": "b", "latency_ms": 300}])
+    assert call(server.base, "DELETE", "/_log")[0] == 200
+    threads = [threading.Thread(target=ask, args=(server, "openai", m, [user(str(i))]), daemon=True)
+               for i, m in enumerate(["peak_a", "peak_a", "peak_b"])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    # one after another: the next starts once the previous answer is read
+    for i in range(3):
+        ask(server, "openai", "peak_b", [user(f"late {i}")])
+    assert get_log(server)["peak_concurrent"] == 3
+    assert get_log(server, "peak_a")["peak_concurrent"] == 2
+    assert get_log(server, "peak_b")["peak_concurrent"] == 1
+    register(server, "peak_c", [{"text": "c", "latency_ms": 100}])
+    for i in range(3):
+        ask(server, "openai", "peak_c", [user(f"c {i}")])
+    log = get_log(server, "peak_c")
+    assert log["peak_concurrent"] == 1
+    assert all(r["t"] < r["t_end"] for r in log["requests"])
+
 def test_script_endpoints(server):
     status, _, body = call(server.base, "POST", "/_script",
                            {"name": "bad", "turns": [{"txt": "typo"}]})
