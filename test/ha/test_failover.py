@@ -588,7 +588,8 @@ def test_failover_keeps_every_run(formation, request):
     starter.join(FAILOVER_LIMIT + 20)
     bad = [(st, ra, body[:200]) for _, st, ra, body in starter.answers
            if st != 202 and not (st == 503 and ra and '"sqlstate":"08006"' in body)]
-    assert not bad, f"the server answered during the failover: {bad[:5]}"
+    assert not bad, (f"the server answered during the failover: {bad[:5]}\n"
+                     "its log:\n" + "".join(insight.log[-40:]))
     assert starter.t_ok is not None, "no start through the Insight server succeeded after the failover"
     assert starter.t_ok - t_rw < 3.0, \
         f"a start through the Insight server succeeded {starter.t_ok - t_rw:.1f} s after node2 was read-write"
