@@ -1055,6 +1055,14 @@ LANGUAGE C VOLATILE STRICT;
 COMMENT ON FUNCTION tuvl.mcp_connect_finish(text) IS 'finish an OAuth grant started by tuvl.mcp_connect() with the URL the person was sent back to; stores the tokens as secrets of the calling role and returns the MCP server URL';
 GRANT EXECUTE ON FUNCTION tuvl.mcp_connect(text, jsonb), tuvl.mcp_connect_finish(text) TO tuvl_user;
 
+/* ------------------------------------------------------------------ flow control: waits and scale (issue 41, session 5) */
+
+/* ------------------------------------------------------------------ mcp: elicitation as a person's wait, tasks (issue 40, session 5) */
+
+/* ------------------------------------------------------------------ console: scale (issue 38, session 5) */
+
+/* ------------------------------------------------------------------ performance: agent turns (issue 43, session 5) */
+
 /* the sweep: keep it the last statements of the script */
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA tuvl FROM PUBLIC;
 REVOKE ALL ON ALL TABLES IN SCHEMA tuvl FROM PUBLIC;
