@@ -440,8 +440,10 @@ is_live(Replay *rp, const char *step)
 	ListCell   *lc;
 
 	foreach(lc, rp->live)
+	{
 		if (strcmp(lfirst(lc), step) == 0)
 			return true;
+	}
 	return false;
 }
 

@@ -846,8 +846,10 @@ HttpStart(const HttpRequest *req, List *secrets, void *owner)
 			ereport(ERROR, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("out of memory")));
 		}
 		foreach(lc, secrets)
+		{
 			if (lfirst(lc) && *(char *) lfirst(lc))
 				t->secrets[t->nsecrets++] = xstrdup(lfirst(lc));
+		}
 	}
 	t->method = xstrdup(req->method ? req->method : "GET");
 	t->url = xstrdup(req->url);

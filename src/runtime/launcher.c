@@ -71,8 +71,10 @@ database_allowed(const char *name)
 	if (!SplitIdentifierString(raw, ',', &names))
 		return false;			/* the check hook refused such a value */
 	foreach(lc, names)
+	{
 		if (strcmp(lfirst(lc), name) == 0)
 			found = true;
+	}
 	list_free(names);
 	pfree(raw);
 	return found;

@@ -73,8 +73,10 @@ RunCreatedHere(int64 id)
 		runs_created_xid != GetTopTransactionIdIfAny())
 		return false;
 	foreach(lc, runs_created_here)
+	{
 		if (*(int64 *) lfirst(lc) == id)
 			return true;
+	}
 	return false;
 }
 

@@ -823,8 +823,10 @@ check_reachable(ValidateState *vs, Jsonb *def)
 		for (int i = 0; i < wf->nsteps; i++)
 			ids = notify_steps_of(JsonGetField(wf->steps[i].spec, "hooks"), ids);
 		foreach(lc, ids)
+		{
 			if (WorkflowFindStep(wf, lfirst(lc)) >= 0)
 				seen[WorkflowFindStep(wf, lfirst(lc))] = true;
+		}
 	}
 	while (head < tail)
 	{
@@ -2335,8 +2337,10 @@ FindingsHaveErrors(List *findings)
 	ListCell   *lc;
 
 	foreach(lc, findings)
+	{
 		if (strcmp(((Finding *) lfirst(lc))->severity, "error") == 0)
 			return true;
+	}
 	return false;
 }
 

@@ -469,8 +469,10 @@ claim_room(void)
 	ListCell   *lc;
 
 	foreach(lc, held)
+	{
 		if (run_ready(lfirst(lc)))
 			ready++;
+	}
 
 	/*
 	 * Claim a batch's worth at a time, when less than a batch is ready:
@@ -1007,8 +1009,10 @@ have_solo_run(void)
 	ListCell   *lc;
 
 	foreach(lc, held)
+	{
 		if (((RunState *) lfirst(lc))->solo)
 			return true;
+	}
 	return false;
 }
 
@@ -1099,8 +1103,10 @@ hand_back_idle_runs(void)
 	n = 0;
 	/* a run a session keeps locked stays held, and goes on here */
 	foreach(lc, give)
+	{
 		if (released[n++])
 			forget_run(lfirst(lc));
+	}
 	TuvlWakeWorkers(MyDatabaseId);
 }
 

@@ -346,8 +346,10 @@ session_key(const char *url, List *headers)
 		return (char *) url;
 	initStringInfo(&buf);
 	foreach(lc, headers)
+	{
 		appendStringInfo(&buf, "%s\x1f%s\x1e", ((HttpHeader *) lfirst(lc))->name,
 						 ((HttpHeader *) lfirst(lc))->value);
+	}
 	return psprintf("%s#%016" INT64_MODIFIER "x", url,
 					(uint64) hash_bytes_extended((const unsigned char *) buf.data, buf.len, 0));
 }

@@ -541,11 +541,13 @@ TemplatePlaceholders(Jsonb *tmpl)
 			bool		seen = false;
 
 			foreach(lc, result)
+			{
 				if (strcmp((char *) lfirst(lc), ph.path) == 0)
 				{
 					seen = true;
 					break;
 				}
+			}
 			if (!seen)
 				result = lappend(result, ph.path);
 			pos = ph.end;

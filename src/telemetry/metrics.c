@@ -794,12 +794,14 @@ histogram_part(const char *name, List *histograms, char **base, const char **suf
 	if (dot == NULL || (strcmp(dot, ".sum") != 0 && strcmp(dot, ".count") != 0))
 		return false;
 	foreach(lc, histograms)
+	{
 		if (strlen(lfirst(lc)) == (size_t) (dot - name) && strncmp(lfirst(lc), name, dot - name) == 0)
 		{
 			*base = lfirst(lc);
 			*suffix = strcmp(dot, ".sum") == 0 ? "_sum" : "_count";
 			return true;
 		}
+	}
 	return false;
 }
 
