@@ -48,7 +48,10 @@ static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
  * need to know of it (see StepExecutor).
  */
 static const StepExecutor step_kinds[] = {
-	/* kind, execute, in_transaction, tool_callable, reserved_exits, controls_itself, default_catches_all */
+	/*
+	 * kind, execute, in_transaction, tool_callable, reserved_exits,
+	 * controls_itself, default_catches_all
+	 */
 	{STEP_FUNCTIONAL, StepExecuteFunctional, true, true, NULL, false, false},
 	{STEP_MODELOP, StepExecuteModelOp, true, true, NULL, false, false},
 	{STEP_ROUTER, StepExecuteRouter, true, true, NULL, false, true},

@@ -31,7 +31,8 @@
 /* What the launcher knows about one database. */
 typedef enum TuvlDbState
 {
-	TUVL_DB_UNKNOWN = 0,		/* not probed yet, or woken by CREATE EXTENSION */
+	TUVL_DB_UNKNOWN = 0,		/* not probed yet, or woken by CREATE
+								 * EXTENSION */
 	TUVL_DB_ABSENT,				/* probed: the extension is not installed */
 	TUVL_DB_PRESENT				/* workers run here */
 } TuvlDbState;

@@ -105,9 +105,10 @@ typedef struct AgentTool
 	const StepDef *step;
 	bool		writes_context;
 	bool		approval;		/* ask a person before each call */
-	int			approval_timeout_ms;	/* no decision by then: rejected; 0: none */
-	Jsonb	   *input_schema;	/* the server's, when the model's arguments are
-								 * what an MCP server receives; else NULL */
+	int			approval_timeout_ms;	/* no decision by then: rejected; 0:
+										 * none */
+	Jsonb	   *input_schema;	/* the server's, when the model's arguments
+								 * are what an MCP server receives; else NULL */
 } AgentTool;
 
 typedef struct AgentLoop
@@ -322,7 +323,7 @@ opening_messages(AgentLoop *l)
 			continue;
 		{
 			char	   *value = v->type == jbvString ? pnstrdup(v->val.string.val, v->val.string.len)
-				: JsonValueToText(v);
+			: JsonValueToText(v);
 
 			/* the content cannot close its own block */
 			value = TextReplaceAll(value, "</untrusted-content", "<\\/untrusted-content");
@@ -809,7 +810,10 @@ control_checkpoint(AgentLoop *l)
 		JsonbIteratorToken tok;
 		List	   *done = NIL;
 
-		/* object keys sort by length, then bytes: fixed-width ids are in order */
+		/*
+		 * object keys sort by length, then bytes: fixed-width ids are in
+		 * order
+		 */
 		while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
 		{
 			char	   *id;
@@ -1164,8 +1168,8 @@ tool_done(AgentLoop *l, int call, const char *id, const char *name, const char *
 	*content = truncate_result(JsonText(shown));
 
 	/*
-	 * The tools gate: a result a guardrail stops is recorded and journaled
-	 * as that error, not as itself, and ends the step (agent_turn).
+	 * The tools gate: a result a guardrail stops is recorded and journaled as
+	 * that error, not as itself, and ends the step (agent_turn).
 	 */
 	if (error == NULL)
 	{
@@ -1308,7 +1312,11 @@ execute_tool_step(RunState *run, const StepDef *ts, int call, Jsonb *args, Jsonb
 
 		edata = SpiSubxactAbort(&sub);
 		timed_out = fired == DEADLINE_TOOL && edata->sqlerrcode == ERRCODE_QUERY_CANCELED;
-		/* the step's timeout, the batch's budget or an abort: not the tool's business */
+
+		/*
+		 * the step's timeout, the batch's budget or an abort: not the tool's
+		 * business
+		 */
 		if (!timed_out && edata->sqlerrcode == ERRCODE_QUERY_CANCELED &&
 			(DeadlineFiredOuter() != DEADLINE_NONE || TuvlAbortRequested(run->id)))
 		{
@@ -1611,7 +1619,10 @@ ask_approval(AgentLoop *l, int call, const char *id, const char *name, Jsonb *ar
 	if (!fresh && abort_requested(l, read_control(l)))
 		return TOOL_ABORTED;
 
-	/* with approval_timeout, the decision is due by then (the first ask's time) */
+	/*
+	 * with approval_timeout, the decision is due by then (the first ask's
+	 * time)
+	 */
 	if (timeout_ms > 0)
 		until = asked && JsonGetField(asked, "until_us") ? (TimestampTz) JsonGetInt(asked, "until_us", 0)
 			: TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
@@ -1745,7 +1756,10 @@ agent_turn(AgentLoop *l)
 	int			ncalls;
 	bool		live = l->cursor >= EffectCount(l->run);
 
-	/* control checkpoint and supervisor, then the budget, at the top of every turn */
+	/*
+	 * control checkpoint and supervisor, then the budget, at the top of every
+	 * turn
+	 */
 	replay_steers(l);
 	live = l->cursor >= EffectCount(l->run);
 	if (live && !control_checkpoint(l))
@@ -1903,10 +1917,10 @@ StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 	}
 
 	/*
-	 * Turns replayed from the records keep nothing but what the
-	 * conversation and the context need: each is made in a memory context
-	 * of its own, reset after it, so a long agent's transition does not
-	 * hold every earlier turn's work at once.
+	 * Turns replayed from the records keep nothing but what the conversation
+	 * and the context need: each is made in a memory context of its own,
+	 * reset after it, so a long agent's transition does not hold every
+	 * earlier turn's work at once.
 	 */
 	turncxt = AllocSetContextCreate(CurrentMemoryContext, "tuvl agent turn",
 									ALLOCSET_DEFAULT_SIZES);

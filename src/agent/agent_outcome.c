@@ -171,8 +171,8 @@ AgentShouldRetry(Jsonb *agent, LlmReply *reply, int attempts_made, int *delay_ms
 	RetryParse(JsonGetJsonb(agent, "retry"), AGENT_DEFAULT_ATTEMPTS, &r);
 
 	/*
-	 * No status: llm.c has classified the failure (a model's 429 and 5xx
-	 * are "error"), so only on_timeout and on_error count.
+	 * No status: llm.c has classified the failure (a model's 429 and 5xx are
+	 * "error"), so only on_timeout and on_error count.
 	 */
 	if (reply->retryable && RetryAllowed(&r, attempts_made, 0, reply->error_class))
 	{
@@ -205,7 +205,7 @@ gate_refs(const StepDef *step, GuardrailGate gate)
 	for (int s = 0; s < 2; s++)
 	{
 		JsonbValue *list = sources[s] && JsonIsObject(sources[s])
-			? JsonGetField(sources[s], GuardrailGateName(gate)) : NULL;
+		? JsonGetField(sources[s], GuardrailGateName(gate)) : NULL;
 
 		if (list == NULL || list->type != jbvBinary)
 			continue;

@@ -15,8 +15,8 @@
 /* What the judge answered, once its call is recorded. */
 typedef struct JudgeAnswer
 {
-	bool		error;			/* no verdict: the call failed, or the
-								 * answer is not one of the verdicts */
+	bool		error;			/* no verdict: the call failed, or the answer
+								 * is not one of the verdicts */
 	char	   *verdict;		/* one of the verdicts asked for, or NULL */
 	char	   *reason;			/* the judge's reason, or why it gave none */
 	Jsonb	   *answer;			/* the judge's JSON object, when !error */

@@ -403,7 +403,7 @@ static int
 interval_ms(Interval *iv)
 {
 	int64		us = iv->time + (int64) iv->day * USECS_PER_DAY +
-		(int64) iv->month * 30 * USECS_PER_DAY;
+	(int64) iv->month * 30 * USECS_PER_DAY;
 
 	return (int) Min(Max(us / 1000, 0), INT_MAX);
 }

@@ -52,7 +52,7 @@ static int	nfunctions = 0;
 static int	functions_size = 0;
 static bool functions_valid = false;
 static Oid	user_cached = InvalidOid;
-static char user_name[NAMEDATALEN * 2 + 3];	/* quoted as an identifier */
+static char user_name[NAMEDATALEN * 2 + 3]; /* quoted as an identifier */
 
 /* pg_proc changed: read tuvl's functions again before the next query. */
 static void
@@ -146,7 +146,8 @@ function_named_in(const char *message)
 }
 
 /* Raise edata again, with the hint for f. */
-static void pg_attribute_noreturn()
+static void
+pg_attribute_noreturn()
 rethrow_with_hint(ErrorData *edata, const TuvlFunction *f)
 {
 	edata->hint = psprintf("tuvl.%s() is for members of %s: a superuser, or a role with ADMIN OPTION on %s, runs GRANT %s TO %s.",
@@ -160,8 +161,8 @@ executor_start(QueryDesc *queryDesc, int eflags)
 	MemoryContext cxt = CurrentMemoryContext;
 
 	/*
-	 * tuvl's workers (and other background workers) are not users typing
-	 * a call: they skip the hook, which otherwise runs for each of their
+	 * tuvl's workers (and other background workers) are not users typing a
+	 * call: they skip the hook, which otherwise runs for each of their
 	 * statements
 	 */
 	if (IsParallelWorker() || IsBackgroundWorker || !IsTransactionState())

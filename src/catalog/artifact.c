@@ -630,7 +630,7 @@ check_artifact_keys(Jsonb *def, const char *name, const char *type)
 	while (JsonObjectNext(&it, &key, &v))
 	{
 		bool		known = strcmp(key, "name") == 0 || strcmp(key, "type") == 0 ||
-			strcmp(key, "description") == 0;
+		strcmp(key, "description") == 0;
 		StringInfoData list;
 
 		for (int i = 0; keys[i]; i++)

@@ -79,7 +79,8 @@ regex_matches(const char *content, const char *pattern)
 
 /* ---------------------------------------------------------------- registration */
 
-static void pg_attribute_noreturn()
+static void
+pg_attribute_noreturn()
 bad_check(const char *name, int i, const char *message, const char *hint)
 {
 	ereport(ERROR,

@@ -318,12 +318,15 @@ tuvl_register_llm(PG_FUNCTION_ARGS)
 	SPI_connect();
 	SecurityCheckNameOwner("LLM config", name,
 						   SecurityNameOwner("SELECT owner FROM tuvl.llms WHERE name OPERATOR(pg_catalog.=) $1",
-										name));
+											 name));
 	{
 		static const Oid types[5] = {TEXTOID, TEXTOID, TEXTOID, JSONBOID, REGROLEOID};
 		static const Oid version_types[2] = {TEXTOID, REGROLEOID};
 
-		/* a new version: the row of the name (locked by the upsert) numbers it */
+		/*
+		 * a new version: the row of the name (locked by the upsert) numbers
+		 * it
+		 */
 		SecurityExecArgs("INSERT INTO tuvl.llms (name, provider, source, definition, owner, version) "
 						 "VALUES ($1, $2, $3, $4, $5, 1) ON CONFLICT (name) DO UPDATE SET "
 						 "provider = excluded.provider, source = excluded.source, "

@@ -208,7 +208,11 @@ UseCheck(const UseReferrer *by, UseKind kind, const char *name, int version, Oid
 	}
 	if (UseAllowed(kind, name, owner, by->owner))
 		return;
-	/* versions from before 0.3.0 (no pins) still trust the administrators' objects */
+
+	/*
+	 * versions from before 0.3.0 (no pins) still trust the administrators'
+	 * objects
+	 */
 	if (by->unpinned && SecurityIsAdmin(owner))
 		return;
 	ereport(ERROR,

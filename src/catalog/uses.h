@@ -28,8 +28,8 @@ typedef struct UseReferrer
 {
 	Oid			owner;			/* the role whose definition names it */
 	Jsonb	   *pins;			/* {"<kind>:<name>": owner oid}, or NULL */
-	bool		unpinned;		/* a workflow version registered before
-								 * 0.3.0, which has no pins */
+	bool		unpinned;		/* a workflow version registered before 0.3.0,
+								 * which has no pins */
 	const char *what;			/* "workflow \"x\"", for messages */
 } UseReferrer;
 

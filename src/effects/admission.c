@@ -333,9 +333,10 @@ grant_pass_inner(int ci, TimestampTz now)
 			return c->paused_until;
 		if (c->concurrency > 0 && c->in_flight >= c->concurrency)
 			return 0;
+
 		/*
-		 * Counted with the output answers have added lately: a call in
-		 * flight will be corrected up by about that much.
+		 * Counted with the output answers have added lately: a call in flight
+		 * will be corrected up by about that much.
 		 */
 		best->tokens = best->input + (int64) Max(0.0, c->avg_extra);
 		window_sums(c, now, &reqs, &toks);

@@ -151,7 +151,7 @@ static long sockets = 0;		/* connections at most (0: no limit) */
 static int	epfd = -1;
 static WaitEventSet *wait_set = NULL;
 static dlist_head in_flight = DLIST_STATIC_INIT(in_flight);
-static dlist_head done_list = DLIST_STATIC_INIT(done_list);	/* oldest first */
+static dlist_head done_list = DLIST_STATIC_INIT(done_list); /* oldest first */
 static int	n_in_flight = 0;
 
 /*
@@ -164,6 +164,7 @@ static size_t buffered = 0;		/* bytes of body buffers, allocated */
 static size_t budget = SIZE_MAX;
 static HttpTransfer *exempt = NULL; /* the one transfer that goes on */
 static int	n_paused = 0;
+
 /* ---- allow-list ---- */
 
 static bool
@@ -344,10 +345,11 @@ write_cb(char *data, size_t size, size_t nmemb, void *userp)
 		t->too_large = true;
 		return 0;
 	}
+
 	/*
-	 * A body of announced size is admitted whole: room for all of it, or
-	 * it waits before its first byte.  Over the budget, one transfer
-	 * (exempt) still goes on, so that something always finishes.
+	 * A body of announced size is admitted whole: room for all of it, or it
+	 * waits before its first byte.  Over the budget, one transfer (exempt)
+	 * still goes on, so that something always finishes.
 	 */
 	if (t->expected > 0 && !t->admitted)
 	{
@@ -594,7 +596,7 @@ static HttpShard *
 shard_for_transfer(const char *url)
 {
 	bool		multiplexed = tuvl_http2 && pg_strncasecmp(url, "https://", 8) == 0 &&
-		!origin_is_h1(url);
+	!origin_is_h1(url);
 	int			room = multiplexed ? H2_SHARD_TRANSFERS : SHARD_TRANSFERS;
 	HttpShard  *least = NULL;
 
@@ -1032,9 +1034,9 @@ redirect_allowed(HttpTransfer *t, const char *location)
 	PG_CATCH();
 	{
 		/*
-		 * Checking a URL is pure computation: an error of it (out of
-		 * memory, say) fails this transfer, not the worker with every
-		 * transfer it has in flight.  A cancel is thrown on.
+		 * Checking a URL is pure computation: an error of it (out of memory,
+		 * say) fails this transfer, not the worker with every transfer it has
+		 * in flight.  A cancel is thrown on.
 		 */
 		if (ERRCODE_TO_CATEGORY(geterrcode()) == ERRCODE_OPERATOR_INTERVENTION)
 		{

@@ -191,8 +191,8 @@ fenced_update(RunState *run, const Checkpoint *cp, int last_seq)
 		return NULL;
 
 	/*
-	 * An ended run keeps no directives.  Rare: the row is ours (locked by
-	 * the update), so nothing changes them between the two statements.
+	 * An ended run keeps no directives.  Rare: the row is ours (locked by the
+	 * update), so nothing changes them between the two statements.
 	 */
 	if (!control && RunStatusIsTerminal(cp->status))
 	{

@@ -165,16 +165,16 @@ ConcurrencyAdmit(const char *workflow, const char *key, int limit, Oid principal
 	}
 	SecurityAsOwner(&frame);
 	n = SpiExecIndexed("UPDATE tuvl.runs r SET held_by = NULL "
-				"WHERE r.id OPERATOR(pg_catalog.=) ANY (ARRAY( "
-				"    SELECT h.id FROM tuvl.runs h "
-				"    WHERE h.workflow OPERATOR(pg_catalog.=) $1 AND h.concurrency_key OPERATOR(pg_catalog.=) $2 "
-				"      AND h.principal_id::pg_catalog.oid OPERATOR(pg_catalog.=) $4 "
-				"      AND h.finished_at IS NULL AND h.held_by OPERATOR(pg_catalog.=) 'concurrency' "
-				"      AND h.status OPERATOR(pg_catalog.=) 'queued' "
-				"    ORDER BY OPERATOR(pg_catalog.-) h.priority::pg_catalog.int8, h.id "
-				"    LIMIT GREATEST($3 OPERATOR(pg_catalog.-) " IN_FLIGHT_SQL ", 0))) "
-				"RETURNING r.id, r.principal_id, r.priority",
-				4, types, values, NULL, SPI_OK_UPDATE_RETURNING);
+					   "WHERE r.id OPERATOR(pg_catalog.=) ANY (ARRAY( "
+					   "    SELECT h.id FROM tuvl.runs h "
+					   "    WHERE h.workflow OPERATOR(pg_catalog.=) $1 AND h.concurrency_key OPERATOR(pg_catalog.=) $2 "
+					   "      AND h.principal_id::pg_catalog.oid OPERATOR(pg_catalog.=) $4 "
+					   "      AND h.finished_at IS NULL AND h.held_by OPERATOR(pg_catalog.=) 'concurrency' "
+					   "      AND h.status OPERATOR(pg_catalog.=) 'queued' "
+					   "    ORDER BY OPERATOR(pg_catalog.-) h.priority::pg_catalog.int8, h.id "
+					   "    LIMIT GREATEST($3 OPERATOR(pg_catalog.-) " IN_FLIGHT_SQL ", 0))) "
+					   "RETURNING r.id, r.principal_id, r.priority",
+					   4, types, values, NULL, SPI_OK_UPDATE_RETURNING);
 	for (uint64 i = 0; i < n; i++)
 	{
 		HeapTuple	tup = SPI_tuptable->vals[i];

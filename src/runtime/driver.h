@@ -29,11 +29,17 @@ typedef struct RunPerformer
 {
 	/* perform run->send now; its result goes to run->fresh_effect */
 	void		(*perform) (RunState *run, void *arg);
-	/* the run waits for someone (its status says whom): answer and return
-	 * true to go on, or return false to leave it waiting; NULL: leave it */
+
+	/*
+	 * the run waits for someone (its status says whom): answer and return
+	 * true to go on, or return false to leave it waiting; NULL: leave it
+	 */
 	bool		(*answer) (RunState *run, void *arg);
-	/* before a transition that nothing is pending for: false stops the
-	 * loop (the run was handed to the workers, say); NULL: go on */
+
+	/*
+	 * before a transition that nothing is pending for: false stops the loop
+	 * (the run was handed to the workers, say); NULL: go on
+	 */
 	bool		(*go_on) (RunState *run, void *arg);
 	void	   *arg;
 } RunPerformer;

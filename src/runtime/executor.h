@@ -58,12 +58,12 @@ typedef struct StepExecutor
 {
 	StepKind	kind;
 	StepExecuteFn execute;
-	bool		in_transaction; /* does its work in the transition itself,
-								 * not through an effect (as an agent's
-								 * tool, its timeout cancels it) */
+	bool		in_transaction; /* does its work in the transition itself, not
+								 * through an effect (as an agent's tool, its
+								 * timeout cancels it) */
 	bool		tool_callable;	/* an agent may call it as a tool */
-	const char *const *reserved_exits;	/* the exits tuvl itself takes for
-										 * it (max_iterations, aborted, ...),
+	const char *const *reserved_exits;	/* the exits tuvl itself takes for it
+										 * (max_iterations, aborted, ...),
 										 * NULL-terminated; NULL: none */
 	bool		controls_itself;	/* in the middle of its work (step_state
 									 * is its own), it applies operator
@@ -79,17 +79,18 @@ extern const StepExecutor *ExecutorFor(StepKind kind);
 extern bool ExecutorIsReservedExit(const StepDef *step, const char *signal);
 
 /* The executors of the kinds, each in the file of its kind (init.c lists them). */
-extern StepExecuteFunc StepExecuteRouter;		/* step_router.c */
-extern StepExecuteFunc StepExecuteAPICall;		/* step_http.c */
-extern StepExecuteFunc StepExecuteAgent;		/* agent_completion.c */
-extern StepExecuteFunc StepExecuteAutonomous;	/* agent_loop.c: mode autonomous */
-extern StepExecuteFunc StepExecuteHuman;		/* step_human.c */
-extern StepExecuteFunc StepExecuteMCP;			/* mcp.c */
+extern StepExecuteFunc StepExecuteRouter;	/* step_router.c */
+extern StepExecuteFunc StepExecuteAPICall;	/* step_http.c */
+extern StepExecuteFunc StepExecuteAgent;	/* agent_completion.c */
+extern StepExecuteFunc StepExecuteAutonomous;	/* agent_loop.c: mode
+												 * autonomous */
+extern StepExecuteFunc StepExecuteHuman;	/* step_human.c */
+extern StepExecuteFunc StepExecuteMCP;	/* mcp.c */
 extern StepExecuteFunc StepExecuteFunctional;	/* step_sql.c */
-extern StepExecuteFunc StepExecuteModelOp;		/* step_sql.c */
-extern StepExecuteFunc StepExecuteSleep;		/* step_sleep.c */
+extern StepExecuteFunc StepExecuteModelOp;	/* step_sql.c */
+extern StepExecuteFunc StepExecuteSleep;	/* step_sleep.c */
 extern void SleepAddWake(JsonObjBuilder *b, TimestampTz until);
-extern StepExecuteFunc StepExecuteWorkflow;	/* step_workflow.c */
+extern StepExecuteFunc StepExecuteWorkflow; /* step_workflow.c */
 extern void WorkflowChildEnded(int64 parent_id, bool completed);
 
 /*

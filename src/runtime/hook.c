@@ -286,7 +286,10 @@ fire_one(RunState *run, const StepDef *step, const char *ref, HookEvent event,
 	{
 		ErrorData  *edata = SpiSubxactAbort(&sub);
 
-		/* a cancel (a timeout, the batch's budget, an abort) is the transition's */
+		/*
+		 * a cancel (a timeout, the batch's budget, an abort) is the
+		 * transition's
+		 */
 		if (edata->sqlerrcode == ERRCODE_QUERY_CANCELED)
 			ReThrowError(edata);
 		ereport(LOG,

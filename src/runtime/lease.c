@@ -199,7 +199,11 @@ find_skipped(QueueClaim *claims, int nq, ClaimedPos *taken, int ntaken)
 	values[0] = PointerGetDatum(construct_array(cols[0], ngaps, OIDOID, sizeof(Oid), true, TYPALIGN_INT));
 	for (int c = 1; c < 5; c++)
 		values[c] = PointerGetDatum(construct_array(cols[c], ngaps, INT8OID, 8, true, TYPALIGN_DOUBLE));
-	/* one plan for any arrays: an index scan of runs_queued_fair_idx, at any size */
+
+	/*
+	 * one plan for any arrays: an index scan of runs_queued_fair_idx, at any
+	 * size
+	 */
 	n = SpiExecGeneric(skipped_sql, 5, types, values, NULL, SPI_OK_SELECT);
 	for (uint64 i = 0; i < n; i++)
 	{
@@ -384,12 +388,13 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, bool
 	values[6] = PointerGetDatum(construct_array(after_key, nq, INT8OID, 8, true, TYPALIGN_DOUBLE));
 	values[7] = PointerGetDatum(construct_array(after_id, nq, INT8OID, 8, true, TYPALIGN_DOUBLE));
 	control_gen = TuvlControlGen();
+
 	/*
-	 * Generic, like the two lookups around it, but planned without
-	 * sequential scans: a generic plan made while tuvl.runs is nearly
-	 * empty would find the claimed ids by one, and keep doing so over a
-	 * table grown since, until the next ANALYZE.  (Planning it at every
-	 * claim cost 3 % of a worker's time at 5,000 one-step runs a second.)
+	 * Generic, like the two lookups around it, but planned without sequential
+	 * scans: a generic plan made while tuvl.runs is nearly empty would find
+	 * the claimed ids by one, and keep doing so over a table grown since,
+	 * until the next ANALYZE.  (Planning it at every claim cost 3 % of a
+	 * worker's time at 5,000 one-step runs a second.)
 	 */
 	n = SpiExecIndexed(claim_sql, 8, types, values, NULL, SPI_OK_UPDATE_RETURNING);
 	SecurityRestore(&frame);

@@ -169,7 +169,11 @@ RateLimitDescribe(JsonObjBuilder *b, const RateLimit *rl, TimestampTz until)
 	JsonObjAddInt(b, "limit", rl->limit);
 	JsonObjAddString(b, "per", RateLimitPerText(rl->per_ms));
 	JsonObjAddInt(b, "until_us", until);
-	/* as a Sleep step's (step_sleep.c), from which the checkpoint sets wake_at */
+
+	/*
+	 * as a Sleep step's (step_sleep.c), from which the checkpoint sets
+	 * wake_at
+	 */
 	JsonObjAddString(b, "until", timestamptz_to_str(until));
 	JsonObjAddJsonb(b, "wake_epoch",
 					JsonFromCString(psprintf("%.6f", (double) until / USECS_PER_SEC +

@@ -429,7 +429,10 @@ RunCreate(const RunStart *start, bool running, int *version_out)
 	if (wf->input_schema)
 		JsonSchemaValidateOrError(wf->input_schema, input, "run input");
 
-	/* a run beyond its concurrency limit, or its step's max_parallel, waits queued */
+	/*
+	 * a run beyond its concurrency limit, or its step's max_parallel, waits
+	 * queued
+	 */
 	ConcurrencyKeyOf(wf, input, &conc);
 	held_by = start->held ? "max_parallel" : conc.key ? "concurrency" : NULL;
 	if (running && conc.key)
@@ -486,7 +489,11 @@ RunCreate(const RunStart *start, bool running, int *version_out)
 	values[21] = waiting ? JsonbPGetDatum(waiting) : (Datum) 0;
 	nulls[21] = waiting && sleeping ? ' ' : 'n';
 	SecurityAsOwner(&frame);
-	/* a key another start of this role holds: that run (the unique index decides races) */
+
+	/*
+	 * a key another start of this role holds: that run (the unique index
+	 * decides races)
+	 */
 	if (SpiExec(start->key ? INSERT_RUN_SQL "ON CONFLICT (principal_id, workflow, key) WHERE key IS NOT NULL DO NOTHING RETURNING id"
 				: INSERT_RUN_SQL "RETURNING id",
 				22, types, values, nulls, SPI_OK_INSERT_RETURNING) == 0)

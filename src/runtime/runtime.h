@@ -43,13 +43,16 @@ typedef struct RunState
 	int			notify_step;	/* >= 0: a run a notify hook started, which
 								 * executes this step and ends (hook.c) */
 	TimestampTz started_at;		/* when a worker (or tuvl.run()) first took it */
-	char	   *traceparent;	/* the trace it continues (start_run()), or NULL */
-	int64		parent_id;		/* the run whose Workflow step started it, or 0 */
+	char	   *traceparent;	/* the trace it continues (start_run()), or
+								 * NULL */
+	int64		parent_id;		/* the run whose Workflow step started it, or
+								 * 0 */
 	int			priority;		/* start_run's: model admission orders by it */
 	TimestampTz created_at;		/* when it was started: the model configs it
 								 * uses are the versions of then (0: now) */
 	char	   *trace_id;		/* its trace id, once computed (trace.c) */
-	uint64		trace_seed;		/* the hash of trace_id its span ids start from */
+	uint64		trace_seed;		/* the hash of trace_id its span ids start
+								 * from */
 	Jsonb	   *context;
 	RunStatus	status;			/* as of the last transition applied */
 	int			step;			/* index of the current step; -1: start */
@@ -74,13 +77,14 @@ typedef struct RunState
 	void	   *transfer;		/* the worker's in-flight HttpTransfer */
 
 	/* during a transition */
-	Jsonb	   *working_effects;	/* journaled results of this step's effects */
-	List	   *effects_added;	/* records appended since (EffectRecord),
-								 * not yet folded into working_effects */
+	Jsonb	   *working_effects;	/* journaled results of this step's
+									 * effects */
+	List	   *effects_added;	/* records appended since (EffectRecord), not
+								 * yet folded into working_effects */
 	Jsonb	   *working_judged; /* its judge calls' results by id (judge.c),
 								 * or NULL */
-	char	   *fresh_judge;	/* the id of the judge call that came back
-								 * in this transition, or NULL */
+	char	   *fresh_judge;	/* the id of the judge call that came back in
+								 * this transition, or NULL */
 	int			entry_seq;		/* seq of this step's agent_started */
 	int			fresh_position; /* where the fresh effect landed, or -1 */
 	bool		took_effect;	/* an effect's result was journaled */
@@ -91,9 +95,9 @@ typedef struct RunState
 	Jsonb	   *artifacts;		/* pinned artifact versions, loaded on use */
 
 	/*
-	 * The last model request a step journaled, whole: the next turn
-	 * journals what changed since (llm_request.c).  llm_prev_step NULL:
-	 * not known in memory (read the journal).
+	 * The last model request a step journaled, whole: the next turn journals
+	 * what changed since (llm_request.c).  llm_prev_step NULL: not known in
+	 * memory (read the journal).
 	 */
 	char	   *llm_prev_step;
 	Jsonb	   *llm_prev_request;

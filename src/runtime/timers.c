@@ -134,7 +134,11 @@ wake(const char *wake_sql, bool human)
 		JsonObjAddString(&b, "reason", human ? "the Human step's timeout passed" :
 						 step ? "the Sleep step's time has come" : "its not_before has come");
 		ControlJournalRequeued(tt, i, human ? "Human" : step ? "Sleep" : NULL, JsonObjEnd(&b));
-		/* a run of a concurrency key that waited for not_before now asks for a place */
+
+		/*
+		 * a run of a concurrency key that waited for not_before now asks for
+		 * a place
+		 */
 		if (!human && SPI_getvalue(tt->vals[i], tt->tupdesc, 9) != NULL)
 			(void) ConcurrencyAdmit(SPI_getvalue(tt->vals[i], tt->tupdesc, 6),
 									SPI_getvalue(tt->vals[i], tt->tupdesc, 7),

@@ -75,10 +75,11 @@
 #define MAINTENANCE_INTERVAL_MS 1000
 
 static int	my_slot = -1;
-static List *held = NIL;			/* RunState *, in runs_cxt */
+static List *held = NIL;		/* RunState *, in runs_cxt */
 static MemoryContext runs_cxt = NULL;
 static MemoryContext round_cxt = NULL;
-static MemoryContext step_cxt = NULL;	/* one transition's work, reset after it */
+static MemoryContext step_cxt = NULL;	/* one transition's work, reset after
+										 * it */
 static int64 epoch = 0;
 static TimeoutId heartbeat_id;
 static bool trimmed = true;		/* memory given back since the last claim */
@@ -359,9 +360,9 @@ maintenance(bool renew)
 		TuvlWakeWorkers(MyDatabaseId);
 
 	/*
-	 * Idle after a burst: a worker whose heap the burst left in pieces
-	 * starts afresh; otherwise it gives the memory malloc keeps cached
-	 * back to the system, so a worker's footprint follows its load.
+	 * Idle after a burst: a worker whose heap the burst left in pieces starts
+	 * afresh; otherwise it gives the memory malloc keeps cached back to the
+	 * system, so a worker's footprint follows its load.
 	 */
 #ifdef __GLIBC__
 	if (held == NIL && !trimmed)
@@ -475,10 +476,10 @@ claim_room(void)
 	}
 
 	/*
-	 * Claim a batch's worth at a time, when less than a batch is ready:
-	 * a claim is a transaction too, and many small ones cost throughput.
-	 * New runs were queued: claim a few whatever this worker has ready,
-	 * so that another role's new run waits for no more than this batch.
+	 * Claim a batch's worth at a time, when less than a batch is ready: a
+	 * claim is a transaction too, and many small ones cost throughput. New
+	 * runs were queued: claim a few whatever this worker has ready, so that
+	 * another role's new run waits for no more than this batch.
 	 */
 	return Min(Min(tuvl_runs_per_worker - list_length(held), MAX_CLAIM),
 			   Max(ready < MAX_STEPS_PER_COMMIT ? MAX_READY - ready : 0,
@@ -597,7 +598,7 @@ mark_step_slow(RunState *run, bool slow)
 
 	if (slow_steps == NULL)
 	{
-		HASHCTL		ctl = {.keysize = sizeof(SlowStepKey), .entrysize = sizeof(SlowStepKey)};
+		HASHCTL		ctl = {.keysize = sizeof(SlowStepKey),.entrysize = sizeof(SlowStepKey)};
 
 		slow_steps = hash_create("tuvl slow steps", 64, &ctl, HASH_ELEM | HASH_BLOBS);
 	}
@@ -846,9 +847,9 @@ apply_advanced(List *advanced)
 	}
 
 	/*
-	 * The advanced runs go to the back, so every held run gets its turn,
-	 * and the released ones go: one pass over the held runs, not one per
-	 * run advanced (a worker may hold thousands).
+	 * The advanced runs go to the back, so every held run gets its turn, and
+	 * the released ones go: one pass over the held runs, not one per run
+	 * advanced (a worker may hold thousands).
 	 */
 	old = MemoryContextSwitchTo(runs_cxt);
 	foreach(lc, held)
@@ -901,9 +902,9 @@ advance_batch(void)
 	int			attempted = 0;
 
 	/*
-	 * One principal's runs per transaction: what a step leaves for the
-	 * rest of its transaction (a cursor, a transaction-level lock) never
-	 * reaches another role's step.  The others come in the next batch.
+	 * One principal's runs per transaction: what a step leaves for the rest
+	 * of its transaction (a cursor, a transaction-level lock) never reaches
+	 * another role's step.  The others come in the next batch.
 	 */
 	contended = LeaseQueuedPrincipals > 1;
 	principal = next_principal();
@@ -949,8 +950,8 @@ advance_batch(void)
 		MemoryContextSwitchTo(step_cxt);
 
 		/*
-		 * A transition started late in the budget still gets half of it:
-		 * a step is slow when one of its transitions takes that long, not
+		 * A transition started late in the budget still gets half of it: a
+		 * step is slow when one of its transitions takes that long, not
 		 * because it happened to straddle the end of a full batch.
 		 */
 		adv = try_advance(run,
@@ -1312,7 +1313,7 @@ start_due_sends(TimestampTz *next_send)
 		PG_CATCH();
 		{
 			ErrorData  *edata;
-			HttpResult res;
+			HttpResult	res;
 
 			MemoryContextSwitchTo(oldcxt);
 			edata = CopyErrorData();
@@ -1465,12 +1466,12 @@ create_worker_memory(void)
 
 	/*
 	 * Blocks larger than a memory context's largest block (8 MB: large
-	 * responses) in mappings of their own: freed, they go back to the
-	 * system at once, instead of raising glibc's threshold and staying in
-	 * the heap.  Contexts' blocks stay in the heap, which is not trimmed
-	 * after every batch: a batch's transaction contexts, mapped and
-	 * unmapped in every transaction, made a third of an agent turn's CPU
-	 * page faults.  An idle worker trims the heap (maintenance).
+	 * responses) in mappings of their own: freed, they go back to the system
+	 * at once, instead of raising glibc's threshold and staying in the heap.
+	 * Contexts' blocks stay in the heap, which is not trimmed after every
+	 * batch: a batch's transaction contexts, mapped and unmapped in every
+	 * transaction, made a third of an agent turn's CPU page faults.  An idle
+	 * worker trims the heap (maintenance).
 	 */
 	mallopt(M_MMAP_THRESHOLD, 8 * 1024 * 1024);
 	mallopt(M_TRIM_THRESHOLD, 32 * 1024 * 1024);

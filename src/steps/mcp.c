@@ -76,7 +76,8 @@ typedef struct McpSession
 	char		session_id[MCP_MAX_SESSION_ID];
 	char		version[32];
 	char		server[1024];	/* the URL, to close the session at exit */
-	List	   *headers;		/* the headers sent with it, in TopMemoryContext */
+	List	   *headers;		/* the headers sent with it, in
+								 * TopMemoryContext */
 } McpSession;
 
 static HTAB *sessions = NULL;
@@ -413,7 +414,7 @@ rpc_request(const char *url, const char *method, Jsonb *params, const char *id,
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "op", op);
 	if (id)
-		JsonObjAddString(&b, "rpc_id", id);	/* to find its answer by */
+		JsonObjAddString(&b, "rpc_id", id); /* to find its answer by */
 	if (session)
 		JsonObjAddString(&b, "session", session);
 	if (version)
@@ -712,7 +713,8 @@ typedef struct McpProgress
 	bool		stateless;		/* ... and it is MCP_STATELESS_VERSION */
 	bool		learned;		/* this step learned it (not from memory) */
 	bool		downgraded;		/* a stateless call was refused with -32022 */
-	const char *elicitation;	/* mcp.elicitation: NULL, accept_defaults, decline */
+	const char *elicitation;	/* mcp.elicitation: NULL, accept_defaults,
+								 * decline */
 	Jsonb	   *input_required; /* the last answer asked for input: retry */
 	int			rounds;			/* answers that asked for input */
 	const char *oauth_url;		/* mcp.auth: the server, whose 401/403 fail */
@@ -1534,7 +1536,7 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 		for (int page = 0; page < 100; page++)
 		{
 			Jsonb	   *params = cursor ? JsonSetKey(JsonEmptyObject(), "cursor", JsonStringValue(cursor))
-				: JsonEmptyObject();
+			: JsonEmptyObject();
 			Jsonb	   *tools;
 
 			if (stateless)

@@ -551,7 +551,7 @@ store_tokens(const char *url, Oid role, Jsonb *tok, const char *token_endpoint,
 	char	   *refresh = JsonGetString(tok, "refresh_token");
 	char	   *refresh_name = refresh ? psprintf("%s_refresh", name) : NULL;
 	double		expires = JsonGetField(tok, "expires_in") ?
-		strtod(JsonGetText(tok, "expires_in"), NULL) : 3600.0;
+	strtod(JsonGetText(tok, "expires_in"), NULL) : 3600.0;
 	Datum		v[11];
 	char		nulls[11];
 	bool		connected = SPI_connect() == SPI_OK_CONNECT;
@@ -687,7 +687,7 @@ register_client(const char *url, OAuthServer *s, const char *redirect, char **cl
 	HttpHeader *h = palloc(sizeof(HttpHeader));
 	Jsonb	   *methods = JsonGetJsonb(s->as, "token_endpoint_auth_methods_supported");
 	const char *want = methods == NULL || array_has(methods, "none") ? "none" :
-		array_has(methods, "client_secret_basic") ? "client_secret_basic" : "client_secret_post";
+	array_has(methods, "client_secret_basic") ? "client_secret_basic" : "client_secret_post";
 	const char *why;
 
 	if (s->registration_endpoint == NULL)
@@ -770,7 +770,8 @@ tuvl_mcp_connect(PG_FUNCTION_ARGS)
 		client_secret = read_secret(JsonGetString(cfg, "client_secret_secret"));
 	if (client_id && (strncmp(client_id, "https://", 8) == 0 || strncmp(client_id, "http://", 7) == 0) &&
 		!JsonGetBool(s.as, "client_id_metadata_document_supported", false))
-		client_id = NULL;		/* a metadata document the server does not take */
+		client_id = NULL;		/* a metadata document the server does not
+								 * take */
 	auth_method = choose_auth_method(s.as, client_secret);
 	if (client_id == NULL)
 		register_client(url, &s, redirect, &client_id, &client_secret, &auth_method);
@@ -1123,7 +1124,7 @@ typedef struct OAuthWalk
 	Jsonb	   *prm;
 	int			as_tries;
 	Jsonb	   *as;
-	char	   *token_endpoint;	/* where the last token request went */
+	char	   *token_endpoint; /* where the last token request went */
 } OAuthWalk;
 
 static void
@@ -1402,7 +1403,11 @@ McpOAuthStep(RunState *run, Jsonb *auth, const char *url, SecretUse *use, int ti
 	}
 
 	have = token_row(url, run->principal, &row);
-	/* a token this step just got is used even when it lives less than a minute */
+
+	/*
+	 * a token this step just got is used even when it lives less than a
+	 * minute
+	 */
 	if (!forced && have && (row.fresh || (w.tokens > 0 && row.valid) || run->replay))
 	{
 		*header = McpOAuthHeader(run, auth, url, use);
@@ -1469,7 +1474,8 @@ McpOAuthStep(RunState *run, Jsonb *auth, const char *url, SecretUse *use, int ti
 			memset(&s, 0, sizeof(s));
 			s.www_scope = w.probe ? record_scope(w.probe) : NULL;
 			s.prm_scopes = w.prm ? JsonGetJsonb(w.prm, "scopes_supported") : NULL;
-			s.as = JsonEmptyObject();	/* no offline_access: nothing to refresh */
+			s.as = JsonEmptyObject();	/* no offline_access: nothing to
+										 * refresh */
 			scope = choose_scope(&s, JsonGetJsonb(cfg, "scopes"));
 		}
 		form_add(&form, "grant_type", "client_credentials");
@@ -1535,7 +1541,7 @@ McpOAuthHeader(RunState *run, Jsonb *auth, const char *url, SecretUse *use)
 	h = palloc(sizeof(HttpHeader));
 	h->name = "Authorization";
 	h->value = psprintf("Bearer %s", TemplateRenderText(psprintf("{{ secrets.%s }}", name),
-														  JsonEmptyObject(), &use->opts));
+														JsonEmptyObject(), &use->opts));
 	return h;
 }
 

@@ -248,7 +248,7 @@ StepExecuteAPICall(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 	{
 		int			status = JsonGetInt32(last, "status", 0);
 		bool		ok = status >= 200 && status < 300 &&
-			JsonGetField(last, "body_error") == NULL;
+		JsonGetField(last, "body_error") == NULL;
 
 		if (ok)
 		{

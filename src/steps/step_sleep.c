@@ -37,7 +37,7 @@ sleep_until(const StepDef *step, Jsonb *ctx)
 	if (v)
 	{
 		char	   *text = v->type == jbvString ? pnstrdup(v->val.string.val, v->val.string.len)
-			: JsonValueToText(v);
+		: JsonValueToText(v);
 
 		if (!DurationParseLong(text, &ms))
 			ereport(ERROR,

@@ -399,7 +399,10 @@ StepExecuteFunctional(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 	Datum		d;
 	int			rc;
 
-	/* the key an effect of this step would send: stable across retries, crashes and replay */
+	/*
+	 * the key an effect of this step would send: stable across retries,
+	 * crashes and replay
+	 */
 	values[0] = JsonbPGetDatum(JsonSetKey(ctx, "idempotency_key",
 										  JsonStringValue(EffectKey(run, 0))));
 	StepErrorType = "sql_error";

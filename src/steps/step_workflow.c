@@ -155,14 +155,14 @@ tree_position(RunState *run, int64 *root)
 	bool		isnull;
 
 	if (SecurityExecArgs("WITH RECURSIVE up (id, parent, step, depth) AS ("
-					 "  SELECT r.id, r.parent_run_id, r.parent_step, 0 FROM tuvl.runs r "
-					 "  WHERE r.id OPERATOR(pg_catalog.=) $1 "
-					 "  UNION ALL "
-					 "  SELECT p.id, p.parent_run_id, p.parent_step, u.depth OPERATOR(pg_catalog.+) 1 "
-					 "  FROM up u JOIN tuvl.runs p ON p.id OPERATOR(pg_catalog.=) u.parent "
-					 "  WHERE u.step IS NOT NULL AND u.depth OPERATOR(pg_catalog.<=) $2) "
-					 "SELECT u.depth, u.id FROM up u ORDER BY u.depth DESC LIMIT 1",
-					 SPI_OK_SELECT, 2, types, Int64GetDatum(run->id), Int32GetDatum(tuvl_max_child_depth)) != 1)
+						 "  SELECT r.id, r.parent_run_id, r.parent_step, 0 FROM tuvl.runs r "
+						 "  WHERE r.id OPERATOR(pg_catalog.=) $1 "
+						 "  UNION ALL "
+						 "  SELECT p.id, p.parent_run_id, p.parent_step, u.depth OPERATOR(pg_catalog.+) 1 "
+						 "  FROM up u JOIN tuvl.runs p ON p.id OPERATOR(pg_catalog.=) u.parent "
+						 "  WHERE u.step IS NOT NULL AND u.depth OPERATOR(pg_catalog.<=) $2) "
+						 "SELECT u.depth, u.id FROM up u ORDER BY u.depth DESC LIMIT 1",
+						 SPI_OK_SELECT, 2, types, Int64GetDatum(run->id), Int32GetDatum(tuvl_max_child_depth)) != 1)
 		elog(ERROR, "run " INT64_FORMAT " vanished", run->id);
 	*root = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull));
 	return DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
@@ -263,7 +263,8 @@ id_array(Jsonb *ids)
 typedef struct ChildrenState
 {
 	int			open;			/* not ended yet */
-	int			failed;			/* index of the first that did not complete, or -1 */
+	int			failed;			/* index of the first that did not complete,
+								 * or -1 */
 	char	   *failure;		/* ... what became of it */
 	Jsonb	   *responses;		/* their responses, in order */
 } ChildrenState;

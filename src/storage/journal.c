@@ -80,7 +80,7 @@ notify_event(int64 run_id, const char *channel, int seq, JournalEvent *ev)
 {
 	StringInfoData buf;
 	char	   *fields = ev->notify_only && ev->payload
-		? JsonbToCString(NULL, &ev->payload->root, VARSIZE(ev->payload)) : NULL;
+	? JsonbToCString(NULL, &ev->payload->root, VARSIZE(ev->payload)) : NULL;
 
 	initStringInfo(&buf);
 	appendStringInfo(&buf, "{\"run_id\": " INT64_FORMAT ", \"seq\": %d, \"type\": ", run_id, seq);

@@ -44,10 +44,10 @@ typedef struct QueueRoleState
 	bool		queued;			/* may have queued runs */
 	uint32		gen;			/* bumped by every run queued */
 	int			scanners;		/* claims in progress over its runs */
-	QueuePos	cursor;			/* every queued run at or before it is
-								 * claimed or being claimed */
-	QueuePos	low;			/* the first position queued while claims
-								 * were in progress (key INT64_MAX: none) */
+	QueuePos	cursor;			/* every queued run at or before it is claimed
+								 * or being claimed */
+	QueuePos	low;			/* the first position queued while claims were
+								 * in progress (key INT64_MAX: none) */
 	TimestampTz full_at;		/* when a claim last scanned from the start */
 } QueueRoleState;
 

@@ -111,7 +111,7 @@ TuvlShmemStartup(void)
 		TuvlShmem->epoch = (int64) GetCurrentTimestamp();
 		TuvlShmem->nslots = tuvl_max_workers;
 		ConditionVariableInit(&TuvlShmem->run_cv);
-		pg_atomic_init_u64(&TuvlShmem->control_gen, 1);	/* 0: never read */
+		pg_atomic_init_u64(&TuvlShmem->control_gen, 1); /* 0: never read */
 		for (int i = 0; i < TUVL_MAX_DATABASES; i++)
 			pg_atomic_init_u32(&TuvlShmem->dbs[i].dev_active, 0);
 	}

@@ -321,7 +321,7 @@ TextMakeValid(const char *s, size_t len)
 	while (i < len)
 	{
 		int			l = s[i] == '\0' ? -1 :
-			pg_encoding_verifymbchar(encoding, s + i, (int) Min(len - i, INT_MAX));
+		pg_encoding_verifymbchar(encoding, s + i, (int) Min(len - i, INT_MAX));
 
 		if (l <= 0)
 		{
@@ -657,6 +657,7 @@ JsonObjAddString(JsonObjBuilder *b, const char *key, const char *val)
 		JsonObjAddNull(b, key);
 		return;
 	}
+
 	/*
 	 * Copied: the builder keeps pointers until JsonObjEnd, and a caller's
 	 * string may be gone by then (a buffer on its stack).

@@ -97,7 +97,7 @@ SecurityExec(const char *sql, int nargs, const Oid *types, Datum *values,
  * arguments: SecurityExecArgs(sql, SPI_OK_UPDATE, 2, types, a, b).
  */
 uint64
-SecurityExecArgs(const char *sql, int expected, int nargs, const Oid *types, ...)
+SecurityExecArgs(const char *sql, int expected, int nargs, const Oid *types,...)
 {
 	Datum		values[16];
 	va_list		args;
@@ -295,7 +295,11 @@ SecurityAsPrincipal(SecurityFrame *frame, Oid principal)
 		frame->save_session = GetSessionUserId();
 		frame->save_session_super = GetSessionUserIsSuperuser();
 		set_session_user(principal, super);
-		/* under SET ROLE is_superuser followed the role: the principal's, until the nest ends */
+
+		/*
+		 * under SET ROLE is_superuser followed the role: the principal's,
+		 * until the nest ends
+		 */
 		if (OidIsValid(GetCurrentRoleId()))
 			(void) set_config_option("is_superuser", super ? "on" : "off", PGC_INTERNAL,
 									 PGC_S_SESSION, GUC_ACTION_SAVE, true, 0, false);
@@ -620,9 +624,9 @@ follow_owned(Node *stmt)
 	};
 	static const char *const reassign_what[] = {"workflow", "artifact", "LLM config"};
 	static const char revoke_sql[] =
-		"DELETE FROM tuvl.secret_grants WHERE grantee OPERATOR(pg_catalog.=) $1";
+	"DELETE FROM tuvl.secret_grants WHERE grantee OPERATOR(pg_catalog.=) $1";
 	static const char revoke_use_sql[] =
-		"DELETE FROM tuvl.use_grants WHERE grantee OPERATOR(pg_catalog.=) $1";
+	"DELETE FROM tuvl.use_grants WHERE grantee OPERATOR(pg_catalog.=) $1";
 	static const Oid types[2] = {REGROLEOID, REGROLEOID};
 	List	   *roles;
 	List	   *role_ids = NIL;

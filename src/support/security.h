@@ -39,7 +39,7 @@ extern Oid	SecurityOwnerId(void);
 extern Oid	SecurityNameOwner(const char *owner_sql, const char *name);
 extern uint64 SecurityExec(const char *sql, int nargs, const Oid *types, Datum *values,
 						   const char *nulls, int expected);
-extern uint64 SecurityExecArgs(const char *sql, int expected, int nargs, const Oid *types, ...);
+extern uint64 SecurityExecArgs(const char *sql, int expected, int nargs, const Oid *types,...);
 extern void SecurityAsOwner(SecurityFrame *frame);
 extern void SecurityAsPrincipal(SecurityFrame *frame, Oid principal);
 extern void SecurityRestore(SecurityFrame *frame);

@@ -102,7 +102,8 @@ typedef struct YamlParse
 {
 	const char *what;			/* noun for messages */
 	const char *source;			/* UTF-8 text handed to libyaml */
-	bool		convert;		/* convert strings from UTF-8 to server encoding */
+	bool		convert;		/* convert strings from UTF-8 to server
+								 * encoding */
 	yaml_parser_t parser;
 	bool		have_parser;	/* parser needs yaml_parser_delete */
 	yaml_event_t event;

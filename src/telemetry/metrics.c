@@ -114,8 +114,8 @@ typedef struct MetricRole
 typedef struct MetricsShared
 {
 	LWLock	   *lock;
-	double		dropped;		/* additions dropped because metric_roles
-								 * had no room for their role */
+	double		dropped;		/* additions dropped because metric_roles had
+								 * no room for their role */
 } MetricsShared;
 
 static MetricsShared *metrics_shared = NULL;
@@ -764,7 +764,7 @@ append_labels(StringInfo buf, Jsonb *labels)
 	while (JsonObjectNext(&it, &key, &v))
 	{
 		char	   *val = v.type == jbvString ? pnstrdup(v.val.string.val, v.val.string.len)
-			: JsonValueToText(&v);
+		: JsonValueToText(&v);
 
 		appendStringInfoString(buf, first ? "{" : ",");
 		appendStringInfo(buf, "%s=\"", prom_name(key));

@@ -68,7 +68,7 @@ typedef struct TraceShared
 	uint64		failed;			/* spans of batches the collector refused */
 	Size		used;			/* bytes of buf in use */
 	int			nspans;			/* spans in buf */
-	char		buf[FLEXIBLE_ARRAY_MEMBER];	/* ScopeSpans.spans fields */
+	char		buf[FLEXIBLE_ARRAY_MEMBER]; /* ScopeSpans.spans fields */
 } TraceShared;
 
 static TraceShared *trace_shared = NULL;
@@ -312,9 +312,9 @@ put_fixed64(StringInfo b, int field, uint64 v)
 
 /* the value of a hex digit, by character (a span is made with three ids) */
 static const uint8 hex_value[256] = {
-	['0'] = 0, ['1'] = 1, ['2'] = 2, ['3'] = 3, ['4'] = 4, ['5'] = 5, ['6'] = 6, ['7'] = 7,
-	['8'] = 8, ['9'] = 9, ['a'] = 10, ['b'] = 11, ['c'] = 12, ['d'] = 13, ['e'] = 14, ['f'] = 15,
-	['A'] = 10, ['B'] = 11, ['C'] = 12, ['D'] = 13, ['E'] = 14, ['F'] = 15,
+	['0'] = 0,['1'] = 1,['2'] = 2,['3'] = 3,['4'] = 4,['5'] = 5,['6'] = 6,['7'] = 7,
+	['8'] = 8,['9'] = 9,['a'] = 10,['b'] = 11,['c'] = 12,['d'] = 13,['e'] = 14,['f'] = 15,
+	['A'] = 10,['B'] = 11,['C'] = 12,['D'] = 13,['E'] = 14,['F'] = 15,
 };
 
 /* an id (trace or span) given in 2 * nbytes hex digits, as its bytes */
@@ -494,7 +494,11 @@ flush_pending(void)
 	trace_shared->used += len;
 	trace_shared->nspans += fit;
 	trace_shared->dropped += n_pending - fit;
-	/* the launcher exports: wake it for a buffer that was empty, or a quarter full */
+
+	/*
+	 * the launcher exports: wake it for a buffer that was empty, or a quarter
+	 * full
+	 */
 	wake |= trace_shared->used > TRACE_BUFFER_BYTES / 4;
 	LWLockRelease(trace_shared->lock);
 	forget_pending(0);
@@ -668,7 +672,7 @@ start_export(void)
 {
 	StringInfo	body = &export_body;
 	HttpRequest req;
-	HttpHeader ctype = {"Content-Type", "application/x-protobuf"};
+	HttpHeader	ctype = {"Content-Type", "application/x-protobuf"};
 	int			n = 0;
 
 	Assert(export_in_flight == NULL);

@@ -28,7 +28,8 @@ typedef struct TraceSpan
 	char	   *span_id;
 	const char *parent_id;		/* NULL: a root span */
 	TimestampTz start;
-	StringInfoData attrs;		/* OTLP JSON attribute objects, comma-separated */
+	StringInfoData attrs;		/* OTLP JSON attribute objects,
+								 * comma-separated */
 } TraceSpan;
 
 extern bool TraceEnabled(RunState *run);
