@@ -30,7 +30,7 @@ TUVL_PIDS=()
 TUVL_PACKAGES="postgresql-15 postgresql-server-dev-15 libcurl4-openssl-dev libyaml-dev
 postgresql-15-cron postgresql-15-pgtap libtap-parser-sourcehandler-pgtap-perl
 python3 python3-psycopg2 python3-pytest python3-prometheus-client make gcc pkg-config procps iproute2
-postgresql-15-auto-failover pg-auto-failover-cli postgresql-15-plproxy"
+postgresql-15-auto-failover pg-auto-failover-cli postgresql-15-plproxy pg-bsd-indent"
 # clang with libFuzzer's and AddressSanitizer's runtimes and the symbolizer:
 # the fuzz harness (test/fuzz) and test/run asan add them to the install
 TUVL_CLANG_PACKAGES="clang-14 libclang-rt-14-dev llvm-14"

@@ -192,6 +192,17 @@ def include_graph():
     return graph
 
 
+def unindented():
+    """The files of src/ pgindent's formatting would change (make indent)."""
+    files = sorted(glob.glob(os.path.join(SRC, "**", "*.[ch]"), recursive=True))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "indent.py"), "--check"] + files,
+                       capture_output=True, text=True)
+    if r.returncode == 0:
+        return []
+    bad = [line for line in r.stderr.splitlines() if line.startswith("tools/indent.py")]
+    return bad or [r.stderr.strip() or "tools/indent.py --check failed"]
+
+
 def main():
     if not glob.glob(os.path.join(SRC, "**", "*.o"), recursive=True):
         print("not ok calls: no object files in src/ (build first)")
@@ -204,6 +215,7 @@ def main():
         ("includes", [" -> ".join(c) for c in cycles(include_graph())]),
         ("folders", folder_problems(table)),
         ("layers", upward_calls(table)),
+        ("indent", unindented()),
     ]
     for name, problems in checks:
         if problems:

@@ -387,6 +387,20 @@ debounce_start(const RunStart *start, WorkflowDef *wf, int version, Jsonb *pins,
 	return debounce_existing(start, wf, version, pins, conc);
 }
 
+/* A run's input: an object within tuvl.max_input_size, valid for wf. */
+static void
+check_run_input(WorkflowDef *wf, Jsonb *input)
+{
+	if (!JsonIsObject(input))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("run input must be a JSON object"),
+				 errhint("Pass input as '{\"key\": ...}'::jsonb.")));
+	TuvlCheckSize("the run input", VARSIZE(input), tuvl_max_input_size, "tuvl.max_input_size");
+	if (wf->input_schema)
+		JsonSchemaValidateOrError(wf->input_schema, input, "run input");
+}
+
 /*
  * Validate input and insert a run of the latest version of workflow with
  * its run_queued event.  running = true creates it already leased by
@@ -420,19 +434,9 @@ RunCreate(const RunStart *start, bool running, int *version_out)
 
 	if (version_out)
 		*version_out = version;
-	if (!JsonIsObject(input))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("run input must be a JSON object"),
-				 errhint("Pass input as '{\"key\": ...}'::jsonb.")));
-	TuvlCheckSize("the run input", VARSIZE(input), tuvl_max_input_size, "tuvl.max_input_size");
-	if (wf->input_schema)
-		JsonSchemaValidateOrError(wf->input_schema, input, "run input");
+	check_run_input(wf, input);
 
-	/*
-	 * a run beyond its concurrency limit, or its step's max_parallel, waits
-	 * queued
-	 */
+	/* beyond its concurrency limit or its step's max_parallel: queued */
 	ConcurrencyKeyOf(wf, input, &conc);
 	held_by = start->held ? "max_parallel" : conc.key ? "concurrency" : NULL;
 	if (running && conc.key)
@@ -489,11 +493,7 @@ RunCreate(const RunStart *start, bool running, int *version_out)
 	values[21] = waiting ? JsonbPGetDatum(waiting) : (Datum) 0;
 	nulls[21] = waiting && sleeping ? ' ' : 'n';
 	SecurityAsOwner(&frame);
-
-	/*
-	 * a key another start of this role holds: that run (the unique index
-	 * decides races)
-	 */
+	/* a key this role's other start holds: that run (the index decides) */
 	if (SpiExec(start->key ? INSERT_RUN_SQL "ON CONFLICT (principal_id, workflow, key) WHERE key IS NOT NULL DO NOTHING RETURNING id"
 				: INSERT_RUN_SQL "RETURNING id",
 				22, types, values, nulls, SPI_OK_INSERT_RETURNING) == 0)
