@@ -44,23 +44,21 @@ static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 /*
- * The step kinds: how each executes, and what the runtime and the agent
- * need to know of it (see StepExecutor).
+ * The step kinds: each kind's row (StepExecutor: how it executes, which
+ * keys it takes and how they are checked, what the runtime and the agent
+ * need to know of it) lives in the kind's own file.  A new kind is one
+ * file and one line here (CONTRIBUTING.md).
  */
-static const StepExecutor step_kinds[] = {
-	/*
-	 * kind, execute, in_transaction, tool_callable, reserved_exits,
-	 * controls_itself, default_catches_all
-	 */
-	{STEP_FUNCTIONAL, StepExecuteFunctional, true, true, NULL, false, false},
-	{STEP_MODELOP, StepExecuteModelOp, true, true, NULL, false, false},
-	{STEP_ROUTER, StepExecuteRouter, true, true, NULL, false, true},
-	{STEP_APICALL, StepExecuteAPICall, false, true, NULL, false, false},
-	{STEP_MCP, StepExecuteMCP, false, true, NULL, false, false},
-	{STEP_AGENT, StepExecuteAgent, false, false, AgentReservedExits, true, false},
-	{STEP_HUMAN, StepExecuteHuman, false, false, NULL, false, false},
-	{STEP_SLEEP, StepExecuteSleep, false, false, NULL, false, false},
-	{STEP_WORKFLOW, StepExecuteWorkflow, false, false, NULL, false, false},
+static const StepExecutor *const step_kinds[] = {
+	&StepKindFunctional,
+	&StepKindModelOp,
+	&StepKindRouter,
+	&StepKindAPICall,
+	&StepKindMCP,
+	&StepKindAgent,
+	&StepKindHuman,
+	&StepKindSleep,
+	&StepKindWorkflow,
 };
 
 StaticAssertDecl(lengthof(step_kinds) == STEP_KIND_COUNT, "every step kind has an executor");
@@ -111,7 +109,7 @@ void
 _PG_init(void)
 {
 	for (int i = 0; i < (int) lengthof(step_kinds); i++)
-		ExecutorRegister(&step_kinds[i]);
+		ExecutorRegister(step_kinds[i]);
 	ExecutorReplayChildren = ReplayTakeChildren;
 	ExecutorReplayControl = ReplayControl;
 

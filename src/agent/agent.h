@@ -37,4 +37,8 @@ extern char *AgentCostCheck(RunState *run, Jsonb *agent, LlmConfig *cfg, EffectR
 							double step_spent, int64 prev_output);
 extern void AgentBudgetExceeded(struct StepResult *result, const char *why);
 
+/* agent_validate.c */
+struct ValidateState;
+extern void StepValidateAgent(struct ValidateState *vs, Jsonb *step, const char *path);
+
 #endif							/* TUVL_AGENT_H */

@@ -31,6 +31,7 @@
 #include "retry.h"
 #include "template.h"
 #include "uses.h"
+#include "validate.h"
 #include "workflow.h"
 
 /*
@@ -184,3 +185,17 @@ StepExecuteAgent(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *res
 				 errmsg("Agent step \"%s\" has mode \"%s\"", step->id, mode ? mode : ""),
 				 errhint("Use mode: completion or mode: autonomous.")));
 }
+
+
+static const char *const agent_step_keys[] = {"mode", "agent", "guardrails", "rate_limit", NULL};
+
+/* The Agent's row of the step table (init.c); its checks: agent_validate.c. */
+const StepExecutor StepKindAgent = {
+	.kind = STEP_AGENT,
+	.execute = StepExecuteAgent,
+	.reserved_exits = AgentReservedExits,
+	.controls_itself = true,
+	.keys = agent_step_keys,
+	.validate = StepValidateAgent,
+	.rate_limited = true,
+};

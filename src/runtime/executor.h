@@ -14,6 +14,7 @@
 
 #include "jsonutil.h"
 #include "runtime.h"
+#include "validate.h"
 #include "workflow.h"
 
 struct EffectRequest;
@@ -70,6 +71,11 @@ typedef struct StepExecutor
 									 * directives itself */
 	bool		default_catches_all;	/* its "default" route catches every
 										 * signal it does not map */
+	const char *const *keys;	/* the keys of its own a step may have,
+								 * NULL-terminated (validate.c adds the common
+								 * ones) */
+	StepValidateFunc *validate; /* checks them; NULL: nothing to check */
+	bool		rate_limited;	/* takes rate_limit (its key in keys) */
 } StepExecutor;
 
 extern const char *StepErrorType;
@@ -78,19 +84,32 @@ extern void ExecutorRegister(const StepExecutor *executor);
 extern const StepExecutor *ExecutorFor(StepKind kind);
 extern bool ExecutorIsReservedExit(const StepDef *step, const char *signal);
 
-/* The executors of the kinds, each in the file of its kind (init.c lists them). */
-extern StepExecuteFunc StepExecuteRouter;	/* step_router.c */
-extern StepExecuteFunc StepExecuteAPICall;	/* step_http.c */
-extern StepExecuteFunc StepExecuteAgent;	/* agent_completion.c */
+/*
+ * The step kinds: each kind's row of the step table, in the file of its
+ * kind (init.c lists them), and its executor.
+ */
+extern const StepExecutor StepKindFunctional;	/* step_sql.c */
+extern const StepExecutor StepKindModelOp;	/* step_sql.c */
+extern const StepExecutor StepKindRouter;	/* step_router.c */
+extern const StepExecutor StepKindAPICall;	/* step_http.c */
+extern const StepExecutor StepKindMCP;	/* mcp.c */
+extern const StepExecutor StepKindAgent;	/* agent_completion.c */
+extern const StepExecutor StepKindHuman;	/* step_human.c */
+extern const StepExecutor StepKindSleep;	/* step_sleep.c */
+extern const StepExecutor StepKindWorkflow; /* step_workflow.c */
+
+extern StepExecuteFunc StepExecuteRouter;
+extern StepExecuteFunc StepExecuteAPICall;
+extern StepExecuteFunc StepExecuteAgent;
 extern StepExecuteFunc StepExecuteAutonomous;	/* agent_loop.c: mode
 												 * autonomous */
-extern StepExecuteFunc StepExecuteHuman;	/* step_human.c */
-extern StepExecuteFunc StepExecuteMCP;	/* mcp.c */
-extern StepExecuteFunc StepExecuteFunctional;	/* step_sql.c */
-extern StepExecuteFunc StepExecuteModelOp;	/* step_sql.c */
-extern StepExecuteFunc StepExecuteSleep;	/* step_sleep.c */
+extern StepExecuteFunc StepExecuteHuman;
+extern StepExecuteFunc StepExecuteMCP;
+extern StepExecuteFunc StepExecuteFunctional;
+extern StepExecuteFunc StepExecuteModelOp;
+extern StepExecuteFunc StepExecuteSleep;
 extern void SleepAddWake(JsonObjBuilder *b, TimestampTz until);
-extern StepExecuteFunc StepExecuteWorkflow; /* step_workflow.c */
+extern StepExecuteFunc StepExecuteWorkflow;
 extern void WorkflowChildEnded(int64 parent_id, bool completed);
 
 /*

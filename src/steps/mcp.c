@@ -1574,3 +1574,129 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 		PG_RETURN_JSONB_P(all);
 	}
 }
+
+
+/* ---------------------------------------------------------------- validation */
+
+static const char *const mcp_keys[] = {"mcp", "rate_limit", NULL};
+
+/*
+ * mcp.auth: { oauth: { grant, client_id, client_secret_secret, scopes } }
+ * (docs/mcp.md#oauth).
+ */
+static void
+check_mcp_auth(ValidateState *vs, JsonbValue *auth, const char *path)
+{
+	static const char *const auth_keys[] = {"oauth", NULL};
+	static const char *const oauth_keys[] = {"grant", "client_id", "client_secret_secret", "scopes",
+	NULL};
+	Jsonb	   *a;
+	Jsonb	   *o;
+	char	   *opath = psprintf("%s.oauth", path);
+	char	   *grant;
+	JsonbValue *v;
+
+	if (auth == NULL)
+		return;
+	if (!ValidateIsMapping(auth))
+	{
+		ValidateFinding(vs, "error", path,
+						"auth must be a mapping such as { oauth: { grant: client_credentials, client_id: my-client, client_secret_secret: my_secret } }");
+		return;
+	}
+	a = JsonValueToJsonb(auth);
+	ValidateUnknownKeys(vs, a, path, auth_keys, NULL);
+	v = JsonGetField(a, "oauth");
+	if (!ValidateIsMapping(v))
+	{
+		ValidateFinding(vs, "error", opath,
+						"oauth must be a mapping with grant (client_credentials or authorization_code)");
+		return;
+	}
+	o = JsonValueToJsonb(v);
+	ValidateUnknownKeys(vs, o, opath, oauth_keys, NULL);
+	grant = JsonGetString(o, "grant");
+	if (grant == NULL || (strcmp(grant, "client_credentials") != 0 &&
+						  strcmp(grant, "authorization_code") != 0))
+		ValidateFinding(vs, "error", psprintf("%s.grant", opath),
+						"grant must be client_credentials (a server-to-server client with a secret) or "
+						"authorization_code (a person connects with tuvl.mcp_connect())");
+	else if (strcmp(grant, "client_credentials") == 0 &&
+			 (JsonGetString(o, "client_id") == NULL || JsonGetString(o, "client_secret_secret") == NULL))
+		ValidateFinding(vs, "error", opath,
+						"the client_credentials grant needs client_id and client_secret_secret (the name of a secret holding the client's secret)");
+	v = JsonGetField(o, "client_id");
+	if (v && (v->type != jbvString || v->val.string.len == 0))
+		ValidateFinding(vs, "error", psprintf("%s.client_id", opath), "client_id must be a non-empty string");
+	v = JsonGetField(o, "client_secret_secret");
+	if (v && (v->type != jbvString || v->val.string.len == 0))
+		ValidateFinding(vs, "error", psprintf("%s.client_secret_secret", opath),
+						"client_secret_secret must be the name of a secret (tuvl.set_secret())");
+	v = JsonGetField(o, "scopes");
+	if (v)
+	{
+		Jsonb	   *sc = JsonValueToJsonb(v);
+		bool		ok = JB_ROOT_IS_ARRAY(sc) && !JB_ROOT_IS_SCALAR(sc);
+
+		for (int i = 0; ok && i < (int) JsonContainerSize(&sc->root); i++)
+		{
+			JsonbValue *e = getIthJsonbValueFromContainer(&sc->root, i);
+
+			ok = e->type == jbvString && e->val.string.len > 0 &&
+				memchr(e->val.string.val, ' ', e->val.string.len) == NULL;
+		}
+		if (!ok)
+			ValidateFinding(vs, "error", psprintf("%s.scopes", opath),
+							"scopes must be a list of scope names such as [mcp:read, mcp:write]");
+	}
+}
+
+/* The mcp mapping of an MCP step. */
+static void
+check_mcp_block(ValidateState *vs, Jsonb *mcp, const char *mpath)
+{
+	static const char *const mcp_keys[] = {"url", "tool", "arguments", "timeout", "headers",
+	"elicitation", "auth", NULL};
+	JsonbValue *args;
+	JsonbValue *elicit;
+
+	ValidateUnknownKeys(vs, mcp, mpath, mcp_keys, NULL);
+	elicit = JsonGetField(mcp, "elicitation");
+	if (elicit && (elicit->type != jbvString ||
+				   !((elicit->val.string.len == 15 &&
+					  strncmp(elicit->val.string.val, "accept_defaults", 15) == 0) ||
+					 (elicit->val.string.len == 7 &&
+					  strncmp(elicit->val.string.val, "decline", 7) == 0))))
+		ValidateFinding(vs, "error", psprintf("%s.elicitation", mpath),
+						"elicitation must be accept_defaults (answer the server's questions with the "
+						"defaults of its schema) or decline");
+	if (JsonGetField(mcp, "headers") && !ValidateIsMapping(JsonGetField(mcp, "headers")))
+		ValidateFinding(vs, "error", psprintf("%s.headers", mpath),
+						"headers must be a mapping such as { Authorization: \"Bearer {{ secrets.mcp_token }}\" }");
+	ValidateScalarValues(vs, JsonGetField(mcp, "headers"), psprintf("%s.headers", mpath));
+	check_mcp_auth(vs, JsonGetField(mcp, "auth"), psprintf("%s.auth", mpath));
+	ValidateRequireString(vs, mcp, "url", mpath, "the mcp mapping");
+	ValidateRequireString(vs, mcp, "tool", mpath, "the mcp mapping");
+	ValidateDuration(vs, mcp, "timeout", mpath);
+	args = JsonGetField(mcp, "arguments");
+	if (args && !ValidateIsMapping(args) && args->type != jbvString)
+		ValidateFinding(vs, "error", psprintf("%s.arguments", mpath),
+						"arguments must be a mapping of the tool's parameters, or one template such as \"{{ args }}\"");
+}
+
+static void
+validate_mcp(ValidateState *vs, Jsonb *step, const char *path)
+{
+	ValidateStepMapping(vs, step, path, "mcp", check_mcp_block,
+						"an MCP step needs an mcp mapping with url and tool");
+}
+
+/* The MCP step's row of the step table (init.c). */
+const StepExecutor StepKindMCP = {
+	.kind = STEP_MCP,
+	.execute = StepExecuteMCP,
+	.tool_callable = true,
+	.keys = mcp_keys,
+	.validate = validate_mcp,
+	.rate_limited = true,
+};

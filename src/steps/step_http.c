@@ -285,3 +285,66 @@ StepExecuteAPICall(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 				 n > 1 ? errdetail("Gave up after %d attempts.", n) : 0));
 	}
 }
+
+
+/* ---------------------------------------------------------------- validation */
+
+static const char *const apicall_keys[] = {"http", "rate_limit", NULL};
+
+/* The http mapping of an APICall step. */
+static void
+check_http_block(ValidateState *vs, Jsonb *http, const char *hpath)
+{
+	static const char *const methods[] = {"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS",
+	"get", "post", "put", "patch", "delete", "head", "options", NULL};
+	static const char *const http_on[] = {"timeout", "error", "429", "5xx", NULL};
+	static const char *const idem[] = {"auto", "none", NULL};
+	static const char *const bodiless[] = {"GET", "get", "HEAD", "head", NULL};
+	static const char *const http_keys[] = {"method", "url", "headers", "query", "body", "timeout",
+	"idempotency", "retry", NULL};
+	JsonbValue *v;
+
+	ValidateUnknownKeys(vs, http, hpath, http_keys, NULL);
+	ValidateRequireString(vs, http, "url", hpath, "the http mapping");
+	ValidateDuration(vs, http, "timeout", hpath);
+	v = JsonGetField(http, "method");
+	if (v && !ValidateStringIn(v, methods))
+		ValidateFinding(vs, "error", psprintf("%s.method", hpath),
+						"method must be one of GET, POST, PUT, PATCH, DELETE, HEAD, OPTIONS");
+	else if (v && JsonGetField(http, "body") &&
+			 ValidateStringIn(v, bodiless))
+		ValidateFinding(vs, "error", psprintf("%s.body", hpath),
+						"a GET or HEAD request cannot carry a body; use POST, or move the values to query");
+	v = JsonGetField(http, "headers");
+	if (v && !ValidateIsMapping(v))
+		ValidateFinding(vs, "error", psprintf("%s.headers", hpath),
+						"headers must be a mapping such as { Content-Type: application/json }");
+	ValidateScalarValues(vs, v, psprintf("%s.headers", hpath));
+	v = JsonGetField(http, "query");
+	if (v && !ValidateIsMapping(v))
+		ValidateFinding(vs, "error", psprintf("%s.query", hpath),
+						"query must be a mapping such as { q: \"{{ term }}\" }");
+	ValidateScalarValues(vs, v, psprintf("%s.query", hpath));
+	v = JsonGetField(http, "idempotency");
+	if (v && !ValidateStringIn(v, idem))
+		ValidateFinding(vs, "error", psprintf("%s.idempotency", hpath),
+						"idempotency must be auto or none");
+	ValidateRetry(vs, http, hpath, http_on, "[timeout, error, 429, 5xx]");
+}
+
+static void
+validate_apicall(ValidateState *vs, Jsonb *step, const char *path)
+{
+	ValidateStepMapping(vs, step, path, "http", check_http_block,
+						"an APICall step needs an http mapping with at least a url");
+}
+
+/* The APICall's row of the step table (init.c). */
+const StepExecutor StepKindAPICall = {
+	.kind = STEP_APICALL,
+	.execute = StepExecuteAPICall,
+	.tool_callable = true,
+	.keys = apicall_keys,
+	.validate = validate_apicall,
+	.rate_limited = true,
+};

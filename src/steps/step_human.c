@@ -68,3 +68,30 @@ StepExecuteHuman(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *res
 	result->park = RUN_WAITING_HUMAN;
 	result->park_info = JsonObjEnd(&b);
 }
+
+
+/* ---------------------------------------------------------------- validation */
+
+static const char *const human_keys[] = {"form", NULL};
+
+/* form: the JSON Schema of what people submit; a timeout needs its route. */
+static void
+validate_human(ValidateState *vs, Jsonb *step, const char *path)
+{
+	Jsonb	   *routes = JsonGetJsonb(step, "routes");
+
+	if (JsonGetField(step, "timeout") &&
+		(routes == NULL || !JsonIsObject(routes) || JsonGetField(routes, "timeout") == NULL))
+		ValidateFinding(vs, "error", psprintf("%s.routes", path),
+						"a Human step with a timeout needs routes.timeout: where the run goes when nobody answered in time");
+	ValidateStepMapping(vs, step, path, "form", ValidateSchema,
+						"a Human step needs a form: a JSON Schema of the data people submit");
+}
+
+/* The Human step's row of the step table (init.c). */
+const StepExecutor StepKindHuman = {
+	.kind = STEP_HUMAN,
+	.execute = StepExecuteHuman,
+	.keys = human_keys,
+	.validate = validate_human,
+};

@@ -32,3 +32,36 @@ StepExecuteRouter(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *re
 		result->signal = JsonValueToText(v);
 	result->has_output = false;
 }
+
+
+/* ---------------------------------------------------------------- validation */
+
+static const char *const router_keys[] = {"on", NULL};
+
+/* on: a template whose value is the signal; routes map its values. */
+static void
+validate_router(ValidateState *vs, Jsonb *step, const char *path)
+{
+	JsonbValue *on = JsonGetField(step, "on");
+
+	if (on == NULL)
+		ValidateFinding(vs, "error", path,
+						"a Router step is missing required key \"on\"; write on: \"{{ some.key }}\"");
+	else if (on->type != jbvString)
+		ValidateFinding(vs, "error", psprintf("%s.on", path),
+						"on must be a template whose value is the signal, such as \"{{ order.status }}\"");
+	if (JsonGetField(step, "routes") == NULL)
+		ValidateFinding(vs, "error", path,
+						"a Router step needs routes mapping each value of \"on\" to a step or an end");
+}
+
+/* The Router's row of the step table (init.c). */
+const StepExecutor StepKindRouter = {
+	.kind = STEP_ROUTER,
+	.execute = StepExecuteRouter,
+	.in_transaction = true,
+	.tool_callable = true,
+	.default_catches_all = true,
+	.keys = router_keys,
+	.validate = validate_router,
+};

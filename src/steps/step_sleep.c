@@ -96,3 +96,46 @@ StepExecuteSleep(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *res
 	result->park = RUN_SLEEPING;
 	result->park_info = JsonObjEnd(&b);
 }
+
+
+/* ---------------------------------------------------------------- validation */
+
+static const char *const sleep_keys[] = {"for", "until", NULL};
+
+/*
+ * A Sleep step: for (a duration, also in days: 2d) or until (a timestamp
+ * template), exactly one; it writes no output.
+ */
+static void
+validate_sleep(ValidateState *vs, Jsonb *step, const char *path)
+{
+	JsonbValue *f = JsonGetField(step, "for");
+	JsonbValue *u = JsonGetField(step, "until");
+	int64		ms;
+
+	if ((f == NULL) == (u == NULL))
+		ValidateFinding(vs, "error", path,
+						"a Sleep step needs for: a duration such as 10m, or until: a time such as \"{{ remind_at }}\" (one of the two)");
+	if (f)
+	{
+		char	   *text = f->type == jbvString ? pnstrdup(f->val.string.val, f->val.string.len) :
+		f->type == jbvNumeric ? JsonValueToText(f) : NULL;
+
+		if (text == NULL || !DurationParseLong(text, &ms))
+			ValidateFinding(vs, "error", psprintf("%s.for", path),
+							"for must be a duration such as 30s, 10m, 2h or 3d");
+	}
+	if (u && u->type != jbvString)
+		ValidateFinding(vs, "error", psprintf("%s.until", path),
+						"until must be a time, such as \"2026-12-24 09:00+01\" or \"{{ remind_at }}\"");
+	if (JsonGetField(step, "output"))
+		ValidateFinding(vs, "error", psprintf("%s.output", path), "a Sleep step writes no output");
+}
+
+/* The Sleep step's row of the step table (init.c). */
+const StepExecutor StepKindSleep = {
+	.kind = STEP_SLEEP,
+	.execute = StepExecuteSleep,
+	.keys = sleep_keys,
+	.validate = validate_sleep,
+};

@@ -451,3 +451,45 @@ StepExecuteFunctional(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 		}
 	}
 }
+
+
+/* ---------------------------------------------------------------- validation */
+
+static const char *const functional_keys[] = {"function", NULL};
+static const char *const modelop_keys[] = {"sql", "params", NULL};
+
+static void
+validate_functional(ValidateState *vs, Jsonb *step, const char *path)
+{
+	ValidateRequireString(vs, step, "function", path, "a Functional step");
+}
+
+static void
+validate_modelop(ValidateState *vs, Jsonb *step, const char *path)
+{
+	JsonbValue *params = JsonGetField(step, "params");
+
+	ValidateRequireString(vs, step, "sql", path, "a ModelOp step");
+	if (params && !ValidateIsList(params))
+		ValidateFinding(vs, "error", psprintf("%s.params", path),
+						"params must be a list of values or templates, such as [\"{{ order_id }}\"]");
+}
+
+/* The rows of the step table (init.c) of the two SQL kinds. */
+const StepExecutor StepKindFunctional = {
+	.kind = STEP_FUNCTIONAL,
+	.execute = StepExecuteFunctional,
+	.in_transaction = true,
+	.tool_callable = true,
+	.keys = functional_keys,
+	.validate = validate_functional,
+};
+
+const StepExecutor StepKindModelOp = {
+	.kind = STEP_MODELOP,
+	.execute = StepExecuteModelOp,
+	.in_transaction = true,
+	.tool_callable = true,
+	.keys = modelop_keys,
+	.validate = validate_modelop,
+};

@@ -670,3 +670,56 @@ tuvl_run_ended(PG_FUNCTION_ARGS)
 	SPI_finish();
 	return PointerGetDatum(NULL);
 }
+
+
+/* ---------------------------------------------------------------- validation */
+
+static const char *const workflow_keys[] = {"workflow", "input", "for_each", "max_parallel",
+"version", NULL};
+
+/*
+ * A Workflow step: workflow (a name), input (a mapping of templates),
+ * for_each (a template naming a list) and max_parallel (with for_each).
+ * Its wait for the children is no step time: timeout is refused.
+ */
+static void
+validate_workflow(ValidateState *vs, Jsonb *step, const char *path)
+{
+	JsonbValue *v;
+	char	   *child;
+	char	   *own;
+
+	child = ValidateRequireString(vs, step, "workflow", path, "a Workflow step");
+	own = JsonGetString(ValidateDefinition(vs), "name");
+	/* a workflow that starts itself names its own version to be */
+	if (child && (own == NULL || strcmp(child, own) != 0))
+		ValidateUse(vs, USE_WORKFLOW, child, ValidateIsPositiveInt4(JsonGetField(step, "version")) ?
+					(int) JsonGetInt(step, "version", 0) : 0, psprintf("%s.workflow", path));
+	v = JsonGetField(step, "input");
+	if (v && !ValidateIsMapping(v))
+		ValidateFinding(vs, "error", psprintf("%s.input", path),
+						"input must be a mapping: the child run's input, such as { order_id: \"{{ item.id }}\" }");
+	v = JsonGetField(step, "for_each");
+	if (v && (v->type != jbvString || !TemplateHasPlaceholders(pnstrdup(v->val.string.val, v->val.string.len))))
+		ValidateFinding(vs, "error", psprintf("%s.for_each", path),
+						"for_each must be a template naming a list, such as \"{{ orders }}\"");
+	ValidatePositiveInt(vs, step, "max_parallel", path);
+	if (JsonGetField(step, "max_parallel") && v == NULL)
+		ValidateFinding(vs, "error", psprintf("%s.max_parallel", path),
+						"max_parallel bounds a for_each fan-out; this step starts one child");
+	ValidatePositiveInt(vs, step, "version", path);
+	if (JsonGetField(step, "compensate"))
+		ValidateFinding(vs, "error", psprintf("%s.compensate", path),
+						"a Workflow step takes no compensate: when the run compensates, its children compensate their own completed steps; give the child workflow's steps compensators");
+	if (JsonGetField(step, "timeout"))
+		ValidateFinding(vs, "error", psprintf("%s.timeout", path),
+						"a Workflow step takes no timeout: waiting for children is no step time; give the child workflow's steps timeouts, or abort the parent");
+}
+
+/* The Workflow step's row of the step table (init.c). */
+const StepExecutor StepKindWorkflow = {
+	.kind = STEP_WORKFLOW,
+	.execute = StepExecuteWorkflow,
+	.keys = workflow_keys,
+	.validate = validate_workflow,
+};
