@@ -31,14 +31,16 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 
-import http.client
-
 import psycopg2
 import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "servers"))
+from insight_proc import INSIGHT, InsightProcess  # noqa: E402
 
 PGBIN = os.environ.get("PGBIN", "/usr/lib/postgresql/15/bin")
 PG_CONFIG = os.environ.get("PG_CONFIG", os.path.join(PGBIN, "pg_config"))
@@ -99,8 +101,6 @@ ends:
   - {id: done, status: completed}
 """
 
-INSIGHT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                       "insight", "tuvl")
 
 ASK = """
 name: ha_ask
@@ -383,52 +383,16 @@ def rw(f):
     return psycopg2.connect(f.uri)
 
 
-class Insight:
+class Insight(InsightProcess):
     """insight/tuvl serve on a multi-host connection string (key=value form)."""
 
     def __init__(self, f):
-        self.conninfo = (f"host=127.0.0.1,127.0.0.1 port={f.ports['node1']},{f.ports['node2']} "
-                         "dbname=postgres user=ha_auth target_session_attrs=read-write connect_timeout=2")
-        self.log = []
-        self.proc = subprocess.Popen([INSIGHT, "serve", "--db", self.conninfo, "--port", "0"], env=f.env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
-        deadline = time.monotonic() + 120
-        self.port = None
-        while self.port is None:
-            line = self.proc.stdout.readline()
-            assert line or self.proc.poll() is None, "insight/tuvl serve ended:\n" + "".join(self.log[-20:])
-            self.log.append(line)
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-            assert time.monotonic() < deadline, "insight/tuvl serve did not start"
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _drain(self):
-        for line in self.proc.stdout:
-            self.log.append(line)
+        super().__init__(f"host=127.0.0.1,127.0.0.1 port={f.ports['node1']},{f.ports['node2']} "
+                         "dbname=postgres user=ha_auth target_session_attrs=read-write connect_timeout=2",
+                         env=f.env, start_timeout=120)
 
     def request(self, method, path, token, body=None, timeout=10):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            headers = {"Authorization": f"Bearer {token}"}
-            if body is not None:
-                headers["Content-Type"] = "application/json"
-            c.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
-            r = c.getresponse()
-            return r.status, r.headers, r.read().decode()
-        finally:
-            c.close()
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        return super().request(method, path, token, body, timeout)
 
 
 class Stream(threading.Thread):
@@ -443,7 +407,7 @@ class Stream(threading.Thread):
 
     def run(self):
         try:
-            c = http.client.HTTPConnection("127.0.0.1", self.insight.port, timeout=120)
+            c = self.insight.connection(120)
             c.request("GET", f"/api/runs/{self.run_id}/events",
                       headers={"Authorization": f"Bearer {self.token}", "Accept": "text/event-stream"})
             r = c.getresponse()

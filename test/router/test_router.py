@@ -9,19 +9,20 @@ follows (SSE), lists and answers runs through it.  Prints the router's
 measured overhead and the event streams' latency through it (lines
 starting with "router:").
 """
-import http.client
 import json
 import os
-import re
-import signal
 import statistics
 import subprocess
+import sys
 import threading
 import time
 
 import psycopg2
 import psycopg2.errors
 import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "servers"))
+from insight_proc import INSIGHT, InsightProcess  # noqa: E402
 
 PARTS = ("tuvl_rp0", "tuvl_rp1")
 ROUTER = "tuvl_router_db"
@@ -377,52 +378,21 @@ def _overhead(n):
 
 # ---------------------------------------------------------------- Insight on a router
 
-INSIGHT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                       "insight", "tuvl")
 AUTH = "tuvl_r_auth"
 
 
-class Insight:
+class Insight(InsightProcess):
     """insight/tuvl serve connected to the router database."""
 
-    def __init__(self, conninfo):
-        self.log = []
-        self.proc = subprocess.Popen([INSIGHT, "serve", "--db", conninfo, "--port", "0"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
-        deadline = time.monotonic() + 180
-        self.port = None
-        while self.port is None:
-            line = self.proc.stdout.readline()
-            assert line or self.proc.poll() is None, "insight/tuvl serve ended:\n" + "".join(self.log[-20:])
-            self.log.append(line)
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-            assert time.monotonic() < deadline, "insight/tuvl serve did not start"
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _drain(self):
-        for line in self.proc.stdout:
-            self.log.append(line)
-
-    def request(self, method, path, token, body=None):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        try:
-            headers = {"Authorization": f"Bearer {token}"}
-            if body is not None:
-                headers["Content-Type"] = "application/json"
-            c.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
-            r = c.getresponse()
-            text = r.read().decode()
-            return r.status, (json.loads(text) if text else None)
-        finally:
-            c.close()
+    def request(self, method, path, token, body=None, timeout=60):
+        """The answer's status and JSON."""
+        status, _, text = super().request(method, path, token, body, timeout)
+        return status, (json.loads(text) if text else None)
 
     def events(self, token, run_id, out=None):
         """The run's SSE stream to its end: (seq, type, ts, received) of each event
         (appended to out as they come)."""
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        c = self.connection()
         c.request("GET", f"/api/runs/{run_id}/events",
                   headers={"Authorization": f"Bearer {token}", "Accept": "text/event-stream"})
         r = c.getresponse()
@@ -444,15 +414,6 @@ class Insight:
                 msg[k] = v.lstrip(" ")
         c.close()
         return out
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 @pytest.fixture(scope="module")
