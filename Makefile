@@ -36,7 +36,8 @@ PG_CONFIG ?= pg_config
 PG_CPPFLAGS = -I$(srcdir)/src $(foreach d,$(TUVL_LAYERS),-I$(srcdir)/src/$(d)) \
 	$(shell pkg-config --cflags libcurl yaml-0.1) \
 	-DTUVL_VERSION=\"$(EXTVERSION)\" -Wall -Wextra -Wno-unused-parameter
-SHLIB_LINK = $(shell pkg-config --libs libcurl yaml-0.1)
+SHLIB_LINK = $(shell pkg-config --libs libcurl yaml-0.1) \
+	-Wl,--version-script=$(tuvl_top)/exports.map
 
 # LLVM bitcode is not needed and would pull clang into every build.
 override with_llvm = no

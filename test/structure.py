@@ -203,6 +203,24 @@ def unindented():
     return bad or [r.stderr.strip() or "tools/indent.py --check failed"]
 
 
+def exports():
+    """Symbols of tuvl.so that PostgreSQL does not look up by name (exports.map
+    keeps every other one local), and SQL functions it does not export."""
+    so = os.path.join(ROOT, "tuvl.so")
+    if not os.path.exists(so):
+        return ["tuvl.so is not built"]
+    out = subprocess.run(["nm", "-D", "--defined-only", so], capture_output=True, text=True,
+                         check=True).stdout
+    syms = {line.split()[-1] for line in out.splitlines() if line.strip()}
+    allowed = re.compile(r"^(tuvl_\w+|pg_finfo_tuvl_\w+|Pg_magic_func|_PG_init|TuvlLauncherMain|TuvlWorkerMain)$")
+    problems = [f"tuvl.so exports {sym}" for sym in sorted(syms) if not allowed.match(sym)][:10]
+    for path in sorted(glob.glob(os.path.join(ROOT, "sql", "tuvl--*.sql"))):
+        for name in sorted(set(re.findall(r"'MODULE_PATHNAME',\s*'(\w+)'", open(path, encoding="utf-8").read()))):
+            if name not in syms:
+                problems.append(f"{os.path.basename(path)} names {name}, which tuvl.so does not export")
+    return problems
+
+
 def main():
     if not glob.glob(os.path.join(SRC, "**", "*.o"), recursive=True):
         print("not ok calls: no object files in src/ (build first)")
@@ -216,6 +234,7 @@ def main():
         ("folders", folder_problems(table)),
         ("layers", upward_calls(table)),
         ("indent", unindented()),
+        ("exports", exports()),
     ]
     for name, problems in checks:
         if problems:
