@@ -33,6 +33,7 @@
 #include "queue.h"
 #include "replay.h"
 #include "security.h"
+#include "otlp.h"
 #include "trace.h"
 #include "tuvl.h"
 
@@ -71,7 +72,7 @@ shmem_request(void)
 	TuvlShmemRequest();
 	AdmissionShmemRequest();
 	MetricsShmemRequest();
-	TraceShmemRequest();
+	OtlpShmemRequest();
 }
 
 /*
@@ -86,7 +87,7 @@ shmem_startup(void)
 	TuvlShmemStartup();
 	AdmissionShmemStartup();
 	MetricsShmemStartup();
-	TraceShmemStartup();
+	OtlpShmemStartup();
 }
 
 static void

@@ -44,7 +44,7 @@
 
 #include "http.h"
 #include "launcher.h"
-#include "trace.h"
+#include "otlp.h"
 #include "tuvl.h"
 
 /* Re-probe an ABSENT database after this many naptimes. */
@@ -415,9 +415,9 @@ TuvlLauncherMain(Datum main_arg)
 		ResetLatch(MyLatch);
 		reap_workers();
 		balance_pools();
-		/* export spans (trace.c): the collector's socket wakes us too */
+		/* export spans (otlp.c): the collector's socket wakes us too */
 		{
-			long		wait_ms = TraceExport();
+			long		wait_ms = OtlpExport();
 
 			if (wait_ms < 0 || wait_ms > tuvl_launcher_naptime)
 				wait_ms = tuvl_launcher_naptime;

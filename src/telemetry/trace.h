@@ -1,8 +1,7 @@
 /*-------------------------------------------------------------------------
  *
  * trace.h
- *	  Traces of runs: W3C trace ids, spans, and their export over
- *	  OTLP/HTTP.
+ *	  Traces of runs: W3C trace ids and spans (otlp.h exports them).
  *
  *-------------------------------------------------------------------------
  */
@@ -48,12 +47,8 @@ extern char *TraceRunParentId(RunState *run);
 extern char *TraceStepSpanId(RunState *run, int entry_seq);
 extern char *TraceIterationSpanId(RunState *run, int entry_seq, int iteration);
 
-extern Size TraceShmemSize(void);
-extern void TraceShmemRequest(void);
-extern void TraceShmemStartup(void);
 extern void TraceXactCallback(XactEvent event, void *arg);
 extern void TraceSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
 								 SubTransactionId parentSubid, void *arg);
-extern long TraceExport(void);
 
 #endif							/* TUVL_TRACE_H */
