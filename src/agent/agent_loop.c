@@ -775,6 +775,27 @@ park_paused(AgentLoop *l, const char *by, const char *reason)
 }
 
 /*
+ * An abort or a pause in control ends the turn here: the step takes its
+ * "aborted" exit, or the run parks paused.  Returns whether it did.
+ */
+static bool
+abort_or_pause(AgentLoop *l, Jsonb *control)
+{
+	Jsonb	   *pause;
+
+	if (abort_requested(l, control))
+	{
+		agent_exit(l, "aborted", "aborted", l->abort_reason);
+		return true;
+	}
+	if (JsonGetField(control, "pause") == NULL)
+		return false;
+	pause = JsonGetJsonb(control, "pause");
+	park_paused(l, pause && JsonIsObject(pause) ? JsonGetString(pause, "by") : NULL, NULL);
+	return true;
+}
+
+/*
  * The control checkpoint at the top of a turn (when acting, not
  * replaying): abort, pause, steer.  Returns false when the turn must not
  * go on (the exit or the pause is set).
@@ -791,18 +812,8 @@ control_checkpoint(AgentLoop *l)
 	if (control == NULL)
 		return true;
 	steer = JsonGetJsonb(control, "steer");
-	if (abort_requested(l, control))
-	{
-		agent_exit(l, "aborted", "aborted", l->abort_reason);
+	if (abort_or_pause(l, control))
 		return false;
-	}
-	if (JsonGetField(control, "pause"))
-	{
-		Jsonb	   *pause = JsonGetJsonb(control, "pause");
-
-		park_paused(l, pause && JsonIsObject(pause) ? JsonGetString(pause, "by") : NULL, NULL);
-		return false;
-	}
 	if (steer && JsonIsObject(steer) && JsonContainerSize(&steer->root) > 0)
 	{
 		JsonbIterator *it = JsonbIteratorInit(&steer->root);
@@ -1031,18 +1042,8 @@ retry_checkpoint(AgentLoop *l)
 	control = read_control(l);
 	if (control == NULL)
 		return true;
-	if (abort_requested(l, control))
-	{
-		agent_exit(l, "aborted", "aborted", l->abort_reason);
+	if (abort_or_pause(l, control))
 		return false;
-	}
-	if (JsonGetField(control, "pause"))
-	{
-		Jsonb	   *pause = JsonGetJsonb(control, "pause");
-
-		park_paused(l, pause && JsonIsObject(pause) ? JsonGetString(pause, "by") : NULL, NULL);
-		return false;
-	}
 	return true;
 }
 

@@ -37,10 +37,15 @@ PG_FUNCTION_INFO_V1(tuvl_set_breakpoint);
 PG_FUNCTION_INFO_V1(tuvl_clear_breakpoint);
 PG_FUNCTION_INFO_V1(tuvl_step_run);
 
-/* The (workflow, step) arguments, which must not be null. */
+/*
+ * The start of set_breakpoint() and clear_breakpoint(): the token's
+ * runs:control scope, the (workflow, step) arguments, which must not be
+ * null, and SPI connected with values[0..2] = workflow, step, the caller.
+ */
 static void
-breakpoint_args(FunctionCallInfo fcinfo, char **workflow, char **step)
+breakpoint_args(FunctionCallInfo fcinfo, char **workflow, char **step, Datum *values)
 {
+	TokenRequireScope("runs:control");
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -48,6 +53,10 @@ breakpoint_args(FunctionCallInfo fcinfo, char **workflow, char **step)
 				 errhint("A breakpoint names a workflow and the id of one of its steps.")));
 	*workflow = text_to_cstring(PG_GETARG_TEXT_PP(0));
 	*step = text_to_cstring(PG_GETARG_TEXT_PP(1));
+	SPI_connect();
+	values[0] = CStringGetTextDatum(*workflow);
+	values[1] = CStringGetTextDatum(*step);
+	values[2] = ObjectIdGetDatum(GetUserId());
 }
 
 /*
@@ -64,12 +73,7 @@ tuvl_set_breakpoint(PG_FUNCTION_ARGS)
 	char	   *step;
 	Datum		values[3];
 
-	TokenRequireScope("runs:control");
-	breakpoint_args(fcinfo, &workflow, &step);
-	SPI_connect();
-	values[0] = CStringGetTextDatum(workflow);
-	values[1] = CStringGetTextDatum(step);
-	values[2] = ObjectIdGetDatum(GetUserId());
+	breakpoint_args(fcinfo, &workflow, &step, values);
 	if (SecurityExec("SELECT 1 FROM tuvl.workflows w WHERE w.name OPERATOR(pg_catalog.=) $1 LIMIT 1",
 					 1, wf_types, values, NULL, SPI_OK_SELECT) == 0)
 		ereport(ERROR,
@@ -106,12 +110,7 @@ tuvl_clear_breakpoint(PG_FUNCTION_ARGS)
 	Datum		values[3];
 	uint64		n;
 
-	TokenRequireScope("runs:control");
-	breakpoint_args(fcinfo, &workflow, &step);
-	SPI_connect();
-	values[0] = CStringGetTextDatum(workflow);
-	values[1] = CStringGetTextDatum(step);
-	values[2] = ObjectIdGetDatum(GetUserId());
+	breakpoint_args(fcinfo, &workflow, &step, values);
 	n = SecurityExec("DELETE FROM tuvl.breakpoints b "
 					 "WHERE b.workflow OPERATOR(pg_catalog.=) $1 AND b.step OPERATOR(pg_catalog.=) $2 "
 					 "  AND b.role::pg_catalog.oid OPERATOR(pg_catalog.=) $3",
