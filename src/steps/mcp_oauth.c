@@ -1021,6 +1021,19 @@ stash_take(const char *key)
 	return doc;
 }
 
+/*
+ * The rest of a query of the token of url ($1) that a role ($2) may use:
+ * one granted to it (or a role it is a member of), its own first, then
+ * the one that lives longest.
+ */
+#define TOKEN_FOR_URL_AND_ROLE \
+	"FROM tuvl.mcp_oauth_tokens t " \
+	"WHERE t.url OPERATOR(pg_catalog.=) $1 AND EXISTS (" \
+	"  SELECT 1 FROM tuvl.secret_grants g WHERE g.secret OPERATOR(pg_catalog.=) t.secret " \
+	"    AND pg_catalog.pg_has_role($2::pg_catalog.oid, g.grantee::pg_catalog.oid, 'USAGE')) " \
+	"ORDER BY t.role::pg_catalog.oid OPERATOR(pg_catalog.=) $2::pg_catalog.oid DESC, " \
+	"  t.expires_at DESC NULLS LAST LIMIT 1"
+
 /* The token row of url that principal may use. */
 typedef struct TokenRow
 {
@@ -1047,12 +1060,7 @@ token_row(const char *url, Oid principal, TokenRow *row)
 						 "  COALESCE(t.expires_at OPERATOR(pg_catalog.>) (pg_catalog.now() OPERATOR(pg_catalog.+) '1 minute'::pg_catalog.interval), true)::pg_catalog.text, "
 						 "  t.token_endpoint, t.client_id, t.client_secret, t.auth_method, t.resource, "
 						 "  COALESCE(t.expires_at OPERATOR(pg_catalog.>) pg_catalog.now(), true)::pg_catalog.text "
-						 "FROM tuvl.mcp_oauth_tokens t "
-						 "WHERE t.url OPERATOR(pg_catalog.=) $1 AND EXISTS ("
-						 "  SELECT 1 FROM tuvl.secret_grants g WHERE g.secret OPERATOR(pg_catalog.=) t.secret "
-						 "    AND pg_catalog.pg_has_role($2::pg_catalog.oid, g.grantee::pg_catalog.oid, 'USAGE')) "
-						 "ORDER BY t.role::pg_catalog.oid OPERATOR(pg_catalog.=) $2::pg_catalog.oid DESC, "
-						 "  t.expires_at DESC NULLS LAST LIMIT 1",
+						 TOKEN_FOR_URL_AND_ROLE,
 						 SPI_OK_SELECT, 2, types, CStringGetTextDatum(url),
 						 ObjectIdGetDatum(principal)) == 1)
 	{
@@ -1508,12 +1516,7 @@ McpOAuthHeader(RunState *run, Jsonb *auth, const char *url, SecretUse *use)
 	HttpHeader *h;
 
 	if (SecurityExecArgs("SELECT t.secret, t.expires_at OPERATOR(pg_catalog.<=) pg_catalog.now() "
-						 "FROM tuvl.mcp_oauth_tokens t "
-						 "WHERE t.url OPERATOR(pg_catalog.=) $1 AND EXISTS ("
-						 "  SELECT 1 FROM tuvl.secret_grants g WHERE g.secret OPERATOR(pg_catalog.=) t.secret "
-						 "    AND pg_catalog.pg_has_role($2::pg_catalog.oid, g.grantee::pg_catalog.oid, 'USAGE')) "
-						 "ORDER BY t.role::pg_catalog.oid OPERATOR(pg_catalog.=) $2::pg_catalog.oid DESC, "
-						 "  t.expires_at DESC NULLS LAST LIMIT 1",
+						 TOKEN_FOR_URL_AND_ROLE,
 						 SPI_OK_SELECT, 2, types, CStringGetTextDatum(url),
 						 ObjectIdGetDatum(principal)) == 1)
 	{
