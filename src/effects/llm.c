@@ -342,7 +342,11 @@ anthropic_assistant(StringInfo buf, Jsonb *m)
 	char	   *text = JsonGetText(m, "content");
 
 	appendStringInfoString(buf, "{\"role\": \"assistant\", \"content\": [");
-	/* extended thinking: the answer's thinking blocks go back first, untouched */
+
+	/*
+	 * extended thinking: the answer's thinking blocks go back first,
+	 * untouched
+	 */
 	for (int j = 0; j < JsonArraySize(thinking); j++)
 	{
 		appendStringInfoString(buf, any ? ", " : "");
@@ -605,9 +609,9 @@ LlmBuildRequest(RunState *run, LlmConfig *cfg, Jsonb *messages, Jsonb *tools, Js
 	JsonObjBuilder b;
 
 	/*
-	 * The run's principal must hold a grant for the config's key, and so
-	 * must the role that wrote the config: a config of another role that
-	 * names your secret would send it where that role chose.
+	 * The run's principal must hold a grant for the config's key, and so must
+	 * the role that wrote the config: a config of another role that names
+	 * your secret would send it where that role chose.
 	 */
 	SecretUseInit(&use, run);
 	use.named_by = psprintf("LLM config \"%s\"", cfg->name);
@@ -928,7 +932,10 @@ parse_anthropic(Jsonb *body, LlmReply *r)
 			appendStringInfoString(&text, JsonGetText(blk, "text"));
 		else if (type && (strcmp(type, "thinking") == 0 || strcmp(type, "redacted_thinking") == 0))
 		{
-			/* sent back as they came (with their signature) before the tool calls */
+			/*
+			 * sent back as they came (with their signature) before the tool
+			 * calls
+			 */
 			appendStringInfoString(&thinking, thinking.len > 0 ? ", " : "[");
 			appendStringInfoString(&thinking, JsonText(blk));
 		}
@@ -1096,8 +1103,8 @@ LlmParseResult(LlmConfig *cfg, Jsonb *result, LlmReply *r)
 	if (status < 200 || status >= 300)
 	{
 		bool		no_money = (code && strcmp(code, "insufficient_quota") == 0) ||
-			(type && (strcmp(type, "insufficient_quota") == 0 || strcmp(type, "billing_error") == 0)) ||
-			(msg && (strstr(msg, "credit balance") || strstr(msg, "spend limit")));
+		(type && (strcmp(type, "insufficient_quota") == 0 || strcmp(type, "billing_error") == 0)) ||
+		(msg && (strstr(msg, "credit balance") || strstr(msg, "spend limit")));
 
 		r->error = psprintf("the model answered HTTP %d%s%s", status,
 							msg ? ": " : "", msg ? msg : "");
@@ -1120,7 +1127,11 @@ LlmParseResult(LlmConfig *cfg, Jsonb *result, LlmReply *r)
 		parse_responses(body, r);
 	else
 		parse_openai(body, r);
-	/* a count that is not one: the answer is not used, the step's error route is taken */
+
+	/*
+	 * a count that is not one: the answer is not used, the step's error route
+	 * is taken
+	 */
 	if (r->ok && r->malformed)
 	{
 		r->ok = false;

@@ -25,8 +25,8 @@ typedef struct LlmConfig
 	int			timeout_ms;
 	Jsonb	   *params;			/* extra request fields, or NULL */
 	Jsonb	   *headers;		/* extra request headers (templates), or NULL */
-	bool		structured_outputs; /* send an answer's schema as the provider's
-									 * structured output format */
+	bool		structured_outputs; /* send an answer's schema as the
+									 * provider's structured output format */
 	Oid			owner;			/* who registered this version (uses.c) */
 	bool		has_limits;		/* limits: calls go through admission.c */
 	int			rpm;			/* 0: none */
@@ -43,7 +43,8 @@ typedef struct LlmReply
 {
 	bool		ok;
 	char	   *text;			/* may be NULL */
-	Jsonb	   *tool_calls;		/* [{id, name, arguments (JSON text)}], or NULL */
+	Jsonb	   *tool_calls;		/* [{id, name, arguments (JSON text)}], or
+								 * NULL */
 	Jsonb	   *thinking;		/* Anthropic thinking and redacted_thinking
 								 * blocks, as sent, or NULL */
 	char	   *finish_reason;
@@ -57,8 +58,8 @@ typedef struct LlmReply
 	bool		retryable;		/* a transient failure (408, 429, 529, 5xx,
 								 * transport error or timeout) */
 	const char *error_class;	/* "timeout" or "error", for retry.on */
-	const char *error_type;		/* _last_error_type when it is not the
-								 * class's (bad_response), or NULL */
+	const char *error_type;		/* _last_error_type when it is not the class's
+								 * (bad_response), or NULL */
 	int			retry_after_ms; /* -1: none */
 	char	   *malformed;		/* while parsing: what is wrong with a count */
 } LlmReply;

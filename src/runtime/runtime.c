@@ -311,7 +311,7 @@ finish_pending(Transition *t, StepResult *result)
 	memset(&cp, 0, sizeof(cp));
 	cp.status = active_status(run);
 	cp.context = run->context;
-	cp.step = t->step->id;			/* stays here */
+	cp.step = t->step->id;		/* stays here */
 	cp.step_state = state;
 	cp.steer_done = result->steer_done;
 	cp.events = events;
@@ -466,8 +466,8 @@ route_outcome(Transition *t, StepResult *result, ErrorData *edata, const char *s
 	cp->error = error;
 
 	/*
-	 * A rollback end, an unhandled failure or an abort undoes the
-	 * completed steps that declare a compensator.
+	 * A rollback end, an unhandled failure or an abort undoes the completed
+	 * steps that declare a compensator.
 	 */
 	if ((end && end->rollback) ||
 		(end == NULL && (cp->status == RUN_FAILED || cp->status == RUN_ABORTED)))
@@ -1003,7 +1003,11 @@ prepare_transition(Transition *t)
 													  JsonGetInt(run->step_state, "time_left_ms", 0));
 		else
 			t->deadline = (TimestampTz) JsonGetInt(run->step_state, "deadline", 0);
-		/* entered without a limit (before tuvl.max_step_timeout): one from now */
+
+		/*
+		 * entered without a limit (before tuvl.max_step_timeout): one from
+		 * now
+		 */
 		if (t->deadline == 0 && timeout_ms > 0)
 			t->deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), timeout_ms);
 	}
@@ -1082,7 +1086,10 @@ in_subtransaction(Transition *t, ErrorData *step_error, bool *step_failed)
 					Jsonb	   *fresh = run->fresh_effect;
 					char	   *kind = fresh ? JsonGetString(fresh, "error_kind") : NULL;
 
-					/* past the deadline, or the request it cut short came back */
+					/*
+					 * past the deadline, or the request it cut short came
+					 * back
+					 */
 					if (GetCurrentTimestamp() >= t->deadline ||
 						(kind && strcmp(kind, "timeout") == 0 &&
 						 JsonGetBool(fresh, "step_deadline", false)))
@@ -1100,7 +1107,11 @@ in_subtransaction(Transition *t, ErrorData *step_error, bool *step_failed)
 				}
 				in_step = false;
 				finish_transition(t, &result, NULL);
-				/* a step that parked or sent an effect: its deadline ends here */
+
+				/*
+				 * a step that parked or sent an effect: its deadline ends
+				 * here
+				 */
 				step_deadline_end(t);
 			}
 		}
@@ -1526,7 +1537,7 @@ RunApplyTransition(RunState *run)
 	{
 		if (run->compensation)
 			pfree(run->compensation);
-		run->compensation = run->next_compensation;	/* in run->cxt */
+		run->compensation = run->next_compensation; /* in run->cxt */
 		run->compensation_changed = false;
 		run->next_compensation = NULL;
 	}
