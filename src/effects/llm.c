@@ -651,7 +651,8 @@ LlmBuildRequest(RunState *run, LlmConfig *cfg, Jsonb *messages, Jsonb *tools, Js
 	JsonObjAddString(&b, "model", cfg->model);
 	JsonObjAddString(&b, "config", cfg->name);
 	JsonObjAddInt(&b, "config_version", cfg->version);
-	JsonObjAddJsonb(&b, "request", SecretScrubJsonb(JsonFromCString(body), use.values));
+	/* scrubbed as text, then parsed once (SecretScrubJsonb would parse twice) */
+	JsonObjAddJsonb(&b, "request", JsonFromCString(SecretScrub(body, use.values)));
 	if (cfg->has_price)
 		JsonObjAddJsonb(&b, "price", price_jsonb(cfg));
 	req->tag = JsonObjEnd(&b);
@@ -1158,6 +1159,18 @@ price_of(Jsonb *price, const char *key)
 Jsonb *
 LlmTurnPayload(Jsonb *result, int *tokens)
 {
+	return LlmTurnPayloadAs(result, tokens, -1, "request", JsonGetJsonb(result, "request"));
+}
+
+/*
+ * LlmTurnPayload with its "position" (when position >= 0) and the request
+ * given under request_key ("request", or "request_delta"), all in one
+ * build: a turn's payload is not copied again for each key it gets.
+ */
+Jsonb *
+LlmTurnPayloadAs(Jsonb *result, int *tokens, int position, const char *request_key,
+				 Jsonb *request)
+{
 	LlmConfig	cfg;
 	LlmReply	r;
 	JsonObjBuilder b;
@@ -1229,7 +1242,9 @@ LlmTurnPayload(Jsonb *result, int *tokens)
 	/* a judge's call (judge.c) is known by its id */
 	if (JsonGetField(result, "judge"))
 		JsonObjAddJsonb(&b, "judge", JsonGetJsonb(result, "judge"));
-	JsonObjAddJsonb(&b, "request", JsonGetJsonb(result, "request"));
+	if (position >= 0)
+		JsonObjAddInt(&b, "position", position);
+	JsonObjAddJsonb(&b, request_key, request);
 	JsonObjAddJsonb(&b, "response", JsonGetJsonb(result, "body"));
 	return JsonObjEnd(&b);
 }

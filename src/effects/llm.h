@@ -73,6 +73,8 @@ extern Jsonb *LlmEnumAnswerSchema(const char *key, const char *const *values, in
 								  const char *other, const char *other_type);
 extern void LlmParseResult(LlmConfig *cfg, Jsonb *result, LlmReply *reply);
 extern Jsonb *LlmTurnPayload(Jsonb *result, int *tokens);
+extern Jsonb *LlmTurnPayloadAs(Jsonb *result, int *tokens, int position, const char *request_key,
+							   Jsonb *request);
 extern Jsonb *LlmStripRequest(Jsonb *result);
 extern double LlmCost(const LlmConfig *cfg, int64 prompt, int64 cached, int64 completion);
 extern double LlmEstimateCost(const LlmConfig *cfg, EffectRequest *req, int64 output_tokens);

@@ -67,42 +67,75 @@ json_equal(Jsonb *a, Jsonb *b)
 	return compareJsonbContainers(&a->root, &b->root) == 0;
 }
 
+/*
+ * Whether two values (as a container's iterator or lookup gives them:
+ * containers left packed, in place) are equal, without copying them: the
+ * same bytes are the same value, and only values that differ in their
+ * bytes are compared as JSON (a request's messages are the same bytes
+ * from one turn to the next).
+ */
 static bool
-is_array(Jsonb *j)
+value_equal(JsonbValue *a, JsonbValue *b)
 {
-	return JB_ROOT_IS_ARRAY(j) && !JB_ROOT_IS_SCALAR(j);
+	if (a->type == jbvBinary && b->type == jbvBinary)
+	{
+		if (a->val.binary.len == b->val.binary.len &&
+			memcmp(a->val.binary.data, b->val.binary.data, a->val.binary.len) == 0)
+			return true;
+		return compareJsonbContainers(a->val.binary.data, b->val.binary.data) == 0;
+	}
+	return json_equal(JsonValueToJsonb(a), JsonValueToJsonb(b));
 }
 
-/* The elements of arr from index from on, as an array. */
+/* Whether v is an array (a container, not a scalar), and its size. */
+static bool
+value_is_array(JsonbValue *v, int *n)
+{
+	if (v->type != jbvBinary || !JsonContainerIsArray(v->val.binary.data) ||
+		JsonContainerIsScalar(v->val.binary.data))
+		return false;
+	*n = JsonContainerSize(v->val.binary.data);
+	return true;
+}
+
+/* The elements of array arr from index from on, as an array. */
 static Jsonb *
-array_tail(Jsonb *arr, int from)
+array_tail(JsonbValue *arr, int from)
 {
 	JsonbParseState *state = NULL;
-	int			n = JsonArraySize(arr);
+	int			n = JsonContainerSize(arr->val.binary.data);
 
 	pushJsonbValue(&state, WJB_BEGIN_ARRAY, NULL);
 	for (int i = from; i < n; i++)
-		pushJsonbValue(&state, WJB_ELEM, getIthJsonbValueFromContainer(&arr->root, i));
+		pushJsonbValue(&state, WJB_ELEM, getIthJsonbValueFromContainer(arr->val.binary.data, i));
 	return JsonbValueToJsonb(pushJsonbValue(&state, WJB_END_ARRAY, NULL));
 }
 
-/* Whether array prev is a proper beginning of array next. */
+/* Whether array prev is a proper beginning of array next; *n: prev's size. */
 static bool
-array_grew(Jsonb *prev, Jsonb *next)
+array_grew(JsonbValue *prev, JsonbValue *next, int *n)
 {
-	int			n = JsonArraySize(prev);
+	int			m;
 
-	if (!is_array(prev) || !is_array(next) || JsonArraySize(next) <= n)
+	if (!value_is_array(prev, n) || !value_is_array(next, &m) || m <= *n)
 		return false;
-	for (int i = 0; i < n; i++)
-		if (!json_equal(JsonArrayAt(prev, i), JsonArrayAt(next, i)))
+	for (int i = 0; i < *n; i++)
+	{
+		JsonbValue *a = getIthJsonbValueFromContainer(prev->val.binary.data, i);
+		JsonbValue *b = getIthJsonbValueFromContainer(next->val.binary.data, i);
+		bool		same = value_equal(a, b);
+
+		pfree(a);
+		pfree(b);
+		if (!same)
 			return false;
+	}
 	return true;
 }
 
 /*
  * The delta that turns request prev into request next (both JSON
- * objects).
+ * objects).  Linear in the requests' size, and copies only what changed.
  */
 Jsonb *
 LlmRequestDelta(Jsonb *prev, Jsonb *next)
@@ -122,19 +155,19 @@ LlmRequestDelta(Jsonb *prev, Jsonb *next)
 	it = JsonbIteratorInit(&next->root);
 	while (JsonObjectNext(&it, &key, &v))
 	{
-		Jsonb	   *now = JsonValueToJsonb(&v);
-		Jsonb	   *was = JsonGetField(prev, key) ? JsonGetJsonb(prev, key) : NULL;
+		JsonbValue *was = JsonGetField(prev, key);
+		int			n;
 
-		if (was && json_equal(was, now))
+		if (was && value_equal(was, &v))
 			continue;
-		if (was && array_grew(was, now))
+		if (was && array_grew(was, &v, &n))
 		{
-			JsonObjAddJsonb(&append, key, array_tail(now, JsonArraySize(was)));
+			JsonObjAddJsonb(&append, key, array_tail(&v, n));
 			any_append = true;
 		}
 		else
 		{
-			JsonObjAddJsonb(&set, key, now);
+			JsonObjAddJsonb(&set, key, JsonValueToJsonb(&v));
 			any_set = true;
 		}
 	}

@@ -1235,22 +1235,21 @@ trace_effect(Transition *t, JournalEvent *ev, bool llm, const char *judge)
 }
 
 /*
- * An llm_turn's payload with its request replaced by what changed since
- * the step's previous request.  The first model call of a step's visit
- * (position 0: the step has recorded no effect yet) journals its request
- * whole; later ones the change since the one before, which the worker
- * keeps in memory (after a claim in the middle of a step, it reads it
- * from the journal once).  The whole request is staged as the next one's
- * previous.
+ * What an llm_turn journals of request: what changed since the step's
+ * previous request, or NULL to journal it whole (as LlmTurnCompact).  The
+ * first model call of a step's visit (position 0: the step has recorded
+ * no effect yet) journals its request whole; later ones the change since
+ * the one before, which the worker keeps in memory (after a claim in the
+ * middle of a step, it reads it from the journal once).  The whole
+ * request is staged as the next one's previous.
  */
 static Jsonb *
-compact_llm_turn(RunState *run, const char *step_id, int position, Jsonb *payload)
+llm_turn_delta(RunState *run, const char *step_id, int position, Jsonb *request)
 {
-	Jsonb	   *request = JsonGetField(payload, "request") ? JsonGetJsonb(payload, "request") : NULL;
 	Jsonb	   *prev;
 
 	if (request == NULL || !JsonIsObject(request))
-		return payload;
+		return NULL;
 	if (position == 0)
 		prev = NULL;
 	else if (run->llm_prev_step && strcmp(run->llm_prev_step, step_id) == 0)
@@ -1261,7 +1260,9 @@ compact_llm_turn(RunState *run, const char *step_id, int position, Jsonb *payloa
 		pfree(run->next_llm_prev_step);
 	run->next_llm_prev_step = MemoryContextStrdup(run->cxt, step_id);
 	RunKeepJsonb(run, &run->next_llm_prev_request, request);
-	return LlmTurnCompact(prev, payload);
+	if (prev == NULL || !JsonIsObject(prev))
+		return NULL;
+	return LlmRequestDelta(prev, request);
 }
 
 /*
@@ -1291,16 +1292,21 @@ take_fresh_effect(Transition *t)
 	if (op && strcmp(op, "llm") == 0)
 	{
 		int			tokens = 0;
-		Jsonb	   *payload = LlmTurnPayload(run->fresh_effect, &tokens);
+		Jsonb	   *request = JsonGetJsonb(run->fresh_effect, "request");
+		Jsonb	   *payload;
 
 		if (judge == NULL)
 		{
 			int			position = EffectCount(run);
 
-			payload = JsonSetKey(payload, "position", JsonFromCString(psprintf("%d", position)));
 			/* what is new since the step's previous turn */
-			payload = compact_llm_turn(run, t->step->id, position, payload);
+			Jsonb	   *delta = llm_turn_delta(run, t->step->id, position, request);
+
+			payload = LlmTurnPayloadAs(run->fresh_effect, &tokens, position,
+									   delta ? "request_delta" : "request", delta ? delta : request);
 		}
+		else
+			payload = LlmTurnPayloadAs(run->fresh_effect, &tokens, -1, "request", request);
 		ev = JournalAdd(&t->events, "llm_turn", t->step->id, t->step->kind_name, payload);
 		ev->tokens = tokens;
 		count_tokens(t, payload);

@@ -794,6 +794,41 @@ def test_a_key_with_json_special_characters_is_scrubbed_in_every_form(conn, prov
     assert key not in server_log_text()
 
 
+def test_a_key_in_the_conversation_is_scrubbed_from_the_journaled_request(conn, provider):
+    """The request is journaled as it was sent, but with the config's key
+    scrubbed: a prompt that carries the key (here the run's input) sends it
+    to the model, and the llm_turn's request keeps [redacted] in its place,
+    however JSON escapes it."""
+    key = 'sk-"q\\' + uuid.uuid4().hex
+    secret = "llm_conv_" + uuid.uuid4().hex[:8]
+    q(conn, "SELECT tuvl.set_secret(%s, %s)", (secret, key))
+    name = make_agent(conn, provider, [{"text": "hello"}], key_secret=secret)
+    res = execute(conn, name, {"name": key})
+    assert res["end"] == "done", res
+    (req,) = sent(name)
+    assert any(f"Greet {key}." in s for s in json_strings(req["body"])), req["body"]
+    request = q1(conn, "SELECT payload->'request' FROM tuvl.events "
+                       "WHERE run_id = %s AND type = 'llm_turn'", (res["run_id"],))
+    assert any("Greet [redacted]." in s for s in json_strings(request)), request
+    text = json.dumps(request)
+    assert key[-32:] not in text and json.dumps(key)[1:-1] not in text
+    assert q1(conn, "SELECT tuvl.llm_request(run_id, seq) FROM tuvl.events "
+                    "WHERE run_id = %s AND type = 'llm_turn'", (res["run_id"],)) == request
+
+
+def json_strings(v):
+    """Every string in a JSON value, keys and values."""
+    if isinstance(v, str):
+        yield v
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            yield k
+            yield from json_strings(x)
+    elif isinstance(v, list):
+        for x in v:
+            yield from json_strings(x)
+
+
 def test_secrets_are_not_readable_by_other_roles(db, conn, outsider, conns):
     q(conn, "SELECT tuvl.set_secret('llm_hidden', 'sk-hidden-value')")
     name = new_name()
