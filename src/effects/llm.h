@@ -85,6 +85,5 @@ extern Jsonb *LlmRequestDelta(Jsonb *prev, Jsonb *next);
 extern Jsonb *LlmRequestRebuild(List *payloads);
 extern Jsonb *LlmRequestNext(Jsonb *prev, Jsonb *payload);
 extern Jsonb *LlmPrevRequest(int64 run_id, const char *agent_id);
-extern Jsonb *LlmTurnCompact(Jsonb *prev, Jsonb *payload);
 
 #endif							/* TUVL_LLM_H */

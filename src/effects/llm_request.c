@@ -400,22 +400,6 @@ LlmPrevRequest(int64 run_id, const char *agent_id)
 }
 
 /*
- * The llm_turn payload of a step's model call as journaled: its request
- * replaced by the delta from prev, the step's previous request, when
- * there is one (and both are objects).
- */
-Jsonb *
-LlmTurnCompact(Jsonb *prev, Jsonb *payload)
-{
-	Jsonb	   *request = JsonGetField(payload, "request") ? JsonGetJsonb(payload, "request") : NULL;
-
-	if (request == NULL || !JsonIsObject(request) || prev == NULL || !JsonIsObject(prev))
-		return payload;
-	return JsonSetKey(JsonRemoveKey(payload, "request"), "request_delta",
-					  LlmRequestDelta(prev, request));
-}
-
-/*
  * llm_request(run_id bigint, seq integer) returns jsonb: the whole request
  * of that llm_turn event, rebuilt from the journal the caller can read;
  * NULL when there is no such llm_turn.

@@ -1236,7 +1236,7 @@ trace_effect(Transition *t, JournalEvent *ev, bool llm, const char *judge)
 
 /*
  * What an llm_turn journals of request: what changed since the step's
- * previous request, or NULL to journal it whole (as LlmTurnCompact).  The
+ * previous request, or NULL to journal it whole.  The
  * first model call of a step's visit (position 0: the step has recorded
  * no effect yet) journals its request whole; later ones the change since
  * the one before, which the worker keeps in memory (after a claim in the
