@@ -1429,20 +1429,24 @@ static void
 check_mcp_block(ValidateState *vs, Jsonb *mcp, const char *mpath)
 {
 	static const char *const mcp_keys[] = {"url", "tool", "arguments", "timeout", "headers",
-	"elicitation", "auth", NULL};
+	"elicitation", "elicitation_timeout", "auth", NULL};
 	JsonbValue *args;
 	JsonbValue *elicit;
 
 	check_unknown_keys(vs, mcp, mpath, mcp_keys, NULL);
 	elicit = JsonGetField(mcp, "elicitation");
 	if (elicit && (elicit->type != jbvString ||
-				   !((elicit->val.string.len == 15 &&
+				   !((elicit->val.string.len == 3 &&
+					  strncmp(elicit->val.string.val, "ask", 3) == 0) ||
+					 (elicit->val.string.len == 15 &&
 					  strncmp(elicit->val.string.val, "accept_defaults", 15) == 0) ||
 					 (elicit->val.string.len == 7 &&
 					  strncmp(elicit->val.string.val, "decline", 7) == 0))))
 		add_finding(vs, "error", psprintf("%s.elicitation", mpath),
-					"elicitation must be accept_defaults (answer the server's questions with the "
+					"elicitation must be ask (the run waits for a person's answer, tuvl.submit() or "
+					"tuvl.reject()), accept_defaults (answer the server's questions with the "
 					"defaults of its schema) or decline");
+	check_duration(vs, mcp, "elicitation_timeout", mpath);
 	if (JsonGetField(mcp, "headers") && !is_mapping(JsonGetField(mcp, "headers")))
 		add_finding(vs, "error", psprintf("%s.headers", mpath),
 					"headers must be a mapping such as { Authorization: \"Bearer {{ secrets.mcp_token }}\" }");

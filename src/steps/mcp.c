@@ -54,6 +54,7 @@
 #include "effect.h"
 #include "http.h"
 #include "executor.h"
+#include "journal.h"
 #include "jsonutil.h"
 #include "mcp.h"
 #include "mcp_oauth.h"
@@ -710,8 +711,15 @@ typedef struct McpProgress
 	bool		stateless;		/* ... and it is MCP_STATELESS_VERSION */
 	bool		learned;		/* this step learned it (not from memory) */
 	bool		downgraded;		/* a stateless call was refused with -32022 */
-	const char *elicitation;	/* mcp.elicitation: NULL, accept_defaults, decline */
+	const char *elicitation;	/* mcp.elicitation: ask, accept_defaults,
+								 * decline */
+	bool		can_ask;		/* ask: the run may wait for a person (not
+								 * in an agent's tool call) */
 	Jsonb	   *input_required; /* the last answer asked for input: retry */
+	Jsonb	   *answers;		/* ask: a person's answers to it, by request
+								 * key (inputResponses entries) */
+	Jsonb	   *waits;			/* ask: when each of its requests times
+								 * out (until_us), by request key */
 	int			rounds;			/* answers that asked for input */
 	const char *oauth_url;		/* mcp.auth: the server, whose 401/403 fail */
 	char	   *resume_id;		/* the stream ended before the answer: the
@@ -779,11 +787,11 @@ input_required(Jsonb *answer, McpProgress *p)
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 				 errmsg("MCP tools/call failed: the server answered with resultType \"%s\"", type)));
-	if (p->elicitation == NULL)
+	if (strcmp(p->elicitation, "ask") == 0 && !p->can_ask)
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("MCP tools/call failed: the server answered with resultType \"input_required\""),
-				 errdetail("The server needs more input for this call, such as a person's answer."),
+				 errdetail("The server needs a person's answer, and an agent's tool call cannot wait for one."),
 				 errhint("Set mcp.elicitation to accept_defaults or decline to answer it unattended.")));
 	if (++p->rounds > MCP_MAX_INPUT_ROUNDS)
 		ereport(ERROR,
@@ -821,17 +829,13 @@ schema_defaults(Jsonb *schema)
 }
 
 /*
- * inputResponses for the inputRequests of an input_required answer, as
- * mcp.elicitation says: accept_defaults accepts each form elicitation
- * with its schema's defaults (and declines one that sends the person to a
- * URL, which nobody will visit); decline declines them all.  A request of
- * another kind (sampling, roots) fails the step.
+ * The inputRequests of an input_required answer, an object; each must be
+ * an elicitation/create (tuvl answers nothing else: sampling, roots).
  */
 static Jsonb *
-input_responses(Jsonb *answer, const char *policy)
+input_requests(Jsonb *answer)
 {
 	Jsonb	   *requests = JsonGetJsonb(answer, "inputRequests");
-	Jsonb	   *out = JsonEmptyObject();
 	JsonbIterator *it;
 	JsonbValue	v;
 	char	   *key;
@@ -846,11 +850,6 @@ input_responses(Jsonb *answer, const char *policy)
 	{
 		Jsonb	   *req = JsonValueToJsonb(&v);
 		char	   *method = JsonIsObject(req) ? JsonGetString(req, "method") : NULL;
-		Jsonb	   *params = method ? JsonGetJsonb(req, "params") : NULL;
-		char	   *mode = params && JsonIsObject(params) ? JsonGetString(params, "mode") : NULL;
-		bool		accept = strcmp(policy, "accept_defaults") == 0 && (mode == NULL || strcmp(mode, "form") == 0);
-		Jsonb	   *resp = JsonSetKey(JsonEmptyObject(), "action",
-									  JsonStringValue(accept ? "accept" : "decline"));
 
 		if (method == NULL || strcmp(method, "elicitation/create") != 0)
 			ereport(ERROR,
@@ -858,13 +857,231 @@ input_responses(Jsonb *answer, const char *policy)
 					 errmsg("MCP tools/call failed: the server asked for %s, which tuvl does not answer",
 							method ? method : "an input without a method"),
 					 errdetail("tuvl answers elicitation/create only.")));
+	}
+	return requests;
+}
+
+/* The params of input request req (an object), or NULL. */
+static Jsonb *
+request_params(Jsonb *req)
+{
+	Jsonb	   *params = JsonGetField(req, "params") ? JsonGetJsonb(req, "params") : NULL;
+
+	return params && JsonIsObject(params) ? params : NULL;
+}
+
+/* Is input request req a form (not one sending the person to a URL)? */
+static bool
+request_is_form(Jsonb *req)
+{
+	Jsonb	   *params = request_params(req);
+	char	   *mode = params ? JsonGetString(params, "mode") : NULL;
+
+	return mode == NULL || strcmp(mode, "form") == 0;
+}
+
+/*
+ * inputResponses for the inputRequests of an input_required answer, as
+ * mcp.elicitation says: accept_defaults accepts each form elicitation
+ * with its schema's defaults (and declines one that sends the person to a
+ * URL, which nobody will visit); decline declines them all; ask sends
+ * what people answered (answers, by request key: every request has one).
+ */
+static Jsonb *
+input_responses(Jsonb *answer, const char *policy, Jsonb *answers)
+{
+	Jsonb	   *requests = input_requests(answer);
+	Jsonb	   *out = JsonEmptyObject();
+	JsonbIterator *it;
+	JsonbValue	v;
+	char	   *key;
+
+	it = JsonbIteratorInit(&requests->root);
+	while (JsonObjectNext(&it, &key, &v))
+	{
+		Jsonb	   *req = JsonValueToJsonb(&v);
+		Jsonb	   *params = request_params(req);
+		bool		accept = strcmp(policy, "accept_defaults") == 0 && request_is_form(req);
+		Jsonb	   *resp;
+
+		if (strcmp(policy, "ask") == 0)
+		{
+			resp = answers ? JsonGetJsonb(answers, key) : NULL;
+			if (resp == NULL)
+				elog(ERROR, "MCP input request \"%s\" has no answer", key);
+			out = JsonSetKey(out, key, resp);
+			continue;
+		}
+		resp = JsonSetKey(JsonEmptyObject(), "action", JsonStringValue(accept ? "accept" : "decline"));
 		if (accept)
 			resp = JsonSetKey(resp, "content",
-							  schema_defaults(params && JsonIsObject(params) ?
-											  JsonGetJsonb(params, "requestedSchema") : NULL));
+							  schema_defaults(params ? JsonGetJsonb(params, "requestedSchema") : NULL));
 		out = JsonSetKey(out, key, resp);
 	}
 	return out;
+}
+
+/*
+ * mcp.elicitation ask: the input requests of the last answer that nobody
+ * has answered yet park the run for a person, one at a time, as a Human
+ * step waits (waiting_human, tuvl.people_queue): tuvl.submit() accepts
+ * with the content, tuvl.reject() declines or cancels (run_control.c
+ * records the answer in the step's records).  A request whose
+ * elicitation_timeout (wait_ms; 0: none) passed unanswered is answered
+ * "cancel", as a person who dismissed it.  Returns true with the run
+ * parked in result; false once every request has its answer.
+ */
+static bool
+await_person(RunState *run, const char *step_id, McpProgress *p, const char *url, const char *tool,
+			 int wait_ms, List *secrets, StepResult *result)
+{
+	Jsonb	   *requests = input_requests(p->input_required);
+	JsonbIterator *it;
+	JsonbValue	v;
+	char	   *key;
+	JsonObjBuilder b;
+
+	it = JsonbIteratorInit(&requests->root);
+	while (JsonObjectNext(&it, &key, &v))
+	{
+		Jsonb	   *req = JsonValueToJsonb(&v);
+		Jsonb	   *params = request_params(req);
+		TimestampTz until = 0;
+		Jsonb	   *info;
+
+		if (p->answers && JsonGetField(p->answers, key))
+			continue;
+		if (p->waits && JsonGetField(p->waits, key))
+			until = (TimestampTz) JsonGetInt(p->waits, key, 0);
+		else if (wait_ms > 0)
+		{
+			until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait_ms);
+			JsonObjStart(&b);
+			JsonObjAddString(&b, "op", "elicit_wait");
+			JsonObjAddString(&b, "request", key);
+			JsonObjAddInt(&b, "until_us", until);
+			EffectRecord(run, JsonObjEnd(&b));
+		}
+		if (until != 0 && GetCurrentTimestamp() >= until)
+		{
+			/* nobody answered in time: as a person who dismissed it */
+			JsonObjStart(&b);
+			JsonObjAddString(&b, "op", "elicitation");
+			JsonObjAddString(&b, "request", key);
+			JsonObjAddString(&b, "action", "cancel");
+			JsonObjAddString(&b, "by", "tuvl");
+			JsonObjAddBool(&b, "timed_out", true);
+			EffectRecord(run, JsonObjEnd(&b));
+			/* journaled as a person's answer, so that a replay serves it */
+			JsonObjStart(&b);
+			JsonObjAddString(&b, "action", "cancel");
+			JsonObjAddString(&b, "by", "tuvl");
+			JsonObjAddString(&b, "request", key);
+			JsonObjAddString(&b, "tool", tool);
+			JsonObjAddString(&b, "reason", psprintf("no answer within the elicitation_timeout of %s",
+													wait_ms % 1000 == 0 ? psprintf("%d s", wait_ms / 1000) :
+													psprintf("%d ms", wait_ms)));
+			JournalAdd(&run->step_events, "decision", step_id, "MCP", JsonObjEnd(&b));
+			p->answers = JsonSetKey(p->answers ? p->answers : JsonEmptyObject(), key,
+									JsonSetKey(JsonEmptyObject(), "action", JsonStringValue("cancel")));
+			continue;
+		}
+
+		/* what people_queue shows and tuvl.submit() checks the answer with */
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "kind", "mcp_elicitation");
+		JsonObjAddString(&b, "server", HttpRedactUrl(url));
+		JsonObjAddString(&b, "tool", tool);
+		JsonObjAddString(&b, "request", key);
+		JsonObjAddString(&b, "mode", request_is_form(req) ? "form" : "url");
+		JsonObjAddString(&b, "message", params ? JsonGetString(params, "message") : NULL);
+		if (request_is_form(req))
+			JsonObjAddJsonb(&b, "form", params && JsonGetField(params, "requestedSchema") ?
+							JsonGetJsonb(params, "requestedSchema") :
+							JsonFromCString("{\"type\": \"object\"}"));
+		else
+			JsonObjAddString(&b, "url", params ? JsonGetString(params, "url") : NULL);
+		JsonObjAddInt(&b, "round", p->rounds);
+		if (until != 0)
+			SleepAddWake(&b, until);
+		info = SecretScrubJsonb(JsonObjEnd(&b), secrets);
+		result->park = RUN_WAITING_HUMAN;
+		result->park_info = info;
+		return true;
+	}
+	return false;
+}
+
+/*
+ * The method of the first request the server sent on an event stream
+ * (body), such as elicitation/create, or NULL: a message with an id and a
+ * method, not a notification.
+ */
+static char *
+stream_request_method(const char *body)
+{
+	StringInfoData data;
+	const char *p = body;
+
+	initStringInfo(&data);
+	for (;;)
+	{
+		const char *eol = strpbrk(p, "\r\n");
+		size_t		len = eol ? (size_t) (eol - p) : strlen(p);
+
+		if (len >= 5 && strncmp(p, "data:", 5) == 0)
+		{
+			const char *v = p + 5 + (p[5] == ' ');
+
+			if (data.len > 0)
+				appendStringInfoChar(&data, '\n');
+			appendBinaryStringInfo(&data, v, p + len - v);
+		}
+		if ((len == 0 || eol == NULL) && data.len > 0)
+		{
+			Jsonb	   *msg = JsonParseExternal(data.data, data.len, NULL);
+
+			if (msg && JsonIsObject(msg) && JsonGetField(msg, "id") && JsonGetString(msg, "method"))
+				return JsonGetString(msg, "method");
+			resetStringInfo(&data);
+		}
+		if (eol == NULL)
+			break;
+		p = eol + ((eol[0] == '\r' && eol[1] == '\n') ? 2 : 1);
+	}
+	return NULL;
+}
+
+/*
+ * A 2025-11-25 server that asks for input on the call's event stream
+ * (elicitation/create: the stream was ended there, see next_request)
+ * waits for the answer on that stream, which cannot stay open while a run
+ * waits for a person, nor be resumed after a crash: the call fails
+ * clearly.  tuvl declares no elicitation capability on that revision, so a
+ * server that follows it does not ask.
+ */
+static void
+fail_if_stream_asks(Jsonb *r, const char *id)
+{
+	char	   *ctype = header_of(r, "content-type");
+	char	   *body = JsonGetText(r, "body");
+	char	   *error;
+	char	   *method;
+
+	if (ctype == NULL || strstr(ctype, "text/event-stream") == NULL || body == NULL ||
+		McpParseMessage(body, ctype, id, &error) != NULL)
+		return;
+	method = stream_request_method(body);
+	if (method == NULL)
+		return;
+	StepErrorType = "mcp_error";
+	ereport(ERROR,
+			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+			 errmsg("MCP tools/call failed: the server asked for input (%s) on the call's event stream of a %s session",
+					method, JsonGetString(r, "version") ? JsonGetString(r, "version") : MCP_PROTOCOL_VERSION),
+			 errdetail("On this revision the server waits for the answer on the open stream, which cannot outlive a run waiting for a person or a crash; tuvl declared no elicitation capability."),
+			 errhint("Use a server that speaks the stateless revision %s, where the run waits for a person's answer or mcp.elicitation accept_defaults or decline answers it.",
+					 MCP_STATELESS_VERSION)));
 }
 
 /*
@@ -993,10 +1210,26 @@ walk_effects(RunState *run, int first, int n, const char *url, McpProgress *p, J
 				fail_transport(r, "tools/call");
 			*answer = rpc_answer(r, answer_id(r, i), "tools/call");
 			p->input_required = NULL;
+			p->answers = p->waits = NULL;
 			if (input_required(*answer, p))
 				continue;
 			return true;
 		}
+		else if (strcmp(op, "elicitation") == 0 && p->input_required)
+		{
+			/* a person's answer (or a timeout's) to one input request */
+			char	   *key = JsonGetString(r, "request");
+			Jsonb	   *resp = JsonSetKey(JsonEmptyObject(), "action",
+										  JsonStringValue(JsonGetString(r, "action")));
+
+			if (JsonGetField(r, "content"))
+				resp = JsonSetKey(resp, "content", JsonGetJsonb(r, "content"));
+			if (key)
+				p->answers = JsonSetKey(p->answers ? p->answers : JsonEmptyObject(), key, resp);
+		}
+		else if (strcmp(op, "elicit_wait") == 0 && p->input_required && JsonGetString(r, "request"))
+			p->waits = JsonSetKey(p->waits ? p->waits : JsonEmptyObject(), JsonGetString(r, "request"),
+								  JsonGetJsonb(r, "until_us"));
 		else if (strcmp(op, "call") == 0)
 		{
 			if (i == first)
@@ -1011,17 +1244,20 @@ walk_effects(RunState *run, int first, int n, const char *url, McpProgress *p, J
 			{
 				/* the server lost the session: initialize again */
 				const char *elicitation = p->elicitation;
+				bool		can_ask = p->can_ask;
 				const char *oauth_url = p->oauth_url;
 
 				session_forget(url, p->session);
 				memset(p, 0, sizeof(McpProgress));
 				p->discovered = true;	/* still a 2025 server */
 				p->elicitation = elicitation;
+				p->can_ask = can_ask;
 				p->oauth_url = oauth_url;
 				continue;
 			}
 			if (status < 200 || status >= 300)
 				fail_transport(r, "tools/call");
+			fail_if_stream_asks(r, answer_id(r, i));
 			if (stream_resumable(r, answer_id(r, i), p))
 				continue;
 			*answer = rpc_answer(r, answer_id(r, i), "tools/call");
@@ -1225,13 +1461,13 @@ next_request(const char *url, const char *tool, Jsonb *args, const char *id, Mcp
 		if (p->input_required)
 		{
 			/* the same call again, with the answers (and the server's state) */
-			responses = input_responses(p->input_required, p->elicitation);
+			responses = input_responses(p->input_required, p->elicitation, p->answers);
 			JsonObjAddJsonb(&b, "inputResponses", responses);
 			if (JsonGetField(p->input_required, "requestState"))
 				JsonObjAddJsonb(&b, "requestState", JsonGetJsonb(p->input_required, "requestState"));
 		}
 		req = stateless_request(url, "tools/call", JsonObjEnd(&b), tool, id, "call", timeout_ms, extra,
-								p->elicitation != NULL);
+								strcmp(p->elicitation, "ask") != 0 || p->can_ask);
 		req->journal = JsonMerge(req->journal, JsonSetKey(JsonSetKey(JsonEmptyObject(), "tool",
 																	 JsonStringValue(tool)),
 														  "arguments", args));
@@ -1285,6 +1521,8 @@ next_request(const char *url, const char *tool, Jsonb *args, const char *id, Mcp
 	JsonObjAddJsonb(&b, "arguments", args);
 	req = rpc_request(url, "tools/call", JsonObjEnd(&b), id, p->session, p->version,
 					  "call", timeout_ms, extra);
+	/* a question on the stream waits for an answer there: stop reading */
+	req->http.stop_after = "\"elicitation/create\"";
 	req->journal = JsonMerge(req->journal, JsonSetKey(JsonSetKey(JsonEmptyObject(), "tool",
 																 JsonStringValue(tool)),
 													  "arguments", args));
@@ -1345,6 +1583,10 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	/* walk what happened so far */
 	memset(&p, 0, sizeof(p));
 	p.elicitation = JsonGetString(mcp, "elicitation");
+	if (p.elicitation == NULL)
+		p.elicitation = "ask";
+	/* an agent's tool call cannot wait for a person */
+	p.can_ask = run->effect_call == 0 && run->tool_args == NULL;
 	p.oauth_url = JsonGetField(mcp, "auth") ? url : NULL;
 	if (walk_effects(run, first, n, skey, &p, &answer))
 	{
@@ -1360,6 +1602,16 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	/* what next */
 	if (p.learned)
 		revision_remember(url, p.stateless);
+	if (p.input_required && strcmp(p.elicitation, "ask") == 0)
+	{
+		/* the server needs a person's answer: wait for it */
+		int			wait_ms = 0;
+
+		(void) DurationFromJson(JsonGetField(mcp, "elicitation_timeout"), &wait_ms);
+		if (await_person(run, step->id, &p, url, tool, wait_ms, use.values, result))
+			return;
+		n = EffectCount(run);	/* a timeout's answer was recorded */
+	}
 	sync_session_cache(skey, n - first, &p, url, extra);
 	if (n == first)
 	{

@@ -55,6 +55,11 @@ Tools (tools/list):
             these arguments is error -32602.  On a 2025 revision the tool
             answers "<operation>: no elicitation on this revision" (a tool
             error).
+  ask_on_stream  {}: on a 2025 revision, the server-initiated elicitation
+            of that revision: the answer is an event stream holding an
+            elicitation/create request (id "elicit-1", the confirm schema),
+            kept open 20 s for a client's answer that this server never reads,
+            then ended without the tool's answer.  On 2026-07-28 a tool error.
 
 Responses are application/json, or with --sse (or ?sse=1 on the URL) a
 text/event-stream of one priming event (an id and empty data) and one event
@@ -118,6 +123,8 @@ TOOLS = [
     {"name": "confirm", "description": "Ask a person to confirm an operation.",
      "inputSchema": {"type": "object", "properties": {"operation": {"type": "string"}},
                      "required": ["operation"]}},
+    {"name": "ask_on_stream", "description": "Ask on the call's event stream (2025 revisions).",
+     "inputSchema": {"type": "object", "properties": {}}},
 ]
 CONFIRM_SCHEMA = {
     "type": "object",
@@ -274,6 +281,9 @@ class Handler(BaseHTTPRequestHandler):
             msg_id = msg.get("id")
             entry["method"] = msg["method"]
             self.authorize(msg)
+            if version_of_legacy_ask(self, msg):
+                entry["status"] = 200
+                return self.ask_on_stream(msg_id)
             result, version = self.dispatch(msg, entry)
             entry["version"] = version
             if msg_id is None:          # a notification
@@ -299,6 +309,23 @@ class Handler(BaseHTTPRequestHandler):
             body = ("id: 0\ndata: \n\n" + "event: message\ndata: " + json.dumps(reply) + "\n\n").encode()
             return self.send(200, body, ctype="text/event-stream")
         self.send(status, reply)
+
+    def ask_on_stream(self, msg_id):
+        # an event stream without Content-Length: the request, then silence
+        ask = {"jsonrpc": "2.0", "id": "elicit-1", "method": "elicitation/create",
+               "params": {"message": "Confirm?", "requestedSchema": CONFIRM_SCHEMA}}
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        try:
+            self.wfile.write(("id: 1\ndata: \n\n" + "id: 2\nevent: message\ndata: " + json.dumps(ask)
+                              + "\n\n").encode())
+            self.wfile.flush()
+            time.sleep(20)
+        except OSError:
+            pass
 
     # ------------------------------------------------------------ authorization
 
@@ -421,6 +448,8 @@ class Handler(BaseHTTPRequestHandler):
             return text_result("the tool failed", is_error=True)
         if name == "confirm":
             return self.confirm(params, args, legacy)
+        if name == "ask_on_stream":
+            return text_result("ask_on_stream: only on a 2025 revision", is_error=True)
         raise RpcError(200, -32602, f"Unknown tool: {name}")
 
     def confirm(self, params, args, legacy):
@@ -441,10 +470,19 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(answer, dict) or answer.get("action") not in ("accept", "decline", "cancel"):
             raise RpcError(200, -32602, "inputResponses.confirm must hold an action")
         if answer["action"] != "accept":
-            return text_result(f"{op}: {answer['action']}d")
+            return text_result(f"{op}: {'declined' if answer['action'] == 'decline' else 'cancelled'}")
         content = answer.get("content") or {}
         return text_result(f"{op}: accepted confirmed={json.dumps(content.get('confirmed'))} "
                            f"note={content.get('note')}", {"answer": content})
+
+
+def version_of_legacy_ask(handler, msg):
+    """Is msg a tools/call of ask_on_stream served on a 2025 revision?"""
+    params = msg.get("params") if isinstance(msg.get("params"), dict) else {}
+    if msg.get("method") != "tools/call" or params.get("name") != "ask_on_stream":
+        return False
+    meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+    return meta.get(META_VERSION) is None and bool(handler.st.legacy())
 
 
 class Server(ThreadingHTTPServer):
