@@ -420,7 +420,7 @@ answer_elicitation(LockedRun *r, const PersonAnswer *answer, Jsonb *awaiting, Li
 					 errhint("Submit an object that satisfies the question's schema (people_queue.awaiting -> 'form'), or call tuvl.reject(run_id).")));
 		if (form && JsonIsObject(form))
 			JsonSchemaValidateOrError(form, answer->data,
-									  psprintf("the answer to the MCP server's question at step \"%s\"",
+									  psprintf("answer to the MCP server's question at step \"%s\"",
 											   r->step));
 	}
 

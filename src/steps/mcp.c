@@ -32,6 +32,15 @@
  * the step; an `initialize` answered -32022 by a server that names
  * 2026-07-28 among its revisions negotiates up.
  *
+ * Input requests.  A stateless call answered with resultType
+ * "input_required" is sent again with inputResponses: answered as
+ * mcp.elicitation says, unattended (accept_defaults, decline) or, with ask
+ * (the default), by a person: the run parks as waiting_human with the
+ * question as its awaiting (await_person), tuvl.submit() or tuvl.reject()
+ * record the answer among the step's records (run_control.c), and the
+ * step, executed again, retries the call.  A 2025-11-25 server that asks
+ * on the call's event stream fails the call (fail_if_stream_asks).
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -713,13 +722,13 @@ typedef struct McpProgress
 	bool		downgraded;		/* a stateless call was refused with -32022 */
 	const char *elicitation;	/* mcp.elicitation: ask, accept_defaults,
 								 * decline */
-	bool		can_ask;		/* ask: the run may wait for a person (not
-								 * in an agent's tool call) */
+	bool		can_ask;		/* ask: the run may wait for a person (not in
+								 * an agent's tool call) */
 	Jsonb	   *input_required; /* the last answer asked for input: retry */
 	Jsonb	   *answers;		/* ask: a person's answers to it, by request
 								 * key (inputResponses entries) */
-	Jsonb	   *waits;			/* ask: when each of its requests times
-								 * out (until_us), by request key */
+	Jsonb	   *waits;			/* ask: when each of its requests times out
+								 * (until_us), by request key */
 	int			rounds;			/* answers that asked for input */
 	const char *oauth_url;		/* mcp.auth: the server, whose 401/403 fail */
 	char	   *resume_id;		/* the stream ended before the answer: the
