@@ -41,6 +41,12 @@
  * step, executed again, retries the call.  A 2025-11-25 server that asks
  * on the call's event stream fails the call (fail_if_stream_asks).
  *
+ * Tasks.  A step that can wait (not an agent's tool call) declares the
+ * tasks extension; a server may then answer the call with a task
+ * (resultType "task"): the step polls it with tasks/get, one effect per
+ * poll, the run parked as sleeping until the next (task_wait records the
+ * time), and the completed task's result is the call's.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -440,24 +446,31 @@ add_header(EffectRequest *req, const char *name, const char *value)
 	req->http.headers = lappend(req->http.headers, h);
 }
 
+/* The tasks extension's identifier (2026-07-28). */
+#define MCP_TASKS_EXTENSION "io.modelcontextprotocol/tasks"
+
 /*
  * A request of the stateless revision: params with the _meta every
  * 2026-07-28 request carries (the revision, tuvl's capabilities: form
- * elicitation when elicit, the step answering input requests, else none;
+ * elicitation when elicit, the step answering input requests, and the
+ * tasks extension when tasks, the step able to poll a task, else none;
  * and its name), and the headers the revision asks for, which the server
  * checks against the body: MCP-Protocol-Version, Mcp-Method and, when name
  * is given (tools/call), Mcp-Name.
  */
 static EffectRequest *
 stateless_request(const char *url, const char *method, Jsonb *params, const char *name,
-				  const char *id, const char *op, int timeout_ms, List *extra, bool elicit)
+				  const char *id, const char *op, int timeout_ms, List *extra, bool elicit,
+				  bool tasks)
 {
 	Jsonb	   *meta = JsonFromCString(psprintf("{\"io.modelcontextprotocol/protocolVersion\": \""
 												MCP_STATELESS_VERSION "\", "
-												"\"io.modelcontextprotocol/clientCapabilities\": %s, "
+												"\"io.modelcontextprotocol/clientCapabilities\": {%s%s%s}, "
 												"\"io.modelcontextprotocol/clientInfo\": "
 												"{\"name\": \"tuvl\", \"version\": \"" TUVL_VERSION "\"}}",
-												elicit ? "{\"elicitation\": {\"form\": {}}}" : "{}"));
+												elicit ? "\"elicitation\": {\"form\": {}}" : "",
+												elicit && tasks ? ", " : "",
+												tasks ? "\"extensions\": {\"" MCP_TASKS_EXTENSION "\": {}}" : ""));
 	EffectRequest *req;
 
 	if (name && strpbrk(name, "\r\n"))
@@ -730,6 +743,9 @@ typedef struct McpProgress
 	Jsonb	   *waits;			/* ask: when each of its requests times out
 								 * (until_us), by request key */
 	int			rounds;			/* answers that asked for input */
+	char	   *task_id;		/* the call became this task: poll it */
+	int			task_poll_ms;	/* ... this often */
+	TimestampTz task_until;		/* ... next at this time (0: not set yet) */
 	const char *oauth_url;		/* mcp.auth: the server, whose 401/403 fail */
 	char	   *resume_id;		/* the stream ended before the answer: the
 								 * last event id to resume after, or NULL */
@@ -1142,13 +1158,115 @@ stream_resumable(Jsonb *r, const char *id, McpProgress *p)
 	return true;
 }
 
+/* A task's poll interval is kept within these bounds. */
+#define MCP_TASK_MIN_POLL_MS 100
+#define MCP_TASK_MAX_POLL_MS (10 * 60 * 1000)
+#define MCP_TASK_DEFAULT_POLL_MS 1000
+
+/* The task's pollIntervalMs (or the last one), within the bounds. */
+static void
+task_poll_interval(Jsonb *task, McpProgress *p)
+{
+	JsonbValue *v = JsonGetField(task, "pollIntervalMs");
+
+	if (v && v->type == jbvNumeric)
+		p->task_poll_ms = Max(MCP_TASK_MIN_POLL_MS,
+							  Min(MCP_TASK_MAX_POLL_MS, JsonGetInt32(task, "pollIntervalMs", 0)));
+	else if (p->task_poll_ms == 0)
+		p->task_poll_ms = MCP_TASK_DEFAULT_POLL_MS;
+}
+
+/*
+ * Did the server answer the call with a task (resultType "task", the
+ * tasks extension)?  Then p remembers it, to poll with tasks/get.
+ */
+static bool
+task_created(Jsonb *answer, McpProgress *p)
+{
+	char	   *type = answer ? JsonGetString(answer, "resultType") : NULL;
+	char	   *id;
+
+	if (type == NULL || strcmp(type, "task") != 0)
+		return false;
+	StepErrorType = "mcp_error";
+	if (!p->can_ask)
+		ereport(ERROR,
+				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+				 errmsg("MCP tools/call failed: the server answered with a task, which tuvl did not ask for"),
+				 errdetail("An agent's tool call does not declare the %s extension.", MCP_TASKS_EXTENSION)));
+	id = JsonGetString(answer, "taskId");
+	if (id == NULL || *id == '\0' || strlen(id) > 512)
+		ereport(ERROR,
+				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+				 errmsg("MCP tools/call failed: the server's task has no taskId")));
+	p->task_id = id;
+	p->task_poll_ms = 0;
+	p->task_until = 0;
+	task_poll_interval(answer, p);
+	return true;
+}
+
+/*
+ * The state of the task (a tasks/get answer): its result when completed
+ * (returns true), false while it works; raises when it failed, was
+ * cancelled or asks for input.
+ */
+static bool
+task_done(Jsonb *task, const char *tool, McpProgress *p, Jsonb **answer)
+{
+	char	   *status = task ? JsonGetString(task, "status") : NULL;
+	char	   *message = task ? JsonGetString(task, "statusMessage") : NULL;
+
+	StepErrorType = "mcp_error";
+	if (status == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+				 errmsg("MCP tasks/get failed: the answer for task %s has no status", p->task_id)));
+	if (strcmp(status, "completed") == 0)
+	{
+		*answer = JsonGetField(task, "result") ? JsonGetJsonb(task, "result") : NULL;
+		if (*answer == NULL || !JsonIsObject(*answer))
+			ereport(ERROR,
+					(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+					 errmsg("MCP tasks/get failed: task %s completed without a result object", p->task_id)));
+		return true;
+	}
+	if (strcmp(status, "failed") == 0)
+	{
+		Jsonb	   *e = JsonGetField(task, "error") ? JsonGetJsonb(task, "error") : NULL;
+		char	   *m = e && JsonIsObject(e) ? JsonGetString(e, "message") : NULL;
+
+		ereport(ERROR,
+				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+				 errmsg("MCP tool \"%s\" failed: its task %s failed: %s", tool, p->task_id,
+						m ? m : message ? message : "no message"),
+				 e && JsonGetField(e, "code") ?
+				 errdetail("JSON-RPC error code %s.", JsonClipText(JsonGetText(e, "code"), 40)) : 0));
+	}
+	if (strcmp(status, "cancelled") == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+				 errmsg("MCP tool \"%s\" failed: the server cancelled its task %s%s%s", tool, p->task_id,
+						message ? ": " : "", message ? message : "")));
+	if (strcmp(status, "input_required") == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("MCP tool \"%s\" failed: its task %s asks for input, which tuvl does not answer for a task yet",
+						tool, p->task_id),
+				 errhint("A server that asks before it creates the task (input_required on tools/call) is answered.")));
+	/* working (or a status to come): poll again */
+	task_poll_interval(task, p);
+	return false;
+}
+
 /*
  * Walk the step's effects so far, updating p.  Returns true with *answer
  * set to the result of tools/call when it arrived (the step is done);
  * raises for a failure.
  */
 static bool
-walk_effects(RunState *run, int first, int n, const char *url, McpProgress *p, Jsonb **answer)
+walk_effects(RunState *run, int first, int n, const char *url, const char *tool, McpProgress *p,
+			 Jsonb **answer)
 {
 	for (int i = first; i < n; i++)
 	{
@@ -1220,10 +1338,23 @@ walk_effects(RunState *run, int first, int n, const char *url, McpProgress *p, J
 			*answer = rpc_answer(r, answer_id(r, i), "tools/call");
 			p->input_required = NULL;
 			p->answers = p->waits = NULL;
+			if (task_created(*answer, p))
+				continue;
 			if (input_required(*answer, p))
 				continue;
 			return true;
 		}
+		else if (strcmp(op, "task_get") == 0 && p->task_id)
+		{
+			/* a poll of the task the call became */
+			if (status < 200 || status >= 300)
+				fail_transport(r, "tasks/get");
+			p->task_until = 0;
+			if (task_done(rpc_answer(r, answer_id(r, i), "tasks/get"), tool, p, answer))
+				return true;
+		}
+		else if (strcmp(op, "task_wait") == 0 && p->task_id)
+			p->task_until = (TimestampTz) JsonGetInt(r, "until_us", 0);
 		else if (strcmp(op, "elicitation") == 0 && p->input_required)
 		{
 			/* a person's answer (or a timeout's) to one input request */
@@ -1459,7 +1590,7 @@ next_request(const char *url, const char *tool, Jsonb *args, const char *id, Mcp
 
 	if (!p->discovered)
 		return stateless_request(url, "server/discover", NULL, NULL, id, "discover", timeout_ms, extra,
-								 false);
+								 false, false);
 	if (p->stateless)
 	{
 		Jsonb	   *responses = NULL;
@@ -1476,7 +1607,7 @@ next_request(const char *url, const char *tool, Jsonb *args, const char *id, Mcp
 				JsonObjAddJsonb(&b, "requestState", JsonGetJsonb(p->input_required, "requestState"));
 		}
 		req = stateless_request(url, "tools/call", JsonObjEnd(&b), tool, id, "call", timeout_ms, extra,
-								strcmp(p->elicitation, "ask") != 0 || p->can_ask);
+								strcmp(p->elicitation, "ask") != 0 || p->can_ask, p->can_ask);
 		req->journal = JsonMerge(req->journal, JsonSetKey(JsonSetKey(JsonEmptyObject(), "tool",
 																	 JsonStringValue(tool)),
 														  "arguments", args));
@@ -1597,7 +1728,7 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	/* an agent's tool call cannot wait for a person */
 	p.can_ask = run->effect_call == 0 && run->tool_args == NULL;
 	p.oauth_url = JsonGetField(mcp, "auth") ? url : NULL;
-	if (walk_effects(run, first, n, skey, &p, &answer))
+	if (walk_effects(run, first, n, skey, tool, &p, &answer))
 	{
 		if (p.learned)
 			revision_remember(url, p.stateless);
@@ -1611,6 +1742,46 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	/* what next */
 	if (p.learned)
 		revision_remember(url, p.stateless);
+	if (p.task_id)
+	{
+		/* a task: poll it with tasks/get, the run sleeping in between */
+		TimestampTz now = GetCurrentTimestamp();
+
+		if (p.task_until == 0 && !run->replay)
+		{
+			JsonObjBuilder b;
+
+			p.task_until = TimestampTzPlusMilliseconds(now, p.task_poll_ms);
+			JsonObjStart(&b);
+			JsonObjAddString(&b, "op", "task_wait");
+			JsonObjAddInt(&b, "until_us", p.task_until);
+			EffectRecord(run, JsonObjEnd(&b));
+		}
+		if (p.task_until > now && !run->replay)
+		{
+			JsonObjBuilder b;
+
+			JsonObjStart(&b);
+			JsonObjAddString(&b, "kind", "mcp_task");
+			JsonObjAddString(&b, "server", HttpRedactUrl(url));
+			JsonObjAddString(&b, "tool", tool);
+			JsonObjAddString(&b, "task", p.task_id);
+			SleepAddWake(&b, p.task_until);
+			result->park = RUN_SLEEPING;
+			result->park_info = SecretScrubJsonb(JsonObjEnd(&b), use.values);
+			return;
+		}
+		n = EffectCount(run);
+		req = stateless_request(url, "tasks/get",
+								JsonSetKey(JsonEmptyObject(), "taskId", JsonStringValue(p.task_id)),
+								NULL, EffectKey(run, n), "task_get", timeout_ms, extra, false, true);
+		req->journal = JsonSetKey(req->journal, "task", JsonStringValue(p.task_id));
+		req->secrets = use.values;
+		req->journal = SecretScrubJsonb(req->journal, use.values);
+		result->pending = true;
+		result->effect = req;
+		return;
+	}
 	if (p.input_required && strcmp(p.elicitation, "ask") == 0)
 	{
 		/* the server needs a person's answer: wait for it */
@@ -1754,7 +1925,7 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 	}
 	/* which revision: server/discover, as a step asks */
 	req = stateless_request(url, "server/discover", NULL, NULL, "tuvl-list-0", "discover",
-							tuvl_http_timeout, list_copy(extra), false);
+							tuvl_http_timeout, list_copy(extra), false, false);
 	req->secrets = use.values;
 	r = EffectPerform(req);
 	if (JsonGetInt32(r, "status", 0) == 0)
@@ -1798,7 +1969,7 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 
 			if (stateless)
 				req = stateless_request(url, "tools/list", params, NULL, psprintf("tuvl-list-%d", 2 + page),
-										"list", tuvl_http_timeout, list_copy(extra), false);
+										"list", tuvl_http_timeout, list_copy(extra), false, false);
 			else
 				req = rpc_request(url, "tools/list", params, psprintf("tuvl-list-%d", 2 + page), session,
 								  version, "list", tuvl_http_timeout, list_copy(extra));

@@ -118,7 +118,7 @@ def test_a_question_parks_the_run_until_a_person_submits(wf, conns, server):
     q(c, "SELECT tuvl.submit(%s, %s::jsonb)", (run_id, json.dumps({"confirmed": True, "note": "go"})))
     assert finish(c, run_id)["text"] == "deploy: accepted confirmed=true note=go"
     first, retry = [e["body"]["params"] for e in calls(server)]
-    assert first["_meta"]["io.modelcontextprotocol/clientCapabilities"] == {"elicitation": {"form": {}}}
+    assert first["_meta"]["io.modelcontextprotocol/clientCapabilities"]["elicitation"] == {"form": {}}
     assert retry["inputResponses"] == {"confirm": {"action": "accept",
                                                    "content": {"confirmed": True, "note": "go"}}}
     assert retry["requestState"] and retry["arguments"] == {"operation": "deploy"}

@@ -170,7 +170,8 @@ def test_a_stateless_server_is_called_without_handshake_or_session(wf, conns, se
     meta = tcall["body"]["params"]["_meta"]
     assert meta["io.modelcontextprotocol/protocolVersion"] == V26
     # mcp.elicitation ask, the default: the server may ask a person (test_mcp_elicitation.py)
-    assert meta["io.modelcontextprotocol/clientCapabilities"] == {"elicitation": {"form": {}}}
+    assert meta["io.modelcontextprotocol/clientCapabilities"] == {
+        "elicitation": {"form": {}}, "extensions": {"io.modelcontextprotocol/tasks": {}}}
     assert meta["io.modelcontextprotocol/clientInfo"]["name"] == "tuvl"
     # the journal keeps the call's tool and arguments, not the _meta
     assert payloads(c, first["run_id"], "tool_call")[1]["request"]["arguments"] == {"a": 2, "b": 40}
@@ -259,7 +260,8 @@ def test_errors_and_tool_errors_on_the_stateless_revision(wf, conns, server):
 def test_list_tools_is_stateless_on_a_2026_server(wf, conns, server):
     c = conns(wf)
     tools = q1(c, "SELECT tuvl.mcp_list_tools(%s)", (server.url,))
-    assert [t["name"] for t in tools] == ["echo", "add", "slow", "fail", "confirm", "ask_on_stream"]
+    assert [t["name"] for t in tools] == ["echo", "add", "slow", "fail", "confirm", "long",
+                                           "ask_on_stream"]
     log = server.log()
     assert [e["method"] for e in log] == ["server/discover", "tools/list"]
     assert log[1]["version"] == V26 and log[1]["headers"]["mcp-method"] == "tools/list"
@@ -380,7 +382,7 @@ def test_input_required_is_answered_with_the_schema_defaults(elicit_wf, conns, s
     assert len(calls) == 2
     first, retry = calls[0]["body"]["params"], calls[1]["body"]["params"]
     caps = first["_meta"]["io.modelcontextprotocol/clientCapabilities"]
-    assert caps == {"elicitation": {"form": {}}}
+    assert caps == {"elicitation": {"form": {}}, "extensions": {"io.modelcontextprotocol/tasks": {}}}
     assert "inputResponses" not in first
     assert retry["inputResponses"] == {"confirm": {"action": "accept",
                                                    "content": {"confirmed": False, "note": "none"}}}

@@ -55,6 +55,16 @@ Tools (tools/list):
             these arguments is error -32602.  On a 2025 revision the tool
             answers "<operation>: no elicitation on this revision" (a tool
             error).
+  long      {ms, poll_ms, fail}: a long call.  A client that declares the
+            tasks extension (clientCapabilities.extensions
+            "io.modelcontextprotocol/tasks") gets a task at once:
+            resultType "task", a taskId, status "working", pollIntervalMs
+            poll_ms (default 200); tasks/get {taskId} answers "working"
+            until ms (default 1000) have passed since the call, then
+            "completed" with the result "worked <ms>" (or, with fail,
+            "failed" with a JSON-RPC error "the long work failed").  Without
+            the extension the call sleeps ms and answers.  tasks/cancel
+            {taskId} cancels it.  Tasks live in the server's memory.
   ask_on_stream  {}: on a 2025 revision, the server-initiated elicitation
             of that revision: the answer is an event stream holding an
             elicitation/create request (id "elicit-1", the confirm schema),
@@ -123,6 +133,9 @@ TOOLS = [
     {"name": "confirm", "description": "Ask a person to confirm an operation.",
      "inputSchema": {"type": "object", "properties": {"operation": {"type": "string"}},
                      "required": ["operation"]}},
+    {"name": "long", "description": "A long call: a task for a client that polls.",
+     "inputSchema": {"type": "object", "properties": {"ms": {"type": "integer"}, "poll_ms": {"type": "integer"},
+                                                     "fail": {"type": "boolean"}}}},
     {"name": "ask_on_stream", "description": "Ask on the call's event stream (2025 revisions).",
      "inputSchema": {"type": "object", "properties": {}}},
 ]
@@ -152,6 +165,7 @@ class State:
         self.log = []
         self.log_max = log_max
         self.secret = os.urandom(16)
+        self.tasks = {}
 
     def legacy(self):
         with self.lock:
@@ -420,6 +434,8 @@ class Handler(BaseHTTPRequestHandler):
             raise RpcError(400, -32601, "initialize is not a method of 2026-07-28; use server/discover")
         if method.startswith("notifications/"):
             return {}
+        if method in ("tasks/get", "tasks/cancel"):
+            return self.task_method(method, params)
         return self.tools(method, params, caps, legacy=False)
 
     def tools(self, method, params, caps, legacy):
@@ -450,7 +466,47 @@ class Handler(BaseHTTPRequestHandler):
             return self.confirm(params, args, legacy)
         if name == "ask_on_stream":
             return text_result("ask_on_stream: only on a 2025 revision", is_error=True)
+        if name == "long":
+            return self.long(args, caps)
         raise RpcError(200, -32602, f"Unknown tool: {name}")
+
+    def long(self, args, caps):
+        ms = min(int(args.get("ms", 1000)), 600000)
+        tasks = isinstance(caps, dict) and isinstance(caps.get("extensions"), dict) and \
+            "io.modelcontextprotocol/tasks" in caps["extensions"]
+        if not tasks:
+            time.sleep(ms / 1000)
+            return text_result(f"worked {ms}")
+        now = time.time()
+        task_id = base64.urlsafe_b64encode(os.urandom(12)).decode()
+        task = {"taskId": task_id, "status": "working", "statusMessage": "working on it",
+                "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+                "lastUpdatedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+                "ttlMs": 600000, "pollIntervalMs": int(args.get("poll_ms", 200))}
+        with self.st.lock:
+            self.st.tasks[task_id] = {"task": task, "until": now + ms / 1000, "ms": ms,
+                                      "fail": bool(args.get("fail"))}
+        return {"resultType": "task", **task}
+
+    def task_method(self, method, params):
+        task_id = params.get("taskId")
+        with self.st.lock:
+            t = self.st.tasks.get(task_id)
+            if t is None:
+                raise RpcError(200, -32602, f"no task {task_id}")
+            task = dict(t["task"])
+            if method == "tasks/cancel":
+                if task["status"] == "working":
+                    t["task"]["status"] = "cancelled"
+                return {}
+            if task["status"] == "working" and time.time() >= t["until"]:
+                if t["fail"]:
+                    t["task"].update(status="failed", error={"code": -32603, "message": "the long work failed"})
+                else:
+                    t["task"].update(status="completed", result=text_result(f"worked {t['ms']}"))
+                task = dict(t["task"])
+        task["resultType"] = "complete"
+        return task
 
     def confirm(self, params, args, legacy):
         op = str(args.get("operation", ""))
