@@ -1260,6 +1260,78 @@ task_done(Jsonb *task, const char *tool, McpProgress *p, Jsonb **answer)
 }
 
 /*
+ * The result r (at position i) of a stateless call: true with the tool's
+ * result in *answer; false when the server no longer speaks the revision
+ * (negotiate down), made the call a task, or asks for input.
+ */
+static bool
+walk_stateless_call(Jsonb *r, int i, McpProgress *p, Jsonb **answer)
+{
+	int			status = JsonGetInt32(r, "status", 0);
+	bool		up;
+
+	if (version_mismatch(r, &up))
+	{
+		/* the server no longer speaks it: negotiate down */
+		p->stateless = false;
+		p->downgraded = p->learned = true;
+		return false;
+	}
+	if (status < 200 || status >= 300)
+		fail_transport(r, "tools/call");
+	*answer = rpc_answer(r, answer_id(r, i), "tools/call");
+	p->input_required = NULL;
+	p->answers = p->waits = NULL;
+	if (task_created(*answer, p) || input_required(*answer, p))
+		return false;
+	return true;
+}
+
+/*
+ * What follows a stateless call's answer, at position i of the step's
+ * records (r, whose op is op): a poll of the task the call became
+ * (task_get), the time of the next (task_wait), a person's answer to an
+ * input request (elicitation) or its deadline (elicit_wait).  Returns
+ * false for any other record; *done says that the call's answer is in
+ * *answer.
+ */
+static bool
+walk_after_call(Jsonb *r, int i, const char *op, const char *tool, McpProgress *p, Jsonb **answer,
+				bool *done)
+{
+	int			status = JsonGetInt32(r, "status", 0);
+
+	*done = false;
+	if (strcmp(op, "task_get") == 0 && p->task_id)
+	{
+		if (status < 200 || status >= 300)
+			fail_transport(r, "tasks/get");
+		p->task_until = 0;
+		*done = task_done(rpc_answer(r, answer_id(r, i), "tasks/get"), tool, p, answer);
+	}
+	else if (strcmp(op, "task_wait") == 0 && p->task_id)
+		p->task_until = (TimestampTz) JsonGetInt(r, "until_us", 0);
+	else if (strcmp(op, "elicitation") == 0 && p->input_required)
+	{
+		/* a person's answer (or a timeout's) to one input request */
+		char	   *key = JsonGetString(r, "request");
+		Jsonb	   *resp = JsonSetKey(JsonEmptyObject(), "action",
+									  JsonStringValue(JsonGetString(r, "action")));
+
+		if (JsonGetField(r, "content"))
+			resp = JsonSetKey(resp, "content", JsonGetJsonb(r, "content"));
+		if (key)
+			p->answers = JsonSetKey(p->answers ? p->answers : JsonEmptyObject(), key, resp);
+	}
+	else if (strcmp(op, "elicit_wait") == 0 && p->input_required && JsonGetString(r, "request"))
+		p->waits = JsonSetKey(p->waits ? p->waits : JsonEmptyObject(), JsonGetString(r, "request"),
+							  JsonGetJsonb(r, "until_us"));
+	else
+		return false;
+	return true;
+}
+
+/*
  * Walk the step's effects so far, updating p.  Returns true with *answer
  * set to the result of tools/call when it arrived (the step is done);
  * raises for a failure.
@@ -1273,6 +1345,7 @@ walk_effects(RunState *run, int first, int n, const char *url, const char *tool,
 		Jsonb	   *r = EffectAt(run, i);
 		char	   *op = JsonGetString(r, "op");
 		int			status = JsonGetInt32(r, "status", 0);
+		bool		done;
 
 		if (op == NULL)
 			continue;
@@ -1321,55 +1394,17 @@ walk_effects(RunState *run, int first, int n, const char *url, const char *tool,
 				 JsonGetString(r, "version") &&
 				 strcmp(JsonGetString(r, "version"), MCP_STATELESS_VERSION) == 0)
 		{
-			bool		up;
-
 			/* a stateless call; the first effect: the server was known */
 			if (i == first)
 				p->discovered = p->stateless = true;
-			if (version_mismatch(r, &up))
-			{
-				/* the server no longer speaks it: negotiate down */
-				p->stateless = false;
-				p->downgraded = p->learned = true;
-				continue;
-			}
-			if (status < 200 || status >= 300)
-				fail_transport(r, "tools/call");
-			*answer = rpc_answer(r, answer_id(r, i), "tools/call");
-			p->input_required = NULL;
-			p->answers = p->waits = NULL;
-			if (task_created(*answer, p))
-				continue;
-			if (input_required(*answer, p))
-				continue;
-			return true;
-		}
-		else if (strcmp(op, "task_get") == 0 && p->task_id)
-		{
-			/* a poll of the task the call became */
-			if (status < 200 || status >= 300)
-				fail_transport(r, "tasks/get");
-			p->task_until = 0;
-			if (task_done(rpc_answer(r, answer_id(r, i), "tasks/get"), tool, p, answer))
+			if (walk_stateless_call(r, i, p, answer))
 				return true;
 		}
-		else if (strcmp(op, "task_wait") == 0 && p->task_id)
-			p->task_until = (TimestampTz) JsonGetInt(r, "until_us", 0);
-		else if (strcmp(op, "elicitation") == 0 && p->input_required)
+		else if (walk_after_call(r, i, op, tool, p, answer, &done))
 		{
-			/* a person's answer (or a timeout's) to one input request */
-			char	   *key = JsonGetString(r, "request");
-			Jsonb	   *resp = JsonSetKey(JsonEmptyObject(), "action",
-										  JsonStringValue(JsonGetString(r, "action")));
-
-			if (JsonGetField(r, "content"))
-				resp = JsonSetKey(resp, "content", JsonGetJsonb(r, "content"));
-			if (key)
-				p->answers = JsonSetKey(p->answers ? p->answers : JsonEmptyObject(), key, resp);
+			if (done)
+				return true;
 		}
-		else if (strcmp(op, "elicit_wait") == 0 && p->input_required && JsonGetString(r, "request"))
-			p->waits = JsonSetKey(p->waits ? p->waits : JsonEmptyObject(), JsonGetString(r, "request"),
-								  JsonGetJsonb(r, "until_us"));
 		else if (strcmp(op, "call") == 0)
 		{
 			if (i == first)
@@ -1670,6 +1705,51 @@ next_request(const char *url, const char *tool, Jsonb *args, const char *id, Mcp
 }
 
 /*
+ * The call became task p->task_id: sleep until its next poll (parking the
+ * run; a task_wait record holds the time), or poll it now with tasks/get.
+ * A replay polls at once: the answers are the recording's.
+ */
+static void
+poll_task(RunState *run, McpProgress *p, const char *url, const char *tool, int timeout_ms,
+		  List *extra, List *secrets, StepResult *result)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	JsonObjBuilder b;
+	EffectRequest *req;
+	int			n;
+
+	if (p->task_until == 0 && !run->replay)
+	{
+		p->task_until = TimestampTzPlusMilliseconds(now, p->task_poll_ms);
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "op", "task_wait");
+		JsonObjAddInt(&b, "until_us", p->task_until);
+		EffectRecord(run, JsonObjEnd(&b));
+	}
+	if (p->task_until > now && !run->replay)
+	{
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "kind", "mcp_task");
+		JsonObjAddString(&b, "server", HttpRedactUrl(url));
+		JsonObjAddString(&b, "tool", tool);
+		JsonObjAddString(&b, "task", p->task_id);
+		SleepAddWake(&b, p->task_until);
+		result->park = RUN_SLEEPING;
+		result->park_info = SecretScrubJsonb(JsonObjEnd(&b), secrets);
+		return;
+	}
+	n = EffectCount(run);
+	req = stateless_request(url, "tasks/get",
+							JsonSetKey(JsonEmptyObject(), "taskId", JsonStringValue(p->task_id)),
+							NULL, EffectKey(run, n), "task_get", timeout_ms, extra, false, true);
+	req->journal = JsonSetKey(req->journal, "task", JsonStringValue(p->task_id));
+	req->secrets = secrets;
+	req->journal = SecretScrubJsonb(req->journal, secrets);
+	result->pending = true;
+	result->effect = req;
+}
+
+/*
  * The MCP step: see the file header.  A request's JSON-RPC id is its
  * effect's idempotency key, so ids never repeat within a session that
  * the runs of a worker share.
@@ -1745,41 +1825,7 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	if (p.task_id)
 	{
 		/* a task: poll it with tasks/get, the run sleeping in between */
-		TimestampTz now = GetCurrentTimestamp();
-
-		if (p.task_until == 0 && !run->replay)
-		{
-			JsonObjBuilder b;
-
-			p.task_until = TimestampTzPlusMilliseconds(now, p.task_poll_ms);
-			JsonObjStart(&b);
-			JsonObjAddString(&b, "op", "task_wait");
-			JsonObjAddInt(&b, "until_us", p.task_until);
-			EffectRecord(run, JsonObjEnd(&b));
-		}
-		if (p.task_until > now && !run->replay)
-		{
-			JsonObjBuilder b;
-
-			JsonObjStart(&b);
-			JsonObjAddString(&b, "kind", "mcp_task");
-			JsonObjAddString(&b, "server", HttpRedactUrl(url));
-			JsonObjAddString(&b, "tool", tool);
-			JsonObjAddString(&b, "task", p.task_id);
-			SleepAddWake(&b, p.task_until);
-			result->park = RUN_SLEEPING;
-			result->park_info = SecretScrubJsonb(JsonObjEnd(&b), use.values);
-			return;
-		}
-		n = EffectCount(run);
-		req = stateless_request(url, "tasks/get",
-								JsonSetKey(JsonEmptyObject(), "taskId", JsonStringValue(p.task_id)),
-								NULL, EffectKey(run, n), "task_get", timeout_ms, extra, false, true);
-		req->journal = JsonSetKey(req->journal, "task", JsonStringValue(p.task_id));
-		req->secrets = use.values;
-		req->journal = SecretScrubJsonb(req->journal, use.values);
-		result->pending = true;
-		result->effect = req;
+		poll_task(run, &p, url, tool, timeout_ms, extra, use.values, result);
 		return;
 	}
 	if (p.input_required && strcmp(p.elicitation, "ask") == 0)
