@@ -50,7 +50,7 @@ tuvl_pause_run(PG_FUNCTION_ARGS)
 	SPI_connect();
 	ControlLockRun(PG_GETARG_INT64(0), &r, "pause");
 	ControlRequireStatus(&r, "pause", allowed,
-				   "Only a queued or running run can be paused; a run waiting for a person already holds no worker.");
+						 "Only a queued or running run can be paused; a run waiting for a person already holds no worker.");
 	if (r.status == RUN_PAUSED)
 		ereport(NOTICE, (errmsg("run " INT64_FORMAT " is already paused", r.id)));
 	else if (r.status == RUN_QUEUED)
@@ -99,10 +99,10 @@ tuvl_resume_run(PG_FUNCTION_ARGS)
 
 		values[0] = Int64GetDatum(r.id);
 		SecurityExec("UPDATE tuvl.runs "
-					  "SET control = NULLIF(control OPERATOR(pg_catalog.-) 'pause'::pg_catalog.text, "
-					  "                     '{}'::pg_catalog.jsonb) "
-					  "WHERE id OPERATOR(pg_catalog.=) $1",
-					  1, types, values, NULL, SPI_OK_UPDATE);
+					 "SET control = NULLIF(control OPERATOR(pg_catalog.-) 'pause'::pg_catalog.text, "
+					 "                     '{}'::pg_catalog.jsonb) "
+					 "WHERE id OPERATOR(pg_catalog.=) $1",
+					 1, types, values, NULL, SPI_OK_UPDATE);
 		ereport(NOTICE,
 				(errmsg("run " INT64_FORMAT " had not paused yet; its pause request was withdrawn", r.id)));
 	}

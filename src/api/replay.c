@@ -324,7 +324,8 @@ pin_effects(int64 id, Jsonb *pending_requests, int64 *tokens)
 {
 	bool		isnull;
 	StringInfoData effects;
-	Jsonb	   *llm_requests = JsonEmptyObject();	/* step -> its last request */
+	Jsonb	   *llm_requests = JsonEmptyObject();	/* step -> its last
+													 * request */
 	int			n;
 
 	n = (int) select_for_run("SELECT type, agent_id, payload, "
@@ -397,7 +398,8 @@ tuvl_pin_run(PG_FUNCTION_ARGS)
 	int			version;
 	char	   *status;
 	JsonObjBuilder b;
-	Jsonb	   *pending_requests = JsonEmptyObject();	/* "step:position" -> request */
+	Jsonb	   *pending_requests = JsonEmptyObject();	/* "step:position" ->
+														 * request */
 	int64		tokens = 0;
 	Jsonb	   *result;
 
@@ -413,7 +415,10 @@ tuvl_pin_run(PG_FUNCTION_ARGS)
 	JsonObjAddInt(&b, "tokens", tokens);
 	result = JsonObjEnd(&b);
 
-	/* the idempotency keys of the recorded run, for the replay to send the same */
+	/*
+	 * the idempotency keys of the recorded run, for the replay to send the
+	 * same
+	 */
 	{
 		RunState	fake;
 
@@ -429,10 +434,12 @@ tuvl_pin_run(PG_FUNCTION_ARGS)
 typedef struct Replay
 {
 	Jsonb	   *fixture;
-	Jsonb	   *effects;		/* the recorded effects, those of live steps left out */
+	Jsonb	   *effects;		/* the recorded effects, those of live steps
+								 * left out */
 	int			next;			/* the next effect to serve */
 	int64		recorded_run;
-	List	   *live;			/* ids of the steps whose effects are made for real */
+	List	   *live;			/* ids of the steps whose effects are made for
+								 * real */
 	int			live_effects;	/* how many were */
 	int64		live_tokens;	/* what their model calls spent */
 } Replay;
@@ -447,7 +454,7 @@ is_live(Replay *rp, const char *step)
 
 	foreach(lc, rp->live)
 		if (strcmp(lfirst(lc), step) == 0)
-			return true;
+		return true;
 	return false;
 }
 
@@ -482,7 +489,8 @@ perform_live(Replay *rp, RunState *run)
 	RunKeepJsonb(run, &run->fresh_effect, result);
 }
 
-static void pg_attribute_noreturn()
+static void
+pg_attribute_noreturn()
 diverged(Replay *rp, const char *message, const char *detail)
 {
 	ereport(ERROR,

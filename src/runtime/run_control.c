@@ -68,20 +68,21 @@ ControlLockRun(int64 id, LockedRun *r, const char *action)
 	r->id = id;
 	r->by = GetUserNameFromId(me, false);
 	values[0] = Int64GetDatum(id);
+
 	/*
 	 * A child run's parent is locked first, as everywhere (a child's last
-	 * checkpoint, its parent's Workflow step): ancestors before
-	 * descendants, so two of them never wait for each other.
+	 * checkpoint, its parent's Workflow step): ancestors before descendants,
+	 * so two of them never wait for each other.
 	 */
 	SecurityExec("SELECT pg_catalog.count(*) FROM (SELECT 1 FROM tuvl.runs p "
-				  "  WHERE p.id OPERATOR(pg_catalog.=) (SELECT c.parent_run_id FROM tuvl.runs c "
-				  "    WHERE c.id OPERATOR(pg_catalog.=) $1 AND c.parent_step IS NOT NULL) "
-				  "  FOR UPDATE OF p) l",
-				  1, types, values, NULL, SPI_OK_SELECT);
+				 "  WHERE p.id OPERATOR(pg_catalog.=) (SELECT c.parent_run_id FROM tuvl.runs c "
+				 "    WHERE c.id OPERATOR(pg_catalog.=) $1 AND c.parent_step IS NOT NULL) "
+				 "  FOR UPDATE OF p) l",
+				 1, types, values, NULL, SPI_OK_SELECT);
 	SecurityExec("SELECT status, principal, last_seq, current_step, step_state, control, "
-				  "  workflow, workflow_version, compensation, principal_id, lease_owner, priority "
-				  "FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1 FOR UPDATE",
-				  1, types, values, NULL, SPI_OK_SELECT);
+				 "  workflow, workflow_version, compensation, principal_id, lease_owner, priority "
+				 "FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1 FOR UPDATE",
+				 1, types, values, NULL, SPI_OK_SELECT);
 	principal = SPI_processed == 1
 		? DatumGetObjectId(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 10, &isnull))
 		: InvalidOid;
@@ -129,7 +130,7 @@ ControlRequireStatus(LockedRun *r, const char *action, const RunStatus *allowed,
  */
 void
 ControlUpdateIdleRun(LockedRun *r, RunStatus status, Jsonb *control, Jsonb *step_state,
-				const char *error, List *events)
+					 const char *error, List *events)
 {
 	static const Oid types[6] = {INT8OID, TEXTOID, JSONBOID, JSONBOID, TEXTOID, INT4OID};
 	Datum		values[6];
@@ -181,9 +182,9 @@ ControlAddDirective(LockedRun *r, Jsonb *directive)
 	values[0] = Int64GetDatum(r->id);
 	values[1] = JsonbPGetDatum(directive);
 	SecurityExec("UPDATE tuvl.runs "
-				  "SET control = COALESCE(control, '{}'::pg_catalog.jsonb) OPERATOR(pg_catalog.||) $2 "
-				  "WHERE id OPERATOR(pg_catalog.=) $1",
-				  2, types, values, NULL, SPI_OK_UPDATE);
+				 "SET control = COALESCE(control, '{}'::pg_catalog.jsonb) OPERATOR(pg_catalog.||) $2 "
+				 "WHERE id OPERATOR(pg_catalog.=) $1",
+				 2, types, values, NULL, SPI_OK_UPDATE);
 	/* the holder reads it at its next turn boundary (runs_control tells it) */
 }
 
@@ -312,8 +313,8 @@ ControlAbortRun(int64 id, const char *reason, const char *by)
 	else if (agent_in_loop(&r) || has_compensations(&r))
 	{
 		/*
-		 * A worker applies it: an agent takes its aborted exit, which may
-		 * be routed; completed steps are compensated.
+		 * A worker applies it: an agent takes its aborted exit, which may be
+		 * routed; completed steps are compensated.
 		 */
 		Jsonb	   *control = r.control ? r.control : JsonEmptyObject();
 
@@ -331,8 +332,8 @@ ControlAbortRun(int64 id, const char *reason, const char *by)
 		JsonObjAddString(&b, "status", RunStatusName(RUN_ABORTED));
 		JournalAdd(&events, "run_aborted", NULL, NULL, JsonObjEnd(&b));
 		ControlUpdateIdleRun(&r, RUN_ABORTED, NULL, NULL,
-						ControlAbortError(r.by, reason),
-						events);
+							 ControlAbortError(r.by, reason),
+							 events);
 	}
 	ControlAbortChildren(r.id, psprintf("its parent run " INT64_FORMAT " was aborted%s%s", r.id,
 										reason ? ": " : "", reason ? reason : ""), r.by);
@@ -552,14 +553,14 @@ ControlAnswer(int64 run_id, const PersonAnswer *answer)
 	if (answer->human)
 	{
 		ControlRequireStatus(&r, answer->action ? "reject" : "submit to", waiting_human,
-					   answer->action ? "tuvl.reject() answers a run waiting_human for its MCP server's question."
-					   : "tuvl.submit() answers a run whose status is waiting_human.");
+							 answer->action ? "tuvl.reject() answers a run waiting_human for its MCP server's question."
+							 : "tuvl.submit() answers a run whose status is waiting_human.");
 		answer_human(&r, answer, &events);
 	}
 	else
 	{
 		ControlRequireStatus(&r, "decide on", waiting_approval,
-					   "tuvl.decide() answers a run whose status is waiting_approval.");
+							 "tuvl.decide() answers a run whose status is waiting_approval.");
 		answer_approval(&r, answer, &events);
 	}
 	ControlUpdateIdleRun(&r, RUN_QUEUED, r.control, r.step_state, NULL, events);

@@ -18,7 +18,8 @@ typedef struct AbortDirective
 {
 	char	   *reason;			/* NULL: none given */
 	char	   *by;				/* the role that aborted, or NULL */
-	char	   *error;			/* "aborted by <by>: <reason>", the run's error */
+	char	   *error;			/* "aborted by <by>: <reason>", the run's
+								 * error */
 } AbortDirective;
 
 /*

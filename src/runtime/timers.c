@@ -126,6 +126,7 @@ wake(const char *wake_sql, bool human)
 	for (uint64 i = 0; i < n; i++)
 	{
 		char	   *step = SPI_getvalue(tt->vals[i], tt->tupdesc, 3);
+
 		/* an MCP step waiting on its server's question (mcp.c) */
 		char	   *kind = human ? SPI_getvalue(tt->vals[i], tt->tupdesc, 6) : NULL;
 		bool		mcp = kind && strcmp(kind, "mcp_elicitation") == 0;
@@ -139,7 +140,11 @@ wake(const char *wake_sql, bool human)
 						 human ? "the Human step's timeout passed" :
 						 step ? "the Sleep step's time has come" : "its not_before has come");
 		ControlJournalRequeued(tt, i, mcp ? "MCP" : human ? "Human" : step ? "Sleep" : NULL, JsonObjEnd(&b));
-		/* a run of a concurrency key that waited for not_before now asks for a place */
+
+		/*
+		 * a run of a concurrency key that waited for not_before now asks for
+		 * a place
+		 */
 		if (!human && SPI_getvalue(tt->vals[i], tt->tupdesc, 9) != NULL)
 			(void) ConcurrencyAdmit(SPI_getvalue(tt->vals[i], tt->tupdesc, 6),
 									SPI_getvalue(tt->vals[i], tt->tupdesc, 7),

@@ -90,7 +90,8 @@ static const ReservedKey reserved_keys[] = {
 };
 
 /* Add a finding at path; the YAML position of path, when known, is appended. */
-static pg_attribute_printf(4, 5) void
+static pg_attribute_printf(4, 5)
+void
 add_finding(ValidateState *vs, const char *severity, const char *path,
 			const char *fmt,...)
 {
@@ -570,8 +571,8 @@ check_retry(ValidateState *vs, Jsonb *parent, const char *path, const char *cons
 		{
 			JsonbValue *e = getIthJsonbValueFromContainer(v->val.binary.data, i);
 			char	   *text = e->type == jbvString ? pnstrdup(e->val.string.val, e->val.string.len)
-				: e->type == jbvNumeric ? DatumGetCString(DirectFunctionCall1(numeric_out, NumericGetDatum(e->val.numeric)))
-				: "";
+			: e->type == jbvNumeric ? DatumGetCString(DirectFunctionCall1(numeric_out, NumericGetDatum(e->val.numeric)))
+			: "";
 			bool		ok = name_in(text, on_values);
 
 			if (e->type != jbvString && e->type != jbvNumeric)
@@ -824,7 +825,7 @@ check_reachable(ValidateState *vs, Jsonb *def)
 			ids = notify_steps_of(JsonGetField(wf->steps[i].spec, "hooks"), ids);
 		foreach(lc, ids)
 			if (WorkflowFindStep(wf, lfirst(lc)) >= 0)
-				seen[WorkflowFindStep(wf, lfirst(lc))] = true;
+			seen[WorkflowFindStep(wf, lfirst(lc))] = true;
 	}
 	while (head < tail)
 	{
@@ -832,7 +833,7 @@ check_reachable(ValidateState *vs, Jsonb *def)
 		Jsonb	   *agent = JsonGetJsonb(st->spec, "agent");
 		char	   *mode = JsonGetString(st->spec, "mode");
 		Jsonb	   *tools = agent && JsonIsObject(agent) && mode && strcmp(mode, "autonomous") == 0
-			? JsonGetJsonb(agent, "tools") : NULL;
+		? JsonGetJsonb(agent, "tools") : NULL;
 		char	   *comp = JsonGetString(st->spec, "compensate");
 
 		if (st->routes && JsonIsObject(st->routes))
@@ -1496,7 +1497,7 @@ check_sleep(ValidateState *vs, Jsonb *step, const char *path)
 	if (f)
 	{
 		char	   *text = f->type == jbvString ? pnstrdup(f->val.string.val, f->val.string.len) :
-			f->type == jbvNumeric ? JsonValueToText(f) : NULL;
+		f->type == jbvNumeric ? JsonValueToText(f) : NULL;
 
 		if (text == NULL || !DurationParseLong(text, &ms))
 			add_finding(vs, "error", psprintf("%s.for", path),
@@ -2340,7 +2341,7 @@ FindingsHaveErrors(List *findings)
 
 	foreach(lc, findings)
 		if (strcmp(((Finding *) lfirst(lc))->severity, "error") == 0)
-			return true;
+		return true;
 	return false;
 }
 

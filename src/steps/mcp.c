@@ -92,7 +92,8 @@ typedef struct McpSession
 	char		session_id[MCP_MAX_SESSION_ID];
 	char		version[32];
 	char		server[1024];	/* the URL, to close the session at exit */
-	List	   *headers;		/* the headers sent with it, in TopMemoryContext */
+	List	   *headers;		/* the headers sent with it, in
+								 * TopMemoryContext */
 } McpSession;
 
 static HTAB *sessions = NULL;
@@ -427,7 +428,7 @@ rpc_request(const char *url, const char *method, Jsonb *params, const char *id,
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "op", op);
 	if (id)
-		JsonObjAddString(&b, "rpc_id", id);	/* to find its answer by */
+		JsonObjAddString(&b, "rpc_id", id); /* to find its answer by */
 	if (session)
 		JsonObjAddString(&b, "session", session);
 	if (version)
@@ -2010,7 +2011,7 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 		for (int page = 0; page < 100; page++)
 		{
 			Jsonb	   *params = cursor ? JsonSetKey(JsonEmptyObject(), "cursor", JsonStringValue(cursor))
-				: JsonEmptyObject();
+			: JsonEmptyObject();
 			Jsonb	   *tools;
 
 			if (stateless)
