@@ -1059,6 +1059,18 @@ GRANT EXECUTE ON FUNCTION tuvl.mcp_connect(text, jsonb), tuvl.mcp_connect_finish
 
 /* ------------------------------------------------------------------ mcp: elicitation as a person's wait, tasks (issue 40, session 5) */
 
+/*
+ * An MCP server's question (mcp.elicitation: ask) parks the run as
+ * waiting_human; tuvl.submit() accepts it with the content, tuvl.reject()
+ * declines or cancels it.
+ */
+CREATE FUNCTION tuvl.reject(run_id bigint, action text DEFAULT 'decline')
+RETURNS void
+AS 'MODULE_PATHNAME', 'tuvl_reject'
+LANGUAGE C VOLATILE STRICT;
+COMMENT ON FUNCTION tuvl.reject(bigint, text) IS 'decline (action decline) or cancel (action cancel) the question an MCP server asked a run waiting_human at an MCP step';
+GRANT EXECUTE ON FUNCTION tuvl.reject(bigint, text) TO tuvl_user;
+
 /* ------------------------------------------------------------------ console: scale (issue 38, session 5) */
 
 /* ------------------------------------------------------------------ performance: agent turns (issue 43, session 5) */

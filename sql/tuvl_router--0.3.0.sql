@@ -82,6 +82,9 @@ $$;
 CREATE FUNCTION tuvl_router.submit(run_id bigint, data jsonb) RETURNS void LANGUAGE plproxy AS $$
     CLUSTER 'tuvl_cluster'; RUN ON tuvl_router.partition_of(run_id); TARGET tuvl.submit;
 $$;
+CREATE FUNCTION tuvl_router.reject(run_id bigint, action text DEFAULT 'decline') RETURNS void LANGUAGE plproxy AS $$
+    CLUSTER 'tuvl_cluster'; RUN ON tuvl_router.partition_of(run_id); TARGET tuvl.reject;
+$$;
 CREATE FUNCTION tuvl_router.decide(run_id bigint, approved boolean, note text DEFAULT NULL) RETURNS void LANGUAGE plproxy AS $$
     CLUSTER 'tuvl_cluster'; RUN ON tuvl_router.partition_of(run_id); TARGET tuvl.decide;
 $$;
@@ -97,6 +100,7 @@ COMMENT ON FUNCTION tuvl_router.resume_run(bigint) IS 'tuvl.resume_run on the ru
 COMMENT ON FUNCTION tuvl_router.abort_run(bigint, text) IS 'tuvl.abort_run on the run''s partition';
 COMMENT ON FUNCTION tuvl_router.steer_run(bigint, text) IS 'tuvl.steer_run on the run''s partition';
 COMMENT ON FUNCTION tuvl_router.submit(bigint, jsonb) IS 'tuvl.submit on the run''s partition';
+COMMENT ON FUNCTION tuvl_router.reject(bigint, text) IS 'tuvl.reject on the run''s partition';
 COMMENT ON FUNCTION tuvl_router.decide(bigint, boolean, text) IS 'tuvl.decide on the run''s partition';
 COMMENT ON FUNCTION tuvl_router.pin_run(bigint) IS 'tuvl.pin_run on the run''s partition';
 COMMENT ON FUNCTION tuvl_router.timeline(bigint) IS 'tuvl.timeline on the run''s partition';

@@ -289,6 +289,7 @@ export class HttpBackend implements Backend {
         if (action === "abort" && args.reason) body.reason = args.reason;
         if (action === "steer") body.message = args.message;
         if (action === "submit") body.data = args.data;
+        if (action === "reject") body.action = args.action ?? "decline";
         if (action === "decide") {
             body.approved = args.approved;
             if (args.note) body.note = args.note;

@@ -31,7 +31,7 @@ const USAGE = `insight/tuvl: tuvl's command line and HTTP server (docs/insight.m
   insight/tuvl runs abort ID [REASON...]
   insight/tuvl runs steer ID MESSAGE...
   insight/tuvl people list
-  insight/tuvl people answer ID [--data JSON | --approve | --reject] [--note TEXT]
+  insight/tuvl people answer ID [--data JSON | --approve | --reject | --decline | --cancel] [--note TEXT]
   insight/tuvl validate [--strict] FILE
   insight/tuvl ship [--strict] FILE  validate, then register as the next version
   insight/tuvl tokens create ROLE --scopes S[,S...] [--expires INTERVAL|never]
@@ -49,7 +49,7 @@ Output: --json for the API's JSON instead of text
 const VALUE_FLAGS = new Set(["db", "url", "token", "token-file", "workflow", "status", "key", "limit", "before", "out", "live",
                              "scopes", "expires", "data", "note", "port", "host", "pool", "body-limit", "max-wait", "cors",
                              "auth-delay", "max-streams", "log-level", "after"]);
-const BOOL_FLAGS = new Set(["json", "strict", "approve", "reject", "access-log", "help", "version"]);
+const BOOL_FLAGS = new Set(["json", "strict", "approve", "reject", "decline", "cancel", "access-log", "help", "version"]);
 
 class UsageError extends Error {}
 
@@ -240,7 +240,29 @@ async function people(a: Args, be: Backend, asJson: boolean): Promise<number> {
     const awaiting = (run.awaiting ?? {}) as Record<string, unknown>;
     const note = a.flags.get("note") ?? null;
     let res: Record<string, unknown>;
-    if (run.status === "waiting_human") {
+    if (run.status === "waiting_human" && (a.flags.has("decline") || a.flags.has("cancel"))) {
+        /* an MCP server's question, declined or cancelled (tuvl.reject) */
+        if (a.flags.has("decline") && a.flags.has("cancel")) throw new UsageError("--decline or --cancel, not both");
+        res = await be.control("reject", id, { action: a.flags.has("cancel") ? "cancel" : "decline" });
+    } else if (run.status === "waiting_human" && awaiting.kind === "mcp_elicitation" && !a.flags.has("data")) {
+        /* an MCP server's question: its message, then accept (its form), decline or cancel */
+        process.stderr.write(`run ${id} (${run.workflow}) waits at step ${run.step}: the MCP server ${awaiting.server} ` +
+                             `asks, for its tool ${awaiting.tool}:\n  ${awaiting.message ?? ""}\n` +
+                             (awaiting.mode === "url" ? `  (it sends you to ${awaiting.url})\n` : ""));
+        const p = new Prompter();
+        try {
+            let choice = "";
+            while (!/^[adc]$/.test(choice)) choice = (await p.ask("accept, decline or cancel? [a/d/c]: ")).toLowerCase().slice(0, 1);
+            if (choice === "a") {
+                const data = awaiting.mode === "url" ? {} : await fillForm(p, (awaiting.form ?? {}) as Record<string, unknown>);
+                res = await be.control("submit", id, { data });
+            } else {
+                res = await be.control("reject", id, { action: choice === "d" ? "decline" : "cancel" });
+            }
+        } finally {
+            p.close();
+        }
+    } else if (run.status === "waiting_human") {
         let data: unknown;
         if (a.flags.has("data")) {
             try {

@@ -139,7 +139,7 @@ const control = (action: string, summary: string, scope: string, body?: Json) =>
         operationId: `${action}Run`, summary, tags: ["runs"],
         description: `Needs scope ${scope}.`,
         parameters: [runId],
-        ...(body ? { requestBody: { required: action !== "abort", content: { "application/json": { schema: body } } } } : {}),
+        ...(body ? { requestBody: { required: action !== "abort" && action !== "reject", content: { "application/json": { schema: body } } } } : {}),
         responses: {
             "200": json("done; status is the run's status afterwards, if the token may read it", ref("ControlResult")),
             "400": errorResponse("a malformed body"), ...COMMON_ERRORS,
@@ -270,6 +270,8 @@ function fixedPaths(): Json {
             { type: "object", additionalProperties: false, required: ["message"], properties: { message: { type: "string", minLength: 1 } } }),
         "/api/runs/{id}/submit": control("submit", "answer a waiting Human step", "people:answer",
             { type: "object", additionalProperties: false, required: ["data"], properties: { data: { type: "object" } } }),
+        "/api/runs/{id}/reject": control("reject", "decline or cancel the question an MCP server asked the run (tuvl.reject)", "people:answer",
+            { type: "object", additionalProperties: false, properties: { action: { type: "string", enum: ["decline", "cancel"], default: "decline" } } }),
         "/api/runs/{id}/decide": control("decide", "approve or reject the tool call a run waits on", "people:answer",
             { type: "object", additionalProperties: false, required: ["approved"], properties: { approved: { type: "boolean" }, note: { type: "string" } } }),
         "/api/runs/{id}/fixture": {

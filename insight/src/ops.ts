@@ -206,7 +206,7 @@ ORDER BY e.seq`;
 
 /* ------------------------------------------------------------ control and people */
 
-export type Action = "pause" | "resume" | "abort" | "steer" | "submit" | "decide";
+export type Action = "pause" | "resume" | "abort" | "steer" | "submit" | "reject" | "decide";
 
 export interface ControlArgs {
     reason?: string | null;
@@ -214,6 +214,7 @@ export interface ControlArgs {
     data?: unknown;
     approved?: boolean;
     note?: string | null;
+    action?: "decline" | "cancel";
 }
 
 const CONTROL_SQL: Record<Action, string> = {
@@ -222,6 +223,7 @@ const CONTROL_SQL: Record<Action, string> = {
     abort: "SELECT tuvl.abort_run($1, $2)",
     steer: "SELECT tuvl.steer_run($1, $2)",
     submit: "SELECT tuvl.submit($1, $2::pg_catalog.jsonb)",
+    reject: "SELECT tuvl.reject($1, $2)",
     decide: "SELECT tuvl.decide($1, $2, $3)",
 };
 
@@ -230,6 +232,7 @@ export async function control(q: Query, action: Action, id: number, a: ControlAr
     if (action === "abort") params.push(a.reason ?? null);
     else if (action === "steer") params.push(a.message);
     else if (action === "submit") params.push(JSON.stringify(a.data));
+    else if (action === "reject") params.push(a.action ?? "decline");
     else if (action === "decide") params.push(a.approved, a.note ?? null);
     await q(CONTROL_SQL[action], params);
     const [s] = await q<{ status: string }>("SELECT status FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1", [id]);

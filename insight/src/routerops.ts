@@ -87,6 +87,7 @@ const CONTROL_SQL: Record<Action, [string, string]> = {
     abort: ["runs:control", "SELECT tuvl_router.abort_run($1, $2)"],
     steer: ["runs:control", "SELECT tuvl_router.steer_run($1, $2)"],
     submit: ["people:answer", "SELECT tuvl_router.submit($1, $2::pg_catalog.jsonb)"],
+    reject: ["people:answer", "SELECT tuvl_router.reject($1, $2)"],
     decide: ["people:answer", "SELECT tuvl_router.decide($1, $2, $3)"],
 };
 
@@ -95,6 +96,7 @@ export async function control(q: Query, action: Action, id: number, a: ControlAr
     if (action === "abort") params.push(a.reason ?? null);
     else if (action === "steer") params.push(a.message);
     else if (action === "submit") params.push(JSON.stringify(a.data));
+    else if (action === "reject") params.push(a.action ?? "decline");
     else if (action === "decide") params.push(a.approved, a.note ?? null);
     const [scope, sql] = CONTROL_SQL[action];
     await q("SELECT tuvl_router._require_scope($1)", [scope]);

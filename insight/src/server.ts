@@ -344,7 +344,7 @@ export class Server {
 
         app.get("/api/runs/:id/events", async (req, reply) => this.events(req, reply));
 
-        for (const action of ["pause", "resume", "abort", "steer", "submit", "decide"] as ops.Action[])
+        for (const action of ["pause", "resume", "abort", "steer", "submit", "reject", "decide"] as ops.Action[])
             app.post(`/api/runs/:id/${action}`, async (req) => {
                 const id = positiveId((req.params as { id: string }).id);
                 const args = controlArgs(action, jsonBody(req));
@@ -512,6 +512,13 @@ function controlArgs(action: ops.Action, body: Body): ops.ControlArgs {
             onlyKeys(body, ["data"]);
             if (body.data === undefined) throw errors.badRequest("submit needs data", "Send {\"data\": {...}}, the form's fields.");
             return { data: body.data };
+        case "reject": {
+            onlyKeys(body, ["action"]);
+            const action = body.action ?? "decline";
+            if (action !== "decline" && action !== "cancel")
+                throw errors.badRequest("action must be decline or cancel", "Send {\"action\": \"decline\"} or {\"action\": \"cancel\"}; accept with submit.");
+            return { action: action as "decline" | "cancel" };
+        }
         case "decide":
             onlyKeys(body, ["approved", "note"]);
             if (typeof body.approved !== "boolean")

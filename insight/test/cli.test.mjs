@@ -6,7 +6,7 @@ import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { test } from "node:test";
 
-import { api, cli, readText, sql, TMP, tokens as T, TUVL, URL_, waitStatus } from "./helpers.mjs";
+import { api, cli, readText, ROOT, sql, TMP, tokens as T, TUVL, URL_, waitStatus } from "./helpers.mjs";
 
 const asAlice = { env: { PGUSER: "insight_alice" } };
 const viaServer = (token = T.alice) => ({ env: { TUVL_URL: URL_, TUVL_TOKEN: token } });
@@ -215,4 +215,71 @@ test("cli: connects like psql (PGHOST...) or with --db CONNINFO; a bad conninfo 
     assert.match(r.stderr, /invalid connection option "hots"/);
     r = cli(["runs", "list"], { env: { PGPORT: "1" } });
     assert.equal(r.status, 1);
+});
+
+/* The scripted MCP server of revision 2026-07-28 (test/servers), on a free port. */
+function startMcp26() {
+    const p = spawn("python3", [join(ROOT, "test", "servers", "mcp_stateless_server.py"), "--port", "0"],
+                    { stdio: ["ignore", "ignore", "pipe"] });
+    return new Promise((resolve, reject) => {
+        let err = "";
+        p.stderr.on("data", (d) => {
+            err += d;
+            const m = /:(\d+)\n/.exec(err);
+            if (m) resolve({ url: `http://127.0.0.1:${m[1]}/mcp`, stop: () => p.kill() });
+        });
+        p.on("exit", () => reject(new Error(`the MCP server ended: ${err}`)));
+    });
+}
+
+test("cli: people answer an MCP server's question: declined, cancelled through the server, accepted", async () => {
+    const mcp = await startMcp26();
+    try {
+        const c = `SET ROLE insight_alice; SELECT tuvl.register_workflow($y$
+name: cli_ask
+steps:
+  - id: confirm
+    kind: MCP
+    mcp: { url: "${mcp.url}", tool: confirm, arguments: { operation: "{{ op }}" } }
+    output: answer
+    routes: { default: done }
+ends:
+  - { id: done, response: "{{ answer.text }}" }
+$y$); RESET ROLE`;
+        await sql(c);
+        const ask = async (op) => {
+            const id = await startRun("cli_ask", { input: { op } });
+            await waitStatus(id, "waiting_human");
+            return id;
+        };
+        const response = async (id) => (await sql("SELECT response FROM tuvl.runs WHERE id = $1", [id]))[0].response;
+        let id = await ask("drop");
+        let r = cli(["people", "answer", String(id), "--decline"], asAlice);
+        assert.equal(r.status, 0, r.stderr);
+        await waitStatus(id, "completed");
+        assert.equal(await response(id), "drop: declined");
+        id = await ask("move");
+        r = cli(["people", "answer", String(id), "--cancel"], viaServer());
+        assert.equal(r.status, 0, r.stderr);
+        await waitStatus(id, "completed");
+        assert.equal(await response(id), "move: cancelled");
+        /* the prompt: the server's message, then the form's fields */
+        id = await ask("deploy");
+        r = cli(["people", "answer", String(id)], { ...asAlice, input: "a\ny\nlooks good\n" });
+        assert.equal(r.status, 0, r.stderr);
+        assert.match(r.stderr, /the MCP server http:\/\/127\.0\.0\.1:\d+\/mcp asks, for its tool confirm:\n {2}Confirm deploy\?/);
+        assert.match(r.stderr, /accept, decline or cancel\? \[a\/d\/c\]: /);
+        await waitStatus(id, "completed");
+        assert.equal(await response(id), "deploy: accepted confirmed=true note=looks good");
+        /* decline is refused for a Human step */
+        const h = await startRun("expense", { input: { amount: 5 } });
+        await waitStatus(h, "waiting_human");
+        r = cli(["people", "answer", String(h), "--decline"], asAlice);
+        assert.equal(r.status, 1);
+        assert.match(r.stderr, /its Human step "review" waits for data/);
+        r = cli(["people", "answer", String(h), "--data", '{"approved": true}'], asAlice);
+        assert.equal(r.status, 0, r.stderr);
+    } finally {
+        mcp.stop();
+    }
 });

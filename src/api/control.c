@@ -2,7 +2,7 @@
  *
  * control.c
  *	  The operator's SQL functions: pause, resume, abort and steer a run;
- *	  submit and decide for the people in the loop.
+ *	  submit, reject and decide for the people in the loop.
  *
  * Each is a thin front over run_control.c, which holds the rules (who may
  * control a run, in which status, what is journaled).  Every function
@@ -33,6 +33,7 @@ PG_FUNCTION_INFO_V1(tuvl_resume_run);
 PG_FUNCTION_INFO_V1(tuvl_abort_run);
 PG_FUNCTION_INFO_V1(tuvl_steer_run);
 PG_FUNCTION_INFO_V1(tuvl_submit);
+PG_FUNCTION_INFO_V1(tuvl_reject);
 PG_FUNCTION_INFO_V1(tuvl_decide);
 PG_FUNCTION_INFO_V1(tuvl_control_changed);
 
@@ -185,6 +186,32 @@ tuvl_submit(PG_FUNCTION_ARGS)
 	memset(&answer, 0, sizeof(answer));
 	answer.human = true;
 	answer.data = PG_GETARG_JSONB_P(1);
+	SPI_connect();
+	ControlAnswer(PG_GETARG_INT64(0), &answer);
+	SPI_finish();
+	PG_RETURN_VOID();
+}
+
+/*
+ * reject(run_id, action): decline or cancel the question an MCP server
+ * asked the run's MCP step (mcp.elicitation: ask).
+ */
+Datum
+tuvl_reject(PG_FUNCTION_ARGS)
+{
+	PersonAnswer answer;
+	char	   *action = text_to_cstring(PG_GETARG_TEXT_PP(1));
+
+	TokenRequireScope("people:answer");
+	if (strcmp(action, "decline") != 0 && strcmp(action, "cancel") != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("action must be decline or cancel, not \"%s\"", action),
+				 errdetail("decline refuses what the server asked; cancel dismisses the question without choosing."),
+				 errhint("To accept, answer with tuvl.submit(run_id, content).")));
+	memset(&answer, 0, sizeof(answer));
+	answer.human = true;
+	answer.action = action;
 	SPI_connect();
 	ControlAnswer(PG_GETARG_INT64(0), &answer);
 	SPI_finish();

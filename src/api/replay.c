@@ -237,13 +237,19 @@ event_effect(const char *type, const char *step, Jsonb *p, const char *key,
 		effect = fixture_effect(step, "http", JsonGetJsonb(*pending_requests, key),
 								JsonGetJsonb(p, "result"));
 	else if (strcmp(type, "decision") == 0 && JsonGetString(p, "action") &&
-			 strcmp(JsonGetString(p, "action"), "submit") == 0)
+			 (strcmp(JsonGetString(p, "action"), "submit") == 0 ||
+			  strcmp(JsonGetString(p, "action"), "decline") == 0 ||
+			  strcmp(JsonGetString(p, "action"), "cancel") == 0))
 	{
+		/* data for a Human step; an answer to an MCP server's question */
 		JsonObjBuilder r;
 
 		JsonObjStart(&r);
 		JsonObjAddString(&r, "op", "human");
-		JsonObjAddJsonb(&r, "data", JsonGetJsonb(p, "data"));
+		if (JsonGetField(p, "data"))
+			JsonObjAddJsonb(&r, "data", JsonGetJsonb(p, "data"));
+		if (strcmp(JsonGetString(p, "action"), "submit") != 0)
+			JsonObjAddString(&r, "action", JsonGetString(p, "action"));
 		JsonObjAddJsonb(&r, "by", JsonGetJsonb(p, "by"));
 		effect = fixture_effect(step, "human", NULL, JsonObjEnd(&r));
 	}
@@ -747,7 +753,8 @@ serve_person(RunState *run, void *arg)
 	record = JsonGetJsonb(e, "result");
 	memset(&answer, 0, sizeof(answer));
 	answer.human = human;
-	answer.data = JsonGetJsonb(record, "data");
+	answer.data = JsonGetField(record, "data") ? JsonGetJsonb(record, "data") : NULL;
+	answer.action = JsonGetString(record, "action");
 	answer.approved = JsonGetBool(record, "approved", false);
 	answer.note = JsonGetString(record, "note");
 	answer.by = JsonGetString(record, "by");

@@ -379,19 +379,104 @@ append_record(Jsonb *state, Jsonb *record)
 	return JsonRemoveKey(JsonSetKey(state, "effects", effects), "awaiting");
 }
 
-/* The data for the waiting Human step of r, validated against its form. */
+/*
+ * The answer to the question an MCP server asked the waiting MCP step of r
+ * (step_state.awaiting, mcp.c): accept with answer->data, checked against
+ * the server's requestedSchema, or decline or cancel (answer->action).
+ */
+static void
+answer_elicitation(LockedRun *r, const PersonAnswer *answer, Jsonb *awaiting, List **events)
+{
+	char	   *key = JsonGetString(awaiting, "request");
+	char	   *mode = JsonGetString(awaiting, "mode");
+	const char *action = answer->action ? answer->action : "accept";
+	JsonObjBuilder b;
+
+	if (key == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("run " INT64_FORMAT " waits for an answer to an MCP server but records no question",
+						r->id)));
+	if (answer->action == NULL && mode && strcmp(mode, "url") == 0)
+	{
+		/* the person went to the URL: nothing to send but the consent */
+		if (!JsonIsObject(answer->data) || JsonContainerSize(&answer->data->root) != 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("the MCP server's question at step \"%s\" sends the person to a URL: submit {} once it is done",
+							r->step),
+					 errdetail("The URL: %s", JsonGetString(awaiting, "url") ? JsonGetString(awaiting, "url") : "none given"),
+					 errhint("Call tuvl.submit(run_id, '{}') to accept, tuvl.reject(run_id) to decline.")));
+	}
+	else if (answer->action == NULL)
+	{
+		Jsonb	   *form = JsonGetJsonb(awaiting, "form");
+
+		if (!JsonIsObject(answer->data))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("the answer to the MCP server's question at step \"%s\" must be a JSON object", r->step),
+					 errdetail("The server's question: %s", JsonGetString(awaiting, "message") ?
+							   JsonGetString(awaiting, "message") : "none given"),
+					 errhint("Submit an object that satisfies the question's schema (people_queue.awaiting -> 'form'), or call tuvl.reject(run_id).")));
+		if (form && JsonIsObject(form))
+			JsonSchemaValidateOrError(form, answer->data,
+									  psprintf("answer to the MCP server's question at step \"%s\"",
+											   r->step));
+	}
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "op", "elicitation");
+	JsonObjAddString(&b, "request", key);
+	JsonObjAddString(&b, "action", action);
+	if (answer->action == NULL && (mode == NULL || strcmp(mode, "url") != 0))
+		JsonObjAddJsonb(&b, "content", answer->data);
+	JsonObjAddString(&b, "by", r->by);
+	r->step_state = append_record(r->step_state, JsonObjEnd(&b));
+
+	JsonObjStart(&b);
+	/* "submit" as a Human step's, so that a pinned run serves it again */
+	JsonObjAddString(&b, "action", answer->action ? answer->action : "submit");
+	if (answer->action == NULL)
+		JsonObjAddJsonb(&b, "data", answer->data);
+	JsonObjAddString(&b, "by", r->by);
+	JsonObjAddString(&b, "request", key);
+	JsonObjAddJsonb(&b, "tool", JsonGetJsonb(awaiting, "tool"));
+	if (answer->replayed)
+		JsonObjAddBool(&b, "replayed", true);
+	JournalAdd(events, "decision", r->step, "MCP", JsonObjEnd(&b));
+}
+
+/*
+ * The answer for the waiting Human step of r, validated against its form,
+ * or for the MCP step of r waiting on its server's question.
+ */
 static void
 answer_human(LockedRun *r, const PersonAnswer *answer, List **events)
 {
 	WorkflowDef *wf = WorkflowLoad(r->workflow, r->version);
 	int			idx = r->step ? WorkflowFindStep(wf, r->step) : -1;
+	Jsonb	   *awaiting = r->step_state ? JsonGetJsonb(r->step_state, "awaiting") : NULL;
+	char	   *kind = awaiting && JsonIsObject(awaiting) ? JsonGetString(awaiting, "kind") : NULL;
 	Jsonb	   *form;
 	JsonObjBuilder b;
 
+	if (idx >= 0 && wf->steps[idx].kind == STEP_MCP && kind && strcmp(kind, "mcp_elicitation") == 0)
+	{
+		answer_elicitation(r, answer, awaiting, events);
+		return;
+	}
 	if (idx < 0 || wf->steps[idx].kind != STEP_HUMAN || r->step_state == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_CORRUPTED),
 				 errmsg("run " INT64_FORMAT " is waiting_human but not at a Human step", r->id)));
+	if (answer->action)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("cannot reject run " INT64_FORMAT ": its Human step \"%s\" waits for data", r->id,
+						r->step),
+				 errdetail("tuvl.reject() declines or cancels a question an MCP server asked."),
+				 errhint("Answer it with tuvl.submit(), or end the run with tuvl.abort_run().")));
 	form = JsonGetJsonb(wf->steps[idx].spec, "form");
 	if (form)
 		JsonSchemaValidateOrError(form, answer->data,
@@ -461,14 +546,15 @@ ControlAnswer(int64 run_id, const PersonAnswer *answer)
 	LockedRun	r;
 	List	   *events = NIL;
 
-	ControlLockRun(run_id, &r, answer->human ? "submit to" : "decide on");
+	ControlLockRun(run_id, &r, answer->human ? (answer->action ? "reject" : "submit to") : "decide on");
 	if (answer->by)
 		r.by = pstrdup(answer->by);
 	r.hold_here = answer->replayed;
 	if (answer->human)
 	{
-		ControlRequireStatus(&r, "submit to", waiting_human,
-							 "tuvl.submit() answers a run whose status is waiting_human.");
+		ControlRequireStatus(&r, answer->action ? "reject" : "submit to", waiting_human,
+							 answer->action ? "tuvl.reject() answers a run waiting_human for its MCP server's question."
+							 : "tuvl.submit() answers a run whose status is waiting_human.");
 		answer_human(&r, answer, &events);
 	}
 	else

@@ -22,12 +22,18 @@ typedef struct AbortDirective
 								 * error */
 } AbortDirective;
 
-/* The answer to a run waiting for a person (tuvl.submit, tuvl.decide). */
+/*
+ * The answer to a run waiting for a person (tuvl.submit, tuvl.reject,
+ * tuvl.decide).
+ */
 typedef struct PersonAnswer
 {
 	bool		human;			/* data for a Human step, else a decision on
 								 * an agent's tool call */
-	Jsonb	   *data;			/* the Human step's data */
+	Jsonb	   *data;			/* the Human step's data, or the content
+								 * accepting an MCP server's question */
+	const char *action;			/* an MCP server's question: "decline" or
+								 * "cancel" (tuvl.reject); NULL: accept */
 	bool		approved;		/* the decision */
 	const char *note;			/* the decision's note, or NULL */
 	const char *by;				/* who answered; NULL: the current role */

@@ -51,7 +51,8 @@ static const char wake_human_sql[] =
 "    WHERE w.status OPERATOR(pg_catalog.=) 'waiting_human' AND w.wake_at IS NOT NULL "
 "      AND w.wake_at OPERATOR(pg_catalog.<=) pg_catalog.now() "
 "    ORDER BY w.wake_at LIMIT 1000 FOR UPDATE SKIP LOCKED)) "
-"RETURNING r.id, r.last_seq OPERATOR(pg_catalog.-) 1, r.current_step, r.principal_id, r.priority";
+"RETURNING r.id, r.last_seq OPERATOR(pg_catalog.-) 1, r.current_step, r.principal_id, r.priority, "
+"  r.step_state OPERATOR(pg_catalog.->) 'awaiting' OPERATOR(pg_catalog.->>) 'kind'";
 
 /*
  * Tool calls whose approval_timeout passed without a decision: each is
@@ -125,15 +126,20 @@ wake(const char *wake_sql, bool human)
 	for (uint64 i = 0; i < n; i++)
 	{
 		char	   *step = SPI_getvalue(tt->vals[i], tt->tupdesc, 3);
+
+		/* an MCP step waiting on its server's question (mcp.c) */
+		char	   *kind = human ? SPI_getvalue(tt->vals[i], tt->tupdesc, 6) : NULL;
+		bool		mcp = kind && strcmp(kind, "mcp_elicitation") == 0;
 		JsonObjBuilder b;
 		bool		null;
 
 		JsonObjStart(&b);
 		JsonObjAddString(&b, "by", "tuvl");
 		/* a run started with not_before has no step yet */
-		JsonObjAddString(&b, "reason", human ? "the Human step's timeout passed" :
+		JsonObjAddString(&b, "reason", mcp ? "the MCP server's question waited past its elicitation_timeout" :
+						 human ? "the Human step's timeout passed" :
 						 step ? "the Sleep step's time has come" : "its not_before has come");
-		ControlJournalRequeued(tt, i, human ? "Human" : step ? "Sleep" : NULL, JsonObjEnd(&b));
+		ControlJournalRequeued(tt, i, mcp ? "MCP" : human ? "Human" : step ? "Sleep" : NULL, JsonObjEnd(&b));
 
 		/*
 		 * a run of a concurrency key that waited for not_before now asks for

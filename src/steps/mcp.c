@@ -32,6 +32,21 @@
  * the step; an `initialize` answered -32022 by a server that names
  * 2026-07-28 among its revisions negotiates up.
  *
+ * Input requests.  A stateless call answered with resultType
+ * "input_required" is sent again with inputResponses: answered as
+ * mcp.elicitation says, unattended (accept_defaults, decline) or, with ask
+ * (the default), by a person: the run parks as waiting_human with the
+ * question as its awaiting (await_person), tuvl.submit() or tuvl.reject()
+ * record the answer among the step's records (run_control.c), and the
+ * step, executed again, retries the call.  A 2025-11-25 server that asks
+ * on the call's event stream fails the call (fail_if_stream_asks).
+ *
+ * Tasks.  A step that can wait (not an agent's tool call) declares the
+ * tasks extension; a server may then answer the call with a task
+ * (resultType "task"): the step polls it with tasks/get, one effect per
+ * poll, the run parked as sleeping until the next (task_wait records the
+ * time), and the completed task's result is the call's.
+ *
  *-------------------------------------------------------------------------
  */
 #include "postgres.h"
@@ -54,6 +69,7 @@
 #include "effect.h"
 #include "http.h"
 #include "executor.h"
+#include "journal.h"
 #include "jsonutil.h"
 #include "mcp.h"
 #include "mcp_oauth.h"
@@ -433,24 +449,31 @@ add_header(EffectRequest *req, const char *name, const char *value)
 	req->http.headers = lappend(req->http.headers, h);
 }
 
+/* The tasks extension's identifier (2026-07-28). */
+#define MCP_TASKS_EXTENSION "io.modelcontextprotocol/tasks"
+
 /*
  * A request of the stateless revision: params with the _meta every
  * 2026-07-28 request carries (the revision, tuvl's capabilities: form
- * elicitation when elicit, the step answering input requests, else none;
+ * elicitation when elicit, the step answering input requests, and the
+ * tasks extension when tasks, the step able to poll a task, else none;
  * and its name), and the headers the revision asks for, which the server
  * checks against the body: MCP-Protocol-Version, Mcp-Method and, when name
  * is given (tools/call), Mcp-Name.
  */
 static EffectRequest *
 stateless_request(const char *url, const char *method, Jsonb *params, const char *name,
-				  const char *id, const char *op, int timeout_ms, List *extra, bool elicit)
+				  const char *id, const char *op, int timeout_ms, List *extra, bool elicit,
+				  bool tasks)
 {
 	Jsonb	   *meta = JsonFromCString(psprintf("{\"io.modelcontextprotocol/protocolVersion\": \""
 												MCP_STATELESS_VERSION "\", "
-												"\"io.modelcontextprotocol/clientCapabilities\": %s, "
+												"\"io.modelcontextprotocol/clientCapabilities\": {%s%s%s}, "
 												"\"io.modelcontextprotocol/clientInfo\": "
 												"{\"name\": \"tuvl\", \"version\": \"" TUVL_VERSION "\"}}",
-												elicit ? "{\"elicitation\": {\"form\": {}}}" : "{}"));
+												elicit ? "\"elicitation\": {\"form\": {}}" : "",
+												elicit && tasks ? ", " : "",
+												tasks ? "\"extensions\": {\"" MCP_TASKS_EXTENSION "\": {}}" : ""));
 	EffectRequest *req;
 
 	if (name && strpbrk(name, "\r\n"))
@@ -713,10 +736,19 @@ typedef struct McpProgress
 	bool		stateless;		/* ... and it is MCP_STATELESS_VERSION */
 	bool		learned;		/* this step learned it (not from memory) */
 	bool		downgraded;		/* a stateless call was refused with -32022 */
-	const char *elicitation;	/* mcp.elicitation: NULL, accept_defaults,
+	const char *elicitation;	/* mcp.elicitation: ask, accept_defaults,
 								 * decline */
+	bool		can_ask;		/* ask: the run may wait for a person (not in
+								 * an agent's tool call) */
 	Jsonb	   *input_required; /* the last answer asked for input: retry */
+	Jsonb	   *answers;		/* ask: a person's answers to it, by request
+								 * key (inputResponses entries) */
+	Jsonb	   *waits;			/* ask: when each of its requests times out
+								 * (until_us), by request key */
 	int			rounds;			/* answers that asked for input */
+	char	   *task_id;		/* the call became this task: poll it */
+	int			task_poll_ms;	/* ... this often */
+	TimestampTz task_until;		/* ... next at this time (0: not set yet) */
 	const char *oauth_url;		/* mcp.auth: the server, whose 401/403 fail */
 	char	   *resume_id;		/* the stream ended before the answer: the
 								 * last event id to resume after, or NULL */
@@ -783,11 +815,11 @@ input_required(Jsonb *answer, McpProgress *p)
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 				 errmsg("MCP tools/call failed: the server answered with resultType \"%s\"", type)));
-	if (p->elicitation == NULL)
+	if (strcmp(p->elicitation, "ask") == 0 && !p->can_ask)
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("MCP tools/call failed: the server answered with resultType \"input_required\""),
-				 errdetail("The server needs more input for this call, such as a person's answer."),
+				 errdetail("The server needs a person's answer, and an agent's tool call cannot wait for one."),
 				 errhint("Set mcp.elicitation to accept_defaults or decline to answer it unattended.")));
 	if (++p->rounds > MCP_MAX_INPUT_ROUNDS)
 		ereport(ERROR,
@@ -825,17 +857,13 @@ schema_defaults(Jsonb *schema)
 }
 
 /*
- * inputResponses for the inputRequests of an input_required answer, as
- * mcp.elicitation says: accept_defaults accepts each form elicitation
- * with its schema's defaults (and declines one that sends the person to a
- * URL, which nobody will visit); decline declines them all.  A request of
- * another kind (sampling, roots) fails the step.
+ * The inputRequests of an input_required answer, an object; each must be
+ * an elicitation/create (tuvl answers nothing else: sampling, roots).
  */
 static Jsonb *
-input_responses(Jsonb *answer, const char *policy)
+input_requests(Jsonb *answer)
 {
 	Jsonb	   *requests = JsonGetJsonb(answer, "inputRequests");
-	Jsonb	   *out = JsonEmptyObject();
 	JsonbIterator *it;
 	JsonbValue	v;
 	char	   *key;
@@ -850,11 +878,6 @@ input_responses(Jsonb *answer, const char *policy)
 	{
 		Jsonb	   *req = JsonValueToJsonb(&v);
 		char	   *method = JsonIsObject(req) ? JsonGetString(req, "method") : NULL;
-		Jsonb	   *params = method ? JsonGetJsonb(req, "params") : NULL;
-		char	   *mode = params && JsonIsObject(params) ? JsonGetString(params, "mode") : NULL;
-		bool		accept = strcmp(policy, "accept_defaults") == 0 && (mode == NULL || strcmp(mode, "form") == 0);
-		Jsonb	   *resp = JsonSetKey(JsonEmptyObject(), "action",
-									  JsonStringValue(accept ? "accept" : "decline"));
 
 		if (method == NULL || strcmp(method, "elicitation/create") != 0)
 			ereport(ERROR,
@@ -862,13 +885,231 @@ input_responses(Jsonb *answer, const char *policy)
 					 errmsg("MCP tools/call failed: the server asked for %s, which tuvl does not answer",
 							method ? method : "an input without a method"),
 					 errdetail("tuvl answers elicitation/create only.")));
+	}
+	return requests;
+}
+
+/* The params of input request req (an object), or NULL. */
+static Jsonb *
+request_params(Jsonb *req)
+{
+	Jsonb	   *params = JsonGetField(req, "params") ? JsonGetJsonb(req, "params") : NULL;
+
+	return params && JsonIsObject(params) ? params : NULL;
+}
+
+/* Is input request req a form (not one sending the person to a URL)? */
+static bool
+request_is_form(Jsonb *req)
+{
+	Jsonb	   *params = request_params(req);
+	char	   *mode = params ? JsonGetString(params, "mode") : NULL;
+
+	return mode == NULL || strcmp(mode, "form") == 0;
+}
+
+/*
+ * inputResponses for the inputRequests of an input_required answer, as
+ * mcp.elicitation says: accept_defaults accepts each form elicitation
+ * with its schema's defaults (and declines one that sends the person to a
+ * URL, which nobody will visit); decline declines them all; ask sends
+ * what people answered (answers, by request key: every request has one).
+ */
+static Jsonb *
+input_responses(Jsonb *answer, const char *policy, Jsonb *answers)
+{
+	Jsonb	   *requests = input_requests(answer);
+	Jsonb	   *out = JsonEmptyObject();
+	JsonbIterator *it;
+	JsonbValue	v;
+	char	   *key;
+
+	it = JsonbIteratorInit(&requests->root);
+	while (JsonObjectNext(&it, &key, &v))
+	{
+		Jsonb	   *req = JsonValueToJsonb(&v);
+		Jsonb	   *params = request_params(req);
+		bool		accept = strcmp(policy, "accept_defaults") == 0 && request_is_form(req);
+		Jsonb	   *resp;
+
+		if (strcmp(policy, "ask") == 0)
+		{
+			resp = answers ? JsonGetJsonb(answers, key) : NULL;
+			if (resp == NULL)
+				elog(ERROR, "MCP input request \"%s\" has no answer", key);
+			out = JsonSetKey(out, key, resp);
+			continue;
+		}
+		resp = JsonSetKey(JsonEmptyObject(), "action", JsonStringValue(accept ? "accept" : "decline"));
 		if (accept)
 			resp = JsonSetKey(resp, "content",
-							  schema_defaults(params && JsonIsObject(params) ?
-											  JsonGetJsonb(params, "requestedSchema") : NULL));
+							  schema_defaults(params ? JsonGetJsonb(params, "requestedSchema") : NULL));
 		out = JsonSetKey(out, key, resp);
 	}
 	return out;
+}
+
+/*
+ * mcp.elicitation ask: the input requests of the last answer that nobody
+ * has answered yet park the run for a person, one at a time, as a Human
+ * step waits (waiting_human, tuvl.people_queue): tuvl.submit() accepts
+ * with the content, tuvl.reject() declines or cancels (run_control.c
+ * records the answer in the step's records).  A request whose
+ * elicitation_timeout (wait_ms; 0: none) passed unanswered is answered
+ * "cancel", as a person who dismissed it.  Returns true with the run
+ * parked in result; false once every request has its answer.
+ */
+static bool
+await_person(RunState *run, const char *step_id, McpProgress *p, const char *url, const char *tool,
+			 int wait_ms, List *secrets, StepResult *result)
+{
+	Jsonb	   *requests = input_requests(p->input_required);
+	JsonbIterator *it;
+	JsonbValue	v;
+	char	   *key;
+	JsonObjBuilder b;
+
+	it = JsonbIteratorInit(&requests->root);
+	while (JsonObjectNext(&it, &key, &v))
+	{
+		Jsonb	   *req = JsonValueToJsonb(&v);
+		Jsonb	   *params = request_params(req);
+		TimestampTz until = 0;
+		Jsonb	   *info;
+
+		if (p->answers && JsonGetField(p->answers, key))
+			continue;
+		if (p->waits && JsonGetField(p->waits, key))
+			until = (TimestampTz) JsonGetInt(p->waits, key, 0);
+		else if (wait_ms > 0)
+		{
+			until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait_ms);
+			JsonObjStart(&b);
+			JsonObjAddString(&b, "op", "elicit_wait");
+			JsonObjAddString(&b, "request", key);
+			JsonObjAddInt(&b, "until_us", until);
+			EffectRecord(run, JsonObjEnd(&b));
+		}
+		if (until != 0 && GetCurrentTimestamp() >= until)
+		{
+			/* nobody answered in time: as a person who dismissed it */
+			JsonObjStart(&b);
+			JsonObjAddString(&b, "op", "elicitation");
+			JsonObjAddString(&b, "request", key);
+			JsonObjAddString(&b, "action", "cancel");
+			JsonObjAddString(&b, "by", "tuvl");
+			JsonObjAddBool(&b, "timed_out", true);
+			EffectRecord(run, JsonObjEnd(&b));
+			/* journaled as a person's answer, so that a replay serves it */
+			JsonObjStart(&b);
+			JsonObjAddString(&b, "action", "cancel");
+			JsonObjAddString(&b, "by", "tuvl");
+			JsonObjAddString(&b, "request", key);
+			JsonObjAddString(&b, "tool", tool);
+			JsonObjAddString(&b, "reason", psprintf("no answer within the elicitation_timeout of %s",
+													wait_ms % 1000 == 0 ? psprintf("%d s", wait_ms / 1000) :
+													psprintf("%d ms", wait_ms)));
+			JournalAdd(&run->step_events, "decision", step_id, "MCP", JsonObjEnd(&b));
+			p->answers = JsonSetKey(p->answers ? p->answers : JsonEmptyObject(), key,
+									JsonSetKey(JsonEmptyObject(), "action", JsonStringValue("cancel")));
+			continue;
+		}
+
+		/* what people_queue shows and tuvl.submit() checks the answer with */
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "kind", "mcp_elicitation");
+		JsonObjAddString(&b, "server", HttpRedactUrl(url));
+		JsonObjAddString(&b, "tool", tool);
+		JsonObjAddString(&b, "request", key);
+		JsonObjAddString(&b, "mode", request_is_form(req) ? "form" : "url");
+		JsonObjAddString(&b, "message", params ? JsonGetString(params, "message") : NULL);
+		if (request_is_form(req))
+			JsonObjAddJsonb(&b, "form", params && JsonGetField(params, "requestedSchema") ?
+							JsonGetJsonb(params, "requestedSchema") :
+							JsonFromCString("{\"type\": \"object\"}"));
+		else
+			JsonObjAddString(&b, "url", params ? JsonGetString(params, "url") : NULL);
+		JsonObjAddInt(&b, "round", p->rounds);
+		if (until != 0)
+			SleepAddWake(&b, until);
+		info = SecretScrubJsonb(JsonObjEnd(&b), secrets);
+		result->park = RUN_WAITING_HUMAN;
+		result->park_info = info;
+		return true;
+	}
+	return false;
+}
+
+/*
+ * The method of the first request the server sent on an event stream
+ * (body), such as elicitation/create, or NULL: a message with an id and a
+ * method, not a notification.
+ */
+static char *
+stream_request_method(const char *body)
+{
+	StringInfoData data;
+	const char *p = body;
+
+	initStringInfo(&data);
+	for (;;)
+	{
+		const char *eol = strpbrk(p, "\r\n");
+		size_t		len = eol ? (size_t) (eol - p) : strlen(p);
+
+		if (len >= 5 && strncmp(p, "data:", 5) == 0)
+		{
+			const char *v = p + 5 + (p[5] == ' ');
+
+			if (data.len > 0)
+				appendStringInfoChar(&data, '\n');
+			appendBinaryStringInfo(&data, v, p + len - v);
+		}
+		if ((len == 0 || eol == NULL) && data.len > 0)
+		{
+			Jsonb	   *msg = JsonParseExternal(data.data, data.len, NULL);
+
+			if (msg && JsonIsObject(msg) && JsonGetField(msg, "id") && JsonGetString(msg, "method"))
+				return JsonGetString(msg, "method");
+			resetStringInfo(&data);
+		}
+		if (eol == NULL)
+			break;
+		p = eol + ((eol[0] == '\r' && eol[1] == '\n') ? 2 : 1);
+	}
+	return NULL;
+}
+
+/*
+ * A 2025-11-25 server that asks for input on the call's event stream
+ * (elicitation/create: the stream was ended there, see next_request)
+ * waits for the answer on that stream, which cannot stay open while a run
+ * waits for a person, nor be resumed after a crash: the call fails
+ * clearly.  tuvl declares no elicitation capability on that revision, so a
+ * server that follows it does not ask.
+ */
+static void
+fail_if_stream_asks(Jsonb *r, const char *id)
+{
+	char	   *ctype = header_of(r, "content-type");
+	char	   *body = JsonGetText(r, "body");
+	char	   *error;
+	char	   *method;
+
+	if (ctype == NULL || strstr(ctype, "text/event-stream") == NULL || body == NULL ||
+		McpParseMessage(body, ctype, id, &error) != NULL)
+		return;
+	method = stream_request_method(body);
+	if (method == NULL)
+		return;
+	StepErrorType = "mcp_error";
+	ereport(ERROR,
+			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+			 errmsg("MCP tools/call failed: the server asked for input (%s) on the call's event stream of a %s session",
+					method, JsonGetString(r, "version") ? JsonGetString(r, "version") : MCP_PROTOCOL_VERSION),
+			 errdetail("On this revision the server waits for the answer on the open stream, which cannot outlive a run waiting for a person or a crash; tuvl declared no elicitation capability."),
+			 errhint("Use a server that speaks the stateless revision %s, where the run waits for a person's answer or mcp.elicitation accept_defaults or decline answers it.",
+					 MCP_STATELESS_VERSION)));
 }
 
 /*
@@ -920,19 +1161,194 @@ stream_resumable(Jsonb *r, const char *id, McpProgress *p)
 	return true;
 }
 
+/* A task's poll interval is kept within these bounds. */
+#define MCP_TASK_MIN_POLL_MS 100
+#define MCP_TASK_MAX_POLL_MS (10 * 60 * 1000)
+#define MCP_TASK_DEFAULT_POLL_MS 1000
+
+/* The task's pollIntervalMs (or the last one), within the bounds. */
+static void
+task_poll_interval(Jsonb *task, McpProgress *p)
+{
+	JsonbValue *v = JsonGetField(task, "pollIntervalMs");
+
+	if (v && v->type == jbvNumeric)
+		p->task_poll_ms = Max(MCP_TASK_MIN_POLL_MS,
+							  Min(MCP_TASK_MAX_POLL_MS, JsonGetInt32(task, "pollIntervalMs", 0)));
+	else if (p->task_poll_ms == 0)
+		p->task_poll_ms = MCP_TASK_DEFAULT_POLL_MS;
+}
+
+/*
+ * Did the server answer the call with a task (resultType "task", the
+ * tasks extension)?  Then p remembers it, to poll with tasks/get.
+ */
+static bool
+task_created(Jsonb *answer, McpProgress *p)
+{
+	char	   *type = answer ? JsonGetString(answer, "resultType") : NULL;
+	char	   *id;
+
+	if (type == NULL || strcmp(type, "task") != 0)
+		return false;
+	StepErrorType = "mcp_error";
+	if (!p->can_ask)
+		ereport(ERROR,
+				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+				 errmsg("MCP tools/call failed: the server answered with a task, which tuvl did not ask for"),
+				 errdetail("An agent's tool call does not declare the %s extension.", MCP_TASKS_EXTENSION)));
+	id = JsonGetString(answer, "taskId");
+	if (id == NULL || *id == '\0' || strlen(id) > 512)
+		ereport(ERROR,
+				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+				 errmsg("MCP tools/call failed: the server's task has no taskId")));
+	p->task_id = id;
+	p->task_poll_ms = 0;
+	p->task_until = 0;
+	task_poll_interval(answer, p);
+	return true;
+}
+
+/*
+ * The state of the task (a tasks/get answer): its result when completed
+ * (returns true), false while it works; raises when it failed, was
+ * cancelled or asks for input.
+ */
+static bool
+task_done(Jsonb *task, const char *tool, McpProgress *p, Jsonb **answer)
+{
+	char	   *status = task ? JsonGetString(task, "status") : NULL;
+	char	   *message = task ? JsonGetString(task, "statusMessage") : NULL;
+
+	StepErrorType = "mcp_error";
+	if (status == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+				 errmsg("MCP tasks/get failed: the answer for task %s has no status", p->task_id)));
+	if (strcmp(status, "completed") == 0)
+	{
+		*answer = JsonGetField(task, "result") ? JsonGetJsonb(task, "result") : NULL;
+		if (*answer == NULL || !JsonIsObject(*answer))
+			ereport(ERROR,
+					(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+					 errmsg("MCP tasks/get failed: task %s completed without a result object", p->task_id)));
+		return true;
+	}
+	if (strcmp(status, "failed") == 0)
+	{
+		Jsonb	   *e = JsonGetField(task, "error") ? JsonGetJsonb(task, "error") : NULL;
+		char	   *m = e && JsonIsObject(e) ? JsonGetString(e, "message") : NULL;
+
+		ereport(ERROR,
+				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+				 errmsg("MCP tool \"%s\" failed: its task %s failed: %s", tool, p->task_id,
+						m ? m : message ? message : "no message"),
+				 e && JsonGetField(e, "code") ?
+				 errdetail("JSON-RPC error code %s.", JsonClipText(JsonGetText(e, "code"), 40)) : 0));
+	}
+	if (strcmp(status, "cancelled") == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
+				 errmsg("MCP tool \"%s\" failed: the server cancelled its task %s%s%s", tool, p->task_id,
+						message ? ": " : "", message ? message : "")));
+	if (strcmp(status, "input_required") == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("MCP tool \"%s\" failed: its task %s asks for input, which tuvl does not answer for a task yet",
+						tool, p->task_id),
+				 errhint("A server that asks before it creates the task (input_required on tools/call) is answered.")));
+	/* working (or a status to come): poll again */
+	task_poll_interval(task, p);
+	return false;
+}
+
+/*
+ * The result r (at position i) of a stateless call: true with the tool's
+ * result in *answer; false when the server no longer speaks the revision
+ * (negotiate down), made the call a task, or asks for input.
+ */
+static bool
+walk_stateless_call(Jsonb *r, int i, McpProgress *p, Jsonb **answer)
+{
+	int			status = JsonGetInt32(r, "status", 0);
+	bool		up;
+
+	if (version_mismatch(r, &up))
+	{
+		/* the server no longer speaks it: negotiate down */
+		p->stateless = false;
+		p->downgraded = p->learned = true;
+		return false;
+	}
+	if (status < 200 || status >= 300)
+		fail_transport(r, "tools/call");
+	*answer = rpc_answer(r, answer_id(r, i), "tools/call");
+	p->input_required = NULL;
+	p->answers = p->waits = NULL;
+	if (task_created(*answer, p) || input_required(*answer, p))
+		return false;
+	return true;
+}
+
+/*
+ * What follows a stateless call's answer, at position i of the step's
+ * records (r, whose op is op): a poll of the task the call became
+ * (task_get), the time of the next (task_wait), a person's answer to an
+ * input request (elicitation) or its deadline (elicit_wait).  Returns
+ * false for any other record; *done says that the call's answer is in
+ * *answer.
+ */
+static bool
+walk_after_call(Jsonb *r, int i, const char *op, const char *tool, McpProgress *p, Jsonb **answer,
+				bool *done)
+{
+	int			status = JsonGetInt32(r, "status", 0);
+
+	*done = false;
+	if (strcmp(op, "task_get") == 0 && p->task_id)
+	{
+		if (status < 200 || status >= 300)
+			fail_transport(r, "tasks/get");
+		p->task_until = 0;
+		*done = task_done(rpc_answer(r, answer_id(r, i), "tasks/get"), tool, p, answer);
+	}
+	else if (strcmp(op, "task_wait") == 0 && p->task_id)
+		p->task_until = (TimestampTz) JsonGetInt(r, "until_us", 0);
+	else if (strcmp(op, "elicitation") == 0 && p->input_required)
+	{
+		/* a person's answer (or a timeout's) to one input request */
+		char	   *key = JsonGetString(r, "request");
+		Jsonb	   *resp = JsonSetKey(JsonEmptyObject(), "action",
+									  JsonStringValue(JsonGetString(r, "action")));
+
+		if (JsonGetField(r, "content"))
+			resp = JsonSetKey(resp, "content", JsonGetJsonb(r, "content"));
+		if (key)
+			p->answers = JsonSetKey(p->answers ? p->answers : JsonEmptyObject(), key, resp);
+	}
+	else if (strcmp(op, "elicit_wait") == 0 && p->input_required && JsonGetString(r, "request"))
+		p->waits = JsonSetKey(p->waits ? p->waits : JsonEmptyObject(), JsonGetString(r, "request"),
+							  JsonGetJsonb(r, "until_us"));
+	else
+		return false;
+	return true;
+}
+
 /*
  * Walk the step's effects so far, updating p.  Returns true with *answer
  * set to the result of tools/call when it arrived (the step is done);
  * raises for a failure.
  */
 static bool
-walk_effects(RunState *run, int first, int n, const char *url, McpProgress *p, Jsonb **answer)
+walk_effects(RunState *run, int first, int n, const char *url, const char *tool, McpProgress *p,
+			 Jsonb **answer)
 {
 	for (int i = first; i < n; i++)
 	{
 		Jsonb	   *r = EffectAt(run, i);
 		char	   *op = JsonGetString(r, "op");
 		int			status = JsonGetInt32(r, "status", 0);
+		bool		done;
 
 		if (op == NULL)
 			continue;
@@ -981,25 +1397,16 @@ walk_effects(RunState *run, int first, int n, const char *url, McpProgress *p, J
 				 JsonGetString(r, "version") &&
 				 strcmp(JsonGetString(r, "version"), MCP_STATELESS_VERSION) == 0)
 		{
-			bool		up;
-
 			/* a stateless call; the first effect: the server was known */
 			if (i == first)
 				p->discovered = p->stateless = true;
-			if (version_mismatch(r, &up))
-			{
-				/* the server no longer speaks it: negotiate down */
-				p->stateless = false;
-				p->downgraded = p->learned = true;
-				continue;
-			}
-			if (status < 200 || status >= 300)
-				fail_transport(r, "tools/call");
-			*answer = rpc_answer(r, answer_id(r, i), "tools/call");
-			p->input_required = NULL;
-			if (input_required(*answer, p))
-				continue;
-			return true;
+			if (walk_stateless_call(r, i, p, answer))
+				return true;
+		}
+		else if (walk_after_call(r, i, op, tool, p, answer, &done))
+		{
+			if (done)
+				return true;
 		}
 		else if (strcmp(op, "call") == 0)
 		{
@@ -1015,17 +1422,20 @@ walk_effects(RunState *run, int first, int n, const char *url, McpProgress *p, J
 			{
 				/* the server lost the session: initialize again */
 				const char *elicitation = p->elicitation;
+				bool		can_ask = p->can_ask;
 				const char *oauth_url = p->oauth_url;
 
 				session_forget(url, p->session);
 				memset(p, 0, sizeof(McpProgress));
 				p->discovered = true;	/* still a 2025 server */
 				p->elicitation = elicitation;
+				p->can_ask = can_ask;
 				p->oauth_url = oauth_url;
 				continue;
 			}
 			if (status < 200 || status >= 300)
 				fail_transport(r, "tools/call");
+			fail_if_stream_asks(r, answer_id(r, i));
 			if (stream_resumable(r, answer_id(r, i), p))
 				continue;
 			*answer = rpc_answer(r, answer_id(r, i), "tools/call");
@@ -1218,7 +1628,7 @@ next_request(const char *url, const char *tool, Jsonb *args, const char *id, Mcp
 
 	if (!p->discovered)
 		return stateless_request(url, "server/discover", NULL, NULL, id, "discover", timeout_ms, extra,
-								 false);
+								 false, false);
 	if (p->stateless)
 	{
 		Jsonb	   *responses = NULL;
@@ -1229,13 +1639,13 @@ next_request(const char *url, const char *tool, Jsonb *args, const char *id, Mcp
 		if (p->input_required)
 		{
 			/* the same call again, with the answers (and the server's state) */
-			responses = input_responses(p->input_required, p->elicitation);
+			responses = input_responses(p->input_required, p->elicitation, p->answers);
 			JsonObjAddJsonb(&b, "inputResponses", responses);
 			if (JsonGetField(p->input_required, "requestState"))
 				JsonObjAddJsonb(&b, "requestState", JsonGetJsonb(p->input_required, "requestState"));
 		}
 		req = stateless_request(url, "tools/call", JsonObjEnd(&b), tool, id, "call", timeout_ms, extra,
-								p->elicitation != NULL);
+								strcmp(p->elicitation, "ask") != 0 || p->can_ask, p->can_ask);
 		req->journal = JsonMerge(req->journal, JsonSetKey(JsonSetKey(JsonEmptyObject(), "tool",
 																	 JsonStringValue(tool)),
 														  "arguments", args));
@@ -1289,10 +1699,57 @@ next_request(const char *url, const char *tool, Jsonb *args, const char *id, Mcp
 	JsonObjAddJsonb(&b, "arguments", args);
 	req = rpc_request(url, "tools/call", JsonObjEnd(&b), id, p->session, p->version,
 					  "call", timeout_ms, extra);
+	/* a question on the stream waits for an answer there: stop reading */
+	req->http.stop_after = "\"elicitation/create\"";
 	req->journal = JsonMerge(req->journal, JsonSetKey(JsonSetKey(JsonEmptyObject(), "tool",
 																 JsonStringValue(tool)),
 													  "arguments", args));
 	return req;
+}
+
+/*
+ * The call became task p->task_id: sleep until its next poll (parking the
+ * run; a task_wait record holds the time), or poll it now with tasks/get.
+ * A replay polls at once: the answers are the recording's.
+ */
+static void
+poll_task(RunState *run, McpProgress *p, const char *url, const char *tool, int timeout_ms,
+		  List *extra, List *secrets, StepResult *result)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	JsonObjBuilder b;
+	EffectRequest *req;
+	int			n;
+
+	if (p->task_until == 0 && !run->replay)
+	{
+		p->task_until = TimestampTzPlusMilliseconds(now, p->task_poll_ms);
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "op", "task_wait");
+		JsonObjAddInt(&b, "until_us", p->task_until);
+		EffectRecord(run, JsonObjEnd(&b));
+	}
+	if (p->task_until > now && !run->replay)
+	{
+		JsonObjStart(&b);
+		JsonObjAddString(&b, "kind", "mcp_task");
+		JsonObjAddString(&b, "server", HttpRedactUrl(url));
+		JsonObjAddString(&b, "tool", tool);
+		JsonObjAddString(&b, "task", p->task_id);
+		SleepAddWake(&b, p->task_until);
+		result->park = RUN_SLEEPING;
+		result->park_info = SecretScrubJsonb(JsonObjEnd(&b), secrets);
+		return;
+	}
+	n = EffectCount(run);
+	req = stateless_request(url, "tasks/get",
+							JsonSetKey(JsonEmptyObject(), "taskId", JsonStringValue(p->task_id)),
+							NULL, EffectKey(run, n), "task_get", timeout_ms, extra, false, true);
+	req->journal = JsonSetKey(req->journal, "task", JsonStringValue(p->task_id));
+	req->secrets = secrets;
+	req->journal = SecretScrubJsonb(req->journal, secrets);
+	result->pending = true;
+	result->effect = req;
 }
 
 /*
@@ -1349,8 +1806,12 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	/* walk what happened so far */
 	memset(&p, 0, sizeof(p));
 	p.elicitation = JsonGetString(mcp, "elicitation");
+	if (p.elicitation == NULL)
+		p.elicitation = "ask";
+	/* an agent's tool call cannot wait for a person */
+	p.can_ask = run->effect_call == 0 && run->tool_args == NULL;
 	p.oauth_url = JsonGetField(mcp, "auth") ? url : NULL;
-	if (walk_effects(run, first, n, skey, &p, &answer))
+	if (walk_effects(run, first, n, skey, tool, &p, &answer))
 	{
 		if (p.learned)
 			revision_remember(url, p.stateless);
@@ -1364,6 +1825,22 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	/* what next */
 	if (p.learned)
 		revision_remember(url, p.stateless);
+	if (p.task_id)
+	{
+		/* a task: poll it with tasks/get, the run sleeping in between */
+		poll_task(run, &p, url, tool, timeout_ms, extra, use.values, result);
+		return;
+	}
+	if (p.input_required && strcmp(p.elicitation, "ask") == 0)
+	{
+		/* the server needs a person's answer: wait for it */
+		int			wait_ms = 0;
+
+		(void) DurationFromJson(JsonGetField(mcp, "elicitation_timeout"), &wait_ms);
+		if (await_person(run, step->id, &p, url, tool, wait_ms, use.values, result))
+			return;
+		n = EffectCount(run);	/* a timeout's answer was recorded */
+	}
 	sync_session_cache(skey, n - first, &p, url, extra);
 	if (n == first)
 	{
@@ -1497,7 +1974,7 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 	}
 	/* which revision: server/discover, as a step asks */
 	req = stateless_request(url, "server/discover", NULL, NULL, "tuvl-list-0", "discover",
-							tuvl_http_timeout, list_copy(extra), false);
+							tuvl_http_timeout, list_copy(extra), false, false);
 	req->secrets = use.values;
 	r = EffectPerform(req);
 	if (JsonGetInt32(r, "status", 0) == 0)
@@ -1541,7 +2018,7 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 
 			if (stateless)
 				req = stateless_request(url, "tools/list", params, NULL, psprintf("tuvl-list-%d", 2 + page),
-										"list", tuvl_http_timeout, list_copy(extra), false);
+										"list", tuvl_http_timeout, list_copy(extra), false, false);
 			else
 				req = rpc_request(url, "tools/list", params, psprintf("tuvl-list-%d", 2 + page), session,
 								  version, "list", tuvl_http_timeout, list_copy(extra));
@@ -1656,20 +2133,24 @@ static void
 check_mcp_block(ValidateState *vs, Jsonb *mcp, const char *mpath)
 {
 	static const char *const mcp_keys[] = {"url", "tool", "arguments", "timeout", "headers",
-	"elicitation", "auth", NULL};
+	"elicitation", "elicitation_timeout", "auth", NULL};
 	JsonbValue *args;
 	JsonbValue *elicit;
 
 	ValidateUnknownKeys(vs, mcp, mpath, mcp_keys, NULL);
 	elicit = JsonGetField(mcp, "elicitation");
 	if (elicit && (elicit->type != jbvString ||
-				   !((elicit->val.string.len == 15 &&
+				   !((elicit->val.string.len == 3 &&
+					  strncmp(elicit->val.string.val, "ask", 3) == 0) ||
+					 (elicit->val.string.len == 15 &&
 					  strncmp(elicit->val.string.val, "accept_defaults", 15) == 0) ||
 					 (elicit->val.string.len == 7 &&
 					  strncmp(elicit->val.string.val, "decline", 7) == 0))))
 		ValidateFinding(vs, "error", psprintf("%s.elicitation", mpath),
-						"elicitation must be accept_defaults (answer the server's questions with the "
+						"elicitation must be ask (the run waits for a person's answer, tuvl.submit() or "
+						"tuvl.reject()), accept_defaults (answer the server's questions with the "
 						"defaults of its schema) or decline");
+	ValidateDuration(vs, mcp, "elicitation_timeout", mpath);
 	if (JsonGetField(mcp, "headers") && !ValidateIsMapping(JsonGetField(mcp, "headers")))
 		ValidateFinding(vs, "error", psprintf("%s.headers", mpath),
 						"headers must be a mapping such as { Authorization: \"Bearer {{ secrets.mcp_token }}\" }");

@@ -26,8 +26,10 @@ PGDATABASE).  Then:
 The scripted servers of test/run (tuvl_peers) stand in for the examples'
 services: the pages use 127.0.0.1:8080 (the HTTP test server,
 test/servers/http_server.py), 127.0.0.1:8000 (the scripted LLM server,
-test/servers/llm_server.py) and 127.0.0.1:3001 (the MCP reference server,
-/mcp); the test replaces these ports with the servers' real ones, and
+test/servers/llm_server.py), 127.0.0.1:3001 (the MCP reference server,
+/mcp) and 127.0.0.1:3026 (the scripted MCP server of revision 2026-07-28,
+test/servers/mcp_stateless_server.py); the test replaces these ports with
+the servers' real ones, and
 a key a page reads from the reader's file (\\set key `cat FILE`) with a
 value of its own.
 
@@ -68,7 +70,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PGBIN = os.environ.get("PGBIN", "/usr/lib/postgresql/15/bin")
 PSQL = os.path.join(PGBIN, "psql")
-NEEDED = ("PGHOST", "PGPORT", "TUVL_HTTP_PORT", "TUVL_LLM_PORT", "TUVL_MCP_PORT")
+NEEDED = ("PGHOST", "PGPORT", "TUVL_HTTP_PORT", "TUVL_LLM_PORT", "TUVL_MCP_PORT", "TUVL_MCP26_PORT")
 PAGE_TIMEOUT = 120
 
 FENCE = re.compile(r"^( *)```([A-Za-z]*)[ \t]*\n(.*?)^\1```[ \t]*$", re.M | re.S)
@@ -130,7 +132,8 @@ def ports(text):
     """The pages' ports of the scripted servers -> the running ones, and
     the files a reader keeps a key in (\\set key `cat FILE`) -> a value
     of the test's: tuvl refuses an empty secret."""
-    for port, env in (("8080", "TUVL_HTTP_PORT"), ("8000", "TUVL_LLM_PORT"), ("3001", "TUVL_MCP_PORT")):
+    for port, env in (("8080", "TUVL_HTTP_PORT"), ("8000", "TUVL_LLM_PORT"), ("3001", "TUVL_MCP_PORT"),
+                      ("3026", "TUVL_MCP26_PORT")):
         text = re.sub(r"(127\.0\.0\.1|localhost):%s\b" % port, r"\g<1>:" + os.environ[env], text)
     text = re.sub(r"^(\\set\s+\w+\s+)`cat\s+[^`]+`", r"\1'doc-test-key'", text, flags=re.M)
     return text

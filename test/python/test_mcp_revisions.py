@@ -169,7 +169,9 @@ def test_a_stateless_server_is_called_without_handshake_or_session(wf, conns, se
     assert "mcp-session-id" not in h
     meta = tcall["body"]["params"]["_meta"]
     assert meta["io.modelcontextprotocol/protocolVersion"] == V26
-    assert meta["io.modelcontextprotocol/clientCapabilities"] == {}
+    # mcp.elicitation ask, the default: the server may ask a person (test_mcp_elicitation.py)
+    assert meta["io.modelcontextprotocol/clientCapabilities"] == {
+        "elicitation": {"form": {}}, "extensions": {"io.modelcontextprotocol/tasks": {}}}
     assert meta["io.modelcontextprotocol/clientInfo"]["name"] == "tuvl"
     # the journal keeps the call's tool and arguments, not the _meta
     assert payloads(c, first["run_id"], "tool_call")[1]["request"]["arguments"] == {"a": 2, "b": 40}
@@ -249,16 +251,17 @@ def test_errors_and_tool_errors_on_the_stateless_revision(wf, conns, server):
     res = call(c, server.url, "nosuch", {})
     assert res["end"] == "oops" and res["response"]["type"] == "mcp_error"
     assert "Unknown tool: nosuch" in res["response"]["error"]
-    # a call that needs a person's input fails clearly (elicitation is not supported yet)
+    # a call that needs a person's input waits for one (test_mcp_elicitation.py)
     res = call(c, server.url, "confirm", {"operation": "deploy"})
-    assert res["end"] == "oops" and res["response"]["type"] == "mcp_error"
-    assert 'resultType "input_required"' in res["response"]["error"]
+    assert res["status"] == "waiting_human", res
+    q(c, "SELECT tuvl.abort_run(%s)", (res["run_id"],))
 
 
 def test_list_tools_is_stateless_on_a_2026_server(wf, conns, server):
     c = conns(wf)
     tools = q1(c, "SELECT tuvl.mcp_list_tools(%s)", (server.url,))
-    assert [t["name"] for t in tools] == ["echo", "add", "slow", "fail", "confirm"]
+    assert [t["name"] for t in tools] == ["echo", "add", "slow", "fail", "confirm", "long",
+                                           "ask_on_stream"]
     log = server.log()
     assert [e["method"] for e in log] == ["server/discover", "tools/list"]
     assert log[1]["version"] == V26 and log[1]["headers"]["mcp-method"] == "tools/list"
@@ -379,7 +382,7 @@ def test_input_required_is_answered_with_the_schema_defaults(elicit_wf, conns, s
     assert len(calls) == 2
     first, retry = calls[0]["body"]["params"], calls[1]["body"]["params"]
     caps = first["_meta"]["io.modelcontextprotocol/clientCapabilities"]
-    assert caps == {"elicitation": {"form": {}}}
+    assert caps == {"elicitation": {"form": {}}, "extensions": {"io.modelcontextprotocol/tasks": {}}}
     assert "inputResponses" not in first
     assert retry["inputResponses"] == {"confirm": {"action": "accept",
                                                    "content": {"confirmed": False, "note": "none"}}}
@@ -415,7 +418,8 @@ def test_the_elicitation_key_is_validated_with_its_path(wf, conns):
     bad = ELICIT.format(policy="maybe").replace("mcp_rev_maybe", "mcp_rev_bad")
     found = q(c, "SELECT severity, path, message FROM tuvl.validate(%s)", (bad,))
     assert found == [("error", "steps[0].mcp.elicitation",
-                      "elicitation must be accept_defaults (answer the server's questions with the "
+                      "elicitation must be ask (the run waits for a person's answer, tuvl.submit() or "
+                      "tuvl.reject()), accept_defaults (answer the server's questions with the "
                       "defaults of its schema) or decline (line 10, column 20)")], found
-    for policy in ("accept_defaults", "decline"):
+    for policy in ("ask", "accept_defaults", "decline"):
         assert q(c, "SELECT * FROM tuvl.validate(%s)", (ELICIT.format(policy=policy),)) == []

@@ -55,6 +55,21 @@ Tools (tools/list):
             these arguments is error -32602.  On a 2025 revision the tool
             answers "<operation>: no elicitation on this revision" (a tool
             error).
+  long      {ms, poll_ms, fail}: a long call.  A client that declares the
+            tasks extension (clientCapabilities.extensions
+            "io.modelcontextprotocol/tasks") gets a task at once:
+            resultType "task", a taskId, status "working", pollIntervalMs
+            poll_ms (default 200); tasks/get {taskId} answers "working"
+            until ms (default 1000) have passed since the call, then
+            "completed" with the result "worked <ms>" (or, with fail,
+            "failed" with a JSON-RPC error "the long work failed").  Without
+            the extension the call sleeps ms and answers.  tasks/cancel
+            {taskId} cancels it.  Tasks live in the server's memory.
+  ask_on_stream  {}: on a 2025 revision, the server-initiated elicitation
+            of that revision: the answer is an event stream holding an
+            elicitation/create request (id "elicit-1", the confirm schema),
+            kept open 20 s for a client's answer that this server never reads,
+            then ended without the tool's answer.  On 2026-07-28 a tool error.
 
 Responses are application/json, or with --sse (or ?sse=1 on the URL) a
 text/event-stream of one priming event (an id and empty data) and one event
@@ -118,6 +133,11 @@ TOOLS = [
     {"name": "confirm", "description": "Ask a person to confirm an operation.",
      "inputSchema": {"type": "object", "properties": {"operation": {"type": "string"}},
                      "required": ["operation"]}},
+    {"name": "long", "description": "A long call: a task for a client that polls.",
+     "inputSchema": {"type": "object", "properties": {"ms": {"type": "integer"}, "poll_ms": {"type": "integer"},
+                                                     "fail": {"type": "boolean"}}}},
+    {"name": "ask_on_stream", "description": "Ask on the call's event stream (2025 revisions).",
+     "inputSchema": {"type": "object", "properties": {}}},
 ]
 CONFIRM_SCHEMA = {
     "type": "object",
@@ -145,6 +165,7 @@ class State:
         self.log = []
         self.log_max = log_max
         self.secret = os.urandom(16)
+        self.tasks = {}
 
     def legacy(self):
         with self.lock:
@@ -274,6 +295,9 @@ class Handler(BaseHTTPRequestHandler):
             msg_id = msg.get("id")
             entry["method"] = msg["method"]
             self.authorize(msg)
+            if version_of_legacy_ask(self, msg):
+                entry["status"] = 200
+                return self.ask_on_stream(msg_id)
             result, version = self.dispatch(msg, entry)
             entry["version"] = version
             if msg_id is None:          # a notification
@@ -299,6 +323,23 @@ class Handler(BaseHTTPRequestHandler):
             body = ("id: 0\ndata: \n\n" + "event: message\ndata: " + json.dumps(reply) + "\n\n").encode()
             return self.send(200, body, ctype="text/event-stream")
         self.send(status, reply)
+
+    def ask_on_stream(self, msg_id):
+        # an event stream without Content-Length: the request, then silence
+        ask = {"jsonrpc": "2.0", "id": "elicit-1", "method": "elicitation/create",
+               "params": {"message": "Confirm?", "requestedSchema": CONFIRM_SCHEMA}}
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        try:
+            self.wfile.write(("id: 1\ndata: \n\n" + "id: 2\nevent: message\ndata: " + json.dumps(ask)
+                              + "\n\n").encode())
+            self.wfile.flush()
+            time.sleep(20)
+        except OSError:
+            pass
 
     # ------------------------------------------------------------ authorization
 
@@ -393,6 +434,8 @@ class Handler(BaseHTTPRequestHandler):
             raise RpcError(400, -32601, "initialize is not a method of 2026-07-28; use server/discover")
         if method.startswith("notifications/"):
             return {}
+        if method in ("tasks/get", "tasks/cancel"):
+            return self.task_method(method, params)
         return self.tools(method, params, caps, legacy=False)
 
     def tools(self, method, params, caps, legacy):
@@ -421,7 +464,49 @@ class Handler(BaseHTTPRequestHandler):
             return text_result("the tool failed", is_error=True)
         if name == "confirm":
             return self.confirm(params, args, legacy)
+        if name == "ask_on_stream":
+            return text_result("ask_on_stream: only on a 2025 revision", is_error=True)
+        if name == "long":
+            return self.long(args, caps)
         raise RpcError(200, -32602, f"Unknown tool: {name}")
+
+    def long(self, args, caps):
+        ms = min(int(args.get("ms", 1000)), 600000)
+        tasks = isinstance(caps, dict) and isinstance(caps.get("extensions"), dict) and \
+            "io.modelcontextprotocol/tasks" in caps["extensions"]
+        if not tasks:
+            time.sleep(ms / 1000)
+            return text_result(f"worked {ms}")
+        now = time.time()
+        task_id = base64.urlsafe_b64encode(os.urandom(12)).decode()
+        task = {"taskId": task_id, "status": "working", "statusMessage": "working on it",
+                "createdAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+                "lastUpdatedAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+                "ttlMs": 600000, "pollIntervalMs": int(args.get("poll_ms", 200))}
+        with self.st.lock:
+            self.st.tasks[task_id] = {"task": task, "until": now + ms / 1000, "ms": ms,
+                                      "fail": bool(args.get("fail"))}
+        return {"resultType": "task", **task}
+
+    def task_method(self, method, params):
+        task_id = params.get("taskId")
+        with self.st.lock:
+            t = self.st.tasks.get(task_id)
+            if t is None:
+                raise RpcError(200, -32602, f"no task {task_id}")
+            task = dict(t["task"])
+            if method == "tasks/cancel":
+                if task["status"] == "working":
+                    t["task"]["status"] = "cancelled"
+                return {}
+            if task["status"] == "working" and time.time() >= t["until"]:
+                if t["fail"]:
+                    t["task"].update(status="failed", error={"code": -32603, "message": "the long work failed"})
+                else:
+                    t["task"].update(status="completed", result=text_result(f"worked {t['ms']}"))
+                task = dict(t["task"])
+        task["resultType"] = "complete"
+        return task
 
     def confirm(self, params, args, legacy):
         op = str(args.get("operation", ""))
@@ -441,10 +526,19 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(answer, dict) or answer.get("action") not in ("accept", "decline", "cancel"):
             raise RpcError(200, -32602, "inputResponses.confirm must hold an action")
         if answer["action"] != "accept":
-            return text_result(f"{op}: {answer['action']}d")
+            return text_result(f"{op}: {'declined' if answer['action'] == 'decline' else 'cancelled'}")
         content = answer.get("content") or {}
         return text_result(f"{op}: accepted confirmed={json.dumps(content.get('confirmed'))} "
                            f"note={content.get('note')}", {"answer": content})
+
+
+def version_of_legacy_ask(handler, msg):
+    """Is msg a tools/call of ask_on_stream served on a 2025 revision?"""
+    params = msg.get("params") if isinstance(msg.get("params"), dict) else {}
+    if msg.get("method") != "tools/call" or params.get("name") != "ask_on_stream":
+        return False
+    meta = params.get("_meta") if isinstance(params.get("_meta"), dict) else {}
+    return meta.get(META_VERSION) is None and bool(handler.st.legacy())
 
 
 class Server(ThreadingHTTPServer):

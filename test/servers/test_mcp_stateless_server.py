@@ -114,7 +114,8 @@ def test_call_with_meta_and_headers(mcp):
     assert r["result"]["content"][0]["text"] == "The sum of 2 and 40 is 42"
     assert "Mcp-Session-Id" not in hdrs
     status, _, r = call26(mcp, "tools/list")
-    assert [t["name"] for t in r["result"]["tools"]] == ["echo", "add", "slow", "fail", "confirm"]
+    assert [t["name"] for t in r["result"]["tools"]] == ["echo", "add", "slow", "fail", "confirm",
+                                                       "long", "ask_on_stream"]
     log = http("GET", mcp.base + "/_log")[2]["requests"]
     assert [e["version"] for e in log] == [V26, V26]
 

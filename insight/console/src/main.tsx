@@ -376,9 +376,22 @@ function Answer({ item, onDone }: { item: any; onDone: (notice: string) => void 
     if (done) return <p className="muted">{done}</p>;
     if (item.status === "waiting_human") {
         const schema = a.form ?? { type: "object" };
+        /* an MCP server's question (mcp.elicitation ask): also declined or cancelled */
+        const mcp = a.kind === "mcp_elicitation";
+        const reject = async (action: "decline" | "cancel") => {
+            setError(null);
+            try {
+                await post(`/api/runs/${item.run_id}/reject`, { action });
+                setDone("Sent.");
+                onDone(`${action === "decline" ? "Declined" : "Cancelled"}: the question of run #${item.run_id}.`);
+            } catch (e) { setError(e); }
+        };
         return <div className="rjsf" data-testid={`form-${item.run_id}`}>
-            <p>Step <strong>{item.step}</strong> of run <Link to={`/console/runs/${item.run_id}`}>#{item.run_id}</Link> asks:</p>
-            <Form schema={schema} validator={validator} noHtml5Validate showErrorList="top"
+            {mcp ? <p>Step <strong>{item.step}</strong> of run <Link to={`/console/runs/${item.run_id}`}>#{item.run_id}</Link>:
+                the MCP server {a.server} asks, for its tool <strong>{a.tool}</strong>: {a.message}
+                {a.mode === "url" ? <> (at <a href={a.url} target="_blank" rel="noreferrer noopener">{a.url}</a>)</> : null}</p>
+                : <p>Step <strong>{item.step}</strong> of run <Link to={`/console/runs/${item.run_id}`}>#{item.run_id}</Link> asks:</p>}
+            <Form schema={mcp && a.mode === "url" ? { type: "object" } : schema} validator={validator} noHtml5Validate showErrorList="top"
                 onSubmit={async ({ formData }) => {
                     setError(null);
                     try {
@@ -387,7 +400,10 @@ function Answer({ item, onDone }: { item: any; onDone: (notice: string) => void 
                         onDone(`Submitted to run #${item.run_id}.`);
                     } catch (e) { setError(e); }
                 }}>
-                <div className="actions"><button type="submit" className="primary">Submit</button></div>
+                <div className="actions"><button type="submit" className="primary">{mcp ? "Accept" : "Submit"}</button>
+                    {mcp ? <>
+                        <button type="button" className="danger" onClick={() => void reject("decline")}>Decline</button>
+                        <button type="button" onClick={() => void reject("cancel")}>Cancel</button></> : null}</div>
             </Form>
             <ErrorBox error={error} />
         </div>;
