@@ -3,16 +3,18 @@
  * through insight's API as the signed-in person (the session cookie), so
  * it shows and allows exactly what their role may in SQL.
  */
-import { StrictMode, useEffect, useMemo, useRef, useState } from "react";
+import "./prefetch";
+import { lazy, StrictMode, Suspense, useEffect, useMemo, useRef, useState } from "react";
 import type { FormEvent, ReactNode } from "react";
 import { createRoot } from "react-dom/client";
-import Form from "@rjsf/core";
-import validator from "@rjsf/validator-ajv8";
 
-import { api, ApiFailure, get, post, qs, setCsrf, whenSignedOut } from "./api";
+import { api, ApiFailure, get, post, qs, setCsrf, take, whenSignedOut } from "./api";
 import { Conversation, isAgentEvent } from "./conversation";
 import type { Ev } from "./conversation";
 import { Graph } from "./graph";
+
+/* the form library, a chunk loaded when a page first shows a form */
+const SchemaForm = lazy(() => import("./form"));
 import { Badge, ConfirmHost, confirmAction, download, duration, ErrorBox, Json, Link, navigate, time, useLoad } from "./ui";
 
 const STATUSES = ["queued", "sleeping", "running", "waiting_human", "waiting_approval", "waiting_children",
@@ -153,6 +155,7 @@ function RunsPage({ search }: { search: URLSearchParams }) {
              from: String(d.get("from") ?? ""), to: String(d.get("to") ?? ""), q: String(d.get("q") ?? "") });
     };
     const c = counts.data?.counts ?? {};
+    const capped: string[] = counts.data?.capped ?? [];
     return <>
         <h1>Runs</h1>
         <form className="card row" onSubmit={onFilter} aria-label="Filters" key={search.toString()}>
@@ -172,8 +175,9 @@ function RunsPage({ search }: { search: URLSearchParams }) {
         </form>
         <div className="chips" aria-label="Counts by status">
             {STATUSES.filter((s) => c[s]).map((s) => <button type="button" key={s} className="chip" aria-pressed={f.status === s}
-                data-count={s} onClick={() => go({ status: f.status === s ? "" : s })}>{s.replace(/_/g, " ")}: {c[s].toLocaleString()}</button>)}
-            {counts.data?.capped ? <span className="muted">(counts of the newest {counts.data.window.toLocaleString()} runs)</span> : null}
+                data-count={s} onClick={() => go({ status: f.status === s ? "" : s })}>{s.replace(/_/g, " ")}: {c[s].toLocaleString()}{capped.includes(s) ? "+" : ""}</button>)}
+            {capped.length ? <span className="muted">(a count stops at {counts.data.cap.toLocaleString()})</span> : null}
+            {counts.data?.window ? <span className="muted">(counts of the newest {counts.data.window.toLocaleString()} runs the other filters select)</span> : null}
         </div>
         <ErrorBox error={runs.error} />
         {runs.data?.text_window ? <p className="muted">Text is searched in the newest {runs.data.text_window.toLocaleString()} runs
@@ -237,7 +241,7 @@ function useEvents(id: number): { events: Ev[]; ended: boolean; error: string | 
             };
         };
         /* the journal so far in one read and one render; then the stream, from its last seq */
-        get<{ status: string; events: Ev[] }>(`/api/console/runs/${id}/journal`).then((j) => {
+        take<{ status: string; events: Ev[] }>(`/api/console/runs/${id}/journal`).then((j) => {
             if (closed) return;
             const evs = j.events.map(step);
             setEvents(evs);
@@ -251,9 +255,10 @@ function useEvents(id: number): { events: Ev[]; ended: boolean; error: string | 
 }
 
 function RunPage({ id }: { id: number }) {
-    const detail = useLoad(() => get(`/api/console/runs/${id}`), [id]);
+    const detail = useLoad(() => take(`/api/console/runs/${id}`), [id]);
     const { events, error: streamError } = useEvents(id);
-    const [tab, setTab] = useState<"timeline" | "conversation" | "data">("timeline");
+    /* no choice yet: the conversation of a run with an agent, else the timeline (never both rendered) */
+    const [chosen, setTab] = useState<"timeline" | "conversation" | "data" | null>(null);
     const [notice, setNotice] = useState<string | null>(null);
     /* the run's row again when the journal says its status or step moved (at most every 300 ms) */
     const moves = useMemo(() => events.filter((e) => MOVES.has(e.type)).length, [events]);
@@ -269,8 +274,9 @@ function RunPage({ id }: { id: number }) {
     const agentSteps = useMemo(() => new Set<string>((d?.steps ?? []).filter((s: any) => s.kind === "Agent").map((s: any) => s.id)), [d]);
     const visited = useMemo(() => new Set(events.filter((e) => e.type === "agent_started" && e.step).map((e) => e.step as string)), [events]);
     const hasAgent = agentSteps.size > 0;
-    const conversation = useMemo(() => <Conversation events={events.filter(isAgentEvent)} agentSteps={agentSteps} />, [events, agentSteps]);
-    useEffect(() => { if (hasAgent) setTab("conversation"); }, [hasAgent]);
+    const conversation = useMemo(() => hasAgent ? <Conversation events={events.filter(isAgentEvent)} agentSteps={agentSteps} /> : null,
+                                 [events, agentSteps, hasAgent]);
+    const tab = chosen ?? (hasAgent ? "conversation" : "timeline");
     const [bps, toggleBp] = useBreakpoints(run?.workflow ?? "", d?.breakpoints, reload, (e) => setNotice(e ? (e as Error).message : null));
     if (detail.error && !d) return <ErrorBox error={detail.error} />;
     if (!d) return <p className="loading">Loading run {id}…</p>;
@@ -378,8 +384,9 @@ function Answer({ item, onDone }: { item: any; onDone: (notice: string) => void 
         const schema = a.form ?? { type: "object" };
         return <div className="rjsf" data-testid={`form-${item.run_id}`}>
             <p>Step <strong>{item.step}</strong> of run <Link to={`/console/runs/${item.run_id}`}>#{item.run_id}</Link> asks:</p>
-            <Form schema={schema} validator={validator} noHtml5Validate showErrorList="top"
-                onSubmit={async ({ formData }) => {
+            <Suspense fallback={<p className="loading">Loading the form…</p>}>
+            <SchemaForm schema={schema}
+                onSubmit={async (formData) => {
                     setError(null);
                     try {
                         await post(`/api/runs/${item.run_id}/submit`, { data: formData ?? {} });
@@ -388,7 +395,8 @@ function Answer({ item, onDone }: { item: any; onDone: (notice: string) => void 
                     } catch (e) { setError(e); }
                 }}>
                 <div className="actions"><button type="submit" className="primary">Submit</button></div>
-            </Form>
+            </SchemaForm>
+            </Suspense>
             <ErrorBox error={error} />
         </div>;
     }
