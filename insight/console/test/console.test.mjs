@@ -505,9 +505,10 @@ describe("console", () => {
             await admin.query("SET ROLE con_bob");
             const { rows: [{ t: bobToken }] } = await admin.query("SELECT tuvl.create_token('con_bob', '{runs:read}') AS t");
             const inSql = Object.fromEntries((await admin.query("SELECT status, count(*)::int AS n FROM tuvl.runs GROUP BY status")).rows.map((r) => [r.status, r.n]));
+            await admin.query("SET ROLE con_carol");
             const { rows: [{ t: carolToken }] } = await admin.query("SELECT tuvl.create_token('con_carol', '{runs:read}') AS t");
             await admin.query("RESET ROLE");
-            assert.deepEqual(inSql, { completed: 50003, failed: 6, paused: 1 });
+            assert.deepEqual(inSql, { completed: 50001, failed: 6, paused: 3 });
             const get = async (token, path) => {
                 const r = await fetch(base + path, { headers: { Authorization: `Bearer ${token}` } });
                 const body = await r.json();
@@ -517,16 +518,16 @@ describe("console", () => {
             };
             /* counts: each status exactly up to the cap (then "at least"), as SQL counts them for bob; none of alice's */
             const c = await get(bobToken, "/api/console/counts");
-            assert.deepEqual(c.counts, { completed: 50000, failed: 6, paused: 1 });
+            assert.deepEqual(c.counts, { completed: 50000, failed: 6, paused: 3 });
             assert.deepEqual(c.capped, ["completed"]);
             assert.equal(c.cap, 50000);
-            assert.deepEqual((await get(bobToken, "/api/console/counts?status=failed,paused")).counts, { failed: 6, paused: 1 });
+            assert.deepEqual((await get(bobToken, "/api/console/counts?status=failed,paused")).counts, { failed: 6, paused: 3 });
             assert.deepEqual((await get(bobToken, "/api/console/counts?key=bk20000")).counts, { completed: 1 });
             assert.deepEqual((await get(bobToken, "/api/console/counts?workflow=con_agent")).counts, {});
             /* the operator sees every role's */
             const all = await get(carolToken, "/api/console/counts");
             const { rows: [{ n: alicesDone }] } = await admin.query("SELECT count(*)::int AS n FROM tuvl.runs WHERE principal = 'con_alice' AND status = 'completed'");
-            assert.equal(all.counts.completed, Math.min(50000, 50003 + alicesDone));
+            assert.equal(all.counts.completed, Math.min(50000, 50001 + alicesDone));
             assert.ok(all.counts.failed >= 6);
             /* the list: newest first by id, the keyset goes on; a status; a key; none of alice's */
             const p1 = await get(bobToken, "/api/console/runs?limit=20");
@@ -581,10 +582,10 @@ describe("console", () => {
                 const t0 = Date.now();
                 const during = await get(bobToken, "/api/console/counts?status=failed,paused");
                 assert.ok(Date.now() - t0 < 5000, `counts waited ${Date.now() - t0} ms for the locks`);
-                assert.deepEqual(during.counts, { failed: 6, paused: 1 });
-                assert.equal((await get(bobToken, "/api/console/runs?status=paused")).runs.length, 1);
+                assert.deepEqual(during.counts, { failed: 6, paused: 3 });
+                assert.equal((await get(bobToken, "/api/console/runs?status=paused")).runs.length, 3);
                 await locker.query("COMMIT");
-                assert.deepEqual((await get(bobToken, "/api/console/counts?status=failed,paused")).counts, { failed: 7 });
+                assert.deepEqual((await get(bobToken, "/api/console/counts?status=failed,paused")).counts, { failed: 9 });
             } finally {
                 await locker.query("ROLLBACK").catch(() => undefined);
                 await locker.end();
