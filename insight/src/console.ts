@@ -566,6 +566,43 @@ export function registerConsole(app: FastifyInstance, db: Database, opts: Consol
         });
     });
 
+    /*
+     * MCP OAuth (docs/mcp.md#oauth): a person connects their role to an MCP
+     * server with the authorization-code grant.  connect: tuvl.mcp_connect()
+     * with the console's callback page as the redirect URI, in the person's
+     * transaction (tuvl.oauth_redirect_uri set for it alone); the page sends
+     * the person to the URL it returns.  The authorization server sends them
+     * back to /console/mcp/callback, a page of the console (a navigation
+     * from another site carries no SameSite=Strict cookie; the page's own
+     * request does), which posts its URL to finish: tuvl.mcp_connect_finish()
+     * as the same role, which stores the tokens as that role's secrets.
+     */
+    app.post("/api/console/mcp/connect", async (req) => {
+        const b = bodyOf(req);
+        if (typeof b.url !== "string" || !/^https?:\/\/[^\s]+$/.test(b.url) || b.url.length > 2000)
+            throw errors.badRequest("send {\"url\"}: the MCP server's http:// or https:// URL");
+        if (b.auth !== undefined && b.auth !== null && (typeof b.auth !== "object" || Array.isArray(b.auth)))
+            throw errors.badRequest("auth must be a JSON object: the step's mcp.auth, such as {\"oauth\": {\"grant\": \"authorization_code\"}}");
+        const host = req.headers.host;
+        if (!host) throw errors.badRequest("the request has no Host header");
+        const redirect = `${req.protocol}://${host}/console/mcp/callback`;
+        return as(req, async (q) => {
+            await q("SELECT pg_catalog.set_config('tuvl.oauth_redirect_uri', $1, true)", [redirect]);
+            const [r] = await q<{ url: string }>("SELECT tuvl.mcp_connect($1, $2::pg_catalog.jsonb) AS url",
+                                                 [b.url, b.auth === undefined || b.auth === null ? null : JSON.stringify(b.auth)]);
+            return { authorize_url: r.url, redirect_uri: redirect };
+        });
+    });
+    app.post("/api/console/mcp/finish", async (req) => {
+        const b = bodyOf(req);
+        if (typeof b.callback_url !== "string" || b.callback_url.length > 8000)
+            throw errors.badRequest("send {\"callback_url\"}: the URL the authorization server sent the person back to");
+        return as(req, async (q) => {
+            const [r] = await q<{ url: string }>("SELECT tuvl.mcp_connect_finish($1) AS url", [b.callback_url]);
+            return { url: r.url };
+        });
+    });
+
     /* the application: files of insight/console/dist, index.html for every page of it */
     const index = join(root, "index.html");
     const sendFile = (reply: FastifyReply, file: string) => {

@@ -39,7 +39,7 @@ function usePath(): string {
 }
 
 const PAGES: [string, string][] = [["runs", "Runs"], ["people", "People"], ["fixtures", "Fixtures"],
-                                   ["workflows", "Workflows"], ["metrics", "Metrics"], ["workers", "Workers"]];
+                                   ["workflows", "Workflows"], ["metrics", "Metrics"], ["workers", "Workers"], ["mcp", "MCP"]];
 
 function App() {
     const [me, setMe] = useState<Me | null | undefined>(undefined);
@@ -66,6 +66,7 @@ function App() {
     else if (page === "workflows") body = <WorkflowsPage />;
     else if (page === "metrics") body = <MetricsPage />;
     else if (page === "workers") body = <WorkersPage />;
+    else if (page === "mcp") body = <McpPage callback={parts[1] === "callback"} key={parts[1] ?? ""} />;
     else body = <p>No such page. <Link to="/console/runs">Runs</Link></p>;
     return <>
         <a className="skip" href="#main">Skip to the page</a>
@@ -364,6 +365,66 @@ function Timeline({ events, t0 }: { events: Ev[]; t0: number }) {
                 <td>{e.summary}</td><td className="hide-sm">{e.latency_ms ? duration(e.latency_ms) : ""}</td><td className="hide-sm">{e.tokens ?? ""}</td>
             </tr>)}</tbody>
         </table></div>
+    </>;
+}
+
+/* ------------------------------------------------------------ MCP: connect a server (OAuth) */
+
+/*
+ * A person connects their role to an MCP server that wants OAuth (the
+ * authorization-code grant): the server's URL (and, if it needs them, a
+ * client id and scopes) goes to tuvl.mcp_connect(); the browser goes to the
+ * authorization server, which sends it back to /console/mcp/callback, and
+ * that page hands its URL to tuvl.mcp_connect_finish().  The tokens are
+ * secrets of the role: its runs' MCP steps with
+ * auth: { oauth: { grant: authorization_code } } use them.
+ */
+function McpPage({ callback }: { callback: boolean }) {
+    const [error, setError] = useState<unknown>(null);
+    const [busy, setBusy] = useState(false);
+    const [connected, setConnected] = useState<string | null>(null);
+    const finished = useRef(false);
+    useEffect(() => {
+        if (!callback || finished.current) return;
+        finished.current = true;
+        const sent = location.href;
+        history.replaceState(null, "", "/console/mcp");
+        post<{ url: string }>("/api/console/mcp/finish", { callback_url: sent })
+            .then((r) => setConnected(r.url), (e) => setError(e));
+    }, [callback]);
+    const submit = async (e: FormEvent<HTMLFormElement>) => {
+        e.preventDefault();
+        const f = new FormData(e.currentTarget);
+        const oauth: Record<string, unknown> = { grant: "authorization_code" };
+        const clientId = String(f.get("client_id") ?? "").trim();
+        const scopes = String(f.get("scopes") ?? "").split(/[\s,]+/).filter(Boolean);
+        if (clientId) oauth.client_id = clientId;
+        if (scopes.length) oauth.scopes = scopes;
+        setBusy(true);
+        setError(null);
+        try {
+            const r = await post<{ authorize_url: string }>("/api/console/mcp/connect", { url: String(f.get("url") ?? "").trim(), auth: { oauth } });
+            location.assign(r.authorize_url);
+        } catch (err) {
+            setError(err);
+            setBusy(false);
+        }
+    };
+    return <>
+        <h1>MCP servers</h1>
+        {callback && !connected && !error ? <p className="loading" role="status">Finishing the connection…</p> : null}
+        {connected ? <div className="notice" role="status" data-testid="mcp-connected">Connected: your runs' MCP steps
+            with <code>auth: {"{ oauth: { grant: authorization_code } }"}</code> now call <strong>{connected}</strong> as you.</div> : null}
+        <ErrorBox error={error} />
+        <form className="card" onSubmit={submit} aria-label="Connect an MCP server">
+            <h2>Connect a server that wants OAuth</h2>
+            <p className="muted">You are sent to the server's authorization page; when you allow access there, you come back here
+                and the tokens are kept as secrets of your role (<code>tuvl.mcp_connect()</code>).</p>
+            <label>MCP server URL<input name="url" type="url" required placeholder="https://mcp.example.com/mcp" size={40} /></label>
+            <label>Client id (optional)<input name="client_id" placeholder="registered for you when empty" /></label>
+            <label>Scopes (optional)<input name="scopes" placeholder="the server's when empty" /></label>
+            <div className="actions"><button className="primary" type="submit" disabled={busy}>Connect</button></div>
+        </form>
     </>;
 }
 

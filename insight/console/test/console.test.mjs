@@ -64,6 +64,23 @@ async function waitFor(fn, what, ms = TIMEOUT) {
     }
 }
 
+/* a peer of test/servers (python, --port 0): its process and port, from the one line it prints */
+async function startPeer(script, banner, ...args) {
+    const proc = spawn("/usr/bin/python3", [join(insight, "..", "test", "servers", script), "--port", "0", ...args],
+                       { stdio: ["ignore", "ignore", "pipe"] });
+    let err = "";
+    const port = await new Promise((resolve, reject) => {
+        proc.stderr.on("data", (d) => {
+            err += d;
+            const m = new RegExp(`${banner}127\\.0\\.0\\.1:([0-9]+)\\n`).exec(err);
+            if (m) resolve(Number(m[1]));
+        });
+        proc.once("exit", () => reject(new Error(`${script} did not start: ${err}`)));
+    });
+    proc.stderr.resume();
+    return { proc, port, base: `http://127.0.0.1:${port}` };
+}
+
 const status = async (id) => (await admin.query("SELECT status FROM tuvl.runs WHERE id = $1", [id])).rows[0]?.status;
 const waitStatus = (id, s) => waitFor(async () => (await status(id)) === s, `run ${id} to be ${s}`);
 const start = async (wf, input = {}) => (await alice.query("SELECT tuvl.start_run($1, $2::jsonb) AS id", [wf, JSON.stringify(input)])).rows[0].id;
@@ -593,6 +610,65 @@ describe("console", () => {
         } finally {
             await admin.query("RESET ROLE");
             await admin.query("DELETE FROM tuvl.runs WHERE principal = 'con_bob'");
+        }
+    });
+
+    /*
+     * Issue 40's "connect" button: the authorization-code grant completed
+     * by a person in the browser, against the scripted authorization
+     * server of the MCP tests (approves at once) and the MCP server it
+     * protects; then a run of alice calls the server with the token.
+     */
+    test("MCP: a person connects their role to an OAuth MCP server; their runs use it, the callback works once", async () => {
+        const as = await startPeer("oauth_server.py", "OAuth authorization server on ");
+        const mcp = await startPeer("mcp_stateless_server.py", "MCP 2026-07-28 server on ", "--auth", as.base, "--scopes", "mcp:tools");
+        const url = `${mcp.base}/mcp`;
+        try {
+            const page = await newPage();
+            await signIn(page, "con_alice");
+            await page.getByRole("link", { name: "MCP" }).click();
+            await page.getByLabel("MCP server URL").fill(url);
+            const authorized = page.waitForRequest((r) => r.url().startsWith(`${as.base}/authorize?`));
+            await page.getByRole("button", { name: "Connect" }).click();
+            const authz = new URL((await authorized).url());
+            assert.match(authz.searchParams.get("redirect_uri"), /^http:\/\/127\.0\.0\.1:[0-9]+\/console\/mcp\/callback$/);
+            assert.equal(authz.searchParams.get("code_challenge_method"), "S256");
+            await page.getByTestId("mcp-connected").filter({ hasText: url }).waitFor();
+            assert.equal(new URL(page.url()).pathname, "/console/mcp", "the code is not left in the address bar");
+            const { rows } = await admin.query("SELECT role::text AS role FROM tuvl.mcp_oauth_tokens WHERE url = $1", [url]);
+            assert.deepEqual(rows, [{ role: "con_alice" }]);
+            /* alice's runs call the server with the token */
+            await alice.query("SELECT tuvl.register_workflow($1)", [`
+name: con_mcp
+steps:
+  - id: call
+    kind: MCP
+    mcp: { url: "${url}", tool: echo, arguments: { text: "hello" }, auth: { oauth: { grant: authorization_code } } }
+    output: res
+    routes: { default: done }
+ends:
+  - { id: done, status: completed, response: "{{ res.text }}" }
+`]);
+            const id = await start("con_mcp", {});
+            await waitFor(async () => ["completed", "failed"].includes(await status(id)), `run ${id} to end`);
+            const { rows: [run] } = await admin.query("SELECT status, response FROM tuvl.runs WHERE id = $1", [id]);
+            assert.equal(run.status, "completed", JSON.stringify(run));
+            assert.match(JSON.stringify(run.response), /hello/);
+            /* the callback again (its state is used up), or a made-up one: refused, nothing connected */
+            const again = await newPage();
+            await signIn(again, "con_bob");
+            await again.goto(`${base}/console/mcp/callback?code=made-up&state=made-up`);
+            await again.getByRole("alert").waitFor();
+            const { rows: bobs } = await admin.query("SELECT 1 FROM tuvl.mcp_oauth_tokens WHERE role = 'con_bob'::regrole");
+            assert.equal(bobs.length, 0);
+            /* a bad URL is refused before anything is sent */
+            const bad = await again.evaluate(async () => (await fetch("/api/console/mcp/connect", { method: "POST", body: "{\"url\": \"ftp://x\"}" })).status);
+            assert.equal(bad, 403, "without the CSRF header");
+            await page.context().close();
+            await again.context().close();
+        } finally {
+            mcp.proc.kill();
+            as.proc.kill();
         }
     });
 
