@@ -585,7 +585,10 @@ export function registerConsole(app: FastifyInstance, db: Database, opts: Consol
             throw errors.badRequest("auth must be a JSON object: the step's mcp.auth, such as {\"oauth\": {\"grant\": \"authorization_code\"}}");
         const host = req.headers.host;
         if (!host) throw errors.badRequest("the request has no Host header");
-        const redirect = `${req.protocol}://${host}/console/mcp/callback`;
+        /* behind a proxy that ends TLS, the scheme it says (a wrong one would only spoil the caller's own grant) */
+        const forwarded = String(req.headers["x-forwarded-proto"] ?? "").split(",")[0].trim();
+        const scheme = forwarded === "https" || forwarded === "http" ? forwarded : req.protocol;
+        const redirect = `${scheme}://${host}/console/mcp/callback`;
         return as(req, async (q) => {
             await q("SELECT pg_catalog.set_config('tuvl.oauth_redirect_uri', $1, true)", [redirect]);
             const [r] = await q<{ url: string }>("SELECT tuvl.mcp_connect($1, $2::pg_catalog.jsonb) AS url",
