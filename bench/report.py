@@ -2,7 +2,7 @@
 """Print the Markdown results block of bench/run from the JSON the benchmarks wrote.
 
 usage: report.py DIR   (DIR holds wakeup.json, throughput.json, isolation.json, http.json,
-                       agents.json, env.json, and peers.json with bench/run --peers)
+                       agents.json, console.json, env.json, and peers.json with bench/run --peers)
 """
 import json
 import os
@@ -276,6 +276,7 @@ def main():
     flow = load(d, "flow.json")
     wal = load(d, "wal.json")
     insight = load(d, "insight.json")
+    console = load(d, "console.json")
     out = []
     p = out.append
 
@@ -477,6 +478,16 @@ def main():
              ret["load_runs_not_completed"], "met" if ret["load_runs_not_completed"] == 0 and ret["history_left"] == 0 else "missed"))
     if insight:
         insight_rows(insight, p)
+    if console:
+        reqs = console["requests"]
+        name95, worst95 = max(((k, r["server"]["p95_ms"]) for k, r in reqs.items()), key=lambda x: x[1])
+        p("| console: the runs page with %s runs, list (first and a deep page) and counts for every filter, %d kinds of request: worst server p95 (%s); worst of all | %.1f ms; %.1f ms | p95 <= 300 ms: **%s** |"
+          % (num(console["runs"]), len(reqs), name95, worst95, max(r["server"]["max_ms"] for r in reqs.values()),
+             "met" if worst95 <= 300 else "missed"))
+        a = console.get("agent") or {}
+        if a.get("rounds"):
+            p("| console: a run page with a %d-turn agent in chromium, until every turn is shown, %d rounds: p50 / max | %.0f / %.0f ms | every round <= 1 s: **%s** |"
+              % (a["llm_turns"], a["rounds"], a["p50_ms"], a["max_ms"], "met" if a["max_ms"] <= 1000 else "missed"))
     p("")
 
     if wal:

@@ -42,8 +42,6 @@ import * as ops from "./ops.js";
 const COOKIE = "tuvl_session";
 const SESSION_HOURS = 12;
 const ALL_SCOPES = ["runs:start", "runs:read", "runs:control", "people:answer", "workflows:write", "admin"];
-/* counts by status look at this many of the newest runs at most */
-const COUNT_WINDOW = 50_000;
 /* a text filter looks at this many of the newest runs the other filters select */
 export const TEXT_WINDOW = 20_000;
 
@@ -130,74 +128,164 @@ export interface ConsoleRunFilter {
 }
 
 /*
- * The runs page: newest first, by id (the primary key: keyset paging
- * stays one index scan however many runs there are); text is searched
- * in the input and the response.
+ * The runs page: newest first, by id (keyset paging: a page is one index
+ * range however many runs there are); text is searched in the input and
+ * the response.  Parameters: $1 workflow, $2 statuses, $3 key, $4 from,
+ * $5 to, $6 text, $7 before (an id), $8 the limit, $9 the caller's own
+ * role unless it is a member of tuvl_operator (NULL: every role's).
+ *
+ * Row security decides what the caller sees, whatever these say; $9 only
+ * says again what row security implies for a role that is not an
+ * operator (its own runs), as a condition the planner can use with an
+ * index (runs_principal_idx, runs_status_idx), where the policy's OR of
+ * the two cases cannot.  With the values known when the statement is
+ * planned (an unnamed statement: a custom plan), the filters that are
+ * NULL fold away and the planner chooses among the primary key,
+ * runs_status_idx, runs_workflow_idx and runs_created_idx by the
+ * values it is given.
  */
-const RUNS_WHERE = `
+const FILTERS = `
     ($1::text IS NULL OR r.workflow OPERATOR(pg_catalog.=) $1)
-    AND ($2::text[] IS NULL OR r.status OPERATOR(pg_catalog.=) ANY ($2::text[]))
     AND ($3::text IS NULL OR r.key OPERATOR(pg_catalog.=) $3)
     AND ($4::timestamptz IS NULL OR r.created_at OPERATOR(pg_catalog.>=) $4::timestamptz)
     AND ($5::timestamptz IS NULL OR r.created_at OPERATOR(pg_catalog.<) $5::timestamptz)
-    AND ($6::text IS NULL OR pg_catalog.strpos(pg_catalog.lower(r.input::text), pg_catalog.lower($6)) OPERATOR(pg_catalog.>) 0
+    AND ($9::pg_catalog.oid IS NULL OR r.principal_id OPERATOR(pg_catalog.=) $9::pg_catalog.oid)`;
+
+const STATUS_WHERE = `($2::text[] IS NULL OR r.status OPERATOR(pg_catalog.=) ANY ($2::text[]))`;
+
+const TEXT_WHERE = `($6::text IS NULL OR pg_catalog.strpos(pg_catalog.lower(r.input::text), pg_catalog.lower($6)) OPERATOR(pg_catalog.>) 0
          OR pg_catalog.strpos(pg_catalog.lower(coalesce(r.response::text, '')), pg_catalog.lower($6)) OPERATOR(pg_catalog.>) 0)`;
 
-/* the filters but the text, and the page: where a text search looks ($6 unused) */
-const WINDOW_WHERE = `
-    ($1::text IS NULL OR r.workflow OPERATOR(pg_catalog.=) $1)
-    AND ($2::text[] IS NULL OR r.status OPERATOR(pg_catalog.=) ANY ($2::text[]))
-    AND ($3::text IS NULL OR r.key OPERATOR(pg_catalog.=) $3)
-    AND ($4::timestamptz IS NULL OR r.created_at OPERATOR(pg_catalog.>=) $4::timestamptz)
-    AND ($5::timestamptz IS NULL OR r.created_at OPERATOR(pg_catalog.<) $5::timestamptz)
+/* the filters but the text, and the page: where a text search looks */
+const WINDOW_WHERE = `${FILTERS} AND ${STATUS_WHERE}
     AND ($7::bigint IS NULL OR r.id OPERATOR(pg_catalog.<) $7)
-    AND ($6::text IS NULL OR true)`;
+    AND ($6::text IS NULL OR true) AND ($8::integer IS NULL OR true)`;
+
+/*
+ * With a time (from, to), newest first by creation time, and the page
+ * after the run $7 in that order: an index range of runs_created_idx.
+ * Ordered by id, the planner would read the primary key backwards from
+ * the newest run until it reached the time (it takes the runs of a time
+ * to be spread evenly among the ids): 500 ms to reach ten hours back in
+ * 1,000,000 runs.
+ */
+const WINDOW_WHERE_BY_TIME = `${FILTERS} AND ${STATUS_WHERE}
+    AND ($7::bigint IS NULL
+         OR ROW(r.created_at, r.id) OPERATOR(pg_catalog.<)
+            ROW((SELECT b.created_at FROM tuvl.runs b WHERE b.id OPERATOR(pg_catalog.=) $7), $7))
+    AND ($6::text IS NULL OR true) AND ($8::integer IS NULL OR true)`;
+
+/* the order of the list and where it goes on: by id, or by time when the filter has one */
+function order(f: ConsoleRunFilter): { where: string; by: string } {
+    return f.from !== undefined || f.to !== undefined
+        ? { where: WINDOW_WHERE_BY_TIME, by: "r.created_at DESC, r.id DESC" }
+        : { where: WINDOW_WHERE, by: "r.id DESC" };
+}
+
+/* counts by status stop at this many runs of a status */
+export const COUNT_CAP = 50_000;
+
+/*
+ * The caller's own role for $9: NULL for a member of tuvl_operator (row
+ * security shows it every role's runs), and the scope's check.
+ */
+async function ownRole(q: Q): Promise<number | null> {
+    const [r] = await q<{ own: number | null }>(
+        `SELECT tuvl._require_scope('runs:read'),
+                CASE WHEN pg_catalog.pg_has_role('tuvl_operator', 'USAGE') THEN NULL
+                     ELSE (SELECT a.oid::pg_catalog.int8 FROM pg_catalog.pg_roles a
+                           WHERE a.rolname OPERATOR(pg_catalog.=) CURRENT_USER) END AS own`);
+    return r.own === null ? null : Number(r.own);
+}
+
+function params(f: ConsoleRunFilter, own: number | null, before: number | null, limit: number | null): unknown[] {
+    return [f.workflow ?? null, f.status ?? null, f.key ?? null, f.from ?? null, f.to ?? null, f.text ?? null,
+            before, limit, own];
+}
 
 /* Where the text window of a search ended (null: it reached the oldest run). */
 export async function consoleTextWindowEnd(q: Q, f: ConsoleRunFilter): Promise<number | null> {
+    const own = await ownRole(q);
+    const o = order(f);
     const [w] = await q<{ last: number | null }>(
-        `SELECT pg_catalog.min(x.id) AS last FROM (SELECT r.id FROM tuvl.runs r WHERE ${WINDOW_WHERE}
-                                                  ORDER BY r.id DESC LIMIT ${TEXT_WINDOW}) x
-         HAVING pg_catalog.count(*) OPERATOR(pg_catalog.=) ${TEXT_WINDOW}`, [...filterParams(f), f.before ?? null]);
+        `SELECT (pg_catalog.array_agg(x.id ORDER BY x.n DESC))[1] AS last
+         FROM (SELECT r.id, pg_catalog.row_number() OVER (ORDER BY ${o.by}) AS n FROM tuvl.runs r WHERE ${o.where}
+               ORDER BY ${o.by} LIMIT ${TEXT_WINDOW}) x
+         HAVING pg_catalog.count(*) OPERATOR(pg_catalog.=) ${TEXT_WINDOW}`, params(f, own, f.before ?? null, null));
     return w?.last ?? null;
 }
 
-function filterParams(f: ConsoleRunFilter): unknown[] {
-    return [f.workflow ?? null, f.status ?? null, f.key ?? null, f.from ?? null, f.to ?? null, f.text ?? null];
-}
-
 export async function consoleRuns(q: Q, f: ConsoleRunFilter): Promise<Row[]> {
-    await q("SELECT tuvl._require_scope('runs:read')");
+    const own = await ownRole(q);
     /*
      * Text is searched among the TEXT_WINDOW newest runs (before the page)
      * that the other filters select: a text found in no run would
      * otherwise read every run's input and response.
      */
+    const o = order(f);
+    if (f.text === undefined)
+        return q(`SELECT r.id, r.workflow, r.workflow_version AS version, r.status, r.current_step AS step,
+                         r.end_name AS "end", r.key, r.principal, r.parent_run_id, r.created_at, r.started_at,
+                         r.finished_at, r.last_seq
+                  FROM tuvl.runs r WHERE ${o.where}
+                  ORDER BY ${o.by} LIMIT $8`, params(f, own, f.before ?? null, f.limit));
     return q(`SELECT r.id, r.workflow, r.workflow_version AS version, r.status, r.current_step AS step,
                      r.end_name AS "end", r.key, r.principal, r.parent_run_id, r.created_at, r.started_at,
                      r.finished_at, r.last_seq
-              FROM (SELECT r.* FROM tuvl.runs r
-                    WHERE ${WINDOW_WHERE}
-                    ORDER BY r.id DESC
-                    LIMIT CASE WHEN $6::text IS NULL THEN $8 ELSE ${TEXT_WINDOW} END) r
-              WHERE ${RUNS_WHERE}
-              ORDER BY r.id DESC LIMIT $8`, [...filterParams(f), f.before ?? null, f.limit]);
+              FROM (SELECT r.* FROM tuvl.runs r WHERE ${o.where}
+                    ORDER BY ${o.by} LIMIT ${TEXT_WINDOW}) r
+              WHERE ${TEXT_WHERE}
+              ORDER BY ${o.by} LIMIT $8`, params(f, own, f.before ?? null, f.limit));
 }
 
-/* Counts by status of the runs the filter selects, among the newest COUNT_WINDOW of them. */
-export async function consoleCounts(q: Q, f: ConsoleRunFilter): Promise<{ counts: Record<string, number>; window: number; capped: boolean }> {
-    await q("SELECT tuvl._require_scope('runs:read')");
-    const rows = await q<{ status: string; n: number }>(
-        `SELECT w.status, pg_catalog.count(*) AS n
-         FROM (SELECT r.status FROM tuvl.runs r WHERE ${RUNS_WHERE} ORDER BY r.id DESC LIMIT $7) w
-         GROUP BY w.status`, [...filterParams(f), COUNT_WINDOW + 1]);
+export interface Counts {
+    counts: Record<string, number>;
+    /* the statuses whose count stopped at cap: at least that many */
+    capped: string[];
+    cap: number;
+    /* with a text: the counts are of the runs among the newest window the other filters select */
+    window?: number;
+}
+
+/*
+ * Counts by status of the runs the filter selects: each status counted on
+ * its own, up to COUNT_CAP (then "at least"), by a statement of one
+ * branch a status with the status as a value the planner sees, so that a
+ * rare status is an index range (runs_status_idx) and a common one stops
+ * at the cap; with a text, among the TEXT_WINDOW newest runs the other
+ * filters select (as the list searches).  Exact whatever the table's
+ * size, and what row security lets the caller see, no more.
+ */
+export async function consoleCounts(q: Q, f: ConsoleRunFilter): Promise<Counts> {
+    const own = await ownRole(q);
     const counts: Record<string, number> = {};
-    let total = 0;
+    if (f.text !== undefined) {
+        const rows = await q<{ status: string; n: number }>(
+            `SELECT r.status, pg_catalog.count(*) AS n
+             FROM (SELECT r.status, r.input, r.response FROM tuvl.runs r WHERE ${order(f).where}
+                   ORDER BY ${order(f).by} LIMIT ${TEXT_WINDOW}) r
+             WHERE ${TEXT_WHERE}
+             GROUP BY r.status`, params(f, own, null, null));
+        for (const r of rows) counts[r.status] = Number(r.n);
+        return { counts, capped: [], cap: COUNT_CAP, window: TEXT_WINDOW };
+    }
+    const statuses = f.status ?? ops.STATUSES;
+    const branches = statuses.map((_s, i) => `
+        SELECT $${10 + i}::text AS status,
+               (SELECT pg_catalog.count(*) FROM (SELECT FROM tuvl.runs r
+                                                  WHERE r.status OPERATOR(pg_catalog.=) $${10 + i}::text AND ${FILTERS}
+                                                  LIMIT $8) x) AS n`);
+    const rows = await q<{ status: string; n: number }>(
+        `SELECT c.status, c.n FROM (${branches.join(" UNION ALL ")}) c
+         WHERE c.n OPERATOR(pg_catalog.>) 0 AND ($2::text[] IS NULL OR true) AND ($6::text IS NULL OR true)
+               AND ($7::bigint IS NULL OR true)`,
+        [...params(f, own, null, COUNT_CAP), ...statuses]);
+    const capped: string[] = [];
     for (const r of rows) {
         counts[r.status] = Number(r.n);
-        total += Number(r.n);
+        if (Number(r.n) >= COUNT_CAP) capped.push(r.status);
     }
-    return { counts, window: COUNT_WINDOW, capped: total > COUNT_WINDOW };
+    return { counts, capped, cap: COUNT_CAP };
 }
 
 /* A run for its page: the run, its parent and children, its workflow's graph and breakpoints. */
@@ -322,6 +410,14 @@ export function registerConsole(app: FastifyInstance, db: Database, opts: Consol
                 throw new ApiError(403, "42501", "the request comes from another site");
         }
         req.headers.authorization = `Bearer ${s.token}`;
+    });
+
+    /* the console's reads say how long the server took (bench/console.mjs reads it) */
+    app.addHook("onSend", async (req, reply, payload) => {
+        const t0 = (req as FastifyRequest & { t0?: bigint }).t0;
+        if (t0 !== undefined && req.url.startsWith("/api/console/"))
+            reply.header("Server-Timing", `app;dur=${(Number(process.hrtime.bigint() - t0) / 1e6).toFixed(1)}`);
+        return payload;
     });
 
     const as = async <T>(req: FastifyRequest, fn: (q: Q) => Promise<T>): Promise<T> => {
@@ -467,6 +563,46 @@ export function registerConsole(app: FastifyInstance, db: Database, opts: Consol
             await q("SELECT tuvl.step_run($1)", [id]);
             const [s] = await q<{ status: string }>("SELECT status FROM tuvl.runs WHERE id OPERATOR(pg_catalog.=) $1", [id]);
             return { run_id: id, status: s ? s.status : null };
+        });
+    });
+
+    /*
+     * MCP OAuth (docs/mcp.md#oauth): a person connects their role to an MCP
+     * server with the authorization-code grant.  connect: tuvl.mcp_connect()
+     * with the console's callback page as the redirect URI, in the person's
+     * transaction (tuvl.oauth_redirect_uri set for it alone); the page sends
+     * the person to the URL it returns.  The authorization server sends them
+     * back to /console/mcp/callback, a page of the console (a navigation
+     * from another site carries no SameSite=Strict cookie; the page's own
+     * request does), which posts its URL to finish: tuvl.mcp_connect_finish()
+     * as the same role, which stores the tokens as that role's secrets.
+     */
+    app.post("/api/console/mcp/connect", async (req) => {
+        const b = bodyOf(req);
+        if (typeof b.url !== "string" || !/^https?:\/\/[^\s]+$/.test(b.url) || b.url.length > 2000)
+            throw errors.badRequest("send {\"url\"}: the MCP server's http:// or https:// URL");
+        if (b.auth !== undefined && b.auth !== null && (typeof b.auth !== "object" || Array.isArray(b.auth)))
+            throw errors.badRequest("auth must be a JSON object: the step's mcp.auth, such as {\"oauth\": {\"grant\": \"authorization_code\"}}");
+        const host = req.headers.host;
+        if (!host) throw errors.badRequest("the request has no Host header");
+        /* behind a proxy that ends TLS, the scheme it says (a wrong one would only spoil the caller's own grant) */
+        const forwarded = String(req.headers["x-forwarded-proto"] ?? "").split(",")[0].trim();
+        const scheme = forwarded === "https" || forwarded === "http" ? forwarded : req.protocol;
+        const redirect = `${scheme}://${host}/console/mcp/callback`;
+        return as(req, async (q) => {
+            await q("SELECT pg_catalog.set_config('tuvl.oauth_redirect_uri', $1, true)", [redirect]);
+            const [r] = await q<{ url: string }>("SELECT tuvl.mcp_connect($1, $2::pg_catalog.jsonb) AS url",
+                                                 [b.url, b.auth === undefined || b.auth === null ? null : JSON.stringify(b.auth)]);
+            return { authorize_url: r.url, redirect_uri: redirect };
+        });
+    });
+    app.post("/api/console/mcp/finish", async (req) => {
+        const b = bodyOf(req);
+        if (typeof b.callback_url !== "string" || b.callback_url.length > 8000)
+            throw errors.badRequest("send {\"callback_url\"}: the URL the authorization server sent the person back to");
+        return as(req, async (q) => {
+            const [r] = await q<{ url: string }>("SELECT tuvl.mcp_connect_finish($1) AS url", [b.callback_url]);
+            return { url: r.url };
         });
     });
 

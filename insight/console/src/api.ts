@@ -40,3 +40,25 @@ export function qs(params: Record<string, string | number | undefined | null>): 
     const s = p.toString();
     return s ? `?${s}` : "";
 }
+
+/*
+ * Reads a page starts with, asked for as soon as the script runs (main.tsx
+ * imports this module first), while the session is checked: a run's page
+ * has its run and journal by the time it mounts.  take() hands a
+ * prefetched read to its page once; later reads go to the server.
+ */
+const early = new Map<string, Promise<any>>();
+export function prefetch(path: string): void {
+    const p = get(path);
+    p.catch(() => undefined);
+    early.set(path, p);
+}
+export function take<T = any>(path: string): Promise<T> {
+    const p = early.get(path);
+    if (p) {
+        early.delete(path);
+        /* asked before the sign-in, say: once more now */
+        return p.catch(() => get<T>(path));
+    }
+    return get<T>(path);
+}

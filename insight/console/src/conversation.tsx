@@ -40,6 +40,8 @@ export function isAgentEvent(e: Ev): boolean {
 
 export function Conversation({ events, agentSteps }: { events: Ev[]; agentSteps: Set<string> }): ReactNode {
     const items: ReactNode[] = [];
+    /* the calls of the last model turn, shown with it: their tool_call events add nothing (a long agent: a third fewer items) */
+    let called: string[] = [];
     for (const e of events) {
         if (e.step && !agentSteps.has(e.step)) continue;
         const p = e.payload ?? {};
@@ -53,6 +55,7 @@ export function Conversation({ events, agentSteps }: { events: Ev[]; agentSteps:
                 const body = p.response ?? p.body ?? p.answer;
                 const text = textOf(body);
                 const calls = callsOf(body);
+                called = calls.map((c) => c.name + "\u0000" + JSON.stringify(c.args ?? {}));
                 items.push(<div key={k} className="msg assistant" data-event="llm_turn">
                     <div className="who">model {p.model ?? ""} · {e.tokens ?? 0} tokens · {Math.round(e.latency_ms ?? 0)} ms</div>
                     {text ? <div style={{ whiteSpace: "pre-wrap" }}>{text}</div> : null}
@@ -61,11 +64,18 @@ export function Conversation({ events, agentSteps }: { events: Ev[]; agentSteps:
                 </div>);
                 break;
             }
-            case "tool_call":
+            case "tool_call": {
                 if (!p.tool) break;
+                const args = p.arguments ?? p.request?.arguments ?? p.request ?? {};
+                const i = called.indexOf(p.tool + "\u0000" + JSON.stringify(args));
+                if (i >= 0) {
+                    called.splice(i, 1);
+                    break;
+                }
                 items.push(<div key={k} className="msg tool" data-event="tool_call" data-tool={p.tool}><div className="who">tool call · {p.tool}</div>
-                    {short(p.arguments ?? p.request?.arguments ?? p.request ?? {})}</div>);
+                    {short(args)}</div>);
                 break;
+            }
             case "tool_result":
                 items.push(<div key={k} className="msg tool" data-event="tool_result"><div className="who">result{p.tool ? ` · ${p.tool}` : ""} · {Math.round(e.latency_ms ?? 0)} ms</div>
                     {short(p.result ?? p.output ?? p)}</div>);

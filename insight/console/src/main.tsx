@@ -3,16 +3,18 @@
  * through insight's API as the signed-in person (the session cookie), so
  * it shows and allows exactly what their role may in SQL.
  */
-import { StrictMode, useEffect, useMemo, useRef, useState } from "react";
+import "./prefetch";
+import { lazy, StrictMode, Suspense, useEffect, useMemo, useRef, useState } from "react";
 import type { FormEvent, ReactNode } from "react";
 import { createRoot } from "react-dom/client";
-import Form from "@rjsf/core";
-import validator from "@rjsf/validator-ajv8";
 
-import { api, ApiFailure, get, post, qs, setCsrf, whenSignedOut } from "./api";
+import { api, ApiFailure, get, post, qs, setCsrf, take, whenSignedOut } from "./api";
 import { Conversation, isAgentEvent } from "./conversation";
 import type { Ev } from "./conversation";
 import { Graph } from "./graph";
+
+/* the form library, a chunk loaded when a page first shows a form */
+const SchemaForm = lazy(() => import("./form"));
 import { Badge, ConfirmHost, confirmAction, download, duration, ErrorBox, Json, Link, navigate, time, useLoad } from "./ui";
 
 const STATUSES = ["queued", "sleeping", "running", "waiting_human", "waiting_approval", "waiting_children",
@@ -37,7 +39,7 @@ function usePath(): string {
 }
 
 const PAGES: [string, string][] = [["runs", "Runs"], ["people", "People"], ["fixtures", "Fixtures"],
-                                   ["workflows", "Workflows"], ["metrics", "Metrics"], ["workers", "Workers"]];
+                                   ["workflows", "Workflows"], ["metrics", "Metrics"], ["workers", "Workers"], ["mcp", "MCP"]];
 
 function App() {
     const [me, setMe] = useState<Me | null | undefined>(undefined);
@@ -64,6 +66,7 @@ function App() {
     else if (page === "workflows") body = <WorkflowsPage />;
     else if (page === "metrics") body = <MetricsPage />;
     else if (page === "workers") body = <WorkersPage />;
+    else if (page === "mcp") body = <McpPage callback={parts[1] === "callback"} key={parts[1] ?? ""} />;
     else body = <p>No such page. <Link to="/console/runs">Runs</Link></p>;
     return <>
         <a className="skip" href="#main">Skip to the page</a>
@@ -153,6 +156,7 @@ function RunsPage({ search }: { search: URLSearchParams }) {
              from: String(d.get("from") ?? ""), to: String(d.get("to") ?? ""), q: String(d.get("q") ?? "") });
     };
     const c = counts.data?.counts ?? {};
+    const capped: string[] = counts.data?.capped ?? [];
     return <>
         <h1>Runs</h1>
         <form className="card row" onSubmit={onFilter} aria-label="Filters" key={search.toString()}>
@@ -172,8 +176,9 @@ function RunsPage({ search }: { search: URLSearchParams }) {
         </form>
         <div className="chips" aria-label="Counts by status">
             {STATUSES.filter((s) => c[s]).map((s) => <button type="button" key={s} className="chip" aria-pressed={f.status === s}
-                data-count={s} onClick={() => go({ status: f.status === s ? "" : s })}>{s.replace(/_/g, " ")}: {c[s].toLocaleString()}</button>)}
-            {counts.data?.capped ? <span className="muted">(counts of the newest {counts.data.window.toLocaleString()} runs)</span> : null}
+                data-count={s} onClick={() => go({ status: f.status === s ? "" : s })}>{s.replace(/_/g, " ")}: {c[s].toLocaleString()}{capped.includes(s) ? "+" : ""}</button>)}
+            {capped.length ? <span className="muted">(a count stops at {counts.data.cap.toLocaleString()})</span> : null}
+            {counts.data?.window ? <span className="muted">(counts of the newest {counts.data.window.toLocaleString()} runs the other filters select)</span> : null}
         </div>
         <ErrorBox error={runs.error} />
         {runs.data?.text_window ? <p className="muted">Text is searched in the newest {runs.data.text_window.toLocaleString()} runs
@@ -237,7 +242,7 @@ function useEvents(id: number): { events: Ev[]; ended: boolean; error: string | 
             };
         };
         /* the journal so far in one read and one render; then the stream, from its last seq */
-        get<{ status: string; events: Ev[] }>(`/api/console/runs/${id}/journal`).then((j) => {
+        take<{ status: string; events: Ev[] }>(`/api/console/runs/${id}/journal`).then((j) => {
             if (closed) return;
             const evs = j.events.map(step);
             setEvents(evs);
@@ -251,9 +256,10 @@ function useEvents(id: number): { events: Ev[]; ended: boolean; error: string | 
 }
 
 function RunPage({ id }: { id: number }) {
-    const detail = useLoad(() => get(`/api/console/runs/${id}`), [id]);
+    const detail = useLoad(() => take(`/api/console/runs/${id}`), [id]);
     const { events, error: streamError } = useEvents(id);
-    const [tab, setTab] = useState<"timeline" | "conversation" | "data">("timeline");
+    /* no choice yet: the conversation of a run with an agent, else the timeline (never both rendered) */
+    const [chosen, setTab] = useState<"timeline" | "conversation" | "data" | null>(null);
     const [notice, setNotice] = useState<string | null>(null);
     /* the run's row again when the journal says its status or step moved (at most every 300 ms) */
     const moves = useMemo(() => events.filter((e) => MOVES.has(e.type)).length, [events]);
@@ -269,8 +275,9 @@ function RunPage({ id }: { id: number }) {
     const agentSteps = useMemo(() => new Set<string>((d?.steps ?? []).filter((s: any) => s.kind === "Agent").map((s: any) => s.id)), [d]);
     const visited = useMemo(() => new Set(events.filter((e) => e.type === "agent_started" && e.step).map((e) => e.step as string)), [events]);
     const hasAgent = agentSteps.size > 0;
-    const conversation = useMemo(() => <Conversation events={events.filter(isAgentEvent)} agentSteps={agentSteps} />, [events, agentSteps]);
-    useEffect(() => { if (hasAgent) setTab("conversation"); }, [hasAgent]);
+    const conversation = useMemo(() => hasAgent ? <Conversation events={events.filter(isAgentEvent)} agentSteps={agentSteps} /> : null,
+                                 [events, agentSteps, hasAgent]);
+    const tab = chosen ?? (hasAgent ? "conversation" : "timeline");
     const [bps, toggleBp] = useBreakpoints(run?.workflow ?? "", d?.breakpoints, reload, (e) => setNotice(e ? (e as Error).message : null));
     if (detail.error && !d) return <ErrorBox error={detail.error} />;
     if (!d) return <p className="loading">Loading run {id}…</p>;
@@ -361,6 +368,66 @@ function Timeline({ events, t0 }: { events: Ev[]; t0: number }) {
     </>;
 }
 
+/* ------------------------------------------------------------ MCP: connect a server (OAuth) */
+
+/*
+ * A person connects their role to an MCP server that wants OAuth (the
+ * authorization-code grant): the server's URL (and, if it needs them, a
+ * client id and scopes) goes to tuvl.mcp_connect(); the browser goes to the
+ * authorization server, which sends it back to /console/mcp/callback, and
+ * that page hands its URL to tuvl.mcp_connect_finish().  The tokens are
+ * secrets of the role: its runs' MCP steps with
+ * auth: { oauth: { grant: authorization_code } } use them.
+ */
+function McpPage({ callback }: { callback: boolean }) {
+    const [error, setError] = useState<unknown>(null);
+    const [busy, setBusy] = useState(false);
+    const [connected, setConnected] = useState<string | null>(null);
+    const finished = useRef(false);
+    useEffect(() => {
+        if (!callback || finished.current) return;
+        finished.current = true;
+        const sent = location.href;
+        history.replaceState(null, "", "/console/mcp");
+        post<{ url: string }>("/api/console/mcp/finish", { callback_url: sent })
+            .then((r) => setConnected(r.url), (e) => setError(e));
+    }, [callback]);
+    const submit = async (e: FormEvent<HTMLFormElement>) => {
+        e.preventDefault();
+        const f = new FormData(e.currentTarget);
+        const oauth: Record<string, unknown> = { grant: "authorization_code" };
+        const clientId = String(f.get("client_id") ?? "").trim();
+        const scopes = String(f.get("scopes") ?? "").split(/[\s,]+/).filter(Boolean);
+        if (clientId) oauth.client_id = clientId;
+        if (scopes.length) oauth.scopes = scopes;
+        setBusy(true);
+        setError(null);
+        try {
+            const r = await post<{ authorize_url: string }>("/api/console/mcp/connect", { url: String(f.get("url") ?? "").trim(), auth: { oauth } });
+            location.assign(r.authorize_url);
+        } catch (err) {
+            setError(err);
+            setBusy(false);
+        }
+    };
+    return <>
+        <h1>MCP servers</h1>
+        {callback && !connected && !error ? <p className="loading" role="status">Finishing the connection…</p> : null}
+        {connected ? <div className="notice" role="status" data-testid="mcp-connected">Connected: your runs' MCP steps
+            with <code>auth: {"{ oauth: { grant: authorization_code } }"}</code> now call <strong>{connected}</strong> as you.</div> : null}
+        <ErrorBox error={error} />
+        <form className="card" onSubmit={submit} aria-label="Connect an MCP server">
+            <h2>Connect a server that wants OAuth</h2>
+            <p className="muted">You are sent to the server's authorization page; when you allow access there, you come back here
+                and the tokens are kept as secrets of your role (<code>tuvl.mcp_connect()</code>).</p>
+            <label>MCP server URL<input name="url" type="url" required placeholder="https://mcp.example.com/mcp" size={40} /></label>
+            <label>Client id (optional)<input name="client_id" placeholder="registered for you when empty" /></label>
+            <label>Scopes (optional)<input name="scopes" placeholder="the server's when empty" /></label>
+            <div className="actions"><button className="primary" type="submit" disabled={busy}>Connect</button></div>
+        </form>
+    </>;
+}
+
 /* ------------------------------------------------------------ people */
 
 /*
@@ -391,8 +458,9 @@ function Answer({ item, onDone }: { item: any; onDone: (notice: string) => void 
                 the MCP server {a.server} asks, for its tool <strong>{a.tool}</strong>: {a.message}
                 {a.mode === "url" ? <> (at <a href={a.url} target="_blank" rel="noreferrer noopener">{a.url}</a>)</> : null}</p>
                 : <p>Step <strong>{item.step}</strong> of run <Link to={`/console/runs/${item.run_id}`}>#{item.run_id}</Link> asks:</p>}
-            <Form schema={mcp && a.mode === "url" ? { type: "object" } : schema} validator={validator} noHtml5Validate showErrorList="top"
-                onSubmit={async ({ formData }) => {
+            <Suspense fallback={<p className="loading">Loading the form…</p>}>
+            <SchemaForm schema={mcp && a.mode === "url" ? { type: "object" } : schema}
+                onSubmit={async (formData) => {
                     setError(null);
                     try {
                         await post(`/api/runs/${item.run_id}/submit`, { data: formData ?? {} });
@@ -404,7 +472,8 @@ function Answer({ item, onDone }: { item: any; onDone: (notice: string) => void 
                     {mcp ? <>
                         <button type="button" className="danger" onClick={() => void reject("decline")}>Decline</button>
                         <button type="button" onClick={() => void reject("cancel")}>Cancel</button></> : null}</div>
-            </Form>
+            </SchemaForm>
+            </Suspense>
             <ErrorBox error={error} />
         </div>;
     }

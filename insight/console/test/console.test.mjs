@@ -64,6 +64,23 @@ async function waitFor(fn, what, ms = TIMEOUT) {
     }
 }
 
+/* a peer of test/servers (python, --port 0): its process and port, from the one line it prints */
+async function startPeer(script, banner, ...args) {
+    const proc = spawn("/usr/bin/python3", [join(insight, "..", "test", "servers", script), "--port", "0", ...args],
+                       { stdio: ["ignore", "ignore", "pipe"] });
+    let err = "";
+    const port = await new Promise((resolve, reject) => {
+        proc.stderr.on("data", (d) => {
+            err += d;
+            const m = new RegExp(`${banner}127\\.0\\.0\\.1:([0-9]+)\\n`).exec(err);
+            if (m) resolve(Number(m[1]));
+        });
+        proc.once("exit", () => reject(new Error(`${script} did not start: ${err}`)));
+    });
+    proc.stderr.resume();
+    return { proc, port, base: `http://127.0.0.1:${port}` };
+}
+
 const status = async (id) => (await admin.query("SELECT status FROM tuvl.runs WHERE id = $1", [id])).rows[0]?.status;
 const waitStatus = (id, s) => waitFor(async () => (await status(id)) === s, `run ${id} to be ${s}`);
 const start = async (wf, input = {}) => (await alice.query("SELECT tuvl.start_run($1, $2::jsonb) AS id", [wf, JSON.stringify(input)])).rows[0].id;
@@ -480,6 +497,179 @@ describe("console", () => {
         const sse = await page.evaluate(async (rid) => (await fetch(`/api/runs/${rid}/events`)).status, id);
         assert.equal(sse, 404);
         await page.context().close();
+    });
+
+    /*
+     * The runs page's reads at scale (bench/console.mjs measures them at
+     * 1,000,000 runs): 50,010 runs of con_bob made by INSERT as the owner,
+     * older than alice's; every filter; counts exact up to the cap and what
+     * SQL as that role counts; a time's runs newest first by creation time
+     * with the keyset going on in that order.  The runs are removed at the
+     * end (the other tests expect bob to have none).
+     */
+    test("the runs page's list and counts: every filter, the cap, only what the role may see in SQL", async () => {
+        await admin.query(`
+            INSERT INTO tuvl.runs (workflow, workflow_version, status, input, context, principal, principal_id,
+                                   created_at, finished_at, key)
+            SELECT 'con_slow', 1, CASE WHEN i % 10000 = 1 THEN 'failed' WHEN i % 20000 = 2 THEN 'paused' ELSE 'completed' END,
+                   jsonb_build_object('n', i), '{}', 'con_bob', 'con_bob'::regrole,
+                   /* created an hour ago and before, 0.1 s apart; ids 50,001 to 50,010 made earlier than the ones before them */
+                   now() - interval '1 hour' - make_interval(secs => CASE WHEN i > 50000 THEN 50000 + i ELSE 50010 - i END / 10.0),
+                   CASE WHEN i % 20000 <> 2 THEN now() END, CASE WHEN i % 1000 = 0 THEN 'bk' || i END
+            FROM generate_series(1, 50010) i`);
+        await admin.query("ANALYZE tuvl.runs");
+        try {
+            await admin.query("SET ROLE con_bob");
+            const { rows: [{ t: bobToken }] } = await admin.query("SELECT tuvl.create_token('con_bob', '{runs:read}') AS t");
+            const inSql = Object.fromEntries((await admin.query("SELECT status, count(*)::int AS n FROM tuvl.runs GROUP BY status")).rows.map((r) => [r.status, r.n]));
+            await admin.query("SET ROLE con_carol");
+            const { rows: [{ t: carolToken }] } = await admin.query("SELECT tuvl.create_token('con_carol', '{runs:read}') AS t");
+            await admin.query("RESET ROLE");
+            assert.deepEqual(inSql, { completed: 50001, failed: 6, paused: 3 });
+            const get = async (token, path) => {
+                const r = await fetch(base + path, { headers: { Authorization: `Bearer ${token}` } });
+                const body = await r.json();
+                assert.equal(r.status, 200, JSON.stringify(body));
+                assert.match(r.headers.get("server-timing") ?? "", /^app;dur=[0-9.]+$/);
+                return body;
+            };
+            /* counts: each status exactly up to the cap (then "at least"), as SQL counts them for bob; none of alice's */
+            const c = await get(bobToken, "/api/console/counts");
+            assert.deepEqual(c.counts, { completed: 50000, failed: 6, paused: 3 });
+            assert.deepEqual(c.capped, ["completed"]);
+            assert.equal(c.cap, 50000);
+            assert.deepEqual((await get(bobToken, "/api/console/counts?status=failed,paused")).counts, { failed: 6, paused: 3 });
+            assert.deepEqual((await get(bobToken, "/api/console/counts?key=bk20000")).counts, { completed: 1 });
+            assert.deepEqual((await get(bobToken, "/api/console/counts?workflow=con_agent")).counts, {});
+            /* the operator sees every role's */
+            const all = await get(carolToken, "/api/console/counts");
+            const { rows: [{ n: alicesDone }] } = await admin.query("SELECT count(*)::int AS n FROM tuvl.runs WHERE principal = 'con_alice' AND status = 'completed'");
+            assert.equal(all.counts.completed, Math.min(50000, 50001 + alicesDone));
+            assert.ok(all.counts.failed >= 6);
+            /* the list: newest first by id, the keyset goes on; a status; a key; none of alice's */
+            const p1 = await get(bobToken, "/api/console/runs?limit=20");
+            assert.equal(p1.runs.length, 20);
+            assert.ok(p1.runs.every((r) => r.principal === "con_bob"));
+            const ids = p1.runs.map((r) => r.id);
+            assert.deepEqual(ids, [...ids].sort((a, b) => b - a));
+            const p2 = await get(bobToken, `/api/console/runs?limit=20&before=${p1.next_before}`);
+            assert.ok(p2.runs[0].id < ids[19]);
+            const failed = await get(bobToken, "/api/console/runs?status=failed");
+            assert.equal(failed.runs.length, 6);
+            assert.ok(failed.runs.every((r) => r.status === "failed"));
+            assert.deepEqual((await get(bobToken, "/api/console/runs?key=bk20000")).runs.map((r) => r.key), ["bk20000"]);
+            /* a time: newest first by creation time (ids 50,001 to 50,010 are older than 1 to 50,000), page after page */
+            const { rows: [{ lo, hi }] } = await admin.query(
+                "SELECT min(created_at) AS lo, max(created_at) + interval '1 ms' AS hi FROM tuvl.runs WHERE principal = 'con_bob'");
+            const span = `from=${encodeURIComponent(lo.toISOString())}&to=${encodeURIComponent(hi.toISOString())}`;
+            const seen = [];
+            let before = null;
+            for (let i = 0; i < 3; i++) {
+                const pg = await get(bobToken, `/api/console/runs?${span}&limit=20${before ? `&before=${before}` : ""}`);
+                seen.push(...pg.runs);
+                before = pg.next_before;
+            }
+            const times = seen.map((r) => Date.parse(r.created_at));
+            assert.deepEqual(times, [...times].sort((a, b) => b - a), "newest first by creation time");
+            assert.equal(new Set(seen.map((r) => r.id)).size, 60, "no run twice across pages");
+            const { rows: newest } = await admin.query(
+                "SELECT id FROM tuvl.runs WHERE principal = 'con_bob' ORDER BY created_at DESC, id DESC LIMIT 60");
+            assert.deepEqual(seen.map((r) => Number(r.id)), newest.map((r) => Number(r.id)));
+            /* the oldest by time: the ten newest by id (i = 50,001 to 50,010), the oldest of them last */
+            const oldest = await get(bobToken, `/api/console/runs?to=${encodeURIComponent(new Date(Date.parse(lo.toISOString()) + 950).toISOString())}`);
+            assert.deepEqual(oldest.runs.map((r) => r.id), ids.slice(0, 10).reverse());
+            /* text: among the newest runs the other filters select, and counted there */
+            const text = await get(bobToken, `/api/console/runs?q=${encodeURIComponent('"n": 49999')}`);
+            assert.deepEqual(text.runs.map((r) => r.principal), ["con_bob"]);
+            const tc = await get(bobToken, `/api/console/counts?q=${encodeURIComponent('"n": 49999')}`);
+            assert.deepEqual(tc.counts, { completed: 1 });
+            assert.equal(tc.window, 20000);
+
+            /*
+             * Counts while another transaction holds runs locked and changed
+             * (a worker moving them, an abort not yet committed): the counts
+             * answer at once, with what is committed; after the commit, with
+             * the change.
+             */
+            const locker = await connect(DB);
+            try {
+                await locker.query("BEGIN");
+                await locker.query("UPDATE tuvl.runs SET status = 'failed' WHERE principal = 'con_bob' AND status = 'paused'");
+                await locker.query("SELECT 1 FROM tuvl.runs WHERE principal = 'con_bob' AND status = 'failed' FOR UPDATE");
+                const t0 = Date.now();
+                const during = await get(bobToken, "/api/console/counts?status=failed,paused");
+                assert.ok(Date.now() - t0 < 5000, `counts waited ${Date.now() - t0} ms for the locks`);
+                assert.deepEqual(during.counts, { failed: 6, paused: 3 });
+                assert.equal((await get(bobToken, "/api/console/runs?status=paused")).runs.length, 3);
+                await locker.query("COMMIT");
+                assert.deepEqual((await get(bobToken, "/api/console/counts?status=failed,paused")).counts, { failed: 9 });
+            } finally {
+                await locker.query("ROLLBACK").catch(() => undefined);
+                await locker.end();
+            }
+        } finally {
+            await admin.query("RESET ROLE");
+            await admin.query("DELETE FROM tuvl.runs WHERE principal = 'con_bob'");
+        }
+    });
+
+    /*
+     * Issue 40's "connect" button: the authorization-code grant completed
+     * by a person in the browser, against the scripted authorization
+     * server of the MCP tests (approves at once) and the MCP server it
+     * protects; then a run of alice calls the server with the token.
+     */
+    test("MCP: a person connects their role to an OAuth MCP server; their runs use it, the callback works once", async () => {
+        const as = await startPeer("oauth_server.py", "OAuth authorization server on ");
+        const mcp = await startPeer("mcp_stateless_server.py", "MCP 2026-07-28 server on ", "--auth", as.base, "--scopes", "mcp:tools");
+        const url = `${mcp.base}/mcp`;
+        try {
+            const page = await newPage();
+            await signIn(page, "con_alice");
+            await page.getByRole("link", { name: "MCP" }).click();
+            await page.getByLabel("MCP server URL").fill(url);
+            const authorized = page.waitForRequest((r) => r.url().startsWith(`${as.base}/authorize?`));
+            await page.getByRole("button", { name: "Connect" }).click();
+            const authz = new URL((await authorized).url());
+            assert.match(authz.searchParams.get("redirect_uri"), /^http:\/\/127\.0\.0\.1:[0-9]+\/console\/mcp\/callback$/);
+            assert.equal(authz.searchParams.get("code_challenge_method"), "S256");
+            await page.getByTestId("mcp-connected").filter({ hasText: url }).waitFor();
+            assert.equal(new URL(page.url()).pathname, "/console/mcp", "the code is not left in the address bar");
+            const { rows } = await admin.query("SELECT role::text AS role FROM tuvl.mcp_oauth_tokens WHERE url = $1", [url]);
+            assert.deepEqual(rows, [{ role: "con_alice" }]);
+            /* alice's runs call the server with the token */
+            await alice.query("SELECT tuvl.register_workflow($1)", [`
+name: con_mcp
+steps:
+  - id: call
+    kind: MCP
+    mcp: { url: "${url}", tool: echo, arguments: { text: "hello" }, auth: { oauth: { grant: authorization_code } } }
+    output: res
+    routes: { default: done }
+ends:
+  - { id: done, status: completed, response: "{{ res.text }}" }
+`]);
+            const id = await start("con_mcp", {});
+            await waitFor(async () => ["completed", "failed"].includes(await status(id)), `run ${id} to end`);
+            const { rows: [run] } = await admin.query("SELECT status, response FROM tuvl.runs WHERE id = $1", [id]);
+            assert.equal(run.status, "completed", JSON.stringify(run));
+            assert.match(JSON.stringify(run.response), /hello/);
+            /* the callback again (its state is used up), or a made-up one: refused, nothing connected */
+            const again = await newPage();
+            await signIn(again, "con_bob");
+            await again.goto(`${base}/console/mcp/callback?code=made-up&state=made-up`);
+            await again.getByRole("alert").waitFor();
+            const { rows: bobs } = await admin.query("SELECT 1 FROM tuvl.mcp_oauth_tokens WHERE role = 'con_bob'::regrole");
+            assert.equal(bobs.length, 0);
+            /* a bad URL is refused before anything is sent */
+            const bad = await again.evaluate(async () => (await fetch("/api/console/mcp/connect", { method: "POST", body: "{\"url\": \"ftp://x\"}" })).status);
+            assert.equal(bad, 403, "without the CSRF header");
+            await page.context().close();
+            await again.context().close();
+        } finally {
+            mcp.proc.kill();
+            as.proc.kill();
+        }
     });
 
     test("the workflows, metrics and workers pages", async () => {
