@@ -164,6 +164,24 @@ def test_rpm_holds_over_any_window_across_workers(conn, window):
     assert metric(conn, "tuvl.llm.admission.wait_ms", model) > 1000
 
 
+def test_calls_are_admitted_paced_not_in_one_burst(conn):
+    """At the default one-minute window a 120th is 500 ms, and rpm 120 gives
+    each 500 ms an even share of 1 call: at most twice that, 2, are admitted
+    in each, although the window would take all 8 at once."""
+    model = new_name()
+    script(model, [{"text": "ok"}])
+    q(conn, "SELECT tuvl.register_llm(%s)", (llm_yaml(model, "limits: { rpm: 120 }\n"),))
+    wf = new_name()
+    q(conn, "SELECT tuvl.register_workflow(%s)", (completion_workflow(wf, model),))
+    ids = start_many(conn, wf, 8)
+    assert wait_all(conn, ids) == [("completed",)] * 8
+    times = sorted(r["t"] for r in sent(model))
+    assert len(times) == 8
+    # two calls a 500 ms bucket: 8 calls take four buckets
+    assert times[-1] - times[0] >= 0.95, times
+    assert max_in_window(times, 0.45) <= 4, times
+
+
 def test_tpm_counts_the_estimated_tokens_of_each_request(conn, window):
     model = new_name()
     # each request carries about 1,000 tokens (4,000 characters); the
