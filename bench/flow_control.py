@@ -168,7 +168,9 @@ def load_case(db, lg, args, name):
         clean(cur, "bench_flow_" + m)
     conn.close()
     admitted, rejected = a.get("admitted", 0), (a.get("rejected") or {}).get("total", 0)
-    sustained = sustained_per_window(a.get("per_second") or [], int(round(args.window)))
+    per_second = a.get("per_second") or []
+    sustained = sustained_per_window(per_second, int(round(args.window)))
+    median = median_window(per_second, int(round(args.window)))
     return {
         "agents": args.agents, "wall_s": wall, "completed": completed, "failed": failed, "an_error": an_error,
         "requests": admitted + rejected, "admitted": admitted, "rejected_429": rejected,
@@ -180,6 +182,12 @@ def load_case(db, lg, args, name):
         "allowed_per_window": args.rpm,
         "window_s": args.window,
         "rate_vs_allowed": sustained / args.rpm if sustained is not None else None,
+        # the median window: the steady state, without the first window's
+        # ramp and the last ones' drain (the batch's last agents take their
+        # turns one after the other, fewer than the rate allows)
+        "median_window": median,
+        "median_vs_allowed": median / args.rpm if median is not None else None,
+        "per_second": per_second,
         "peak_window": a.get("peak_window"),
         "second_model": b,
     }
@@ -212,19 +220,30 @@ def scaling(args):
                                         round(args.rpm * 60 / args.window), round(args.tpm * 60 / args.window)))
 
 
+def median_window(per_second, window=60):
+    """The median of the same windows' admissions (None as above)."""
+    active = [i for i, c in enumerate(per_second) if c]
+    if not active or active[-1] - active[0] + 1 < window:
+        return None
+    first, last = active[0], active[-1]
+    sums = sorted(sum(per_second[i:i + window]) for i in range(first, last - window + 2))
+    return float(sums[len(sums) // 2])
+
+
 def describe(name, r, idle):
     b = r["second_model"]
     ratio = b["p99_ms"] / idle["p99_ms"] if b["p99_ms"] and idle["p99_ms"] else None
     r["second_p99_vs_idle"] = ratio
     return ("flow_control: %-9s %d agents in %.0f s (%d completed, %d failed%s); model A: %d requests, "
             "%d answered 429 (%.1f %%, target <= 1 %%), %s admitted a %s = %s of the %d allowed "
-            "(target >= 95 %%); model B: p99 %.0f ms = %s x idle (target <= 2)"
+            "(target >= 95 %%; median window %s); model B: p99 %.0f ms = %s x idle (target <= 2)"
             % (name, r["agents"], r["wall_s"], r["completed"], r["failed"],
                ": %s" % r["an_error"][:160] if r["an_error"] else "", r["requests"], r["rejected_429"],
                100 * r["share_429"], "%.0f" % r["admitted_per_window"] if r["admitted_per_window"] else "n/a",
                window_name(r["window_s"]),
                "%.0f %%" % (100 * r["rate_vs_allowed"]) if r["rate_vs_allowed"] else "n/a (under a window)",
                r["allowed_per_window"],
+               "%.0f = %.0f %%" % (r["median_window"], 100 * r["median_vs_allowed"]) if r.get("median_window") else "n/a",
                b["p99_ms"] or 0, "%.2f" % ratio if ratio else "n/a"))
 
 

@@ -254,10 +254,11 @@ def flow_section(flow, p):
         ratio = b["p99_ms"] / idle["p99_ms"] if b.get("p99_ms") and idle.get("p99_ms") else None
         admitted = r.get("admitted_per_window", r.get("admitted_per_min"))
         allowed = r.get("allowed_per_window", r.get("allowed_per_min"))
-        p("| %s | %.0f s | %d / %d | %s | %s (%.1f %%) | %s / %s (%s) | %s ms / %s ms (%s) |" % (
+        p("| %s | %.0f s | %d / %d | %s | %s (%.1f %%) | %s / %s (%s%s) | %s ms / %s ms (%s) |" % (
             case, r["wall_s"], r["completed"], r["failed"], num(r["requests"]), num(r["rejected_429"]),
             100 * r["share_429"], "%.0f" % admitted if admitted else "n/a",
             num(allowed), "%.0f %%" % (100 * r["rate_vs_allowed"]) if r.get("rate_vs_allowed") else "n/a",
+            "; median window %.0f %%" % (100 * r["median_vs_allowed"]) if r.get("median_vs_allowed") else "",
             num(b.get("p99_ms")), num(idle.get("p99_ms")), "%.2f" % ratio if ratio else "n/a"))
     p("")
 
