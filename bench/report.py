@@ -229,14 +229,18 @@ def linearity_section(lin, p):
 
 
 def flow_section(flow, p):
-    """bench/flow_control.py: a provider's rate limits."""
+    """bench/flow_control.py: a provider's rate limits (over a window of
+    60 s, or a shorter one that scales time: flow["scaling"] says)."""
     cfg = flow["config"]
+    window = cfg.get("window", 60)
+    per = "a minute" if window == 60 else "a %g s window" % window
     p("Flow control (bench/flow_control.py): %s three-turn agents on one key limited to %s requests and %s tokens "
-      "a minute (429 with Retry-After beyond), %d agents of a second model on another key %g s in:" % (
-          num(cfg["agents"]), num(cfg["rpm"]), num(cfg["tpm"]), cfg["second"], cfg["second_after"]))
+      "%s (429 with Retry-After beyond), %d agents of a second model on another key %g s in%s:" % (
+          num(cfg["agents"]), num(cfg["rpm"]), num(cfg["tpm"]), per, cfg["second"], cfg["second_after"],
+          "; " + flow["scaling"] if window != 60 and flow.get("scaling") else ""))
     p("")
-    p("| case | wall | completed / failed | requests | 429s (target <= 1 %) | admitted a minute / allowed "
-      "(target >= 95 %) | second model p99 / idle (target <= 2) |")
+    p("| case | wall | completed / failed | requests | 429s (target <= 1 %%) | admitted %s / allowed "
+      "(target >= 95 %%) | second model p99 / idle (target <= 2) |" % per)
     p("|---|---|---|---|---|---|---|")
     idle = flow.get("idle") or {}
     for case in ("no_limits", "limits"):
@@ -248,10 +252,13 @@ def flow_section(flow, p):
             continue
         b = r["second_model"]
         ratio = b["p99_ms"] / idle["p99_ms"] if b.get("p99_ms") and idle.get("p99_ms") else None
-        p("| %s | %.0f s | %d / %d | %s | %s (%.1f %%) | %s / %s (%s) | %s ms / %s ms (%s) |" % (
+        admitted = r.get("admitted_per_window", r.get("admitted_per_min"))
+        allowed = r.get("allowed_per_window", r.get("allowed_per_min"))
+        p("| %s | %.0f s | %d / %d | %s | %s (%.1f %%) | %s / %s (%s%s) | %s ms / %s ms (%s) |" % (
             case, r["wall_s"], r["completed"], r["failed"], num(r["requests"]), num(r["rejected_429"]),
-            100 * r["share_429"], "%.0f" % r["admitted_per_min"] if r.get("admitted_per_min") else "n/a",
-            num(r["allowed_per_min"]), "%.0f %%" % (100 * r["rate_vs_allowed"]) if r.get("rate_vs_allowed") else "n/a",
+            100 * r["share_429"], "%.0f" % admitted if admitted else "n/a",
+            num(allowed), "%.0f %%" % (100 * r["rate_vs_allowed"]) if r.get("rate_vs_allowed") else "n/a",
+            "; median window %.0f %%" % (100 * r["median_vs_allowed"]) if r.get("median_vs_allowed") else "",
             num(b.get("p99_ms")), num(idle.get("p99_ms")), "%.2f" % ratio if ratio else "n/a"))
     p("")
 

@@ -41,13 +41,14 @@ COMMENT ON FUNCTION tuvl_router.partition_of_key(text, text) IS 'where start_run
 
 CREATE FUNCTION tuvl_router.start_run(workflow text, input jsonb DEFAULT '{}', key text DEFAULT NULL,
                                       not_before timestamptz DEFAULT NULL, priority integer DEFAULT 0,
-                                      version integer DEFAULT NULL, traceparent text DEFAULT NULL)
+                                      version integer DEFAULT NULL, traceparent text DEFAULT NULL,
+                                      debounce interval DEFAULT NULL)
 RETURNS bigint LANGUAGE plproxy AS $$
     CLUSTER 'tuvl_cluster';
     RUN ON tuvl_router.partition_of_key(workflow, key);
     TARGET tuvl.start_run;
 $$;
-COMMENT ON FUNCTION tuvl_router.start_run(text, jsonb, text, timestamptz, integer, integer, text) IS 'tuvl.start_run on the partition of (workflow, key), or on any partition without a key';
+COMMENT ON FUNCTION tuvl_router.start_run(text, jsonb, text, timestamptz, integer, integer, text, interval) IS 'tuvl.start_run on the partition of (workflow, key), or on any partition without a key; a debounced start (which needs a key) coalesces on its key''s partition';
 
 CREATE FUNCTION tuvl_router.run(workflow text, input jsonb DEFAULT '{}', sync_timeout interval DEFAULT NULL)
 RETURNS jsonb LANGUAGE plproxy AS $$
@@ -254,11 +255,11 @@ CREATE VIEW tuvl_router.events AS
 CREATE FUNCTION tuvl_router._runs_in_flight()
 RETURNS TABLE (id bigint, workflow text, version integer, status text, step text, waiting_for text,
                principal text, priority integer, parent_run_id bigint, created_at timestamptz,
-               age interval, wake_at timestamptz)
+               age interval, wake_at timestamptz, waiting jsonb)
 LANGUAGE plproxy AS $$
     CLUSTER 'tuvl_cluster'; RUN ON ALL;
     SELECT id, workflow, version, status, step, waiting_for, principal, priority, parent_run_id,
-           created_at, age, wake_at
+           created_at, age, wake_at, waiting
     FROM tuvl.runs_in_flight;
 $$;
 CREATE VIEW tuvl_router.runs_in_flight AS
@@ -292,7 +293,7 @@ CREATE VIEW tuvl_router.metrics AS
 
 COMMENT ON VIEW tuvl_router.runs IS 'tuvl.runs of every partition (the contract''s columns), with the partition';
 COMMENT ON VIEW tuvl_router.events IS 'tuvl.events of every partition, with the partition';
-COMMENT ON VIEW tuvl_router.runs_in_flight IS 'tuvl.runs_in_flight of every partition, with the partition';
+COMMENT ON VIEW tuvl_router.runs_in_flight IS 'tuvl.runs_in_flight of every partition (what each run waits for: waiting_for, and waiting as JSON), with the partition';
 COMMENT ON VIEW tuvl_router.people_queue IS 'tuvl.people_queue of every partition, with the partition';
 COMMENT ON VIEW tuvl_router.metrics IS 'tuvl.metrics of every partition, each series labelled with its partition';
 

@@ -35,12 +35,13 @@ export async function startRun(q: Query, r: StartRequest): Promise<StartResult> 
     await q("SELECT tuvl_router._require_scope('runs:start')");
     const [row] = await q<{ run_id: number; status: string; wait: string | null }>(
         `SELECT tuvl_router.start_run($1, $2::pg_catalog.jsonb, key => $3, not_before => $4::pg_catalog.timestamptz,
-                                      priority => coalesce($5::integer, 0), traceparent => $6) AS run_id,
+                                      priority => coalesce($5::integer, 0), traceparent => $6,
+                                      debounce => $9::pg_catalog.interval) AS run_id,
                 CASE WHEN $4::pg_catalog.timestamptz OPERATOR(pg_catalog.>) pg_catalog.now() THEN 'sleeping' ELSE 'queued' END AS status,
                 CASE WHEN $7::pg_catalog.interval OPERATOR(pg_catalog.>) '0'::pg_catalog.interval
                      THEN LEAST($7::pg_catalog.interval, $8::pg_catalog.interval)::text END AS wait`,
         [r.workflow, JSON.stringify(r.input ?? {}), r.key ?? null, r.notBefore ?? null, r.priority ?? null, r.traceparent ?? null,
-         r.wait ?? null, r.maxWait],
+         r.wait ?? null, r.maxWait, r.debounce ?? null],
         { last: true });
     const result: StartResult = { run_id: row.run_id, status: row.status };
     if (row.wait !== null) result.waitFor = row.wait;

@@ -11,7 +11,8 @@
  * per model call from the moment it asks to be sent until its answer is
  * in, whatever process asked.  A config's window is a ring of buckets of
  * BUCKET_MS: the requests and (estimated, then corrected) tokens admitted
- * in each.  A bucket counts until WINDOW_MS + MARGIN_MS after its end, so
+ * in each.  A bucket counts until WINDOW_MS + MARGIN_MS (plus the config's
+ * late_ms) after its end, so
  * any 60 s window a provider measures sees no more than the limits.
  *
  * Rules a change must not break:
@@ -26,6 +27,10 @@
  *   waiting owner also wakes by itself when the window frees (retry_at).
  * - A process that exits gives its tickets back (before_shmem_exit); a
  *   crash restart resets the segment, and with it the windows.
+ * - A granted call is counted in the bucket of the moment it is sent
+ *   (AdmissionSent moves it there from its grant's): a provider counts
+ *   a request when it arrives, and a busy worker may send a call it was
+ *   granted some time after the grant.
  *
  *-------------------------------------------------------------------------
  */
@@ -52,6 +57,8 @@
 #define WINDOW_MS ((int64) tuvl_model_limits_window)
 #define BUCKET_MS Max((int64) 10, WINDOW_MS / 120)
 #define MARGIN_MS Min((int64) 100, 4 * BUCKET_MS)
+#define MAX_LATE_MS (WINDOW_MS / 40)	/* late_ms: at most 2.5 % of the rate */
+#define PACE 2					/* a bucket admits at most twice its share */
 #define DEFAULT_PAUSE_MS 1000	/* a 429 without Retry-After */
 #define FAIR_ROLES 16
 #define FULL_RETRY_MS 100		/* no ticket free: ask again then */
@@ -98,6 +105,8 @@ typedef struct AdmitConfig
 	double		avg_extra;		/* tokens an answer adds to its request's
 								 * estimate, on average (the output) */
 	TimestampTz paused_until;
+	int64		late_ms;		/* counted this much longer: learned from 429s
+								 * the limits did not prevent */
 	TimestampTz pass_due;		/* when a waiting call may fit again
 								 * (DT_NOEND: only when room is freed) */
 	TimestampTz last_used;
@@ -180,11 +189,11 @@ ms_of(TimestampTz t)
 	return (int64) (t / 1000);
 }
 
-/* When bucket b stops counting. */
+/* When bucket b of c stops counting. */
 static TimestampTz
-bucket_expiry(int64 b)
+bucket_expiry(AdmitConfig *c, int64 b)
 {
-	return (TimestampTz) (((b + 1) * BUCKET_MS + WINDOW_MS + MARGIN_MS) * (int64) 1000);
+	return (TimestampTz) (((b + 1) * BUCKET_MS + WINDOW_MS + MARGIN_MS + c->late_ms) * (int64) 1000);
 }
 
 /* Requests and tokens of c's window at now; stale buckets are emptied. */
@@ -199,7 +208,7 @@ window_sums(AdmitConfig *c, TimestampTz now, int64 *reqs, int64 *toks)
 	{
 		if (c->bucket_no[i] == 0)
 			continue;
-		if (c->bucket_no[i] > cur || bucket_expiry(c->bucket_no[i]) <= now)
+		if (c->bucket_no[i] > cur || bucket_expiry(c, c->bucket_no[i]) <= now)
 		{
 			c->bucket_no[i] = 0;
 			c->reqs[i] = 0;
@@ -234,9 +243,36 @@ window_room_at(AdmitConfig *c, TimestampTz now, int64 reqs, int64 toks, int64 to
 		need_r -= c->reqs[i];
 		need_t -= c->toks[i];
 		if (need_r <= 0 && need_t <= 0)
-			return bucket_expiry(b);
+			return bucket_expiry(c, b);
 	}
 	return TimestampTzPlusMilliseconds(now, BUCKET_MS);
+}
+
+/*
+ * When the bucket of now may admit one more call of tokens, given its
+ * pace (0: now): at most PACE times its even share of rpm and tpm (a
+ * 120th), and at least one call.  A burst of calls admitted at once
+ * reaches the provider spread over as long as the machine takes to send
+ * them; their places in tuvl's window all free at once a window later,
+ * and the next burst would reach the provider before the last of the
+ * previous one has left its window.  Paced, calls go out as they are
+ * admitted.
+ */
+static TimestampTz
+pace_room_at(AdmitConfig *c, TimestampTz now, int64 tokens)
+{
+	int64		cur = ms_of(now) / BUCKET_MS;
+	int			bi = (int) (cur % NBUCKETS);
+	int64		reqs = c->bucket_no[bi] == cur ? c->reqs[bi] : 0;
+	int64		toks = c->bucket_no[bi] == cur ? c->toks[bi] : 0;
+	int64		share_r = PACE * (((int64) c->rpm * BUCKET_MS + WINDOW_MS - 1) / WINDOW_MS);
+	int64		share_t = PACE * (((int64) c->tpm * BUCKET_MS + WINDOW_MS - 1) / WINDOW_MS);
+
+	if (reqs == 0)
+		return 0;
+	if ((c->rpm > 0 && reqs >= share_r) || (c->tpm > 0 && toks + tokens > share_t))
+		return (TimestampTz) ((cur + 1) * BUCKET_MS * (int64) 1000);
+	return 0;
 }
 
 /* When principal was last granted a call of c (0: not lately). */
@@ -341,6 +377,8 @@ grant_pass_inner(int ci, TimestampTz now)
 		best->tokens = best->input + (int64) Max(0.0, c->avg_extra);
 		window_sums(c, now, &reqs, &toks);
 		at = window_room_at(c, now, reqs, toks, best->tokens);
+		if (at == 0)
+			at = pace_room_at(c, now, best->tokens);
 		if (at != 0)
 			return at;
 		/* granted: counted in this bucket */
@@ -557,6 +595,74 @@ AdmissionAsk(AdmitSpec *spec, TimestampTz *retry_at)
 }
 
 /*
+ * spec's granted call is about to be sent: true, and it counts in the
+ * window from now, not from its grant.  Between the two a worker may have
+ * advanced a batch of runs; counted from the grant, the call would leave
+ * tuvl's window that much before it leaves the provider's, and calls
+ * granted then would reach the provider while it still counts this one.
+ * A call sent in the bucket of its grant (the usual case) changes nothing.
+ * But if a 429 has paused the config since the grant, false: the call
+ * waits again, in its place (ask again at *retry_at or on a wake-up),
+ * rather than meet the same 429.
+ */
+bool
+AdmissionSent(AdmitSpec *spec, TimestampTz *retry_at)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	int64		b = ms_of(now) / BUCKET_MS;
+	AdmitTicket *t;
+	AdmitConfig *c;
+	bool		send = true;
+
+	*retry_at = 0;
+	if (admit == NULL || spec == NULL || spec->ticket < 0)
+		return true;
+	LWLockAcquire(admit->lock, LW_EXCLUSIVE);
+	t = &admit->tickets[spec->ticket];
+	c = &admit->configs[t->config];
+	if (t->state == TICKET_GRANTED && t->pid == MyProcPid)
+	{
+		int			oi = (int) (t->bucket % NBUCKETS);
+		int			ni = (int) (b % NBUCKETS);
+		bool		paused = c->paused_until > now;
+
+		if (paused || t->bucket < b)
+		{
+			if (c->bucket_no[oi] == t->bucket)
+			{
+				c->reqs[oi]--;
+				c->toks[oi] -= t->tokens;
+			}
+		}
+		if (paused)
+		{
+			/* back in its place among the waiting */
+			t->state = TICKET_WAITING;
+			t->waited = true;
+			c->in_flight--;
+			c->waiting++;
+			c->admitted--;
+			*retry_at = grant_pass(t->config, now);
+			send = false;
+		}
+		else if (t->bucket < b)
+		{
+			if (c->bucket_no[ni] != b)
+			{
+				c->bucket_no[ni] = b;
+				c->reqs[ni] = 0;
+				c->toks[ni] = 0;
+			}
+			c->reqs[ni]++;
+			c->toks[ni] += t->tokens;
+			t->bucket = b;
+		}
+	}
+	LWLockRelease(admit->lock);
+	return send;
+}
+
+/*
  * spec's call is over, or given up (status 0 and no tokens: never sent):
  * its ticket goes back.  actual_tokens (>= 0) replaces the estimate in
  * the window; a 429 (status) pauses the config for retry_after_ms (or a
@@ -598,6 +704,15 @@ AdmissionDone(AdmitSpec *spec, int64 actual_tokens, int status, int retry_after_
 			TimestampTz from = Max(now, c->paused_until);
 
 			c->rate_limited++;
+
+			/*
+			 * A 429 the window did not prevent: the provider counts our calls
+			 * later than we do (a busy machine delays them between the count
+			 * and the provider's clock).  Count one bucket longer from now
+			 * on, up to MAX_LATE_MS.
+			 */
+			if (c->rpm > 0 || c->tpm > 0)
+				c->late_ms = Min(c->late_ms + BUCKET_MS, MAX_LATE_MS);
 			if (until > from)
 			{
 				c->throttled_ms += (double) (until - from) / 1000.0;

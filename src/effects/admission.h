@@ -51,6 +51,7 @@ extern void AdmissionShmemStartup(void);
 
 extern int64 AdmissionEstimateTokens(size_t body_len);
 extern AdmitResult AdmissionAsk(AdmitSpec *spec, TimestampTz *retry_at);
+extern bool AdmissionSent(AdmitSpec *spec, TimestampTz *retry_at);
 extern void AdmissionDone(AdmitSpec *spec, int64 actual_tokens, int status, int retry_after_ms);
 extern void AdmissionWait(AdmitSpec *spec);
 extern List *AdmissionMetrics(void);

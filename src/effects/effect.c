@@ -363,7 +363,11 @@ EffectPerform(EffectRequest *req)
 		/* the ticket goes back however the call ends (an error, a cancel) */
 		PG_TRY();
 		{
-			AdmissionWait(req->admit);
+			TimestampTz retry_at;
+
+			do
+				AdmissionWait(req->admit);
+			while (!AdmissionSent(req->admit, &retry_at));
 			res = HttpPerform(&req->http, req->secrets);
 		}
 		PG_FINALLY();

@@ -33,16 +33,21 @@
  * of its own, whose predicate this query repeats, so that even the plan
  * made while the table was small probes the index rather than scanning the
  * runs; and the plan is made without sequential scans (SpiExecIndexed),
- * or the UPDATE would find the ids it got by scanning the table.
+ * or the UPDATE would find the ids it got by scanning the table.  The
+ * sleeping runs' query also returns what each waited for before the
+ * UPDATE clears it (waiting, the step's awaiting object) and its key: the
+ * resumed event says why it woke.
  */
 static const char wake_sleeping_sql[] =
-"UPDATE tuvl.runs r SET status = 'queued', wake_at = NULL, waiting = NULL, last_seq = r.last_seq OPERATOR(pg_catalog.+) 1 "
-"WHERE r.id OPERATOR(pg_catalog.=) ANY (ARRAY( "
-"    SELECT w.id FROM tuvl.runs w "
+"WITH due AS MATERIALIZED ( "
+"    SELECT w.id, w.waiting FROM tuvl.runs w "
 "    WHERE w.status OPERATOR(pg_catalog.=) 'sleeping' AND w.wake_at OPERATOR(pg_catalog.<=) pg_catalog.now() "
-"    ORDER BY w.wake_at LIMIT 1000 FOR UPDATE SKIP LOCKED)) "
+"    ORDER BY w.wake_at LIMIT 1000 FOR UPDATE SKIP LOCKED) "
+"UPDATE tuvl.runs r SET status = 'queued', wake_at = NULL, waiting = NULL, last_seq = r.last_seq OPERATOR(pg_catalog.+) 1 "
+"FROM due WHERE r.id OPERATOR(pg_catalog.=) due.id "
 "RETURNING r.id, r.last_seq OPERATOR(pg_catalog.-) 1, r.current_step, r.principal_id, r.priority, "
-"  r.workflow, r.concurrency_key, r.concurrency_limit, r.held_by";
+"  r.workflow, r.concurrency_key, r.concurrency_limit, r.held_by, due.waiting, "
+"  r.step_state OPERATOR(pg_catalog.->) 'awaiting', r.key";
 
 static const char wake_human_sql[] =
 "UPDATE tuvl.runs r SET status = 'queued', wake_at = NULL, last_seq = r.last_seq OPERATOR(pg_catalog.+) 1 "
@@ -116,6 +121,60 @@ ControlJournalRequeued(SPITupleTable *tt, uint64 i, const char *kind, Jsonb *pay
 	(void) JournalWrite(id, principal, last_seq, events);
 }
 
+/* Column col of row i of tt as jsonb (NULL when NULL), in the caller's context. */
+static Jsonb *
+row_jsonb(SPITupleTable *tt, uint64 i, int col)
+{
+	bool		isnull;
+	Datum		d = SPI_getbinval(tt->vals[i], tt->tupdesc, col, &isnull);
+
+	return isnull ? NULL : DatumGetJsonbPCopy(d);
+}
+
+/* "the rate limit of key K (N per P)" of a rate limit's description r */
+static char *
+rate_limit_text(Jsonb *r)
+{
+	return psprintf("the rate limit of key %s (%d per %s)", JsonGetString(r, "key"),
+					JsonGetInt32(r, "limit", 0), JsonGetString(r, "per"));
+}
+
+/*
+ * Why sleeping run i of wake_sleeping_sql's RETURNING wakes, for its
+ * resumed event: a Sleep step's time, a step's rate limit, or, before its
+ * first step, its not_before, its debounce or its workflow's rate limit.
+ */
+static const char *
+wake_reason(SPITupleTable *tt, uint64 i, const char *step)
+{
+	Jsonb	   *waiting = row_jsonb(tt, i, 10);
+	Jsonb	   *awaiting = row_jsonb(tt, i, 11);
+	char	   *key = SPI_getvalue(tt->vals[i], tt->tupdesc, 12);
+	char	   *kind;
+	char	   *debounce = NULL;
+
+	if (step)
+	{
+		kind = awaiting ? JsonGetString(awaiting, "kind") : NULL;
+		if (kind && strcmp(kind, "rate_limit") == 0)
+			return psprintf("%s lets step %s go", rate_limit_text(awaiting), step);
+		return "the Sleep step's time has come";
+	}
+	/* a run started for later has no step yet */
+	kind = waiting ? JsonGetString(waiting, "for") : NULL;
+	if (kind == NULL)
+		return "its not_before has come";
+	debounce = JsonGetString(waiting, "debounce");
+	if (strcmp(kind, "rate_limit") == 0 && JsonGetJsonb(waiting, "rate_limit") != NULL)
+		return debounce
+			? psprintf("the debounce of key %s is over (quiet for %s) and %s lets it start", key, debounce,
+					   rate_limit_text(JsonGetJsonb(waiting, "rate_limit")))
+			: psprintf("%s lets it start", rate_limit_text(JsonGetJsonb(waiting, "rate_limit")));
+	if (strcmp(kind, "debounce") == 0 && debounce)
+		return psprintf("the debounce of key %s is over: it was quiet for %s", key, debounce);
+	return "its not_before has come";
+}
+
 /* Queue the runs wake_sql finds, each with a resumed event; returns how many. */
 static int
 wake(const char *wake_sql, bool human)
@@ -135,10 +194,8 @@ wake(const char *wake_sql, bool human)
 
 		JsonObjStart(&b);
 		JsonObjAddString(&b, "by", "tuvl");
-		/* a run started with not_before has no step yet */
 		JsonObjAddString(&b, "reason", mcp ? "the MCP server's question waited past its elicitation_timeout" :
-						 human ? "the Human step's timeout passed" :
-						 step ? "the Sleep step's time has come" : "its not_before has come");
+						 human ? "the Human step's timeout passed" : wake_reason(tt, i, step));
 		ControlJournalRequeued(tt, i, mcp ? "MCP" : human ? "Human" : step ? "Sleep" : NULL, JsonObjEnd(&b));
 
 		/*

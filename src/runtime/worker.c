@@ -1299,7 +1299,8 @@ start_due_sends(TimestampTz *next_send)
 		{
 			TimestampTz retry_at;
 
-			if (AdmissionAsk(run->send->admit, &retry_at) == ADMIT_WAIT)
+			if (AdmissionAsk(run->send->admit, &retry_at) == ADMIT_WAIT ||
+				!AdmissionSent(run->send->admit, &retry_at))
 			{
 				if (retry_at != 0 && (*next_send == 0 || retry_at < *next_send))
 					*next_send = retry_at;

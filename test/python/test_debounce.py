@@ -50,6 +50,9 @@ def test_starts_of_a_key_coalesce_and_the_latest_input_wins(db):
     inputs = [r[0] for r in q(conn, "SELECT payload -> 'input' ->> 'n' FROM tuvl.events "
                                     "WHERE run_id = %s AND type = 'run_queued' ORDER BY seq", (first,))]
     assert inputs == ["1", "2", "3"]
+    # its journal says why it woke: the key was quiet for its debounce
+    assert q(conn, "SELECT payload FROM tuvl.events WHERE run_id = %s AND type = 'resumed'", (first,)) == [
+        ({"by": "tuvl", "reason": "the debounce of key k1 is over: it was quiet for 2 s"},)]
     # started: a later start with the key finds it, its input ignored
     assert q1(conn, "SELECT tuvl.start_run('db_echo', '{\"n\": 9}', key => 'k1', debounce => '2 s')") == first
     assert q1(conn, "SELECT input ->> 'n' FROM tuvl.runs WHERE id = %s", (first,)) == "3"
@@ -91,6 +94,34 @@ def test_concurrent_starts_from_many_sessions_give_one_run(db):
     assert q1(conn, "SELECT input FROM tuvl.runs WHERE id = %s", (run,)) == last_queued
     assert q1(conn, "SELECT count(*) FROM tuvl.events WHERE run_id = %s AND type = 'run_queued'",
               (run,)) == 40
+    conn.close()
+
+
+LIMITED_ECHO = """
+name: {name}
+rate_limit: {{ key: "{{{{ g }}}}", limit: 1, per: 3s }}
+steps:
+  - {{ id: s, kind: ModelOp, sql: "SELECT $1::int AS n", params: ["{{{{ n }}}}"], output: r,
+       routes: {{ default: done }} }}
+ends:
+  - {{ id: done, status: completed, response: "{{{{ r.0.n }}}}" }}
+"""
+
+
+def test_a_debounced_run_its_rate_limit_holds_says_both_when_it_wakes(db):
+    conn = connect(db)
+    q(conn, "SELECT tuvl.register_workflow(%s)", (LIMITED_ECHO.format(name="db_limited"),))
+    first = q1(conn, "SELECT tuvl.start_run('db_limited', '{\"n\": 1, \"g\": \"grp\"}')")
+    # quiet after 1 s, but the rate limit of grp lets it start 3 s after the first
+    later = q1(conn, "SELECT tuvl.start_run('db_limited', '{\"n\": 2, \"g\": \"grp\"}', key => 'dk', "
+                     "debounce => '1 s')")
+    assert q1(conn, "SELECT waiting ->> 'for' FROM tuvl.runs_in_flight WHERE id = %s", (later,)) == "rate_limit"
+    for run in (first, later):
+        wait_until(lambda: q1(conn, "SELECT status FROM tuvl.runs WHERE id = %s", (run,)) == "completed",
+                   15, message="the runs")
+    assert q(conn, "SELECT payload FROM tuvl.events WHERE run_id = %s AND type = 'resumed'", (later,)) == [
+        ({"by": "tuvl", "reason": "the debounce of key dk is over (quiet for 1 s) and the rate limit of key grp "
+                                  "(1 per 3 s) lets it start"},)]
     conn.close()
 
 

@@ -164,6 +164,24 @@ def test_rpm_holds_over_any_window_across_workers(conn, window):
     assert metric(conn, "tuvl.llm.admission.wait_ms", model) > 1000
 
 
+def test_calls_are_admitted_paced_not_in_one_burst(conn):
+    """At the default one-minute window a 120th is 500 ms, and rpm 120 gives
+    each 500 ms an even share of 1 call: at most twice that, 2, are admitted
+    in each, although the window would take all 8 at once."""
+    model = new_name()
+    script(model, [{"text": "ok"}])
+    q(conn, "SELECT tuvl.register_llm(%s)", (llm_yaml(model, "limits: { rpm: 120 }\n"),))
+    wf = new_name()
+    q(conn, "SELECT tuvl.register_workflow(%s)", (completion_workflow(wf, model),))
+    ids = start_many(conn, wf, 8)
+    assert wait_all(conn, ids) == [("completed",)] * 8
+    times = sorted(r["t"] for r in sent(model))
+    assert len(times) == 8
+    # two calls a 500 ms bucket: 8 calls take four buckets
+    assert times[-1] - times[0] >= 0.95, times
+    assert max_in_window(times, 0.45) <= 4, times
+
+
 def test_tpm_counts_the_estimated_tokens_of_each_request(conn, window):
     model = new_name()
     # each request carries about 1,000 tokens (4,000 characters); the
@@ -285,6 +303,46 @@ def test_two_roles_sharing_a_config_take_turns(db, conns, two_roles, window):
     assert len(order) == 10 and len(b_places) == 2, order
     # bob's two calls are not queued behind alice's eight: they alternate with hers
     assert max(b_places) <= 5, order
+
+
+def test_runs_in_flight_says_a_run_waits_for_model_admission(db, conns, two_roles):
+    """A run whose model call waits for its config's concurrency shows it in
+    tuvl.runs_in_flight (waiting_for "llm:<config>: ...", waiting
+    {"for": "llm", ...}); to its own role only, and a token without
+    runs:read still reads the view."""
+    alice, bob = (conns(db, user=r) for r in two_roles)
+    model = new_name()
+    script(model, [{"text": "ok", "latency_ms": 2500}])
+    q(alice, "SELECT tuvl.register_llm(%s)", (llm_yaml(model, "limits: { concurrency: 1 }\n"),))
+    wf = new_name()
+    q(alice, "SELECT tuvl.register_workflow(%s)", (completion_workflow(wf, model),))
+    ids = start_many(alice, wf, 2)
+
+    def held():
+        rows = q(alice, "SELECT id, status, step, waiting_for, waiting FROM tuvl.runs_in_flight "
+                        "WHERE id = ANY(%s) AND waiting ->> 'for' = 'llm'", (ids,))
+        return rows if len(rows) == 1 and len(sent(model)) == 1 else None
+    run_id, status, step, waiting_for, waiting = wait_until(held, 15, message="a run waiting for admission")[0]
+    assert status == "running" and step == "ask"
+    assert waiting_for.startswith(f"llm:{model}: waiting for model admission: its concurrency limit is reached "
+                                  "(since "), waiting_for
+    assert (waiting["config"], waiting["reason"], waiting["step"]) == (model, "concurrency", "ask"), waiting
+    assert waiting["pid"] == q1(alice, "SELECT lease_owner FROM tuvl.runs WHERE id = %s", (run_id,))
+    # the run whose call is in flight is held by its process, as before
+    other = [i for i in ids if i != run_id][0]
+    assert q1(alice, "SELECT waiting ->> 'for' FROM tuvl.runs_in_flight WHERE id = %s", (other,)) == "process"
+    # bob sees neither alice's runs nor what they wait for
+    assert q(bob, "SELECT id FROM tuvl.runs_in_flight WHERE id = ANY(%s)", (ids,)) == []
+    assert [w for w in q(bob, "SELECT run_id FROM tuvl._model_admission_waits()") if w[0] in ids] == []
+    # a token that may start runs but not read them reads the view without error
+    token = q1(alice, "SELECT tuvl.create_token(%s, '{runs:start}')", (two_roles[0],))
+    alice.autocommit = False
+    q(alice, "SELECT tuvl.authenticate(%s)", (token,))
+    assert q(alice, "SELECT id FROM tuvl.runs_in_flight WHERE id = ANY(%s)", (ids,)) == []
+    alice.rollback()
+    alice.autocommit = True
+    assert wait_all(alice, ids) == [("completed",)] * 2
+    assert q(alice, "SELECT id FROM tuvl.runs_in_flight WHERE id = ANY(%s)", (ids,)) == []
 
 
 def test_a_run_waiting_for_admission_survives_kill_9(db, conn, window, server_log):

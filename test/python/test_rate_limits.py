@@ -88,6 +88,10 @@ def test_a_workflow_rate_limit_admits_limit_per_window_in_order(db):
     assert most_in_window(times, 2.0) <= 2, times
     assert times == sorted(times), "runs of a key start in the order they were started"
     assert times[4] - times[0] >= 3.9, times
+    # a held run's journal says why it woke: its rate limit, not a not_before
+    for i in ids[2:]:
+        assert q(conn, "SELECT payload FROM tuvl.events WHERE run_id = %s AND type = 'resumed'", (i,)) == [
+            ({"by": "tuvl", "reason": "the rate limit of key a (2 per 2 s) lets it start"},)]
     conn.close()
 
 
@@ -208,6 +212,11 @@ def test_a_step_rate_limit_spaces_its_calls(db):
         WHERE e.run_id = ANY (%s) AND e.type = 'tool_call'""", (ids,))]
     assert len(sent) == 5
     assert most_in_window(sent, 2.0) <= 2, sorted(sent)
+    # the runs the limit held say so when they wake
+    reasons = [r[0] for r in q(conn, "SELECT payload ->> 'reason' FROM tuvl.events "
+                                     "WHERE run_id = ANY (%s) AND type = 'resumed'", (ids,))]
+    assert len(reasons) >= 2 and set(reasons) == {"the rate limit of key api (2 per 2 s) lets step call go"}, \
+        reasons
     conn.close()
 
 

@@ -272,6 +272,42 @@ def test_control_people_and_views_through_the_router(cluster):
     r.close()
 
 
+def test_debounce_and_waits_through_the_router(cluster):
+    """start_run's debounce goes through the router like its other
+    arguments: starts of one key coalesce on the key's partition, and the
+    router's runs_in_flight says what the run waits for (waiting_for and
+    waiting) until it starts; its journal says why it woke."""
+    r = connect(ROUTER, ROLES[0])
+    first = q1(r, "SELECT tuvl_router.start_run('r_five', '{\"n\": 1}', key => 'zdeb-1', debounce => '1 s')")
+    again = q1(r, "SELECT tuvl_router.start_run('r_five', '{\"n\": 2}', key => 'zdeb-1', debounce => '1 s')")
+    assert again == first
+    part, status, waiting_for, waiting = q(r, "SELECT partition, status, waiting_for, waiting "
+                                              "FROM tuvl_router.runs_in_flight WHERE id = %s", (first,))[0]
+    assert (part, status) == (first >> 44, "sleeping")
+    assert waiting_for.startswith("debounce: starts at "), waiting_for
+    assert waiting["for"] == "debounce" and waiting["debounce"] == "1 s", waiting
+    # another key lands wherever it hashes, its own run
+    other = q1(r, "SELECT tuvl_router.start_run('r_five', '{}', key => 'zdeb-2', debounce => '1 s')")
+    assert other != first
+    for i in (first, other):
+        wait_status(r, i, "completed")
+    assert q1(r, "SELECT input FROM tuvl_router.runs WHERE id = %s", (first,)) == {"n": 2}
+    assert q(r, "SELECT payload ->> 'reason' FROM tuvl_router.events WHERE run_id = %s AND type = 'resumed'",
+             (first,)) == [("the debounce of key zdeb-1 is over: it was quiet for 1 s",)]
+    # a run in flight is shown with what it waits for
+    slow = q1(r, "SELECT tuvl_router.start_run('r_slow')")
+    deadline = time.monotonic() + 20
+    while True:
+        row = q(r, "SELECT waiting_for, waiting FROM tuvl_router.runs_in_flight WHERE id = %s", (slow,))
+        if row and row[0][1]["for"] == "process":
+            break
+        assert time.monotonic() < deadline, row
+        time.sleep(0.05)
+    assert row[0][0].startswith("held by process "), row
+    wait_status(r, slow, "completed")
+    r.close()
+
+
 def test_hostile_role_through_the_router(cluster):
     a = connect(ROUTER, ROLES[0])
     run = q1(a, "SELECT tuvl_router.start_run('r_ask')")
@@ -463,6 +499,18 @@ def test_insight_on_a_router(insight):
     r.close()
     assert [e[0] for e in events] == journal
     assert events[-1][1] == "run_completed"
+    # a debounced start over HTTP: coalesced on its key's partition, the latest input wins
+    ids = []
+    for n in (1, 2):
+        st, body = server.request("POST", "/api/workflows/r_five/runs", alice,
+                                  {"input": {"n": n}, "key": "zdeb-http", "debounce": "1 s"})
+        assert st == 202, body
+        ids.append(body["run_id"])
+    assert ids[0] == ids[1], ids
+    r = connect(ROUTER, ROLES[0])
+    wait_status(r, ids[0], "completed")
+    assert q1(r, "SELECT input FROM tuvl_router.runs WHERE id = %s", (ids[0],)) == {"n": 2}
+    r.close()
     # runs list and show, through the router's views and functions
     st, body = server.request("GET", "/api/runs?workflow=r_slow&limit=5", alice)
     assert st == 200 and run_id in [x["id"] for x in body["runs"]], body
