@@ -117,7 +117,7 @@ _PG_init(void)
 	if (IsBinaryUpgrade)
 		return;
 
-	TuvlDefineGucs();
+	GucsDefine();
 
 	/*
 	 * Called in the reverse order of registration: the runs a transaction

@@ -104,7 +104,7 @@ extern TuvlSharedState *TuvlShmem;
 extern Size TuvlShmemSize(void);
 extern void TuvlShmemRequest(void);
 extern void TuvlShmemStartup(void);
-extern void TuvlDefineGucs(void);
+extern void GucsDefine(void);
 
 /* GUCs */
 extern int	tuvl_workers_per_database;
@@ -133,8 +133,8 @@ extern int	tuvl_max_output_size;
 extern int	tuvl_max_source_size;
 extern int	tuvl_max_worker_memory;
 
-extern char *TuvlSizeText(int64 bytes);
-extern void TuvlCheckSize(const char *what, int64 bytes, int64 limit, const char *guc);
+extern char *GucsSizeText(int64 bytes);
+extern void GucsCheckSize(const char *what, int64 bytes, int64 limit, const char *guc);
 extern int	tuvl_http_max_response_size;
 extern int	tuvl_http_max_redirects;
 extern bool tuvl_http_verify_tls;

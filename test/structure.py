@@ -221,6 +221,67 @@ def exports():
     return problems
 
 
+# Exported names tell their file: a family prefix and where it lives (a
+# file, or a folder: "agent/"); the longest prefix a name starts with is
+# its family.  The step kinds' names (StepExecute..., StepKind...) live
+# in the kinds' folders.  CONTRIBUTING.md, "Exports".
+FAMILIES = {
+    "Agent": "agent/", "Step": ("agent/", "steps/"), "Judge": "agent/judge",
+    "Supervisor": "agent/supervisor",
+    "Grant": "api/grant_hint", "Replay": "api/replay",
+    "Artifact": "catalog/artifact", "Guardrail": "catalog/guardrail", "LlmConfig": "catalog/model",
+    "Use": "catalog/uses", "Workflow": "catalog/workflow",
+    "Admission": "effects/admission", "Effect": "effects/effect", "Http": "effects/http",
+    "Llm": "effects/llm", "LlmRequest": "effects/llm_request", "Retry": "effects/retry",
+    "Secret": "effects/secret",
+    "Breakpoints": "runtime/breakpoints", "Checkpoint": "runtime/checkpoint",
+    "Compensation": "runtime/compensation", "Concurrency": "runtime/concurrency",
+    "Drive": "runtime/driver", "Executor": "runtime/executor", "Hook": "runtime/hook",
+    "Launcher": "runtime/launcher", "Lease": "runtime/lease", "RateLimit": "runtime/ratelimit",
+    "Control": "runtime/run_control", "RunCreate": "runtime/run_create", "Run": "runtime/runtime",
+    "Timers": "runtime/timers", "Validate": "runtime/validate", "Findings": "runtime/validate",
+    "Mcp": "steps/mcp", "McpOAuth": "steps/mcp_oauth",
+    "Channel": "storage/channel", "Journal": "storage/journal", "JournalBlock": "storage/journal_block",
+    "Queue": "storage/queue", "Tuvl": "storage/shmem", "Status": "storage/status",
+    "Cron": "support/cron", "Deadline": "support/deadline", "Duration": "support/duration",
+    "Gucs": "support/gucs", "Json": "support/jsonutil", "Text": "support/jsonutil",
+    "JsonSchema": "support/jsonschema", "NameIndex": "support/nameindex", "Security": "support/security",
+    "Spi": "support/spiutil", "Suggest": "support/suggest", "Template": "support/template",
+    "Token": "support/tokens", "Yaml": "support/yamlparse",
+    "Metric": "telemetry/metrics", "Metrics": "telemetry/metrics", "Trace": "telemetry/trace",
+    "Otlp": "telemetry/otlp",
+}
+# what PostgreSQL looks up by name, and its own naming of a backend's slot
+FAMILY_EXCEPTIONS = {"TuvlLauncherMain": "runtime/launcher", "TuvlWorkerMain": "runtime/worker",
+                     "MyTuvlSlot": "storage/shmem"}
+
+
+def family_problems():
+    """Exported names whose family prefix lives in another file, or in none."""
+    problems = []
+    for obj in sorted(glob.glob(os.path.join(SRC, "**", "*.o"), recursive=True)):
+        f = os.path.relpath(obj, SRC)[:-2]
+        out = subprocess.run(["nm", "-g", "--defined-only", obj], capture_output=True, text=True,
+                             check=True).stdout
+        for line in out.splitlines():
+            name = line.split()[-1]
+            if re.match(r"^(tuvl_|pg_finfo_|Pg_magic_func$|_PG_init$)", name):
+                continue
+            if name in FAMILY_EXCEPTIONS:
+                if FAMILY_EXCEPTIONS[name] != f:
+                    problems.append(f"{name} is defined in {f}.c, not {FAMILY_EXCEPTIONS[name]}.c")
+                continue
+            prefix = max((p for p in FAMILIES if re.match(p + r"([A-Z]|$)", name)), key=len, default=None)
+            if prefix is None:
+                problems.append(f"{f}.c exports {name}, of no family (test/structure.py FAMILIES)")
+                continue
+            where = FAMILIES[prefix]
+            places = where if isinstance(where, tuple) else (where,)
+            if not any(f.startswith(p) if p.endswith("/") else f == p for p in places):
+                problems.append(f"{f}.c exports {name}, of the family {prefix}* of {', '.join(places)}")
+    return problems
+
+
 def main():
     if not glob.glob(os.path.join(SRC, "**", "*.o"), recursive=True):
         print("not ok calls: no object files in src/ (build first)")
@@ -235,6 +296,7 @@ def main():
         ("layers", upward_calls(table)),
         ("indent", unindented()),
         ("exports", exports()),
+        ("names", family_problems()),
     ]
     for name, problems in checks:
         if problems:

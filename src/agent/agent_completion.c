@@ -43,7 +43,7 @@ AgentRetryOrFail(Jsonb *agent, LlmReply *reply, int attempts_made, EffectRequest
 {
 	if (AgentShouldRetry(agent, reply, attempts_made, &next->delay_ms))
 		return true;
-	StepErrorType = AgentFailureType(reply);
+	ExecutorErrorType = AgentFailureType(reply);
 	ereport(ERROR,
 			(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 			 errmsg("%s", reply->error),
@@ -68,16 +68,16 @@ execute_completion(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 	char	   *why;
 	UseReferrer by;
 
-	StepErrorType = "llm_error";
+	ExecutorErrorType = "llm_error";
 	WorkflowReferrer(run->wf, &by);
 	cfg = LlmConfigFor(run, model ? model : "default", &by);
 
-	StepErrorType = "error";
+	ExecutorErrorType = "error";
 	if (system)
 		system = ArtifactResolveText(run, system, SITE_STEERING, psprintf("agent.system of step \"%s\"", step->id));
 	if (prompt)
 		prompt = ArtifactResolveText(run, prompt, SITE_PROMPT, psprintf("agent.prompt of step \"%s\"", step->id));
-	StepErrorType = "template_error";
+	ExecutorErrorType = "template_error";
 	initStringInfo(&msgs);
 	appendStringInfoChar(&msgs, '[');
 	if (system || values)
@@ -100,7 +100,7 @@ execute_completion(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 	user = prompt ? TemplateRenderText(prompt, public, NULL) : "Begin.";
 
 	/* the input gate, before anything is sent: the message is what leaves it */
-	StepErrorType = "error";
+	ExecutorErrorType = "error";
 	if ((why = AgentGateCheck(run, step, GATE_INPUT, &user)) != NULL ||
 		(why = AgentGateJudge(run, step, GATE_INPUT, "input.1", user, result, NULL)) != NULL)
 	{
@@ -113,7 +113,7 @@ execute_completion(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 	escape_json(&msgs, user);
 	appendStringInfoString(&msgs, "}]");
 
-	StepErrorType = "llm_error";
+	ExecutorErrorType = "llm_error";
 	req = LlmBuildRequest(run, cfg, JsonFromCString(msgs.data), NULL, AgentAnswerSchema(values), -1);
 	if (n > 0)
 	{
@@ -126,7 +126,7 @@ execute_completion(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 			char	   *answer = reply.text ? reply.text : "";
 			char	   *given = answer;
 
-			StepErrorType = "error";
+			ExecutorErrorType = "error";
 			if ((why = AgentGateCheck(run, step, GATE_OUTPUT, &answer)) != NULL)
 			{
 				AgentViolation(result, why);
@@ -147,7 +147,7 @@ execute_completion(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 			why = AgentApplyOutcome(answer, values, result);
 			if (why)
 			{
-				StepErrorType = "invalid_outcome";
+				ExecutorErrorType = "invalid_outcome";
 				ereport(ERROR,
 						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 						 errmsg("%s", why),
@@ -193,7 +193,7 @@ static const char *const agent_step_keys[] = {"mode", "agent", "guardrails", "ra
 const StepExecutor StepKindAgent = {
 	.kind = STEP_AGENT,
 	.execute = StepExecuteAgent,
-	.reserved_exits = AgentReservedExits,
+	.reserved_exits = AgentLoopReservedExits,
 	.controls_itself = true,
 	.keys = agent_step_keys,
 	.validate = StepValidateAgent,

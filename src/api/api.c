@@ -192,7 +192,7 @@ tuvl_register_workflow(PG_FUNCTION_ARGS)
 	}
 
 	SPI_connect();
-	RegistryLockName("workflow",
+	ArtifactLockName("workflow",
 					 "SELECT owner FROM tuvl.workflows "
 					 "WHERE name OPERATOR(pg_catalog.=) $1 "
 					 "  AND version OPERATOR(pg_catalog.=) 1", name);
@@ -492,14 +492,14 @@ tuvl_run(PG_FUNCTION_ARGS)
 
 	run = RunStateCreate(CurrentMemoryContext, id, 1, workflow, version, GetUserId(),
 						 GetUserNameFromId(GetUserId(), false), input, NULL, 1, NULL);
-	status = RunDrive(run, &performer, &transitions);
+	status = DriveRun(run, &performer, &transitions);
 	if (sync.handed_over)
 		status = RUN_QUEUED;
-	RunReadEnd(id, RunStatusIsTerminal(status), &end);
+	DriveReadEnd(id, RunStatusIsTerminal(status), &end);
 
 	JsonObjStart(&b);
 	JsonObjAddInt(&b, "run_id", id);
-	JsonObjAddString(&b, "status", RunStatusName(status));
+	JsonObjAddString(&b, "status", StatusName(status));
 	JsonObjAddString(&b, "end", end.end_name);
 	JsonObjAddJsonb(&b, "response", end.response);
 	if (end.error)
@@ -512,7 +512,7 @@ tuvl_run(PG_FUNCTION_ARGS)
 static bool
 status_is_settled(const char *status)
 {
-	RunStatus	s = RunStatusFromName(status);
+	RunStatus	s = StatusFromName(status);
 
 	return RunStatusIsTerminal(s) || RunStatusIsParked(s);
 }
@@ -572,7 +572,7 @@ tuvl_wait(PG_FUNCTION_ARGS)
 		status = fetch_status(id);
 		if (status_is_settled(status))
 			break;
-		if (RunCreatedHere(id))
+		if (RunCreateInThisTransaction(id))
 			ereport(ERROR,
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 					 errmsg("run " INT64_FORMAT " was started in this transaction", id),

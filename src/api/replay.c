@@ -175,7 +175,7 @@ read_pinnable_run(int64 id, HeapTuple *tup, TupleDesc *td, char **workflow, int 
 	*workflow = SPI_getvalue(*tup, *td, 1);
 	*version = DatumGetInt32(SPI_getbinval(*tup, *td, 2, &isnull));
 	*status = SPI_getvalue(*tup, *td, 3);
-	if (!RunStatusIsTerminal(RunStatusFromName(*status)))
+	if (!RunStatusIsTerminal(StatusFromName(*status)))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("run " INT64_FORMAT " has not ended: its status is %s", id, *status),
@@ -760,7 +760,7 @@ serve_person(RunState *run, void *arg)
 	answer.by = JsonGetString(record, "by");
 	answer.replayed = true;
 	ControlAnswer(run->id, &answer);
-	RunHoldHere(run);
+	DriveHoldHere(run);
 	return true;
 }
 
@@ -831,8 +831,8 @@ check_ending(Replay *rp, RunStatus status, RunEnd *end)
 	if (rresponse && JB_ROOT_IS_SCALAR(rresponse) &&
 		getIthJsonbValueFromContainer(&rresponse->root, 0)->type == jbvNull)
 		rresponse = NULL;
-	if (rstatus && strcmp(rstatus, RunStatusName(status)) != 0)
-		diverged(rp, psprintf("the recorded run ended %s, the replay %s", rstatus, RunStatusName(status)),
+	if (rstatus && strcmp(rstatus, StatusName(status)) != 0)
+		diverged(rp, psprintf("the recorded run ended %s, the replay %s", rstatus, StatusName(status)),
 				 end->error ? psprintf("The replay's error: %s", end->error) : NULL);
 	if ((rend == NULL) != (end->end_name == NULL) || (rend && strcmp(rend, end->end_name) != 0))
 		diverged(rp, psprintf("the recorded run ended at %s, the replay at %s",
@@ -971,20 +971,20 @@ tuvl_replay(PG_FUNCTION_ARGS)
 		run = replay_run(fixture, workflow, input, &version);
 		check_live(&rp, workflow, version);
 		current_replay = &rp;
-		status = RunDrive(run, &performer, &transitions);
+		status = DriveRun(run, &performer, &transitions);
 	}
 	PG_END_ENSURE_ERROR_CLEANUP(replay_reset, (Datum) 0);
 	TuvlReplayDepth--;
 	current_replay = NULL;
 
-	RunReadEnd(run->id, true, &end);
+	DriveReadEnd(run->id, true, &end);
 	cost = replay_cost(run->id);
 	end.response = end.response ? redact_private(end.response) : NULL;
 	check_ending(&rp, status, &end);
 	remove_run(run->id);
 
 	JsonObjStart(&b);
-	JsonObjAddString(&b, "status", RunStatusName(status));
+	JsonObjAddString(&b, "status", StatusName(status));
 	JsonObjAddString(&b, "end", end.end_name);
 	JsonObjAddJsonb(&b, "response", end.response);
 	JsonObjAddInt(&b, "effects_served", rp.next);

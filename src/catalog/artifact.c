@@ -597,7 +597,7 @@ ArtifactResolve(RunState *run, const char *text, ArtifactSite site, const char *
  * SPI must be connected.
  */
 void
-RegistryLockName(const char *kind, const char *owner_sql, const char *name)
+ArtifactLockName(const char *kind, const char *owner_sql, const char *name)
 {
 	SecurityLockKey(kind, name);
 	SecurityCheckNameOwner(kind, name, SecurityNameOwner(owner_sql, name));
@@ -815,7 +815,7 @@ tuvl_register_artifact(PG_FUNCTION_ARGS)
 	TokenRequireScope("workflows:write");
 	check_artifact(def, &name, &type, &body);
 	SPI_connect();
-	RegistryLockName("artifact",
+	ArtifactLockName("artifact",
 					 "SELECT owner FROM tuvl.artifacts "
 					 "WHERE name OPERATOR(pg_catalog.=) $1 "
 					 "  AND version OPERATOR(pg_catalog.=) 1", name);

@@ -53,6 +53,6 @@ extern void ArtifactResolve(RunState *run, const char *text, ArtifactSite site,
 							const char *what, ArtifactRef *ref);
 
 /* Shared with the workflow registry (api.c). */
-extern void RegistryLockName(const char *kind, const char *owner_sql, const char *name);
+extern void ArtifactLockName(const char *kind, const char *owner_sql, const char *name);
 
 #endif							/* TUVL_ARTIFACT_H */

@@ -35,7 +35,7 @@
 #include "uses.h"
 #include "workflow.h"
 
-const char *const StepKindNames[STEP_KIND_COUNT] = {
+const char *const WorkflowKindNames[STEP_KIND_COUNT] = {
 	"Functional", "ModelOp", "Router", "APICall", "MCP", "Agent", "Human", "Sleep", "Workflow"
 };
 
@@ -58,11 +58,11 @@ static bool cache_stale = false;	/* flush before the next lookup */
 static Oid	workflows_relid = InvalidOid;	/* tuvl.workflows, when known */
 
 bool
-StepKindFromName(const char *name, StepKind *kind)
+WorkflowKindFromName(const char *name, StepKind *kind)
 {
 	for (int i = 0; i < STEP_KIND_COUNT; i++)
 	{
-		if (strcmp(name, StepKindNames[i]) == 0)
+		if (strcmp(name, WorkflowKindNames[i]) == 0)
 		{
 			*kind = (StepKind) i;
 			return true;
@@ -173,9 +173,9 @@ WorkflowCompile(const char *name, int version, Jsonb *definition)
 		s->id = JsonGetString(s->spec, "id");
 		s->hooks = hook_refs(wf_hooks, JsonGetJsonb(s->spec, "hooks"));
 		kind = JsonGetString(s->spec, "kind");
-		if (kind == NULL || !StepKindFromName(kind, &s->kind))
+		if (kind == NULL || !WorkflowKindFromName(kind, &s->kind))
 			elog(ERROR, "workflow \"%s\" version %d has an invalid step kind", name, version);
-		s->kind_name = StepKindNames[s->kind];
+		s->kind_name = WorkflowKindNames[s->kind];
 		s->output_key = JsonGetString(s->spec, "output");
 		/* the step's own time limit; -1: tuvl.step_timeout */
 		if (!DurationFromJson(JsonGetField(s->spec, "timeout"), &s->timeout_ms))

@@ -70,9 +70,9 @@ typedef struct WorkflowDef
 								 * before 0.3.0 */
 } WorkflowDef;
 
-extern const char *const StepKindNames[STEP_KIND_COUNT];
+extern const char *const WorkflowKindNames[STEP_KIND_COUNT];
 
-extern bool StepKindFromName(const char *name, StepKind *kind);
+extern bool WorkflowKindFromName(const char *name, StepKind *kind);
 extern WorkflowDef *WorkflowCompile(const char *name, int version, Jsonb *definition);
 extern WorkflowDef *WorkflowLoad(const char *name, int version);
 extern int	WorkflowLatestVersion(const char *name, bool missing_ok);

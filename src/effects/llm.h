@@ -84,6 +84,6 @@ extern int64 LlmMaxOutputTokens(const LlmConfig *cfg);
 extern Jsonb *LlmRequestDelta(Jsonb *prev, Jsonb *next);
 extern Jsonb *LlmRequestRebuild(List *payloads);
 extern Jsonb *LlmRequestNext(Jsonb *prev, Jsonb *payload);
-extern Jsonb *LlmPrevRequest(int64 run_id, const char *agent_id);
+extern Jsonb *LlmRequestPrev(int64 run_id, const char *agent_id);
 
 #endif							/* TUVL_LLM_H */

@@ -388,7 +388,7 @@ chain_request(int64 run_id, const char *agent_id, int32 seq)
  * not know it (see RunState.llm_prev_request).  SPI connected.
  */
 Jsonb *
-LlmPrevRequest(int64 run_id, const char *agent_id)
+LlmRequestPrev(int64 run_id, const char *agent_id)
 {
 	SecurityFrame frame;
 	Jsonb	   *prev;

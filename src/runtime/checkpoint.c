@@ -154,7 +154,7 @@ fenced_update(RunState *run, const Checkpoint *cp, int last_seq)
 
 	set_param(values, nulls, 0, Int64GetDatum(run->id), false);
 	set_param(values, nulls, 1, Int32GetDatum(run->attempt), false);
-	set_param(values, nulls, 2, CStringGetTextDatum(RunStatusName(cp->status)), false);
+	set_param(values, nulls, 2, CStringGetTextDatum(StatusName(cp->status)), false);
 	set_param(values, nulls, 3, JsonbPGetDatum(cp->context), false);
 	set_param(values, nulls, 4, cp->step ? CStringGetTextDatum(cp->step) : 0, cp->step == NULL);
 	set_param(values, nulls, 5, Int32GetDatum(last_seq), false);
@@ -171,7 +171,7 @@ fenced_update(RunState *run, const Checkpoint *cp, int last_seq)
 	set_param(values, nulls, 13, BoolGetDatum(run->compensation_changed), false);
 	set_param(values, nulls, 14, JsonbPGetDatum(run->next_compensation),
 			  !run->compensation_changed || run->next_compensation == NULL);
-	set_param(values, nulls, 15, same ? (Datum) 0 : RunHeldStatusesParam(), same);
+	set_param(values, nulls, 15, same ? (Datum) 0 : StatusHeldParam(), same);
 	set_param(values, nulls, 16, BoolGetDatum(made_progress(run, cp)), false);
 
 	/*

@@ -119,7 +119,7 @@ CompensationBegin(RunState *run, RunStatus status, const char *end_name,
 	if (top == NULL || CompensationActive(run))
 		return NULL;
 	JsonObjStart(&b);
-	JsonObjAddString(&b, "status", RunStatusName(status));
+	JsonObjAddString(&b, "status", StatusName(status));
 	JsonObjAddString(&b, "end", end_name);
 	JsonObjAddJsonb(&b, "response", response);
 	JsonObjAddString(&b, "error", error);
@@ -279,13 +279,13 @@ CompensationFinish(Transition *t, StepResult *result, ErrorData *edata)
 
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "step", cp.step);
-	JsonObjAddString(&b, "status", RunStatusName(cp.status));
+	JsonObjAddString(&b, "status", StatusName(cp.status));
 	JournalAdd(&cp.events, "checkpoint", step->id, step->kind_name, JsonObjEnd(&b));
 	if (cp.status != RUN_COMPENSATING)
 	{
 		JsonObjStart(&b);
 		JsonObjAddString(&b, "end", cp.end_name);
-		JsonObjAddString(&b, "status", RunStatusName(cp.status));
+		JsonObjAddString(&b, "status", StatusName(cp.status));
 		JsonObjAddJsonb(&b, "response", cp.response);
 		if (cp.error)
 			JsonObjAddString(&b, "error", cp.error);

@@ -5,7 +5,7 @@
  *	  of tuvl.run() and tuvl.replay().
  *
  * Whoever holds a run repeats: make a transition (RunAdvance), commit
- * it, and ask RunNextAfter what the run needs next: another transition,
+ * it, and ask DriveNextAfter what the run needs next: another transition,
  * an effect performed first, or nothing, because it ended or waits for a
  * person.  The workers do that for many runs at once, in batches, and
  * perform effects on their curl multi handle (worker.c).  tuvl.run()
@@ -14,7 +14,7 @@
  * a fixture.  Neither decides anything else, so the surfaces cannot
  * drift apart.
  *
- * RunDrive gives each transition and its effect a memory context and a
+ * DriveRun gives each transition and its effect a memory context and a
  * SPI connection of their own, both gone when the next transition
  * starts: what a run keeps between transitions is in its own context
  * (RunState.cxt), so a long run's memory stays flat.
@@ -38,7 +38,7 @@
  * needs next.
  */
 RunNext
-RunNextAfter(RunState *run)
+DriveNextAfter(RunState *run)
 {
 	RunApplyTransition(run);
 	if (!RunStatusIsHeld(run->status))
@@ -52,7 +52,7 @@ RunNextAfter(RunState *run)
  * it.  Returns its status; *transitions counts the transitions made.
  */
 RunStatus
-RunDrive(RunState *run, const RunPerformer *performer, int *transitions)
+DriveRun(RunState *run, const RunPerformer *performer, int *transitions)
 {
 	MemoryContext cxt = AllocSetContextCreate(CurrentMemoryContext, "tuvl transition",
 											  ALLOCSET_DEFAULT_SIZES);
@@ -69,7 +69,7 @@ RunDrive(RunState *run, const RunPerformer *performer, int *transitions)
 		RunAdvance(run);
 		if (SPI_finish() != SPI_OK_FINISH)
 			elog(ERROR, "could not disconnect from SPI");
-		next = RunNextAfter(run);
+		next = DriveNextAfter(run);
 		(*transitions)++;
 		if (next == RUN_NEXT_EFFECT)
 		{
@@ -102,7 +102,7 @@ RunDrive(RunState *run, const RunPerformer *performer, int *transitions)
  * backend: tuvl.replay() goes on with it at once.  SPI connected.
  */
 void
-RunHoldHere(RunState *run)
+DriveHoldHere(RunState *run)
 {
 	static const Oid types[3] = {INT8OID, INT4OID, INT8OID};
 	Datum		values[3];
@@ -134,7 +134,7 @@ RunHoldHere(RunState *run)
  * SPI connected.
  */
 void
-RunReadEnd(int64 id, bool ended, RunEnd *end)
+DriveReadEnd(int64 id, bool ended, RunEnd *end)
 {
 	static const Oid types[1] = {INT8OID};
 	Datum		values[1];

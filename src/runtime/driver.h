@@ -23,7 +23,7 @@ typedef enum RunNext
  * How a surface that drives a run in its own backend gets effects
  * performed and people answered.  The workers perform effects on their
  * curl multi handle instead (worker.c), but decide with the same
- * RunNextAfter.
+ * DriveNextAfter.
  */
 typedef struct RunPerformer
 {
@@ -52,9 +52,9 @@ typedef struct RunEnd
 	char	   *error;
 } RunEnd;
 
-extern void RunReadEnd(int64 id, bool ended, RunEnd *end);
-extern RunNext RunNextAfter(RunState *run);
-extern RunStatus RunDrive(RunState *run, const RunPerformer *performer, int *transitions);
-extern void RunHoldHere(RunState *run);
+extern void DriveReadEnd(int64 id, bool ended, RunEnd *end);
+extern RunNext DriveNextAfter(RunState *run);
+extern RunStatus DriveRun(RunState *run, const RunPerformer *performer, int *transitions);
+extern void DriveHoldHere(RunState *run);
 
 #endif							/* TUVL_DRIVER_H */

@@ -13,7 +13,7 @@
 
 #include "executor.h"
 
-const char *StepErrorType = "error";
+const char *ExecutorErrorType = "error";
 
 Jsonb	   *(*ExecutorReplayChildren) (RunState *run, const char *step) = NULL;
 Jsonb	   *(*ExecutorReplayControl) (RunState *run, const char *step, Jsonb *control) = NULL;

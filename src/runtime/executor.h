@@ -41,7 +41,7 @@ typedef struct StepResult
  * Execute a step against ctx (the run's context, or an agent tool's view
  * of it).  Runs inside the transition's subtransaction; raises on failure,
  * which the caller turns into the "error" signal.  Before each phase an
- * executor may set StepErrorType so the failure is classified.  A step
+ * executor may set ExecutorErrorType so the failure is classified.  A step
  * that needs work outside the database sets result->pending and
  * result->effect and returns; it is executed again once the effect's
  * result is journaled, and finds it with EffectAt (see effect.c).
@@ -78,7 +78,7 @@ typedef struct StepExecutor
 	bool		rate_limited;	/* takes rate_limit (its key in keys) */
 } StepExecutor;
 
-extern const char *StepErrorType;
+extern const char *ExecutorErrorType;
 
 extern void ExecutorRegister(const StepExecutor *executor);
 extern const StepExecutor *ExecutorFor(StepKind kind);
@@ -108,9 +108,9 @@ extern StepExecuteFunc StepExecuteMCP;
 extern StepExecuteFunc StepExecuteFunctional;
 extern StepExecuteFunc StepExecuteModelOp;
 extern StepExecuteFunc StepExecuteSleep;
-extern void SleepAddWake(JsonObjBuilder *b, TimestampTz until);
+extern void StepSleepAddWake(JsonObjBuilder *b, TimestampTz until);
 extern StepExecuteFunc StepExecuteWorkflow;
-extern void WorkflowChildEnded(int64 parent_id, bool completed);
+extern void StepWorkflowChildEnded(int64 parent_id, bool completed);
 
 /*
  * What a replay (replay.c) serves in place of the world, registered by
@@ -121,6 +121,6 @@ extern void WorkflowChildEnded(int64 parent_id, bool completed);
 extern Jsonb *(*ExecutorReplayChildren) (RunState *run, const char *step);
 extern Jsonb *(*ExecutorReplayControl) (RunState *run, const char *step, Jsonb *control);
 
-extern const char *const AgentReservedExits[];	/* agent_loop.c */
+extern const char *const AgentLoopReservedExits[];	/* agent_loop.c */
 
 #endif							/* TUVL_EXECUTOR_H */

@@ -488,7 +488,7 @@ returned(int64 id, uint64 n)
 /*
  * Renew the leases of runs; returns the runs whose lease was lost (the
  * caller drops them).  The held statuses are a parameter (see
- * RunHeldStatusesParam): as a constant, a generic plan joined every held
+ * StatusHeldParam): as a constant, a generic plan joined every held
  * run of every worker with every run renewed, quadratic in the runs held.
  */
 List *
@@ -522,7 +522,7 @@ LeaseRenew(List *runs, int lease_ms)
 	values[0] = PointerGetDatum(construct_array(ids, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
 	values[1] = PointerGetDatum(construct_array(attempts, n, INT4OID, 4, true, TYPALIGN_INT));
 	values[2] = IntervalPGetDatum(lease);
-	values[3] = RunHeldStatusesParam();
+	values[3] = StatusHeldParam();
 	SecurityAsOwner(&frame);
 	kept = SpiExec(renew_sql, 4, types, values, NULL, SPI_OK_UPDATE_RETURNING);
 	SecurityRestore(&frame);
@@ -601,7 +601,7 @@ LeaseRelease(int n, const int64 *ids, const int32 *attempts, bool *released)
 	}
 	values[0] = PointerGetDatum(construct_array(idd, n, INT8OID, 8, true, TYPALIGN_DOUBLE));
 	values[1] = PointerGetDatum(construct_array(atd, n, INT4OID, 4, true, TYPALIGN_INT));
-	values[2] = RunHeldStatusesParam();
+	values[2] = StatusHeldParam();
 	SecurityAsOwner(&frame);
 	done = SpiExec(release_sql, 3, types, values, NULL, SPI_OK_UPDATE_RETURNING);
 	note_requeued();

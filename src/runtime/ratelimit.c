@@ -215,9 +215,9 @@ RateLimitStep(RunState *run, const StepDef *step, Jsonb *ctx, bool first_entry,
 		return true;
 	}
 
-	StepErrorType = "template_error";
+	ExecutorErrorType = "template_error";
 	RateLimitOf(step->spec, ctx, &rl);
-	StepErrorType = "error";
+	ExecutorErrorType = "error";
 	until = RateLimitReserve(RateLimitBucket("step", run->workflow, run->principal, &rl),
 							 &rl, now);
 	if (until <= now)

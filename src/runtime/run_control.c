@@ -93,7 +93,7 @@ ControlLockRun(int64 id, LockedRun *r, const char *action)
 				 errhint("Runs are visible to the role that started them and to members of tuvl_operator.")));
 	tup = SPI_tuptable->vals[0];
 	td = SPI_tuptable->tupdesc;
-	r->status = RunStatusFromName(SPI_getvalue(tup, td, 1));
+	r->status = StatusFromName(SPI_getvalue(tup, td, 1));
 	r->principal = SPI_getvalue(tup, td, 2);
 	r->last_seq = DatumGetInt32(SPI_getbinval(tup, td, 3, &isnull));
 	r->step = SPI_getvalue(tup, td, 4);
@@ -120,7 +120,7 @@ ControlRequireStatus(LockedRun *r, const char *action, const RunStatus *allowed,
 	ereport(ERROR,
 			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 			 errmsg("cannot %s run " INT64_FORMAT ": its status is %s", action, r->id,
-					RunStatusName(r->status)),
+					StatusName(r->status)),
 			 errhint("%s", hint)));
 }
 
@@ -139,7 +139,7 @@ ControlUpdateIdleRun(LockedRun *r, RunStatus status, Jsonb *control, Jsonb *step
 	SecurityFrame frame;
 
 	values[0] = Int64GetDatum(r->id);
-	values[1] = CStringGetTextDatum(RunStatusName(status));
+	values[1] = CStringGetTextDatum(StatusName(status));
 	if (control && JsonContainerSize(&control->root) > 0)
 		values[2] = JsonbPGetDatum(control);
 	else
@@ -329,7 +329,7 @@ ControlAbortRun(int64 id, const char *reason, const char *by)
 		JsonObjAddString(&b, "step", r.step);
 		JsonObjAddString(&b, "reason", reason);
 		JsonObjAddString(&b, "by", r.by);
-		JsonObjAddString(&b, "status", RunStatusName(RUN_ABORTED));
+		JsonObjAddString(&b, "status", StatusName(RUN_ABORTED));
 		JournalAdd(&events, "run_aborted", NULL, NULL, JsonObjEnd(&b));
 		ControlUpdateIdleRun(&r, RUN_ABORTED, NULL, NULL,
 							 ControlAbortError(r.by, reason),

@@ -42,7 +42,7 @@
 static List *runs_created_here = NIL;
 static TransactionId runs_created_xid = InvalidTransactionId;
 
-/* Remember that the current transaction created run id (RunCreatedHere). */
+/* Remember that the current transaction created run id (RunCreateInThisTransaction). */
 static void
 remember_created_run(int64 id)
 {
@@ -65,7 +65,7 @@ remember_created_run(int64 id)
  * would never end: no worker sees it before the commit.
  */
 bool
-RunCreatedHere(int64 id)
+RunCreateInThisTransaction(int64 id)
 {
 	ListCell   *lc;
 
@@ -396,7 +396,7 @@ check_run_input(WorkflowDef *wf, Jsonb *input)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("run input must be a JSON object"),
 				 errhint("Pass input as '{\"key\": ...}'::jsonb.")));
-	TuvlCheckSize("the run input", VARSIZE(input), tuvl_max_input_size, "tuvl.max_input_size");
+	GucsCheckSize("the run input", VARSIZE(input), tuvl_max_input_size, "tuvl.max_input_size");
 	if (wf->input_schema)
 		JsonSchemaValidateOrError(wf->input_schema, input, "run input");
 }

@@ -37,6 +37,6 @@ typedef struct RunStart
  * NULL.  A start with a key another run of the role holds returns that run.
  */
 extern int64 RunCreate(const RunStart *start, bool running, int *version);
-extern bool RunCreatedHere(int64 id);
+extern bool RunCreateInThisTransaction(int64 id);
 
 #endif							/* TUVL_RUN_CREATE_H */

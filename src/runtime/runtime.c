@@ -41,7 +41,7 @@
  *    crash resumes from the last checkpoint and nothing is journaled
  *    that did not happen.  After commit RunApplyTransition makes the
  *    staged state current, and the driver decides what comes next
- *    (RunNextAfter): another transition, an effect, or letting go.
+ *    (DriveNextAfter): another transition, an effect, or letting go.
  *
  * The step itself runs in a nested subtransaction so that its failure
  * becomes the "error" signal while the journal of that failure commits.
@@ -363,7 +363,7 @@ finish_park(Transition *t, StepResult *result)
 
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "step", t->step->id);
-	JsonObjAddString(&b, "status", RunStatusName(result->park));
+	JsonObjAddString(&b, "status", StatusName(result->park));
 	if (result->park_info)
 		JsonObjAddJsonb(&b, "awaiting", result->park_info);
 	JournalAdd(&events, "checkpoint", t->step->id, t->step->kind_name, JsonObjEnd(&b));
@@ -432,7 +432,7 @@ route_outcome(Transition *t, StepResult *result, ErrorData *edata, const char *s
 	{
 		end = target ? WorkflowFindEnd(t->wf, target) : NULL;
 		cp->end_name = end ? end->id : NULL;
-		cp->status = end ? RunStatusFromName(end->status) : RUN_COMPLETED;
+		cp->status = end ? StatusFromName(end->status) : RUN_COMPLETED;
 		if (end && end->response)
 			cp->response = render_response(end, cp->context, &error);
 		if (error)
@@ -482,7 +482,7 @@ route_outcome(Transition *t, StepResult *result, ErrorData *edata, const char *s
 				JsonObjBuilder b;
 
 				JsonObjStart(&b);
-				JsonObjAddString(&b, "status", RunStatusName(RUN_COMPENSATING));
+				JsonObjAddString(&b, "status", StatusName(RUN_COMPENSATING));
 				JsonObjAddString(&b, "error", cp->error);
 				JournalAdd(&cp->events, "run_aborted", NULL, NULL, JsonObjEnd(&b));
 			}
@@ -587,11 +587,11 @@ trace_run(Transition *t, Checkpoint *cp)
 	TraceSpanStart(&s, t->run, psprintf("run %s", t->run->workflow), SPAN_KIND_INTERNAL,
 				   TraceRunSpanId(t->run), TraceRunParentId(t->run), t->run->started_at);
 	TraceAttrInt(&s, "tuvl.workflow.version", t->run->version);
-	TraceAttrString(&s, "tuvl.run.status", RunStatusName(cp->status));
+	TraceAttrString(&s, "tuvl.run.status", StatusName(cp->status));
 	TraceAttrString(&s, "tuvl.run.end", cp->end_name);
 	TraceAttrString(&s, "tuvl.run.principal", t->run->principal_name);
 	TraceSpanEnd(&s, GetCurrentTimestamp(), cp->status == RUN_COMPLETED ? NULL : cp->error ? cp->error
-				 : RunStatusName(cp->status));
+				 : StatusName(cp->status));
 }
 
 /* agent_completed: how the step ended, with its output or its error. */
@@ -616,7 +616,7 @@ journal_step_end(Transition *t, StepResult *result, ErrorData *edata, const char
 
 		memcpy(sqlstate, unpack_sql_state(edata->sqlerrcode), 6);
 		JsonObjAddString(&b, "error", edata->message);
-		JsonObjAddString(&b, "error_type", StepErrorType);
+		JsonObjAddString(&b, "error_type", ExecutorErrorType);
 		JsonObjAddString(&b, "sqlstate", sqlstate);
 		if (edata->detail)
 			JsonObjAddString(&b, "detail", edata->detail);
@@ -649,13 +649,13 @@ journal_checkpoint(Transition *t, Checkpoint *cp)
 	JsonObjAddString(&b, "step", cp->step);
 	if (ended)
 		JsonObjAddString(&b, "end", cp->end_name);
-	JsonObjAddString(&b, "status", RunStatusName(cp->status));
+	JsonObjAddString(&b, "status", StatusName(cp->status));
 	JournalAdd(&cp->events, "checkpoint", t->step->id, t->step->kind_name, JsonObjEnd(&b));
 	if (!ended)
 		return;
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "end", cp->end_name);
-	JsonObjAddString(&b, "status", RunStatusName(cp->status));
+	JsonObjAddString(&b, "status", StatusName(cp->status));
 	JsonObjAddJsonb(&b, "response", cp->response);
 	if (cp->error)
 		JsonObjAddString(&b, "error", cp->error);
@@ -731,7 +731,7 @@ finish_transition(Transition *t, StepResult *result, ErrorData *edata)
 
 		JsonObjStart(&b);
 		JsonObjAddString(&b, "_last_error", edata->message);
-		JsonObjAddString(&b, "_last_error_type", StepErrorType);
+		JsonObjAddString(&b, "_last_error_type", ExecutorErrorType);
 		cp.context = JsonMerge(cp.context, JsonObjEnd(&b));
 		signal = "error";
 	}
@@ -778,7 +778,7 @@ step_timeout_ms(const StepDef *step)
 static void
 step_timed_out(Transition *t)
 {
-	StepErrorType = "timeout";
+	ExecutorErrorType = "timeout";
 	ereport(ERROR,
 			(errcode(ERRCODE_QUERY_CANCELED),
 			 errmsg("the step's timeout of %s passed", duration_text(step_timeout_ms(t->step)))));
@@ -874,7 +874,7 @@ boundary_control(Transition *t)
 		cp.error = abort.error;
 		JsonObjAddString(&b, "reason", abort.reason);
 		JsonObjAddString(&b, "by", abort.by);
-		JsonObjAddString(&b, "status", RunStatusName(cp.status));
+		JsonObjAddString(&b, "status", StatusName(cp.status));
 		JournalAdd(&cp.events, "run_aborted", NULL, NULL, JsonObjEnd(&b));
 		cp.consume = list_make2("abort", "pause");
 		if (first)
@@ -882,7 +882,7 @@ boundary_control(Transition *t)
 			cp.step = first;
 			JsonObjStart(&b);
 			JsonObjAddString(&b, "step", first);
-			JsonObjAddString(&b, "status", RunStatusName(cp.status));
+			JsonObjAddString(&b, "status", StatusName(cp.status));
 			JournalAdd(&cp.events, "checkpoint", t->step->id, t->step->kind_name, JsonObjEnd(&b));
 		}
 		else
@@ -1077,7 +1077,7 @@ in_subtransaction(Transition *t, ErrorData *step_error, bool *step_failed)
 				bool		parked;
 
 				memset(&result, 0, sizeof(result));
-				StepErrorType = "error";
+				ExecutorErrorType = "error";
 				in_step = true;
 				/* a step over its rate_limit sleeps until its time comes */
 				parked = RateLimitStep(run, t->step, t->ctx, t->first_entry, &result);
@@ -1101,8 +1101,8 @@ in_subtransaction(Transition *t, ErrorData *step_error, bool *step_failed)
 				if (result.has_output && result.output &&
 					(int64) VARSIZE(result.output) > tuvl_max_output_size)
 				{
-					StepErrorType = "too_large";
-					TuvlCheckSize("the step's output", VARSIZE(result.output),
+					ExecutorErrorType = "too_large";
+					GucsCheckSize("the step's output", VARSIZE(result.output),
 								  tuvl_max_output_size, "tuvl.max_output_size");
 				}
 				in_step = false;
@@ -1148,7 +1148,7 @@ in_subtransaction(Transition *t, ErrorData *step_error, bool *step_failed)
 			if (fired == DEADLINE_STEP)
 			{
 				/* past its timeout: the step fails with type timeout */
-				StepErrorType = "timeout";
+				ExecutorErrorType = "timeout";
 				edata->message = psprintf("the step's timeout of %s passed",
 										  duration_text(step_timeout_ms(t->step)));
 				edata->detail = NULL;
@@ -1255,7 +1255,7 @@ llm_turn_delta(RunState *run, const char *step_id, int position, Jsonb *request)
 	else if (run->llm_prev_step && strcmp(run->llm_prev_step, step_id) == 0)
 		prev = run->llm_prev_request;
 	else
-		prev = LlmPrevRequest(run->id, step_id);
+		prev = LlmRequestPrev(run->id, step_id);
 	if (run->next_llm_prev_step)
 		pfree(run->next_llm_prev_step);
 	run->next_llm_prev_step = MemoryContextStrdup(run->cxt, step_id);
@@ -1421,7 +1421,7 @@ RunFailAs(RunState *run, const char *error, const char *error_type)
 	memset(&cp, 0, sizeof(cp));
 	JsonObjStart(&b);
 	JsonObjAddNull(&b, "end");
-	JsonObjAddString(&b, "status", RunStatusName(RUN_FAILED));
+	JsonObjAddString(&b, "status", StatusName(RUN_FAILED));
 	JsonObjAddString(&b, "error", error);
 	JournalAdd(&cp.events, "run_failed", NULL, NULL, JsonObjEnd(&b));
 	if (run->step >= 0)

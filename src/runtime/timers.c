@@ -107,7 +107,7 @@ reject_late_approvals(void)
  * as its resumed event (engine kind, NULL: none).
  */
 void
-ControlJournalRequeued(SPITupleTable *tt, uint64 i, const char *kind, Jsonb *payload)
+TimersJournalRequeued(SPITupleTable *tt, uint64 i, const char *kind, Jsonb *payload)
 {
 	bool		isnull;
 	int64		id = DatumGetInt64(SPI_getbinval(tt->vals[i], tt->tupdesc, 1, &isnull));
@@ -196,7 +196,7 @@ wake(const char *wake_sql, bool human)
 		JsonObjAddString(&b, "by", "tuvl");
 		JsonObjAddString(&b, "reason", mcp ? "the MCP server's question waited past its elicitation_timeout" :
 						 human ? "the Human step's timeout passed" : wake_reason(tt, i, step));
-		ControlJournalRequeued(tt, i, mcp ? "MCP" : human ? "Human" : step ? "Sleep" : NULL, JsonObjEnd(&b));
+		TimersJournalRequeued(tt, i, mcp ? "MCP" : human ? "Human" : step ? "Sleep" : NULL, JsonObjEnd(&b));
 
 		/*
 		 * a run of a concurrency key that waited for not_before now asks for
@@ -219,7 +219,7 @@ wake(const char *wake_sql, bool human)
  * a probe of its index's first entry.
  */
 int
-ControlWakeSleepers(void)
+TimersWakeSleepers(void)
 {
 	SecurityFrame frame;
 	int			n;
@@ -240,7 +240,7 @@ ControlWakeSleepers(void)
  * workers' maintenance; SPI connected, in a transaction.
  */
 int
-ControlExpirePauses(void)
+TimersExpirePauses(void)
 {
 	static const Oid types[1] = {INT4OID};
 	Datum		values[1];
@@ -276,7 +276,7 @@ ControlExpirePauses(void)
 			JsonObjAddString(&b, "by", "tuvl");
 			JsonObjAddString(&b, "reason", reason);
 			JsonObjAddBool(&b, "abort", true);
-			ControlJournalRequeued(tt, i, NULL, JsonObjEnd(&b));
+			TimersJournalRequeued(tt, i, NULL, JsonObjEnd(&b));
 		}
 		TuvlRunChangedAtCommit();
 	}

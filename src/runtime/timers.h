@@ -12,8 +12,8 @@
 
 struct SPITupleTable;
 
-extern int	ControlExpirePauses(void);
-extern int	ControlWakeSleepers(void);
-extern void ControlJournalRequeued(struct SPITupleTable *tt, uint64 i, const char *kind, Jsonb *payload);
+extern int	TimersExpirePauses(void);
+extern int	TimersWakeSleepers(void);
+extern void TimersJournalRequeued(struct SPITupleTable *tt, uint64 i, const char *kind, Jsonb *payload);
 
 #endif							/* TUVL_TIMERS_H */

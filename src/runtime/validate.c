@@ -1236,7 +1236,7 @@ check_step(ValidateState *vs, Jsonb *step, const char *path)
 	StepKind	k;
 	JsonbValue *v;
 
-	if (kind && !StepKindFromName(kind, &k))
+	if (kind && !WorkflowKindFromName(kind, &k))
 	{
 		NameSuggestion sg;
 		StringInfoData kinds;
@@ -1245,8 +1245,8 @@ check_step(ValidateState *vs, Jsonb *step, const char *path)
 		initStringInfo(&kinds);
 		for (int i = 0; i < STEP_KIND_COUNT; i++)
 		{
-			SuggestConsider(&sg, StepKindNames[i]);
-			appendStringInfo(&kinds, "%s%s", i == 0 ? "; use one of " : ", ", StepKindNames[i]);
+			SuggestConsider(&sg, WorkflowKindNames[i]);
+			appendStringInfo(&kinds, "%s%s", i == 0 ? "; use one of " : ", ", WorkflowKindNames[i]);
 		}
 		add_unknown(vs, psprintf("%s.kind", path), sg.best,
 					psprintf("unknown step kind \"%s\"", kind), kinds.data);

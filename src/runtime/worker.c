@@ -337,8 +337,8 @@ maintenance(bool renew)
 	if (!TuvlDevGateCounted())
 		BreakpointsCount();
 	n = LeaseReclaim();
-	n += ControlExpirePauses();
-	n += ControlWakeSleepers();
+	n += TimersExpirePauses();
+	n += TimersWakeSleepers();
 	/* admissions a session's lock held up (concurrency.c) */
 	ConcurrencyAdmitDeferred();
 	if (renew && held != NIL)
@@ -831,7 +831,7 @@ apply_advanced(List *advanced)
 		run->advanced = true;
 		run->lock_waits = 0;
 		run->retry_at = 0;
-		switch (RunNextAfter(run))
+		switch (DriveNextAfter(run))
 		{
 			case RUN_NEXT_RELEASE:
 				run->released = true;

@@ -478,7 +478,7 @@ stateless_request(const char *url, const char *method, Jsonb *params, const char
 
 	if (name && strpbrk(name, "\r\n"))
 	{
-		StepErrorType = "mcp_error";
+		ExecutorErrorType = "mcp_error";
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("MCP tool name contains a line break"),
@@ -526,14 +526,14 @@ session_of(Jsonb *result)
 	for (const char *c = sid; *c; c++)
 		if (*c < 0x21 || *c > 0x7e)
 		{
-			StepErrorType = "mcp_error";
+			ExecutorErrorType = "mcp_error";
 			ereport(ERROR,
 					(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 					 errmsg("MCP initialize failed: the server's session id holds characters other than visible ASCII")));
 		}
 	if (strlen(sid) >= MCP_MAX_SESSION_ID)
 	{
-		StepErrorType = "mcp_error";
+		ExecutorErrorType = "mcp_error";
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 				 errmsg("MCP initialize failed: the server's session id is longer than %d bytes",
@@ -615,7 +615,7 @@ fail_transport(Jsonb *result, const char *what)
 	int			status = JsonGetInt32(result, "status", 0);
 	char	   *err = JsonGetString(result, "error");
 
-	StepErrorType = "mcp_error";
+	ExecutorErrorType = "mcp_error";
 	if (status == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
@@ -636,7 +636,7 @@ rpc_answer(Jsonb *result, const char *id, const char *what)
 
 	if (msg == NULL)
 	{
-		StepErrorType = "mcp_error";
+		ExecutorErrorType = "mcp_error";
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 				 errmsg("MCP %s failed: %s", what, error)));
@@ -646,7 +646,7 @@ rpc_answer(Jsonb *result, const char *id, const char *what)
 		Jsonb	   *e = JsonGetJsonb(msg, "error");
 		char	   *m = JsonIsObject(e) ? JsonGetString(e, "message") : NULL;
 
-		StepErrorType = "mcp_error";
+		ExecutorErrorType = "mcp_error";
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 				 errmsg("MCP %s failed: %s", what, m ? m : "JSON-RPC error"),
@@ -689,7 +689,7 @@ call_output(Jsonb *res, const char *tool)
 	}
 	if (JsonGetBool(res, "isError", false))
 	{
-		StepErrorType = "mcp_tool_error";
+		ExecutorErrorType = "mcp_tool_error";
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 				 errmsg("MCP tool \"%s\" failed: %s", tool, text.len > 0 ? text.data : "no message")));
@@ -778,7 +778,7 @@ check_version(const char *version)
 	for (int i = 0; known_versions[i]; i++)
 		if (strcmp(known_versions[i], version) == 0)
 			return;
-	StepErrorType = "mcp_error";
+	ExecutorErrorType = "mcp_error";
 	ereport(ERROR,
 			(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 			 errmsg("MCP initialize failed: the server speaks protocol revision %s, which tuvl does not implement",
@@ -810,7 +810,7 @@ input_required(Jsonb *answer, McpProgress *p)
 
 	if (type == NULL || strcmp(type, "complete") == 0)
 		return false;
-	StepErrorType = "mcp_error";
+	ExecutorErrorType = "mcp_error";
 	if (strcmp(type, "input_required") != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
@@ -868,7 +868,7 @@ input_requests(Jsonb *answer)
 	JsonbValue	v;
 	char	   *key;
 
-	StepErrorType = "mcp_error";
+	ExecutorErrorType = "mcp_error";
 	if (requests == NULL || !JsonIsObject(requests))
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
@@ -1031,7 +1031,7 @@ await_person(RunState *run, const char *step_id, McpProgress *p, const char *url
 			JsonObjAddString(&b, "url", params ? JsonGetString(params, "url") : NULL);
 		JsonObjAddInt(&b, "round", p->rounds);
 		if (until != 0)
-			SleepAddWake(&b, until);
+			StepSleepAddWake(&b, until);
 		info = SecretScrubJsonb(JsonObjEnd(&b), secrets);
 		result->park = RUN_WAITING_HUMAN;
 		result->park_info = info;
@@ -1102,7 +1102,7 @@ fail_if_stream_asks(Jsonb *r, const char *id)
 	method = stream_request_method(body);
 	if (method == NULL)
 		return;
-	StepErrorType = "mcp_error";
+	ExecutorErrorType = "mcp_error";
 	ereport(ERROR,
 			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 			 errmsg("MCP tools/call failed: the server asked for input (%s) on the call's event stream of a %s session",
@@ -1148,7 +1148,7 @@ stream_resumable(Jsonb *r, const char *id, McpProgress *p)
 		return false;
 	if (++p->resumes > MCP_MAX_RESUMES)
 	{
-		StepErrorType = "mcp_error";
+		ExecutorErrorType = "mcp_error";
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 				 errmsg("MCP tools/call failed: the event stream ended %d times without the answer",
@@ -1191,7 +1191,7 @@ task_created(Jsonb *answer, McpProgress *p)
 
 	if (type == NULL || strcmp(type, "task") != 0)
 		return false;
-	StepErrorType = "mcp_error";
+	ExecutorErrorType = "mcp_error";
 	if (!p->can_ask)
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
@@ -1220,7 +1220,7 @@ task_done(Jsonb *task, const char *tool, McpProgress *p, Jsonb **answer)
 	char	   *status = task ? JsonGetString(task, "status") : NULL;
 	char	   *message = task ? JsonGetString(task, "statusMessage") : NULL;
 
-	StepErrorType = "mcp_error";
+	ExecutorErrorType = "mcp_error";
 	if (status == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
@@ -1736,7 +1736,7 @@ poll_task(RunState *run, McpProgress *p, const char *url, const char *tool, int 
 		JsonObjAddString(&b, "server", HttpRedactUrl(url));
 		JsonObjAddString(&b, "tool", tool);
 		JsonObjAddString(&b, "task", p->task_id);
-		SleepAddWake(&b, p->task_until);
+		StepSleepAddWake(&b, p->task_until);
 		result->park = RUN_SLEEPING;
 		result->park_info = SecretScrubJsonb(JsonObjEnd(&b), secrets);
 		return;
@@ -1776,7 +1776,7 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	int			first = 0;		/* the step's first MCP message (after OAuth) */
 
 	SecretUseInit(&use, run);
-	StepErrorType = "template_error";
+	ExecutorErrorType = "template_error";
 	url = TemplateRenderText(JsonGetString(mcp, "url"), ctx, &use.opts);
 	extra = render_headers(JsonGetField(mcp, "headers"), ctx, &use);
 	tool = TemplateRenderText(tool, ctx, &use.opts);
@@ -1784,7 +1784,7 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	if (run->tool_args)
 		args = agent_arguments(argv, args, run->tool_args);
 	(void) DurationFromJson(JsonGetField(mcp, "timeout"), &timeout_ms);
-	StepErrorType = "mcp_error";
+	ExecutorErrorType = "mcp_error";
 	EffectCheckAllowed(url, use.values);
 	if (JsonGetField(mcp, "auth"))
 	{
@@ -1798,7 +1798,7 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 			result->effect = req;
 			return;
 		}
-		StepErrorType = "mcp_error";
+		ExecutorErrorType = "mcp_error";
 		extra = lappend(extra, bearer);
 	}
 	skey = session_key(url, extra);

@@ -1204,7 +1204,7 @@ walk_oauth(RunState *run, int n, const char *url, OAuthWalk *w)
 				char	   *err = body && JsonIsObject(body) ? JsonGetString(body, "error") : NULL;
 				char	   *desc = body && JsonIsObject(body) ? JsonGetString(body, "error_description") : NULL;
 
-				StepErrorType = "mcp_auth_error";
+				ExecutorErrorType = "mcp_auth_error";
 				oauth_error(url, psprintf("the token endpoint answered HTTP %d%s%s", status,
 										  err ? ": " : "", err ? JsonClipText(err, 200) : ""),
 							desc ? JsonClipText(desc, 500) : NULL);
@@ -1531,7 +1531,7 @@ McpOAuthHeader(RunState *run, Jsonb *auth, const char *url, SecretUse *use)
 		SPI_finish();
 	if (name == NULL || expired)
 	{
-		StepErrorType = "mcp_auth_required";
+		ExecutorErrorType = "mcp_auth_required";
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 				 errmsg("MCP server %s needs an OAuth authorization that role \"%s\" does not hold%s: connect it with tuvl.mcp_connect()",
@@ -1564,7 +1564,7 @@ McpOAuthCheckRefused(Jsonb *r, const char *url)
 
 	if (status != 401 && status != 403)
 		return;
-	StepErrorType = "mcp_auth_required";
+	ExecutorErrorType = "mcp_auth_required";
 	ereport(ERROR,
 			(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
 			 errmsg("MCP server %s refused the OAuth token (HTTP %d%s%s)%s%s%s: connect it again with tuvl.mcp_connect()",

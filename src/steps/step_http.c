@@ -182,7 +182,7 @@ build_request(RunState *run, const StepDef *step, Jsonb *http, Jsonb *ctx, Secre
 	bool		has_ctype;
 	int			timeout_ms = tuvl_http_timeout;
 
-	StepErrorType = "template_error";
+	ExecutorErrorType = "template_error";
 	url = TemplateRenderText(JsonGetString(http, "url"), ctx, &use->opts);
 	url = url_with_query(url, JsonGetJsonb(http, "query"), ctx, use);
 	req->http.method = pstrdup(method ? method : (body ? "POST" : "GET"));
@@ -200,7 +200,7 @@ build_request(RunState *run, const StepDef *step, Jsonb *http, Jsonb *ctx, Secre
 		req->idempotency_key = EffectKey(run, 0);
 		add_header(req, "Idempotency-Key", req->idempotency_key);
 	}
-	StepErrorType = "http_error";
+	ExecutorErrorType = "http_error";
 	EffectCheckAllowed(url, use->values);
 
 	req->secrets = use->values;
@@ -271,13 +271,13 @@ StepExecuteAPICall(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 			result->effect = req;
 			return;
 		}
-		StepErrorType = status == 429 ? "http_429" : status >= 500 ? "http_5xx" :
+		ExecutorErrorType = status == 429 ? "http_429" : status >= 500 ? "http_5xx" :
 			status >= 400 ? "http_4xx" : "http_error";
 		{
 			char	   *kind = JsonGetString(last, "error_kind");
 
 			if (kind && strcmp(kind, "timeout") == 0)
-				StepErrorType = "timeout";
+				ExecutorErrorType = "timeout";
 		}
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),

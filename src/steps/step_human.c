@@ -64,7 +64,7 @@ StepExecuteHuman(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *res
 	JsonObjAddString(&b, "kind", "human");
 	JsonObjAddJsonb(&b, "form", JsonGetJsonb(step->spec, "form"));
 	if (until != 0)
-		SleepAddWake(&b, until);
+		StepSleepAddWake(&b, until);
 	result->park = RUN_WAITING_HUMAN;
 	result->park_info = JsonObjEnd(&b);
 }

@@ -24,7 +24,7 @@ StepExecuteRouter(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *re
 	JsonbValue *on = JsonGetField(step->spec, "on");
 	JsonbValue *v;
 
-	StepErrorType = "template_error";
+	ExecutorErrorType = "template_error";
 	v = TemplateRenderValue(on, ctx, NULL);
 	if (v->type == jbvNull)
 		result->signal = "default";

@@ -8,7 +8,7 @@
  * step_state.  The run then parks as sleeping, with tuvl.runs.wake_at set
  * by its checkpoint (checkpoint.c): no worker holds it and nothing polls
  * it.  The workers' maintenance, each second, queues the runs whose time
- * has come (ControlWakeSleepers), and the step, executed again, finds its
+ * has come (TimersWakeSleepers), and the step, executed again, finds its
  * time passed and ends with the default signal.  The time is in the row,
  * so a crash or a server restart only delays the wake-up until a worker
  * runs again.
@@ -46,11 +46,11 @@ sleep_until(const StepDef *step, Jsonb *ctx)
 							step->id, text)));
 		return TimestampTzPlusMilliseconds(GetCurrentTimestamp(), ms);
 	}
-	StepErrorType = "template_error";
+	ExecutorErrorType = "template_error";
 	{
 		char	   *text = TemplateRenderText(JsonGetString(step->spec, "until"), ctx, NULL);
 
-		StepErrorType = "error";
+		ExecutorErrorType = "error";
 		return DatumGetTimestampTz(DirectFunctionCall3(timestamptz_in, CStringGetDatum(text),
 													   ObjectIdGetDatum(InvalidOid),
 													   Int32GetDatum(-1)));
@@ -63,7 +63,7 @@ sleep_until(const StepDef *step, Jsonb *ctx)
  * parks until then: a Sleep step, a Human step's or an approval's timeout.
  */
 void
-SleepAddWake(JsonObjBuilder *b, TimestampTz until)
+StepSleepAddWake(JsonObjBuilder *b, TimestampTz until)
 {
 	JsonObjAddString(b, "until", timestamptz_to_str(until));
 	JsonObjAddJsonb(b, "wake_epoch",
@@ -92,7 +92,7 @@ StepExecuteSleep(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *res
 		return;
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "kind", "sleep");
-	SleepAddWake(&b, until);
+	StepSleepAddWake(&b, until);
 	result->park = RUN_SLEEPING;
 	result->park_info = JsonObjEnd(&b);
 }

@@ -203,13 +203,13 @@ rows_check_memory(RowsReceiver *r)
 	grown = now - r->mem_base;
 	if (grown > (int64) tuvl_max_worker_memory * 1024)
 	{
-		StepErrorType = "too_large";
+		ExecutorErrorType = "too_large";
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 				 errmsg("the step's rows took more than tuvl.max_worker_memory (%s) at row " UINT64_FORMAT,
-						TuvlSizeText((int64) tuvl_max_worker_memory * 1024), r->nrows),
+						GucsSizeText((int64) tuvl_max_worker_memory * 1024), r->nrows),
 				 errdetail("The process executing the step grew by %s while the rows were converted to JSON.",
-						   TuvlSizeText(grown)),
+						   GucsSizeText(grown)),
 				 errhint("Return fewer or smaller rows (LIMIT, fewer columns), or raise tuvl.max_worker_memory.")));
 	}
 }
@@ -254,11 +254,11 @@ rows_receive(TupleTableSlot *slot, DestReceiver *self)
 	/* a container, padded to 4 bytes: at most 3 bytes more than itself */
 	if (JsonArrayBuildSize(&r->array, VARSIZE(row) - VARHDRSZ + ALIGNOF_INT - 1) > tuvl_max_output_size)
 	{
-		StepErrorType = "too_large";
+		ExecutorErrorType = "too_large";
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 				 errmsg("the step's rows pass tuvl.max_output_size (%s) at row " UINT64_FORMAT,
-						TuvlSizeText(tuvl_max_output_size), r->nrows),
+						GucsSizeText(tuvl_max_output_size), r->nrows),
 				 errdetail("The output would be larger than the limit; the statement was stopped there."),
 				 errhint("Return fewer or smaller rows (LIMIT, fewer columns), or have a superuser raise tuvl.max_output_size.")));
 	}
@@ -338,7 +338,7 @@ StepExecuteModelOp(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 	int			rc;
 
 	/* Render every parameter before touching SQL. */
-	StepErrorType = "template_error";
+	ExecutorErrorType = "template_error";
 	if (params && params->type == jbvBinary)
 		nvalues = JsonContainerSize(params->val.binary.data);
 	texts = palloc0(sizeof(char *) * Max(nvalues, 1));
@@ -350,7 +350,7 @@ StepExecuteModelOp(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *r
 		texts[i] = v->type == jbvNull ? NULL : JsonValueToText(v);
 	}
 
-	StepErrorType = "sql_error";
+	ExecutorErrorType = "sql_error";
 	SecurityAsPrincipal(&frame, run->principal);
 	up = prepare_user_sql(sql, nvalues);
 	values = palloc0(sizeof(Datum) * Max(up->nargs, 1));
@@ -405,7 +405,7 @@ StepExecuteFunctional(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 	 */
 	values[0] = JsonbPGetDatum(JsonSetKey(ctx, "idempotency_key",
 										  JsonStringValue(EffectKey(run, 0))));
-	StepErrorType = "sql_error";
+	ExecutorErrorType = "sql_error";
 	SecurityAsPrincipal(&frame, run->principal);
 	sql = psprintf("SELECT %s($1::pg_catalog.jsonb)",
 				   NameListToQuotedString(stringToQualifiedNameList(fname)));

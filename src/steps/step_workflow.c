@@ -78,9 +78,9 @@ render_items(const StepDef *step, Jsonb *ctx)
 {
 	Jsonb	   *items;
 
-	StepErrorType = "template_error";
+	ExecutorErrorType = "template_error";
 	items = TemplateRenderJsonb(JsonStringValue(JsonGetString(step->spec, "for_each")), ctx, NULL);
-	StepErrorType = "error";
+	ExecutorErrorType = "error";
 	if (!JB_ROOT_IS_ARRAY(items) || JB_ROOT_IS_SCALAR(items))
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -111,9 +111,9 @@ child_input(const StepDef *step, Jsonb *ctx, Jsonb *item, int i)
 		c = JsonSetKey(c, "item", item);
 		c = JsonSetKey(c, "index", JsonFromCString(psprintf("%d", i)));
 	}
-	StepErrorType = "template_error";
+	ExecutorErrorType = "template_error";
 	input = TemplateRenderJsonb(tmpl, c, NULL);
-	StepErrorType = "error";
+	ExecutorErrorType = "error";
 	return input;
 }
 
@@ -186,7 +186,7 @@ check_child_limits(RunState *run, const StepDef *step, int n)
 	int64		under = 0;
 	Datum		d;
 
-	StepErrorType = "child_limit";
+	ExecutorErrorType = "child_limit";
 	if (depth + 1 > tuvl_max_child_depth)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
@@ -206,7 +206,7 @@ check_child_limits(RunState *run, const StepDef *step, int n)
 						step->id, n, root, under, tuvl_max_run_tree),
 				 errdetail("tuvl.max_run_tree bounds the runs that Workflow steps start under one run, at every depth."),
 				 errhint("Split the work over runs started with tuvl.start_run(); a superuser can raise tuvl.max_run_tree.")));
-	StepErrorType = "error";
+	ExecutorErrorType = "error";
 	return root;
 }
 
@@ -433,7 +433,7 @@ reopen_children(RunState *run, Jsonb *ids)
 		JsonObjAddString(&b, "reason", TextDatumGetCString(values[1]));
 		appendStringInfo(&out, "%s%s", i ? "," : "", SPI_getvalue(tt->vals[i], tt->tupdesc, 1));
 		/* journals, with SPI: tt stays, SPI_tuptable does not */
-		ControlJournalRequeued(tt, i, "Workflow", JsonObjEnd(&b));
+		TimersJournalRequeued(tt, i, "Workflow", JsonObjEnd(&b));
 	}
 	SecurityRestore(&frame);
 	appendStringInfoChar(&out, ']');
@@ -543,7 +543,7 @@ StepExecuteWorkflow(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *
  * of the next held sibling otherwise.  SPI connected.
  */
 void
-WorkflowChildEnded(int64 parent_id, bool completed)
+StepWorkflowChildEnded(int64 parent_id, bool completed)
 {
 	static const Oid types[1] = {INT8OID};
 	Datum		values[1];
@@ -605,7 +605,7 @@ WorkflowChildEnded(int64 parent_id, bool completed)
 		JsonObjStart(&b);
 		JsonObjAddString(&b, "by", "tuvl");
 		JsonObjAddString(&b, "reason", completed ? "its child runs have ended" : "a child run did not complete");
-		ControlJournalRequeued(SPI_tuptable, 0, "Workflow", JsonObjEnd(&b));
+		TimersJournalRequeued(SPI_tuptable, 0, "Workflow", JsonObjEnd(&b));
 		TuvlWakeWorkersAtCommit();
 		TuvlRunChangedAtCommit();
 	}
@@ -666,7 +666,7 @@ tuvl_run_ended(PG_FUNCTION_ARGS)
 		(void) ConcurrencyAdmit(workflow, key, limit ? pg_strtoint32(limit) : 1,
 								principal);
 	if (parent)
-		WorkflowChildEnded(pg_strtoint64(parent), strcmp(status, "completed") == 0);
+		StepWorkflowChildEnded(pg_strtoint64(parent), strcmp(status, "completed") == 0);
 	SPI_finish();
 	return PointerGetDatum(NULL);
 }

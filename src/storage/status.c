@@ -30,7 +30,7 @@ static const char *const status_names[] = {
 };
 
 const char *
-RunStatusName(RunStatus status)
+StatusName(RunStatus status)
 {
 	Assert(status >= RUN_NONE && status <= RUN_COMPENSATED);
 	return status_names[status];
@@ -41,7 +41,7 @@ RunStatusName(RunStatus status)
  * changed by hand: that is reported, not guessed at.
  */
 RunStatus
-RunStatusFromName(const char *name)
+StatusFromName(const char *name)
 {
 	for (int s = RUN_QUEUED; s <= RUN_COMPENSATED; s++)
 		if (strcmp(status_names[s], name) == 0)
@@ -62,11 +62,11 @@ RunStatusFromName(const char *name)
  * of every worker for each run it means.
  */
 Datum
-RunHeldStatusesParam(void)
+StatusHeldParam(void)
 {
 	Datum		items[2];
 
-	items[0] = CStringGetTextDatum(RunStatusName(RUN_RUNNING));
-	items[1] = CStringGetTextDatum(RunStatusName(RUN_COMPENSATING));
+	items[0] = CStringGetTextDatum(StatusName(RUN_RUNNING));
+	items[1] = CStringGetTextDatum(StatusName(RUN_COMPENSATING));
 	return PointerGetDatum(construct_array(items, 2, TEXTOID, -1, false, TYPALIGN_INT));
 }

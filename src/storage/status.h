@@ -4,8 +4,8 @@
  *	  The statuses of a run (tuvl.runs.status), as an enum.
  *
  * C code compares RunStatus values; text appears only where a status is
- * read from or written to tuvl.runs, through RunStatusName and
- * RunStatusFromName.  SQL that lists statuses uses the macros below, so
+ * read from or written to tuvl.runs, through StatusName and
+ * StatusFromName.  SQL that lists statuses uses the macros below, so
  * each list is written once.
  *
  *-------------------------------------------------------------------------
@@ -35,9 +35,9 @@ typedef enum RunStatus
 #define RUN_HELD_STATUSES_SQL "'{running,compensating}'::pg_catalog.text[]"
 #define RUN_TERMINAL_STATUSES_SQL "'{completed,failed,aborted,compensated}'::pg_catalog.text[]"
 
-extern const char *RunStatusName(RunStatus status);
-extern RunStatus RunStatusFromName(const char *name);
-extern Datum RunHeldStatusesParam(void);
+extern const char *StatusName(RunStatus status);
+extern RunStatus StatusFromName(const char *name);
+extern Datum StatusHeldParam(void);
 
 /* Has the run ended? */
 static inline bool

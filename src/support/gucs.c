@@ -4,7 +4,7 @@
  *	  The library's GUCs, their bounds and checks, and the size limits
  *	  messages quote.
  *
- * Every GUC of tuvl is defined here (TuvlDefineGucs, called from
+ * Every GUC of tuvl is defined here (GucsDefine, called from
  * _PG_init) and declared in tuvl.h; a postmaster-level one is defined
  * only while preloading.  The prefix tuvl is reserved once all are
  * defined, so a misspelt tuvl.* setting is reported.
@@ -62,7 +62,7 @@ static int	tuvl_partition = -1;	/* read in SQL: tuvl._next_run_id() */
 
 /* "50 MB", "512 kB" or "300 bytes", for messages about sizes. */
 char *
-TuvlSizeText(int64 bytes)
+GucsSizeText(int64 bytes)
 {
 	if (bytes >= 1024 * 1024)
 		return bytes % (1024 * 1024) == 0 ? psprintf(INT64_FORMAT " MB", bytes / (1024 * 1024))
@@ -78,13 +78,13 @@ TuvlSizeText(int64 bytes)
  * set by the GUC named guc.
  */
 void
-TuvlCheckSize(const char *what, int64 bytes, int64 limit, const char *guc)
+GucsCheckSize(const char *what, int64 bytes, int64 limit, const char *guc)
 {
 	if (bytes > limit)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("%s is %s, more than %s (%s)", what, TuvlSizeText(bytes), guc,
-						TuvlSizeText(limit)),
+				 errmsg("%s is %s, more than %s (%s)", what, GucsSizeText(bytes), guc,
+						GucsSizeText(limit)),
 				 errhint("A superuser can raise %s.", guc)));
 }
 
@@ -321,7 +321,7 @@ check_partition(int *newval, void **extra, GucSource source)
 }
 
 void
-TuvlDefineGucs(void)
+GucsDefine(void)
 {
 	define_int_gucs(worker_gucs, lengthof(worker_gucs));
 	DefineCustomStringVariable("tuvl.http_allowed_hosts",

@@ -945,7 +945,7 @@ YamlToJsonb(const char *source, const char *what, Jsonb **positions)
 	Jsonb	   *volatile result = NULL;
 
 	/* a document is small: a huge one would take the backend's memory */
-	TuvlCheckSize(psprintf("the %s source", what), strlen(source), tuvl_max_source_size,
+	GucsCheckSize(psprintf("the %s source", what), strlen(source), tuvl_max_source_size,
 				  "tuvl.max_source_size");
 	PG_TRY();
 	{

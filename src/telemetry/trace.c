@@ -84,7 +84,7 @@ hex16(char *out, uint64 v)
 }
 
 const char *
-RunTraceId(RunState *run)
+TraceRunTraceId(RunState *run)
 {
 	const char *base;
 	uint64		hi;
@@ -124,7 +124,7 @@ TraceSpanId(RunState *run, const char *what)
 
 	if (run->trace_id == NULL || seed == 0)
 	{
-		seed = hash_text(RunTraceId(run), UINT64CONST(0x7370616e));
+		seed = hash_text(TraceRunTraceId(run), UINT64CONST(0x7370616e));
 		if (seed == 0)
 			seed = 1;
 		if (run->trace_id)
@@ -166,7 +166,7 @@ TraceIterationSpanId(RunState *run, int entry_seq, int iteration)
 char *
 TraceParent(RunState *run, const char *span_id)
 {
-	return psprintf("00-%s-%s-01", RunTraceId(run), span_id);
+	return psprintf("00-%s-%s-01", TraceRunTraceId(run), span_id);
 }
 
 /* ---------------------------------------------------------------- spans */
@@ -247,7 +247,7 @@ TraceSpanEnd(TraceSpan *s, TimestampTz end, const char *error)
 	n_pending++;
 
 	resetStringInfo(&span);
-	OtlpPutId(&span, SPAN_TRACE_ID, RunTraceId(s->run), 16);
+	OtlpPutId(&span, SPAN_TRACE_ID, TraceRunTraceId(s->run), 16);
 	OtlpPutId(&span, SPAN_SPAN_ID, s->span_id, 8);
 	if (s->parent_id)
 		OtlpPutId(&span, SPAN_PARENT_SPAN_ID, s->parent_id, 8);

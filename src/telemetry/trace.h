@@ -32,7 +32,7 @@ typedef struct TraceSpan
 } TraceSpan;
 
 extern bool TraceEnabled(RunState *run);
-extern const char *RunTraceId(RunState *run);
+extern const char *TraceRunTraceId(RunState *run);
 extern char *TraceSpanId(RunState *run, const char *what);
 extern char *TraceParent(RunState *run, const char *span_id);
 extern void TraceSpanStart(TraceSpan *s, RunState *run, const char *name, int kind,
