@@ -212,8 +212,14 @@ export function connSettings(conninfo: string | undefined, applicationName: stri
     if (password !== undefined) config.password = password;
     const timeout = pick("connect_timeout", "PGCONNECT_TIMEOUT");
     if (timeout !== undefined && Number(timeout) > 0) config.connectionTimeoutMillis = Number(timeout) * 1000;
+    /*
+     * JIT compilation off: every statement here is short, and the planner
+     * compiles one whose estimate passes jit_above_cost, as a journal read
+     * does on tables without statistics yet (15-40 ms a statement, where the
+     * statement itself takes one).  Options given may turn it back on.
+     */
     const options = pick("options", "PGOPTIONS");
-    if (options !== undefined) config.options = options;
+    config.options = "-c jit=off" + (options !== undefined ? ` ${options}` : "");
     const sslmode = pick("sslmode", "PGSSLMODE") ?? "disable";
     switch (sslmode) {
         case "disable":

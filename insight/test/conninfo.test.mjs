@@ -1,6 +1,6 @@
 // conninfo.test.mjs: libpq's connection strings as insight/tuvl reads them
 // (src/conninfo.ts): multi-host key=value and URI forms, and
-// target_session_attrs.  No database needed.
+// target_session_attrs; the options the server's sessions start with.
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
@@ -78,4 +78,22 @@ test("conninfo: target_session_attrs from the environment, and bad ones refused 
     assert.throws(() => parse("postgresql://h1,h2/db?target_session_atrs=any"), /invalid URI query parameter: "target_session_atrs"/);
     assert.throws(() => parse("postgresql://[::1:5432/db"), /IPv6/);
     assert.throws(() => parse("postgresql://h/d%zzb"), /invalid percent-encoded token/);
+});
+
+test("conninfo: the server's sessions run without JIT, unless options turn it on", async () => {
+    const pg = (await import("pg")).default;
+    const show = async (text) => {
+        const { hosts, base } = connSettings(text, "test");
+        const c = new pg.Client({ ...base, host: hosts[0].host, port: hosts[0].port });
+        await c.connect();
+        try {
+            return (await c.query("SELECT current_setting('jit') AS jit, current_setting('work_mem') AS wm")).rows[0];
+        } finally {
+            await c.end();
+        }
+    };
+    /* test/run's environment names the cluster (PGHOST, PGPORT, PGUSER) */
+    assert.equal((await show("dbname=postgres")).jit, "off");
+    assert.deepEqual(await show("dbname=postgres options='-c work_mem=1234kB'"), { jit: "off", wm: "1234kB" });
+    assert.equal((await show("dbname=postgres options='-c jit=on'")).jit, "on");
 });
