@@ -31,6 +31,15 @@
  *   cross principals because a worker commits each principal's
  *   transitions in transactions of their own (worker.c).
  *
+ * A worker's session runs tuvl's own statements with jit off, and user
+ * code with the jit setting the session would have without that (the
+ * server's, the database's; a reload changes it).  An internal statement
+ * is a few index probes, but its plan is costed from statistics that may
+ * be missing or stale, or (SpiExecIndexed) with sequential scans disabled,
+ * which prices any plan that keeps one at 10^10: past jit_above_cost,
+ * each execution would compile it with LLVM, 10 to 40 ms, stalling every
+ * run the worker holds.  A step's own SQL keeps the user's setting.
+ *
  * A frame is left by SecurityRestore.  When an ERROR unwinds past a frame,
  * (sub)transaction abort restores the role, the security context and the
  * GUCs, and the (sub)transaction callbacks below forget the user code that
@@ -311,6 +320,15 @@ SecurityAsPrincipal(SecurityFrame *frame, Oid principal)
 	if (shared_session && user_lock_timeout)
 		(void) set_config_option("lock_timeout", user_lock_timeout, PGC_SUSET, PGC_S_SESSION,
 								 GUC_ACTION_SAVE, true, 0, false);
+	if (shared_session)
+	{
+		/* the jit setting the session has under tuvl's own "off" */
+		const char *jit = GetConfigOptionResetString("jit");
+
+		if (jit && strcmp(jit, "off") != 0)
+			(void) set_config_option("jit", jit, PGC_USERSET, PGC_S_SESSION,
+									 GUC_ACTION_SAVE, true, 0, false);
+	}
 	user_code_session[user_code_depth] = frame->save_session;
 	user_code_session_super[user_code_depth] = frame->save_session_super;
 	user_code_level[user_code_depth++] = GetCurrentTransactionNestLevel();
@@ -363,7 +381,8 @@ SecurityInUserCode(void)
 /*
  * This process is a worker: its session serves every principal.  Pin the
  * session's search_path for tuvl's own statements and remember the one
- * the session started with for user code.
+ * the session started with for user code; turn jit off for tuvl's own
+ * statements (user code gets the session's reset value back).
  */
 void
 SecurityBeginSharedSession(void)
@@ -373,6 +392,8 @@ SecurityBeginSharedSession(void)
 	user_lock_timeout = MemoryContextStrdup(TopMemoryContext,
 											GetConfigOption("lock_timeout", false, false));
 	SetConfigOption("lock_timeout", WORKER_LOCK_TIMEOUT, PGC_SUSET, PGC_S_SESSION);
+	/* tuvl's own statements are never JIT-compiled (see the file header) */
+	SetConfigOption("jit", "off", PGC_USERSET, PGC_S_SESSION);
 	shared_session = true;
 }
 
