@@ -69,16 +69,12 @@
 
 #include "effect.h"
 #include "http.h"
-#include "executor.h"
-#include "journal.h"
 #include "jsonutil.h"
 #include "mcp.h"
-#include "mcp_oauth.h"
 #include "security.h"
 #include "spiutil.h"
 #include "template.h"
 #include "tuvl.h"
-#include "workflow.h"
 #include "tokens.h"
 
 PG_FUNCTION_INFO_V1(tuvl_mcp_list_tools);
@@ -478,14 +474,11 @@ McpStatelessRequest(const char *url, const char *method, Jsonb *params, const ch
 	EffectRequest *req;
 
 	if (name && strpbrk(name, "\r\n"))
-	{
-		ExecutorErrorType = "mcp_error";
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("MCP tool name contains a line break"),
 				 errdetail("Revision %s sends the tool's name as the Mcp-Name header.",
 						   MCP_STATELESS_VERSION)));
-	}
 	params = JsonSetKey(params ? params : JsonEmptyObject(), "_meta", meta);
 	req = rpc_request(url, method, params, id, NULL, MCP_STATELESS_VERSION, op, timeout_ms, NIL);
 	add_header(req, "Mcp-Method", method);
@@ -526,20 +519,14 @@ session_of(Jsonb *result)
 		return NULL;
 	for (const char *c = sid; *c; c++)
 		if (*c < 0x21 || *c > 0x7e)
-		{
-			ExecutorErrorType = "mcp_error";
 			ereport(ERROR,
 					(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 					 errmsg("MCP initialize failed: the server's session id holds characters other than visible ASCII")));
-		}
 	if (strlen(sid) >= MCP_MAX_SESSION_ID)
-	{
-		ExecutorErrorType = "mcp_error";
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 				 errmsg("MCP initialize failed: the server's session id is longer than %d bytes",
 						MCP_MAX_SESSION_ID - 1)));
-	}
 	return sid;
 }
 
@@ -616,7 +603,6 @@ fail_transport(Jsonb *result, const char *what)
 	int			status = JsonGetInt32(result, "status", 0);
 	char	   *err = JsonGetString(result, "error");
 
-	ExecutorErrorType = "mcp_error";
 	if (status == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
@@ -636,18 +622,14 @@ rpc_answer(Jsonb *result, const char *id, const char *what)
 									  id, &error);
 
 	if (msg == NULL)
-	{
-		ExecutorErrorType = "mcp_error";
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 				 errmsg("MCP %s failed: %s", what, error)));
-	}
 	if (JsonGetField(msg, "error"))
 	{
 		Jsonb	   *e = JsonGetJsonb(msg, "error");
 		char	   *m = JsonIsObject(e) ? JsonGetString(e, "message") : NULL;
 
-		ExecutorErrorType = "mcp_error";
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 				 errmsg("MCP %s failed: %s", what, m ? m : "JSON-RPC error"),
@@ -679,7 +661,6 @@ check_version(const char *version)
 	for (int i = 0; known_versions[i]; i++)
 		if (strcmp(known_versions[i], version) == 0)
 			return;
-	ExecutorErrorType = "mcp_error";
 	ereport(ERROR,
 			(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 			 errmsg("MCP initialize failed: the server speaks protocol revision %s, which tuvl does not implement",
@@ -711,7 +692,6 @@ input_required(Jsonb *answer, McpProgress *p)
 
 	if (type == NULL || strcmp(type, "complete") == 0)
 		return false;
-	ExecutorErrorType = "mcp_error";
 	if (strcmp(type, "input_required") != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
@@ -769,7 +749,6 @@ McpInputRequests(Jsonb *answer)
 	JsonbValue	v;
 	char	   *key;
 
-	ExecutorErrorType = "mcp_error";
 	if (requests == NULL || !JsonIsObject(requests))
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
@@ -912,7 +891,6 @@ fail_if_stream_asks(Jsonb *r, const char *id)
 	method = stream_request_method(body);
 	if (method == NULL)
 		return;
-	ExecutorErrorType = "mcp_error";
 	ereport(ERROR,
 			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 			 errmsg("MCP tools/call failed: the server asked for input (%s) on the call's event stream of a %s session",
@@ -957,14 +935,11 @@ stream_resumable(Jsonb *r, const char *id, McpProgress *p)
 	if (last == NULL || *last == '\0' || strpbrk(last, "\r\n"))
 		return false;
 	if (++p->resumes > MCP_MAX_RESUMES)
-	{
-		ExecutorErrorType = "mcp_error";
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 				 errmsg("MCP tools/call failed: the event stream ended %d times without the answer",
 						p->resumes),
 				 errdetail("tuvl resumes a call's stream at most %d times.", MCP_MAX_RESUMES)));
-	}
 	p->resume_id = last;
 	p->resume_ms = Max(0, Min(retry, 30000));
 	p->resume_rpc = id;
@@ -1001,7 +976,6 @@ task_created(Jsonb *answer, McpProgress *p)
 
 	if (type == NULL || strcmp(type, "task") != 0)
 		return false;
-	ExecutorErrorType = "mcp_error";
 	if (!p->can_ask)
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
@@ -1030,7 +1004,6 @@ task_done(Jsonb *task, const char *tool, McpProgress *p, Jsonb **answer)
 	char	   *status = task ? JsonGetString(task, "status") : NULL;
 	char	   *message = task ? JsonGetString(task, "statusMessage") : NULL;
 
-	ExecutorErrorType = "mcp_error";
 	if (status == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
@@ -1164,7 +1137,7 @@ McpWalkEffects(RunState *run, int first, int n, const char *url, const char *too
 			continue;
 		/* the token was refused: a person has to connect (again) */
 		if (p->oauth_url)
-			McpOAuthCheckRefused(r, p->oauth_url);
+			p->oauth_refused(r, p->oauth_url);
 		if (strcmp(op, "discover") == 0)
 		{
 			/* a server that cannot be reached fails here, not in initialize */
@@ -1234,6 +1207,7 @@ McpWalkEffects(RunState *run, int first, int n, const char *url, const char *too
 				const char *elicitation = p->elicitation;
 				bool		can_ask = p->can_ask;
 				const char *oauth_url = p->oauth_url;
+				void		(*oauth_refused) (Jsonb *r, const char *url) = p->oauth_refused;
 
 				session_forget(url, p->session);
 				memset(p, 0, sizeof(McpProgress));
@@ -1241,6 +1215,7 @@ McpWalkEffects(RunState *run, int first, int n, const char *url, const char *too
 				p->elicitation = elicitation;
 				p->can_ask = can_ask;
 				p->oauth_url = oauth_url;
+				p->oauth_refused = oauth_refused;
 				continue;
 			}
 			if (status < 200 || status >= 300)

@@ -50,6 +50,8 @@ typedef struct McpProgress
 	int			task_poll_ms;	/* ... this often */
 	TimestampTz task_until;		/* ... next at this time (0: not set yet) */
 	const char *oauth_url;		/* mcp.auth: the server, whose 401/403 fail */
+	/* ... checked by the step's callback, which raises (mcp_oauth.c) */
+	void		(*oauth_refused) (Jsonb *r, const char *url);
 	char	   *resume_id;		/* the stream ended before the answer: the
 								 * last event id to resume after, or NULL */
 	int			resume_ms;		/* ... after the server's retry delay */

@@ -304,6 +304,7 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 	/* an agent's tool call cannot wait for a person */
 	p.can_ask = run->effect_call == 0 && run->tool_args == NULL;
 	p.oauth_url = JsonGetField(mcp, "auth") ? url : NULL;
+	p.oauth_refused = McpOAuthCheckRefused;
 	if (McpWalkEffects(run, first, n, skey, tool, &p, &answer))
 	{
 		if (p.learned)
