@@ -56,11 +56,18 @@ def long_functions():
     return found
 
 
+def objects():
+    """The object files of src/ whose source is there: a file moved or
+    removed leaves its old .o behind until make clean."""
+    return [o for o in sorted(glob.glob(os.path.join(SRC, "**", "*.o"), recursive=True))
+            if os.path.exists(o[:-2] + ".c")]
+
+
 def symbol_uses():
     """{(file, file it calls into): symbols}, from the object files; a file
     is its path under src/ without .c ("runtime/worker")."""
     defined, used = {}, {}
-    for obj in sorted(glob.glob(os.path.join(SRC, "**", "*.o"), recursive=True)):
+    for obj in objects():
         name = os.path.relpath(obj, SRC)[:-2]
         out = subprocess.run(["nm", obj], capture_output=True, text=True, check=True).stdout
         used[name] = set()
@@ -260,7 +267,7 @@ FAMILY_EXCEPTIONS = {"TuvlLauncherMain": "runtime/launcher", "TuvlWorkerMain": "
 def family_problems():
     """Exported names whose family prefix lives in another file, or in none."""
     problems = []
-    for obj in sorted(glob.glob(os.path.join(SRC, "**", "*.o"), recursive=True)):
+    for obj in objects():
         f = os.path.relpath(obj, SRC)[:-2]
         out = subprocess.run(["nm", "-g", "--defined-only", obj], capture_output=True, text=True,
                              check=True).stdout
@@ -284,8 +291,14 @@ def family_problems():
 
 
 def main():
-    if not glob.glob(os.path.join(SRC, "**", "*.o"), recursive=True):
+    if not objects():
         print("not ok calls: no object files in src/ (build first)")
+        return 1
+    unbuilt = [os.path.relpath(c, SRC)
+               for c in sorted(glob.glob(os.path.join(SRC, "**", "*.c"), recursive=True))
+               if not os.path.exists(c[:-2] + ".o")]
+    if unbuilt:
+        print(f"not ok calls: no object file for {', '.join(unbuilt)} (build first)")
         return 1
     failed = 0
     table = layer_table()
