@@ -111,24 +111,37 @@ typedef struct McpServerRevision
 
 static HTAB *revisions = NULL;
 
-static McpServerRevision *
-revision_lookup(const char *url, bool create)
+/*
+ * The entry of url in *table, a hash by URL of this process made on first
+ * use (name, entries of entrysize that open with a char[1024] key), or
+ * NULL when url is too long to be a key.
+ */
+static void *
+url_entry(HTAB **table, const char *name, Size entrysize, const char *url, bool create,
+		  bool *found)
 {
 	char		key[1024];
 
-	if (revisions == NULL)
+	if (*table == NULL)
 	{
 		HASHCTL		ctl;
 
 		ctl.keysize = sizeof(key);
-		ctl.entrysize = sizeof(McpServerRevision);
-		revisions = hash_create("tuvl MCP server revisions", 16, &ctl, HASH_ELEM | HASH_STRINGS);
+		ctl.entrysize = entrysize;
+		*table = hash_create(name, 16, &ctl, HASH_ELEM | HASH_STRINGS);
 	}
 	if (strlen(url) >= sizeof(key))
 		return NULL;
 	memset(key, 0, sizeof(key));
 	strlcpy(key, url, sizeof(key));
-	return hash_search(revisions, key, create ? HASH_ENTER : HASH_FIND, NULL);
+	return hash_search(*table, key, create ? HASH_ENTER : HASH_FIND, found);
+}
+
+static McpServerRevision *
+revision_lookup(const char *url, bool create)
+{
+	return url_entry(&revisions, "tuvl MCP server revisions", sizeof(McpServerRevision), url,
+					 create, NULL);
 }
 
 /* What the process knows of url: 1 stateless, 0 a 2025 server, -1 nothing. */
@@ -167,23 +180,10 @@ McpRevisionRemember(const char *url, bool stateless)
 static McpSession *
 session_lookup(const char *url, bool create)
 {
-	char		key[1024];
 	bool		found;
 	McpSession *s;
 
-	if (sessions == NULL)
-	{
-		HASHCTL		ctl;
-
-		ctl.keysize = sizeof(key);
-		ctl.entrysize = sizeof(McpSession);
-		sessions = hash_create("tuvl MCP sessions", 16, &ctl, HASH_ELEM | HASH_STRINGS);
-	}
-	if (strlen(url) >= sizeof(key))
-		return NULL;
-	memset(key, 0, sizeof(key));
-	strlcpy(key, url, sizeof(key));
-	s = hash_search(sessions, key, create ? HASH_ENTER : HASH_FIND, &found);
+	s = url_entry(&sessions, "tuvl MCP sessions", sizeof(McpSession), url, create, &found);
 	/* a new entry has its key; the rest starts empty */
 	if (s && !found)
 		memset((char *) s + sizeof(s->url), 0, sizeof(McpSession) - sizeof(s->url));
