@@ -357,6 +357,26 @@ StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *resul
 static const char *const mcp_keys[] = {"mcp", "rate_limit", NULL};
 
 /*
+ * v as a mapping, its keys checked against keys; NULL, with the finding
+ * message at path, when it is not a mapping.
+ */
+static Jsonb *
+known_mapping(ValidateState *vs, JsonbValue *v, const char *path, const char *const *keys,
+			  const char *message)
+{
+	Jsonb	   *m;
+
+	if (!ValidateIsMapping(v))
+	{
+		ValidateFinding(vs, "error", path, "%s", message);
+		return NULL;
+	}
+	m = JsonValueToJsonb(v);
+	ValidateUnknownKeys(vs, m, path, keys, NULL);
+	return m;
+}
+
+/*
  * mcp.auth: { oauth: { grant, client_id, client_secret_secret, scopes } }
  * (docs/mcp.md#oauth).
  */
@@ -374,23 +394,14 @@ check_mcp_auth(ValidateState *vs, JsonbValue *auth, const char *path)
 
 	if (auth == NULL)
 		return;
-	if (!ValidateIsMapping(auth))
-	{
-		ValidateFinding(vs, "error", path,
-						"auth must be a mapping such as { oauth: { grant: client_credentials, client_id: my-client, client_secret_secret: my_secret } }");
+	a = known_mapping(vs, auth, path, auth_keys,
+					  "auth must be a mapping such as { oauth: { grant: client_credentials, client_id: my-client, client_secret_secret: my_secret } }");
+	if (a == NULL)
 		return;
-	}
-	a = JsonValueToJsonb(auth);
-	ValidateUnknownKeys(vs, a, path, auth_keys, NULL);
-	v = JsonGetField(a, "oauth");
-	if (!ValidateIsMapping(v))
-	{
-		ValidateFinding(vs, "error", opath,
-						"oauth must be a mapping with grant (client_credentials or authorization_code)");
+	o = known_mapping(vs, JsonGetField(a, "oauth"), opath, oauth_keys,
+					  "oauth must be a mapping with grant (client_credentials or authorization_code)");
+	if (o == NULL)
 		return;
-	}
-	o = JsonValueToJsonb(v);
-	ValidateUnknownKeys(vs, o, opath, oauth_keys, NULL);
 	grant = JsonGetString(o, "grant");
 	if (grant == NULL || (strcmp(grant, "client_credentials") != 0 &&
 						  strcmp(grant, "authorization_code") != 0))
@@ -433,27 +444,20 @@ check_mcp_block(ValidateState *vs, Jsonb *mcp, const char *mpath)
 {
 	static const char *const mcp_keys[] = {"url", "tool", "arguments", "timeout", "headers",
 	"elicitation", "elicitation_timeout", "auth", NULL};
+	static const char *const elicitations[] = {"ask", "accept_defaults", "decline", NULL};
 	JsonbValue *args;
 	JsonbValue *elicit;
 
 	ValidateUnknownKeys(vs, mcp, mpath, mcp_keys, NULL);
 	elicit = JsonGetField(mcp, "elicitation");
-	if (elicit && (elicit->type != jbvString ||
-				   !((elicit->val.string.len == 3 &&
-					  strncmp(elicit->val.string.val, "ask", 3) == 0) ||
-					 (elicit->val.string.len == 15 &&
-					  strncmp(elicit->val.string.val, "accept_defaults", 15) == 0) ||
-					 (elicit->val.string.len == 7 &&
-					  strncmp(elicit->val.string.val, "decline", 7) == 0))))
+	if (elicit && !ValidateStringIn(elicit, elicitations))
 		ValidateFinding(vs, "error", psprintf("%s.elicitation", mpath),
 						"elicitation must be ask (the run waits for a person's answer, tuvl.submit() or "
 						"tuvl.reject()), accept_defaults (answer the server's questions with the "
 						"defaults of its schema) or decline");
 	ValidateDuration(vs, mcp, "elicitation_timeout", mpath);
-	if (JsonGetField(mcp, "headers") && !ValidateIsMapping(JsonGetField(mcp, "headers")))
-		ValidateFinding(vs, "error", psprintf("%s.headers", mpath),
-						"headers must be a mapping such as { Authorization: \"Bearer {{ secrets.mcp_token }}\" }");
-	ValidateScalarValues(vs, JsonGetField(mcp, "headers"), psprintf("%s.headers", mpath));
+	ValidateScalarMapping(vs, mcp, "headers", mpath,
+						  "{ Authorization: \"Bearer {{ secrets.mcp_token }}\" }");
 	check_mcp_auth(vs, JsonGetField(mcp, "auth"), psprintf("%s.auth", mpath));
 	ValidateRequireString(vs, mcp, "url", mpath, "the mcp mapping");
 	ValidateRequireString(vs, mcp, "tool", mpath, "the mcp mapping");
