@@ -221,6 +221,40 @@ is_response_to(Jsonb *msg, const char *id)
 }
 
 /*
+ * The data of the next event of the event stream at *pos (its data:
+ * lines, joined by newlines) into data, *pos moved past it.  An event
+ * ends at a blank line or with the stream; one without data is skipped,
+ * and id:, event:, retry: and ":" comments need nothing.  Returns false
+ * at the end of the stream.
+ */
+static bool
+next_event_data(const char **pos, StringInfo data)
+{
+	const char *p = *pos;
+
+	resetStringInfo(data);
+	while (p)
+	{
+		const char *eol = strpbrk(p, "\r\n");
+		size_t		len = eol ? (size_t) (eol - p) : strlen(p);
+
+		if (len >= 5 && strncmp(p, "data:", 5) == 0)
+		{
+			const char *v = p + 5 + (p[5] == ' ');
+
+			if (data->len > 0)
+				appendStringInfoChar(data, '\n');
+			appendBinaryStringInfo(data, v, p + len - v);
+		}
+		p = eol ? eol + ((eol[0] == '\r' && eol[1] == '\n') ? 2 : 1) : NULL;
+		if ((len == 0 || p == NULL) && data->len > 0)
+			break;
+	}
+	*pos = p;
+	return data->len > 0;
+}
+
+/*
  * Find the JSON-RPC response to request id in a response body, which is
  * either one JSON message (or a batch array) or a text/event-stream.
  * Returns NULL with *error set when there is none.
@@ -240,41 +274,9 @@ McpParseMessage(const char *body, const char *content_type, const char *id, char
 		const char *p = body;
 
 		initStringInfo(&data);
-		for (;;)
+		while (next_event_data(&p, &data))
 		{
-			const char *eol = strpbrk(p, "\r\n");
-			size_t		len = eol ? (size_t) (eol - p) : strlen(p);
-
-			if (len == 0)
-			{
-				/* blank line: dispatch the event */
-				if (data.len > 0)
-				{
-					/* an event that is not a JSON message is skipped */
-					Jsonb	   *msg = JsonParseExternal(data.data, data.len, NULL);
-
-					if (msg && JsonIsObject(msg) && is_response_to(msg, id))
-						return msg;
-				}
-				resetStringInfo(&data);
-			}
-			else if (len >= 5 && strncmp(p, "data:", 5) == 0)
-			{
-				const char *v = p + 5;
-
-				if (*v == ' ')
-					v++;
-				if (data.len > 0)
-					appendStringInfoChar(&data, '\n');
-				appendBinaryStringInfo(&data, v, p + len - v);
-			}
-			/* id:, event:, retry: and ":" comments need nothing */
-			if (eol == NULL)
-				break;
-			p = eol + ((eol[0] == '\r' && eol[1] == '\n') ? 2 : 1);
-		}
-		if (data.len > 0)
-		{
+			/* an event that is not a JSON message is skipped */
 			Jsonb	   *msg = JsonParseExternal(data.data, data.len, NULL);
 
 			if (msg && JsonIsObject(msg) && is_response_to(msg, id))
@@ -841,30 +843,12 @@ stream_request_method(const char *body)
 	const char *p = body;
 
 	initStringInfo(&data);
-	for (;;)
+	while (next_event_data(&p, &data))
 	{
-		const char *eol = strpbrk(p, "\r\n");
-		size_t		len = eol ? (size_t) (eol - p) : strlen(p);
+		Jsonb	   *msg = JsonParseExternal(data.data, data.len, NULL);
 
-		if (len >= 5 && strncmp(p, "data:", 5) == 0)
-		{
-			const char *v = p + 5 + (p[5] == ' ');
-
-			if (data.len > 0)
-				appendStringInfoChar(&data, '\n');
-			appendBinaryStringInfo(&data, v, p + len - v);
-		}
-		if ((len == 0 || eol == NULL) && data.len > 0)
-		{
-			Jsonb	   *msg = JsonParseExternal(data.data, data.len, NULL);
-
-			if (msg && JsonIsObject(msg) && JsonGetField(msg, "id") && JsonGetString(msg, "method"))
-				return JsonGetString(msg, "method");
-			resetStringInfo(&data);
-		}
-		if (eol == NULL)
-			break;
-		p = eol + ((eol[0] == '\r' && eol[1] == '\n') ? 2 : 1);
+		if (msg && JsonIsObject(msg) && JsonGetField(msg, "id") && JsonGetString(msg, "method"))
+			return JsonGetString(msg, "method");
 	}
 	return NULL;
 }
