@@ -714,101 +714,6 @@ COMMENT ON FUNCTION tuvl.start_run(text, jsonb, text, timestamptz, integer, inte
 REVOKE ALL ON FUNCTION tuvl.start_run(text, jsonb, text, timestamptz, integer, integer, text, interval) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION tuvl.start_run(text, jsonb, text, timestamptz, integer, integer, text, interval) TO tuvl_user;
 
-/*
- * runs_in_flight: waiting_for (text, for people) says what each run waits
- * for; the new column waiting says it as JSON, {"for": kind, ...}: kinds
- * worker, process, person, decision, resume, timer, children,
- * compensation, concurrency, max_parallel, rate_limit, debounce.  A step
- * that parks with an awaiting object of another kind (a later feature's)
- * shows as that kind with its fields, with no change here.
- */
-CREATE OR REPLACE VIEW tuvl.runs_in_flight WITH (security_invoker = true) AS
-    SELECT r.id, r.workflow, r.workflow_version AS version, r.status, r.current_step AS step,
-           CASE
-               WHEN r.status OPERATOR(pg_catalog.=) 'sleeping' AND r.current_step IS NULL
-                    AND r.waiting OPERATOR(pg_catalog.->>) 'for' OPERATOR(pg_catalog.=) 'rate_limit'
-                   THEN pg_catalog.format('rate limit: key %s allows %s per %s; it may start at %s',
-                                          r.waiting OPERATOR(pg_catalog.->) 'rate_limit' OPERATOR(pg_catalog.->>) 'key',
-                                          r.waiting OPERATOR(pg_catalog.->) 'rate_limit' OPERATOR(pg_catalog.->>) 'limit',
-                                          r.waiting OPERATOR(pg_catalog.->) 'rate_limit' OPERATOR(pg_catalog.->>) 'per',
-                                          r.wake_at)
-               WHEN r.status OPERATOR(pg_catalog.=) 'sleeping' AND r.current_step IS NULL
-                    AND r.waiting OPERATOR(pg_catalog.->>) 'for' OPERATOR(pg_catalog.=) 'debounce'
-                   THEN pg_catalog.format('debounce: starts at %s unless started again with its key (quiet for %s)',
-                                          r.wake_at, r.waiting OPERATOR(pg_catalog.->>) 'debounce')
-               WHEN r.status OPERATOR(pg_catalog.=) 'sleeping'
-                    AND r.step_state OPERATOR(pg_catalog.->) 'awaiting' OPERATOR(pg_catalog.->>) 'kind' OPERATOR(pg_catalog.=) 'rate_limit'
-                   THEN pg_catalog.format('rate limit: key %s allows %s per %s; step %s may go at %s',
-                                          r.step_state OPERATOR(pg_catalog.->) 'awaiting' OPERATOR(pg_catalog.->>) 'key',
-                                          r.step_state OPERATOR(pg_catalog.->) 'awaiting' OPERATOR(pg_catalog.->>) 'limit',
-                                          r.step_state OPERATOR(pg_catalog.->) 'awaiting' OPERATOR(pg_catalog.->>) 'per',
-                                          r.current_step, r.wake_at)
-               WHEN r.status OPERATOR(pg_catalog.=) 'sleeping'
-                    AND r.step_state OPERATOR(pg_catalog.->) 'awaiting' OPERATOR(pg_catalog.->>) 'kind' OPERATOR(pg_catalog.<>) 'sleep'
-                   THEN pg_catalog.format('%s: step %s may go at %s',
-                                          r.step_state OPERATOR(pg_catalog.->) 'awaiting' OPERATOR(pg_catalog.->>) 'kind',
-                                          r.current_step, r.wake_at)
-               WHEN r.status OPERATOR(pg_catalog.=) 'queued' AND r.held_by OPERATOR(pg_catalog.=) 'concurrency'
-                   THEN pg_catalog.format('held: %s runs of concurrency key %s are in flight',
-                                          r.concurrency_limit, r.concurrency_key)
-               WHEN r.status OPERATOR(pg_catalog.=) 'queued' AND r.held_by OPERATOR(pg_catalog.=) 'max_parallel'
-                   THEN pg_catalog.format('held: its siblings fill max_parallel of run %s', r.parent_run_id)
-               WHEN r.status OPERATOR(pg_catalog.=) 'queued' THEN 'waiting for a worker'
-               WHEN r.status OPERATOR(pg_catalog.=) 'running'
-                   THEN pg_catalog.format('held by process %s', r.lease_owner)
-               WHEN r.status OPERATOR(pg_catalog.=) 'waiting_human' THEN 'waiting for tuvl.submit()'
-               WHEN r.status OPERATOR(pg_catalog.=) 'waiting_approval' THEN 'waiting for tuvl.decide()'
-               WHEN r.status OPERATOR(pg_catalog.=) 'paused' THEN 'paused: waiting for tuvl.resume_run()'
-               WHEN r.status OPERATOR(pg_catalog.=) 'sleeping' THEN pg_catalog.format('sleeping until %s', r.wake_at)
-               WHEN r.status OPERATOR(pg_catalog.=) 'waiting_children'
-                   THEN pg_catalog.format('waiting for %s child runs',
-                                          (SELECT pg_catalog.count(*) FROM tuvl.runs c
-                                           WHERE c.parent_run_id OPERATOR(pg_catalog.=) r.id
-                                             AND c.parent_step IS NOT NULL AND c.finished_at IS NULL))
-               WHEN r.status OPERATOR(pg_catalog.=) 'compensating' THEN 'undoing its completed steps'
-           END AS waiting_for,
-           r.principal, r.priority, r.parent_run_id, r.created_at,
-           pg_catalog.now() OPERATOR(pg_catalog.-) r.created_at AS age,
-           r.wake_at,
-           CASE
-               WHEN r.status OPERATOR(pg_catalog.=) 'sleeping' AND r.current_step IS NULL AND r.waiting IS NOT NULL
-                   THEN pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object(
-                       'for', r.waiting OPERATOR(pg_catalog.->>) 'for',
-                       'key', r.waiting OPERATOR(pg_catalog.->) 'rate_limit' OPERATOR(pg_catalog.->>) 'key',
-                       'limit', (r.waiting OPERATOR(pg_catalog.->) 'rate_limit' OPERATOR(pg_catalog.->>) 'limit')::pg_catalog.int4,
-                       'per', r.waiting OPERATOR(pg_catalog.->) 'rate_limit' OPERATOR(pg_catalog.->>) 'per',
-                       'debounce', r.waiting OPERATOR(pg_catalog.->>) 'debounce',
-                       'until', r.wake_at))
-               WHEN r.status OPERATOR(pg_catalog.=) 'sleeping'
-                    AND r.step_state OPERATOR(pg_catalog.->) 'awaiting' OPERATOR(pg_catalog.->>) 'kind' OPERATOR(pg_catalog.<>) 'sleep'
-                   THEN (r.step_state OPERATOR(pg_catalog.->) 'awaiting'
-                         OPERATOR(pg_catalog.-) '{kind,until,until_us,wake_epoch}'::pg_catalog.text[])
-                        OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object(
-                            'for', r.step_state OPERATOR(pg_catalog.->) 'awaiting' OPERATOR(pg_catalog.->>) 'kind',
-                            'step', r.current_step, 'until', r.wake_at)
-               WHEN r.status OPERATOR(pg_catalog.=) 'queued' AND r.held_by IS NOT NULL
-                   THEN pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object(
-                       'for', r.held_by,
-                       'key', CASE WHEN r.held_by OPERATOR(pg_catalog.=) 'concurrency' THEN r.concurrency_key END,
-                       'limit', CASE WHEN r.held_by OPERATOR(pg_catalog.=) 'concurrency' THEN r.concurrency_limit END,
-                       'parent_run_id', CASE WHEN r.held_by OPERATOR(pg_catalog.=) 'max_parallel' THEN r.parent_run_id END))
-               WHEN r.status OPERATOR(pg_catalog.=) 'queued' THEN '{"for": "worker"}'::pg_catalog.jsonb
-               WHEN r.status OPERATOR(pg_catalog.=) 'running'
-                   THEN pg_catalog.jsonb_build_object('for', 'process', 'pid', r.lease_owner)
-               WHEN r.status OPERATOR(pg_catalog.=) 'waiting_human' THEN '{"for": "person"}'::pg_catalog.jsonb
-               WHEN r.status OPERATOR(pg_catalog.=) 'waiting_approval' THEN '{"for": "decision"}'::pg_catalog.jsonb
-               WHEN r.status OPERATOR(pg_catalog.=) 'paused' THEN '{"for": "resume"}'::pg_catalog.jsonb
-               WHEN r.status OPERATOR(pg_catalog.=) 'sleeping'
-                   THEN pg_catalog.jsonb_strip_nulls(pg_catalog.jsonb_build_object('for', 'timer', 'step', r.current_step,
-                                                                                    'until', r.wake_at))
-               WHEN r.status OPERATOR(pg_catalog.=) 'waiting_children' THEN '{"for": "children"}'::pg_catalog.jsonb
-               WHEN r.status OPERATOR(pg_catalog.=) 'compensating' THEN '{"for": "compensation"}'::pg_catalog.jsonb
-           END AS waiting
-    FROM tuvl.runs r
-    WHERE r.finished_at IS NULL;
-COMMENT ON VIEW tuvl.runs_in_flight IS 'runs that have not ended, with what each waits for (waiting_for for people, waiting as JSON whose "for" names it) and its age';
-COMMENT ON COLUMN tuvl.runs_in_flight.waiting IS 'what the run waits for, as JSON: "for" is worker, process, person, decision, resume, timer, children, compensation, concurrency, max_parallel, rate_limit, debounce (or the kind of a later feature''s wait), with key, limit, per, until, step when they apply';
-
 /* ------------------------------------------------------------------ errors that say what to do, schedules (issue 44) */
 
 /* an empty secret would be sent as an empty key and fail far from here */
@@ -1058,12 +963,20 @@ GRANT EXECUTE ON FUNCTION tuvl.mcp_connect(text, jsonb), tuvl.mcp_connect_finish
 /* ------------------------------------------------------------------ flow control: waits and scale (issue 41, session 5) */
 
 /*
- * runs_in_flight: a run whose model call waits for its config's limits
+ * runs_in_flight: waiting_for (text, for people) says what each run waits
+ * for; the new column waiting says it as JSON, {"for": kind, ...}: kinds
+ * worker, process, person, decision, resume, timer, children,
+ * compensation, concurrency, max_parallel, rate_limit, debounce, llm.  A
+ * step that parks with an awaiting object of another kind (a later
+ * feature's) shows as that kind with its fields, with no change here.
+ *
+ * A run whose model call waits for its config's limits
  * (tuvl._model_admission_waits(), shared memory) says so: waiting_for
  * "llm:<config>: waiting for model admission: <why> (since T)", waiting
  * {"for": "llm", "config", "reason" (paused, concurrency or rate),
  * "since", "step", "pid"}.  The function checks the token's runs:read
  * scope, so the view calls it only when the transaction may read runs.
+ * The view is defined once in this script, here, after all it reads.
  */
 CREATE OR REPLACE VIEW tuvl.runs_in_flight WITH (security_invoker = true) AS
     SELECT r.id, r.workflow, r.workflow_version AS version, r.status, r.current_step AS step,

@@ -56,11 +56,18 @@ def long_functions():
     return found
 
 
+def objects():
+    """The object files of src/ whose source is there: a file moved or
+    removed leaves its old .o behind until make clean."""
+    return [o for o in sorted(glob.glob(os.path.join(SRC, "**", "*.o"), recursive=True))
+            if os.path.exists(o[:-2] + ".c")]
+
+
 def symbol_uses():
     """{(file, file it calls into): symbols}, from the object files; a file
     is its path under src/ without .c ("runtime/worker")."""
     defined, used = {}, {}
-    for obj in sorted(glob.glob(os.path.join(SRC, "**", "*.o"), recursive=True)):
+    for obj in objects():
         name = os.path.relpath(obj, SRC)[:-2]
         out = subprocess.run(["nm", obj], capture_output=True, text=True, check=True).stdout
         used[name] = set()
@@ -232,7 +239,8 @@ FAMILIES = {
     "Artifact": "catalog/artifact", "Guardrail": "catalog/guardrail", "LlmConfig": "catalog/model",
     "Use": "catalog/uses", "Workflow": "catalog/workflow",
     "Admission": "effects/admission", "Effect": "effects/effect", "Http": "effects/http",
-    "Llm": "effects/llm", "LlmRequest": "effects/llm_request", "Retry": "effects/retry",
+    "Llm": "effects/llm", "LlmRequest": "effects/llm_request", "Mcp": "effects/mcp",
+    "Retry": "effects/retry",
     "Secret": "effects/secret",
     "Breakpoints": "runtime/breakpoints", "Checkpoint": "runtime/checkpoint",
     "Compensation": "runtime/compensation", "Concurrency": "runtime/concurrency",
@@ -240,7 +248,7 @@ FAMILIES = {
     "Launcher": "runtime/launcher", "Lease": "runtime/lease", "RateLimit": "runtime/ratelimit",
     "Control": "runtime/run_control", "RunCreate": "runtime/run_create", "Run": "runtime/runtime",
     "Timers": "runtime/timers", "Validate": "runtime/validate", "Findings": "runtime/validate",
-    "Mcp": "steps/mcp", "McpOAuth": "steps/mcp_oauth",
+    "McpOAuth": "steps/mcp_oauth",
     "Channel": "storage/channel", "Journal": "storage/journal", "JournalBlock": "storage/journal_block",
     "Queue": "storage/queue", "Tuvl": "storage/shmem", "Status": "storage/status",
     "Cron": "support/cron", "Deadline": "support/deadline", "Duration": "support/duration",
@@ -259,7 +267,7 @@ FAMILY_EXCEPTIONS = {"TuvlLauncherMain": "runtime/launcher", "TuvlWorkerMain": "
 def family_problems():
     """Exported names whose family prefix lives in another file, or in none."""
     problems = []
-    for obj in sorted(glob.glob(os.path.join(SRC, "**", "*.o"), recursive=True)):
+    for obj in objects():
         f = os.path.relpath(obj, SRC)[:-2]
         out = subprocess.run(["nm", "-g", "--defined-only", obj], capture_output=True, text=True,
                              check=True).stdout
@@ -283,8 +291,14 @@ def family_problems():
 
 
 def main():
-    if not glob.glob(os.path.join(SRC, "**", "*.o"), recursive=True):
+    if not objects():
         print("not ok calls: no object files in src/ (build first)")
+        return 1
+    unbuilt = [os.path.relpath(c, SRC)
+               for c in sorted(glob.glob(os.path.join(SRC, "**", "*.c"), recursive=True))
+               if not os.path.exists(c[:-2] + ".o")]
+    if unbuilt:
+        print(f"not ok calls: no object file for {', '.join(unbuilt)} (build first)")
         return 1
     failed = 0
     table = layer_table()

@@ -28,13 +28,20 @@
 /* Keys of agent: removed in 0.1.0, each reported with what replaces it. */
 static const char *const agent_keys_removed[] = {"output", "steering_files", NULL};
 
-/* approval_timeout: a duration, on an entry with approval: true. */
+/*
+ * approval: a boolean; approval_timeout: a duration, on an entry with
+ * approval: true.
+ */
 static void
-check_approval_timeout(ValidateState *vs, Jsonb *entry, const char *epath)
+check_approval(ValidateState *vs, Jsonb *entry, const char *epath)
 {
-	JsonbValue *v = JsonGetField(entry, "approval_timeout");
+	JsonbValue *v = JsonGetField(entry, "approval");
 	int			ms;
 
+	if (v && v->type != jbvBool)
+		ValidateFinding(vs, "error", psprintf("%s.approval", epath),
+						"approval must be true (ask a person before each call) or false");
+	v = JsonGetField(entry, "approval_timeout");
 	if (v == NULL)
 		return;
 	if (!DurationFromJson(v, &ms) || ms <= 0)
@@ -93,16 +100,9 @@ check_mcp_server_tools(ValidateState *vs, Jsonb *entry, const char *epath)
 							"prefix must be at most 32 letters, digits, _ and -, such as \"docs_\": "
 							"it is put before each tool's name");
 	}
-	v = JsonGetField(entry, "headers");
-	if (v && !ValidateIsMapping(v))
-		ValidateFinding(vs, "error", psprintf("%s.headers", epath),
-						"headers must be a mapping such as { Authorization: \"Bearer {{ secrets.mcp_token }}\" }");
-	ValidateScalarValues(vs, v, psprintf("%s.headers", epath));
-	v = JsonGetField(entry, "approval");
-	if (v && v->type != jbvBool)
-		ValidateFinding(vs, "error", psprintf("%s.approval", epath),
-						"approval must be true (ask a person before each call) or false");
-	check_approval_timeout(vs, entry, epath);
+	ValidateScalarMapping(vs, entry, "headers", epath,
+						  "{ Authorization: \"Bearer {{ secrets.mcp_token }}\" }");
+	check_approval(vs, entry, epath);
 }
 
 /* agent.tools of an autonomous agent. */
@@ -113,6 +113,7 @@ check_agent_tools(ValidateState *vs, Jsonb *agent, const char *apath, const char
 	"approval", "approval_timeout", NULL};
 	JsonbValue *tv = JsonGetField(agent, "tools");
 	char	   *tpath = psprintf("%s.tools", apath);
+	int			n;
 
 	if (tv == NULL || (ValidateIsList(tv) && JsonContainerSize(tv->val.binary.data) == 0))
 	{
@@ -120,12 +121,8 @@ check_agent_tools(ValidateState *vs, Jsonb *agent, const char *apath, const char
 						"an autonomous agent needs agent.tools: the steps it may call, as [{ref: step_id}]");
 		return;
 	}
-	if (!ValidateIsList(tv))
-	{
-		ValidateFinding(vs, "error", tpath, "tools must be a list such as [{ref: lookup_order}]");
-		return;
-	}
-	for (int i = 0; i < (int) JsonContainerSize(tv->val.binary.data); i++)
+	n = ValidateListLength(vs, tv, tpath, "tools must be a list such as [{ref: lookup_order}]");
+	for (int i = 0; i < n; i++)
 	{
 		JsonbValue *e = getIthJsonbValueFromContainer(tv->val.binary.data, i);
 		char	   *epath = psprintf("%s[%d]", tpath, i);
@@ -189,11 +186,7 @@ check_agent_tools(ValidateState *vs, Jsonb *agent, const char *apath, const char
 		if (v && v->type != jbvBool)
 			ValidateFinding(vs, "error", psprintf("%s.writes_context", epath),
 							"writes_context must be true or false");
-		v = JsonGetField(entry, "approval");
-		if (v && v->type != jbvBool)
-			ValidateFinding(vs, "error", psprintf("%s.approval", epath),
-							"approval must be true (ask a person before each call) or false");
-		check_approval_timeout(vs, entry, epath);
+		check_approval(vs, entry, epath);
 	}
 }
 
@@ -203,15 +196,12 @@ check_context_injection(ValidateState *vs, Jsonb *step, const char *path)
 {
 	JsonbValue *v = JsonGetField(step, "context_injection");
 	char	   *cpath = psprintf("%s.context_injection", path);
+	int			n;
 
 	if (v == NULL)
 		return;
-	if (!ValidateIsList(v))
-	{
-		ValidateFinding(vs, "error", cpath, "context_injection must be a list of context keys");
-		return;
-	}
-	for (int i = 0; i < (int) JsonContainerSize(v->val.binary.data); i++)
+	n = ValidateListLength(vs, v, cpath, "context_injection must be a list of context keys");
+	for (int i = 0; i < n; i++)
 	{
 		JsonbValue *k = getIthJsonbValueFromContainer(v->val.binary.data, i);
 
@@ -350,14 +340,10 @@ check_outcome_enum(ValidateState *vs, JsonbValue *e, const char *apath, Jsonb *r
 {
 	static const char *const reserved[] = {"max_iterations", "budget_exceeded", "error", "aborted",
 	"guardrail_violation", "default", NULL};
+	int			n = ValidateListLength(vs, e, psprintf("%s.outcome.enum", apath),
+									   "outcome.enum must be a list of outcome names");
 
-	if (!ValidateIsList(e))
-	{
-		ValidateFinding(vs, "error", psprintf("%s.outcome.enum", apath),
-						"outcome.enum must be a list of outcome names");
-		return;
-	}
-	for (int i = 0; i < (int) JsonContainerSize(e->val.binary.data); i++)
+	for (int i = 0; i < n; i++)
 	{
 		JsonbValue *x = getIthJsonbValueFromContainer(e->val.binary.data, i);
 		char	   *epath = psprintf("%s.outcome.enum[%d]", apath, i);

@@ -173,18 +173,9 @@ ConcurrencyAdmit(const char *workflow, const char *key, int limit, Oid principal
 					   "      AND h.status OPERATOR(pg_catalog.=) 'queued' "
 					   "    ORDER BY OPERATOR(pg_catalog.-) h.priority::pg_catalog.int8, h.id "
 					   "    LIMIT GREATEST($3 OPERATOR(pg_catalog.-) " IN_FLIGHT_SQL ", 0))) "
-					   "RETURNING r.id, r.principal_id, r.priority",
+					   "RETURNING r.principal_id, r.priority, r.id",
 					   4, types, values, NULL, SPI_OK_UPDATE_RETURNING);
-	for (uint64 i = 0; i < n; i++)
-	{
-		HeapTuple	tup = SPI_tuptable->vals[i];
-		TupleDesc	td = SPI_tuptable->tupdesc;
-		bool		isnull;
-
-		QueueNoteAtCommit(DatumGetObjectId(SPI_getbinval(tup, td, 2, &isnull)),
-						  DatumGetInt32(SPI_getbinval(tup, td, 3, &isnull)),
-						  DatumGetInt64(SPI_getbinval(tup, td, 1, &isnull)));
-	}
+	QueueNoteReturnedAtCommit();
 	SecurityRestore(&frame);
 	if (n > 0)
 		TuvlWakeWorkersAtCommit();

@@ -92,7 +92,7 @@ extern const StepExecutor StepKindFunctional;	/* step_sql.c */
 extern const StepExecutor StepKindModelOp;	/* step_sql.c */
 extern const StepExecutor StepKindRouter;	/* step_router.c */
 extern const StepExecutor StepKindAPICall;	/* step_http.c */
-extern const StepExecutor StepKindMCP;	/* mcp.c */
+extern const StepExecutor StepKindMCP;	/* step_mcp.c */
 extern const StepExecutor StepKindAgent;	/* agent_completion.c */
 extern const StepExecutor StepKindHuman;	/* step_human.c */
 extern const StepExecutor StepKindSleep;	/* step_sleep.c */

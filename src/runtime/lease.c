@@ -560,22 +560,6 @@ static const char release_sql[] =
 "    FOR UPDATE OF x SKIP LOCKED)) "
 "RETURNING r.principal_id, r.priority, r.id";
 
-/* Tell the claims about the runs the last statement queued again. */
-static void
-note_requeued(void)
-{
-	for (uint64 i = 0; i < SPI_processed; i++)
-	{
-		HeapTuple	tup = SPI_tuptable->vals[i];
-		TupleDesc	td = SPI_tuptable->tupdesc;
-		bool		isnull;
-
-		QueueNoteAtCommit(DatumGetObjectId(SPI_getbinval(tup, td, 1, &isnull)),
-						  DatumGetInt32(SPI_getbinval(tup, td, 2, &isnull)),
-						  DatumGetInt64(SPI_getbinval(tup, td, 3, &isnull)));
-	}
-}
-
 /*
  * Give runs back to the queue (the worker cannot go on with them); only
  * runs still held by these attempts are touched.  A run whose row a
@@ -604,7 +588,7 @@ LeaseRelease(int n, const int64 *ids, const int32 *attempts, bool *released)
 	values[2] = StatusHeldParam();
 	SecurityAsOwner(&frame);
 	done = SpiExec(release_sql, 3, types, values, NULL, SPI_OK_UPDATE_RETURNING);
-	note_requeued();
+	QueueNoteReturnedAtCommit();
 	SecurityRestore(&frame);
 	if (released)
 	{
@@ -654,7 +638,7 @@ LeaseReclaim(void)
 
 	SecurityAsOwner(&frame);
 	n = SpiExecIndexed(reclaim_sql, 0, NULL, NULL, NULL, SPI_OK_UPDATE_RETURNING);
-	note_requeued();
+	QueueNoteReturnedAtCommit();
 	SecurityRestore(&frame);
 	return n;
 }

@@ -381,7 +381,7 @@ append_record(Jsonb *state, Jsonb *record)
 
 /*
  * The answer to the question an MCP server asked the waiting MCP step of r
- * (step_state.awaiting, mcp.c): accept with answer->data, checked against
+ * (step_state.awaiting, step_mcp.c): accept with answer->data, checked against
  * the server's requestedSchema, or decline or cancel (answer->action).
  */
 static void

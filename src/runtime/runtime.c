@@ -838,6 +838,31 @@ step_controls_itself(const StepDef *step)
 }
 
 /*
+ * The checkpoint of a transition that stops before its step executes
+ * (boundary_control, dev_mode_stop): the events so far, the context and
+ * the step; b is started as its event's payload, naming the step.
+ */
+static void
+stop_before_step(Transition *t, Checkpoint *cp, JsonObjBuilder *b)
+{
+	memset(cp, 0, sizeof(*cp));
+	cp->events = list_copy(t->events);
+	cp->context = t->run->context;
+	cp->step = t->step->id;
+	JsonObjStart(b);
+	JsonObjAddString(b, "step", t->step->id);
+}
+
+/* The stop pauses the run: "paused" journaled, the step's clock stopped. */
+static void
+stop_paused(Transition *t, Checkpoint *cp, JsonObjBuilder *b)
+{
+	JournalAdd(&cp->events, "paused", t->step->id, t->step->kind_name, JsonObjEnd(b));
+	cp->status = RUN_PAUSED;
+	cp->step_state = paused_step_state(t->run->step_state);
+}
+
+/*
  * Operator directives that apply between steps (tuvl.runs.control, as
  * seen at the last checkpoint): abort ends the run, pause parks it and
  * releases the lease.  A step that controls itself (an agent in the
@@ -860,12 +885,7 @@ boundary_control(Transition *t)
 	if (step_controls_itself(t->step) && state_step &&
 		strcmp(state_step, t->step->id) == 0)
 		return false;
-	memset(&cp, 0, sizeof(cp));
-	cp.events = list_copy(t->events);
-	cp.context = run->context;
-	cp.step = t->step->id;
-	JsonObjStart(&b);
-	JsonObjAddString(&b, "step", t->step->id);
+	stop_before_step(t, &cp, &b);
 	if (aborted)
 	{
 		const char *first = CompensationBegin(run, RUN_ABORTED, NULL, NULL, abort.error);
@@ -891,10 +911,8 @@ boundary_control(Transition *t)
 	else
 	{
 		JsonObjAddString(&b, "by", JsonIsObject(pause) ? JsonGetString(pause, "by") : NULL);
-		JournalAdd(&cp.events, "paused", t->step->id, t->step->kind_name, JsonObjEnd(&b));
-		cp.status = RUN_PAUSED;
+		stop_paused(t, &cp, &b);
 		cp.consume = list_make1("pause");
-		cp.step_state = paused_step_state(run->step_state);
 	}
 	CheckpointWrite(run, &cp);
 	return true;
@@ -928,16 +946,9 @@ dev_mode_stop(Transition *t)
 	by = BreakpointsStop(run->id, run->principal, run->workflow, t->step->id);
 	if (by == NULL)
 		return false;
-	memset(&cp, 0, sizeof(cp));
-	cp.events = list_copy(t->events);
-	cp.context = run->context;
-	cp.step = t->step->id;
-	JsonObjStart(&b);
-	JsonObjAddString(&b, "step", t->step->id);
+	stop_before_step(t, &cp, &b);
 	JsonObjAddString(&b, "by", by);
-	JournalAdd(&cp.events, "paused", t->step->id, t->step->kind_name, JsonObjEnd(&b));
-	cp.status = RUN_PAUSED;
-	cp.step_state = paused_step_state(run->step_state);
+	stop_paused(t, &cp, &b);
 	CheckpointWrite(run, &cp);
 	return true;
 }

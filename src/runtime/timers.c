@@ -186,7 +186,7 @@ wake(const char *wake_sql, bool human)
 	{
 		char	   *step = SPI_getvalue(tt->vals[i], tt->tupdesc, 3);
 
-		/* an MCP step waiting on its server's question (mcp.c) */
+		/* an MCP step waiting on its server's question (step_mcp.c) */
 		char	   *kind = human ? SPI_getvalue(tt->vals[i], tt->tupdesc, 6) : NULL;
 		bool		mcp = kind && strcmp(kind, "mcp_elicitation") == 0;
 		JsonObjBuilder b;

@@ -407,18 +407,27 @@ ValidateText(ValidateState *vs, Jsonb *obj, const char *key, const char *path)
 }
 
 /*
- * A mapping of names to values sent as text (headers, a query): each
- * value is text (a template), a number or a boolean, or null (left out).
+ * obj's name, when present: a mapping (example shows one) of names to
+ * values sent as text (headers, a query), each text (a template), a
+ * number or a boolean, or null (left out).
  */
 void
-ValidateScalarValues(ValidateState *vs, JsonbValue *map, const char *path)
+ValidateScalarMapping(ValidateState *vs, Jsonb *obj, const char *name, const char *path,
+					  const char *example)
 {
+	JsonbValue *map = JsonGetField(obj, name);
 	JsonbIterator *it;
 	JsonbValue	v;
 	char	   *key;
 
-	if (!ValidateIsMapping(map))
+	if (map == NULL)
 		return;
+	path = psprintf("%s.%s", path, name);
+	if (!ValidateIsMapping(map))
+	{
+		ValidateFinding(vs, "error", path, "%s must be a mapping such as %s", name, example);
+		return;
+	}
 	it = JsonbIteratorInit(map->val.binary.data);
 	while (next_key(&it, &key, &v))
 		if (v.type == jbvBinary)
@@ -530,6 +539,21 @@ ValidateStringIn(JsonbValue *v, const char *const *options)
 	if (v == NULL || v->type != jbvString)
 		return false;
 	return name_in(pnstrdup(v->val.string.val, v->val.string.len), options);
+}
+
+/*
+ * The number of items of list v; -1, with the finding message at path,
+ * when v is not a list.
+ */
+int
+ValidateListLength(ValidateState *vs, JsonbValue *v, const char *path, const char *message)
+{
+	if (!ValidateIsList(v))
+	{
+		ValidateFinding(vs, "error", path, "%s", message);
+		return -1;
+	}
+	return (int) JsonContainerSize(v->val.binary.data);
 }
 
 /* Is v a whole number from 1 to INT_MAX? */
@@ -697,14 +721,12 @@ void
 ValidateArtifactList(ValidateState *vs, JsonbValue *v, const char *path, ArtifactSite site,
 					 const char *what)
 {
+	int			n;
+
 	if (v == NULL)
 		return;
-	if (!ValidateIsList(v))
-	{
-		ValidateFinding(vs, "error", path, "%s must be a list of artifact:// references", what);
-		return;
-	}
-	for (int i = 0; i < (int) JsonContainerSize(v->val.binary.data); i++)
+	n = ValidateListLength(vs, v, path, psprintf("%s must be a list of artifact:// references", what));
+	for (int i = 0; i < n; i++)
 	{
 		JsonbValue *e = getIthJsonbValueFromContainer(v->val.binary.data, i);
 		char	   *epath = psprintf("%s[%d]", path, i);

@@ -50,7 +50,8 @@ extern void ValidateText(ValidateState *vs, Jsonb *obj, const char *key, const c
 extern void ValidatePositiveInt(ValidateState *vs, Jsonb *obj, const char *key, const char *path);
 extern void ValidatePositiveNumber(ValidateState *vs, Jsonb *obj, const char *key,
 								   const char *path);
-extern void ValidateScalarValues(ValidateState *vs, JsonbValue *map, const char *path);
+extern void ValidateScalarMapping(ValidateState *vs, Jsonb *obj, const char *name, const char *path,
+								  const char *example);
 extern void ValidateRetry(ValidateState *vs, Jsonb *parent, const char *path,
 						  const char *const *on_values, const char *example);
 extern void ValidateSchema(ValidateState *vs, Jsonb *schema, const char *path);
@@ -72,6 +73,8 @@ extern Jsonb *ValidateDefinition(ValidateState *vs);
 /* Shapes of a value */
 extern bool ValidateIsMapping(JsonbValue *v);
 extern bool ValidateIsList(JsonbValue *v);
+extern int	ValidateListLength(ValidateState *vs, JsonbValue *v, const char *path,
+							   const char *message);
 extern bool ValidateStringIn(JsonbValue *v, const char *const *options);
 extern bool ValidateIsPositiveInt4(JsonbValue *v);
 extern const char *ValidateTypeName(JsonbValue *v);

@@ -315,16 +315,8 @@ check_http_block(ValidateState *vs, Jsonb *http, const char *hpath)
 			 ValidateStringIn(v, bodiless))
 		ValidateFinding(vs, "error", psprintf("%s.body", hpath),
 						"a GET or HEAD request cannot carry a body; use POST, or move the values to query");
-	v = JsonGetField(http, "headers");
-	if (v && !ValidateIsMapping(v))
-		ValidateFinding(vs, "error", psprintf("%s.headers", hpath),
-						"headers must be a mapping such as { Content-Type: application/json }");
-	ValidateScalarValues(vs, v, psprintf("%s.headers", hpath));
-	v = JsonGetField(http, "query");
-	if (v && !ValidateIsMapping(v))
-		ValidateFinding(vs, "error", psprintf("%s.query", hpath),
-						"query must be a mapping such as { q: \"{{ term }}\" }");
-	ValidateScalarValues(vs, v, psprintf("%s.query", hpath));
+	ValidateScalarMapping(vs, http, "headers", hpath, "{ Content-Type: application/json }");
+	ValidateScalarMapping(vs, http, "query", hpath, "{ q: \"{{ term }}\" }");
 	v = JsonGetField(http, "idempotency");
 	if (v && !ValidateStringIn(v, idem))
 		ValidateFinding(vs, "error", psprintf("%s.idempotency", hpath),

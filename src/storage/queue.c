@@ -37,6 +37,7 @@
  */
 #include "postgres.h"
 
+#include "executor/spi.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
@@ -157,6 +158,25 @@ QueueNoteAtCommit(Oid role, int32 priority, int64 id)
 	pending[n_pending].role = role;
 	pending[n_pending].pos = pos;
 	n_pending++;
+}
+
+/*
+ * The runs the last SPI statement made queued, each a row it returned
+ * with (principal, priority, id) as its first three columns.
+ */
+void
+QueueNoteReturnedAtCommit(void)
+{
+	for (uint64 i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tup = SPI_tuptable->vals[i];
+		TupleDesc	td = SPI_tuptable->tupdesc;
+		bool		isnull;
+
+		QueueNoteAtCommit(DatumGetObjectId(SPI_getbinval(tup, td, 1, &isnull)),
+						  DatumGetInt32(SPI_getbinval(tup, td, 2, &isnull)),
+						  DatumGetInt64(SPI_getbinval(tup, td, 3, &isnull)));
+	}
 }
 
 static void

@@ -75,6 +75,7 @@ typedef struct QueueClaim
 
 /* Any backend: a run of role became queued; registered at commit. */
 extern void QueueNoteAtCommit(Oid role, int32 priority, int64 id);
+extern void QueueNoteReturnedAtCommit(void);
 extern void QueueXactCallback(XactEvent event, void *arg);
 extern void QueueResetState(QueueState *q);
 

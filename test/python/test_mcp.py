@@ -20,6 +20,7 @@ import json
 import re
 import os
 import signal
+import socket
 import subprocess
 import time
 
@@ -387,6 +388,17 @@ def test_a_json_rpc_error_takes_the_error_route(conn, mode, scripted):
     assert res["response"]["type"] == "mcp_error"
     done = payloads(conn, res["run_id"], "agent_completed")[0]
     assert "-32603" in done.get("detail", ""), done
+
+
+def test_a_server_that_cannot_be_reached_is_an_mcp_error(conn, mode):
+    """The client raises unclassified; the step classifies what it raises."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = call(conn, "echo", {"message": "x"}, mode, url=f"http://127.0.0.1:{port}/mcp")
+    assert res["end"] == "oops", res
+    assert res["response"]["error"].startswith("MCP server/discover failed"), res
+    assert res["response"]["type"] == "mcp_error", res
 
 
 def test_list_tools_follows_next_cursor(conn, scripted):

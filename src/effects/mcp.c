@@ -2,7 +2,8 @@
  *
  * mcp.c
  *	  A Model Context Protocol client over the streamable HTTP transport
- *	  (protocol revision 2025-11-25), and the MCP step.
+ *	  (protocol revision 2025-11-25), which the MCP step (step_mcp.c) and
+ *	  tuvl.mcp_list_tools() speak through.
  *
  * Every message is one HTTP POST of a JSON-RPC message, made as an effect
  * (effect.c), so each is journaled before use and a crashed step resumes
@@ -36,7 +37,7 @@
  * "input_required" is sent again with inputResponses: answered as
  * mcp.elicitation says, unattended (accept_defaults, decline) or, with ask
  * (the default), by a person: the run parks as waiting_human with the
- * question as its awaiting (await_person), tuvl.submit() or tuvl.reject()
+ * question as its awaiting (step_mcp.c), tuvl.submit() or tuvl.reject()
  * record the answer among the step's records (run_control.c), and the
  * step, executed again, retries the call.  A 2025-11-25 server that asks
  * on the call's event stream fails the call (fail_if_stream_asks).
@@ -68,16 +69,12 @@
 
 #include "effect.h"
 #include "http.h"
-#include "executor.h"
-#include "journal.h"
 #include "jsonutil.h"
 #include "mcp.h"
-#include "mcp_oauth.h"
 #include "security.h"
 #include "spiutil.h"
 #include "template.h"
 #include "tuvl.h"
-#include "workflow.h"
 #include "tokens.h"
 
 PG_FUNCTION_INFO_V1(tuvl_mcp_list_tools);
@@ -114,29 +111,42 @@ typedef struct McpServerRevision
 
 static HTAB *revisions = NULL;
 
-static McpServerRevision *
-revision_lookup(const char *url, bool create)
+/*
+ * The entry of url in *table, a hash by URL of this process made on first
+ * use (name, entries of entrysize that open with a char[1024] key), or
+ * NULL when url is too long to be a key.
+ */
+static void *
+url_entry(HTAB **table, const char *name, Size entrysize, const char *url, bool create,
+		  bool *found)
 {
 	char		key[1024];
 
-	if (revisions == NULL)
+	if (*table == NULL)
 	{
 		HASHCTL		ctl;
 
 		ctl.keysize = sizeof(key);
-		ctl.entrysize = sizeof(McpServerRevision);
-		revisions = hash_create("tuvl MCP server revisions", 16, &ctl, HASH_ELEM | HASH_STRINGS);
+		ctl.entrysize = entrysize;
+		*table = hash_create(name, 16, &ctl, HASH_ELEM | HASH_STRINGS);
 	}
 	if (strlen(url) >= sizeof(key))
 		return NULL;
 	memset(key, 0, sizeof(key));
 	strlcpy(key, url, sizeof(key));
-	return hash_search(revisions, key, create ? HASH_ENTER : HASH_FIND, NULL);
+	return hash_search(*table, key, create ? HASH_ENTER : HASH_FIND, found);
+}
+
+static McpServerRevision *
+revision_lookup(const char *url, bool create)
+{
+	return url_entry(&revisions, "tuvl MCP server revisions", sizeof(McpServerRevision), url,
+					 create, NULL);
 }
 
 /* What the process knows of url: 1 stateless, 0 a 2025 server, -1 nothing. */
-static int
-revision_known(const char *url)
+int
+McpRevisionKnown(const char *url)
 {
 	McpServerRevision *r = revision_lookup(url, false);
 
@@ -150,8 +160,8 @@ revision_known(const char *url)
 	return r->stateless ? 1 : 0;
 }
 
-static void
-revision_remember(const char *url, bool stateless)
+void
+McpRevisionRemember(const char *url, bool stateless)
 {
 	McpServerRevision *r;
 
@@ -170,23 +180,10 @@ revision_remember(const char *url, bool stateless)
 static McpSession *
 session_lookup(const char *url, bool create)
 {
-	char		key[1024];
 	bool		found;
 	McpSession *s;
 
-	if (sessions == NULL)
-	{
-		HASHCTL		ctl;
-
-		ctl.keysize = sizeof(key);
-		ctl.entrysize = sizeof(McpSession);
-		sessions = hash_create("tuvl MCP sessions", 16, &ctl, HASH_ELEM | HASH_STRINGS);
-	}
-	if (strlen(url) >= sizeof(key))
-		return NULL;
-	memset(key, 0, sizeof(key));
-	strlcpy(key, url, sizeof(key));
-	s = hash_search(sessions, key, create ? HASH_ENTER : HASH_FIND, &found);
+	s = url_entry(&sessions, "tuvl MCP sessions", sizeof(McpSession), url, create, &found);
 	/* a new entry has its key; the rest starts empty */
 	if (s && !found)
 		memset((char *) s + sizeof(s->url), 0, sizeof(McpSession) - sizeof(s->url));
@@ -224,6 +221,40 @@ is_response_to(Jsonb *msg, const char *id)
 }
 
 /*
+ * The data of the next event of the event stream at *pos (its data:
+ * lines, joined by newlines) into data, *pos moved past it.  An event
+ * ends at a blank line or with the stream; one without data is skipped,
+ * and id:, event:, retry: and ":" comments need nothing.  Returns false
+ * at the end of the stream.
+ */
+static bool
+next_event_data(const char **pos, StringInfo data)
+{
+	const char *p = *pos;
+
+	resetStringInfo(data);
+	while (p)
+	{
+		const char *eol = strpbrk(p, "\r\n");
+		size_t		len = eol ? (size_t) (eol - p) : strlen(p);
+
+		if (len >= 5 && strncmp(p, "data:", 5) == 0)
+		{
+			const char *v = p + 5 + (p[5] == ' ');
+
+			if (data->len > 0)
+				appendStringInfoChar(data, '\n');
+			appendBinaryStringInfo(data, v, p + len - v);
+		}
+		p = eol ? eol + ((eol[0] == '\r' && eol[1] == '\n') ? 2 : 1) : NULL;
+		if ((len == 0 || p == NULL) && data->len > 0)
+			break;
+	}
+	*pos = p;
+	return data->len > 0;
+}
+
+/*
  * Find the JSON-RPC response to request id in a response body, which is
  * either one JSON message (or a batch array) or a text/event-stream.
  * Returns NULL with *error set when there is none.
@@ -243,41 +274,9 @@ McpParseMessage(const char *body, const char *content_type, const char *id, char
 		const char *p = body;
 
 		initStringInfo(&data);
-		for (;;)
+		while (next_event_data(&p, &data))
 		{
-			const char *eol = strpbrk(p, "\r\n");
-			size_t		len = eol ? (size_t) (eol - p) : strlen(p);
-
-			if (len == 0)
-			{
-				/* blank line: dispatch the event */
-				if (data.len > 0)
-				{
-					/* an event that is not a JSON message is skipped */
-					Jsonb	   *msg = JsonParseExternal(data.data, data.len, NULL);
-
-					if (msg && JsonIsObject(msg) && is_response_to(msg, id))
-						return msg;
-				}
-				resetStringInfo(&data);
-			}
-			else if (len >= 5 && strncmp(p, "data:", 5) == 0)
-			{
-				const char *v = p + 5;
-
-				if (*v == ' ')
-					v++;
-				if (data.len > 0)
-					appendStringInfoChar(&data, '\n');
-				appendBinaryStringInfo(&data, v, p + len - v);
-			}
-			/* id:, event:, retry: and ":" comments need nothing */
-			if (eol == NULL)
-				break;
-			p = eol + ((eol[0] == '\r' && eol[1] == '\n') ? 2 : 1);
-		}
-		if (data.len > 0)
-		{
+			/* an event that is not a JSON message is skipped */
 			Jsonb	   *msg = JsonParseExternal(data.data, data.len, NULL);
 
 			if (msg && JsonIsObject(msg) && is_response_to(msg, id))
@@ -319,8 +318,8 @@ McpParseMessage(const char *body, const char *content_type, const char *id, char
  * mcp.headers rendered against ctx (secrets allowed, remembered in use):
  * a list of HttpHeader for every message of the step.
  */
-static List *
-render_headers(JsonbValue *headers, Jsonb *ctx, SecretUse *use)
+List *
+McpRenderHeaders(JsonbValue *headers, Jsonb *ctx, SecretUse *use)
 {
 	JsonbIterator *it;
 	JsonbValue	v;
@@ -353,8 +352,8 @@ render_headers(JsonbValue *headers, Jsonb *ctx, SecretUse *use)
  * (hashed), so that steps that present other credentials to the same
  * server never share a session.
  */
-static char *
-session_key(const char *url, List *headers)
+char *
+McpSessionKey(const char *url, List *headers)
 {
 	StringInfoData buf;
 	ListCell   *lc;
@@ -461,10 +460,10 @@ add_header(EffectRequest *req, const char *name, const char *value)
  * checks against the body: MCP-Protocol-Version, Mcp-Method and, when name
  * is given (tools/call), Mcp-Name.
  */
-static EffectRequest *
-stateless_request(const char *url, const char *method, Jsonb *params, const char *name,
-				  const char *id, const char *op, int timeout_ms, List *extra, bool elicit,
-				  bool tasks)
+EffectRequest *
+McpStatelessRequest(const char *url, const char *method, Jsonb *params, const char *name,
+					const char *id, const char *op, int timeout_ms, List *extra, bool elicit,
+					bool tasks)
 {
 	Jsonb	   *meta = JsonFromCString(psprintf("{\"io.modelcontextprotocol/protocolVersion\": \""
 												MCP_STATELESS_VERSION "\", "
@@ -477,14 +476,11 @@ stateless_request(const char *url, const char *method, Jsonb *params, const char
 	EffectRequest *req;
 
 	if (name && strpbrk(name, "\r\n"))
-	{
-		ExecutorErrorType = "mcp_error";
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("MCP tool name contains a line break"),
 				 errdetail("Revision %s sends the tool's name as the Mcp-Name header.",
 						   MCP_STATELESS_VERSION)));
-	}
 	params = JsonSetKey(params ? params : JsonEmptyObject(), "_meta", meta);
 	req = rpc_request(url, method, params, id, NULL, MCP_STATELESS_VERSION, op, timeout_ms, NIL);
 	add_header(req, "Mcp-Method", method);
@@ -525,20 +521,14 @@ session_of(Jsonb *result)
 		return NULL;
 	for (const char *c = sid; *c; c++)
 		if (*c < 0x21 || *c > 0x7e)
-		{
-			ExecutorErrorType = "mcp_error";
 			ereport(ERROR,
 					(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 					 errmsg("MCP initialize failed: the server's session id holds characters other than visible ASCII")));
-		}
 	if (strlen(sid) >= MCP_MAX_SESSION_ID)
-	{
-		ExecutorErrorType = "mcp_error";
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 				 errmsg("MCP initialize failed: the server's session id is longer than %d bytes",
 						MCP_MAX_SESSION_ID - 1)));
-	}
 	return sid;
 }
 
@@ -615,7 +605,6 @@ fail_transport(Jsonb *result, const char *what)
 	int			status = JsonGetInt32(result, "status", 0);
 	char	   *err = JsonGetString(result, "error");
 
-	ExecutorErrorType = "mcp_error";
 	if (status == 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
@@ -635,18 +624,14 @@ rpc_answer(Jsonb *result, const char *id, const char *what)
 									  id, &error);
 
 	if (msg == NULL)
-	{
-		ExecutorErrorType = "mcp_error";
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 				 errmsg("MCP %s failed: %s", what, error)));
-	}
 	if (JsonGetField(msg, "error"))
 	{
 		Jsonb	   *e = JsonGetJsonb(msg, "error");
 		char	   *m = JsonIsObject(e) ? JsonGetString(e, "message") : NULL;
 
-		ExecutorErrorType = "mcp_error";
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 				 errmsg("MCP %s failed: %s", what, m ? m : "JSON-RPC error"),
@@ -656,106 +641,6 @@ rpc_answer(Jsonb *result, const char *id, const char *what)
 	}
 	return JsonGetJsonb(msg, "result");
 }
-
-/*
- * Turn a tools/call result into the step output: the joined text
- * content, the content list, and structuredContent when present.
- */
-static Jsonb *
-call_output(Jsonb *res, const char *tool)
-{
-	Jsonb	   *content = JsonGetJsonb(res, "content");
-	StringInfoData text;
-	JsonObjBuilder b;
-
-	initStringInfo(&text);
-	if (content && JB_ROOT_IS_ARRAY(content) && !JB_ROOT_IS_SCALAR(content))
-	{
-		int			n = JsonContainerSize(&content->root);
-
-		for (int i = 0; i < n; i++)
-		{
-			Jsonb	   *c = JsonValueToJsonb(getIthJsonbValueFromContainer(&content->root, i));
-			char	   *type = JsonIsObject(c) ? JsonGetString(c, "type") : NULL;
-			char	   *t = type && strcmp(type, "text") == 0 ? JsonGetString(c, "text") : NULL;
-
-			if (t)
-			{
-				if (text.len > 0)
-					appendStringInfoChar(&text, '\n');
-				appendStringInfoString(&text, t);
-			}
-		}
-	}
-	if (JsonGetBool(res, "isError", false))
-	{
-		ExecutorErrorType = "mcp_tool_error";
-		ereport(ERROR,
-				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
-				 errmsg("MCP tool \"%s\" failed: %s", tool, text.len > 0 ? text.data : "no message")));
-	}
-	JsonObjStart(&b);
-	JsonObjAddString(&b, "text", text.data);
-	JsonObjAddJsonb(&b, "content", content ? content : JsonFromCString("[]"));
-	if (JsonGetField(res, "structuredContent"))
-		JsonObjAddJsonb(&b, "structuredContent", JsonGetJsonb(res, "structuredContent"));
-	return JsonObjEnd(&b);
-}
-
-/*
- * Called as an agent's tool, the model's arguments are the tool's: with
- * no mcp.arguments they are passed as they are; else each declared
- * argument the model gave replaces the rendered one.
- */
-static Jsonb *
-agent_arguments(JsonbValue *declared, Jsonb *rendered, Jsonb *model)
-{
-	JsonbIterator *it;
-	JsonbValue	v;
-	char	   *key;
-
-	if (declared == NULL)
-		return model;
-	if (!JsonIsObject(rendered))
-		return rendered;
-	it = JsonbIteratorInit(&model->root);
-	while (JsonObjectNext(&it, &key, &v))
-		if (JsonGetField(rendered, key))
-			rendered = JsonSetKey(rendered, key, JsonValueToJsonb(&v));
-	return rendered;
-}
-
-/* Where an MCP step stands with its server, from the effects so far. */
-typedef struct McpProgress
-{
-	char	   *session;		/* NULL: none (yet) */
-	char	   *version;
-	bool		notified;		/* notifications/initialized was sent */
-	bool		from_cache;		/* the session came from this process's cache */
-	bool		discovered;		/* the server's revision is known */
-	bool		stateless;		/* ... and it is MCP_STATELESS_VERSION */
-	bool		learned;		/* this step learned it (not from memory) */
-	bool		downgraded;		/* a stateless call was refused with -32022 */
-	const char *elicitation;	/* mcp.elicitation: ask, accept_defaults,
-								 * decline */
-	bool		can_ask;		/* ask: the run may wait for a person (not in
-								 * an agent's tool call) */
-	Jsonb	   *input_required; /* the last answer asked for input: retry */
-	Jsonb	   *answers;		/* ask: a person's answers to it, by request
-								 * key (inputResponses entries) */
-	Jsonb	   *waits;			/* ask: when each of its requests times out
-								 * (until_us), by request key */
-	int			rounds;			/* answers that asked for input */
-	char	   *task_id;		/* the call became this task: poll it */
-	int			task_poll_ms;	/* ... this often */
-	TimestampTz task_until;		/* ... next at this time (0: not set yet) */
-	const char *oauth_url;		/* mcp.auth: the server, whose 401/403 fail */
-	char	   *resume_id;		/* the stream ended before the answer: the
-								 * last event id to resume after, or NULL */
-	int			resume_ms;		/* ... after the server's retry delay */
-	const char *resume_rpc;		/* ... awaiting the answer to this request */
-	int			resumes;		/* resumptions so far */
-} McpProgress;
 
 /* A call's event stream is resumed at most this often. */
 #define MCP_MAX_RESUMES 3
@@ -778,7 +663,6 @@ check_version(const char *version)
 	for (int i = 0; known_versions[i]; i++)
 		if (strcmp(known_versions[i], version) == 0)
 			return;
-	ExecutorErrorType = "mcp_error";
 	ereport(ERROR,
 			(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 			 errmsg("MCP initialize failed: the server speaks protocol revision %s, which tuvl does not implement",
@@ -810,7 +694,6 @@ input_required(Jsonb *answer, McpProgress *p)
 
 	if (type == NULL || strcmp(type, "complete") == 0)
 		return false;
-	ExecutorErrorType = "mcp_error";
 	if (strcmp(type, "input_required") != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
@@ -860,15 +743,14 @@ schema_defaults(Jsonb *schema)
  * The inputRequests of an input_required answer, an object; each must be
  * an elicitation/create (tuvl answers nothing else: sampling, roots).
  */
-static Jsonb *
-input_requests(Jsonb *answer)
+Jsonb *
+McpInputRequests(Jsonb *answer)
 {
 	Jsonb	   *requests = JsonGetJsonb(answer, "inputRequests");
 	JsonbIterator *it;
 	JsonbValue	v;
 	char	   *key;
 
-	ExecutorErrorType = "mcp_error";
 	if (requests == NULL || !JsonIsObject(requests))
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
@@ -890,8 +772,8 @@ input_requests(Jsonb *answer)
 }
 
 /* The params of input request req (an object), or NULL. */
-static Jsonb *
-request_params(Jsonb *req)
+Jsonb *
+McpRequestParams(Jsonb *req)
 {
 	Jsonb	   *params = JsonGetField(req, "params") ? JsonGetJsonb(req, "params") : NULL;
 
@@ -899,10 +781,10 @@ request_params(Jsonb *req)
 }
 
 /* Is input request req a form (not one sending the person to a URL)? */
-static bool
-request_is_form(Jsonb *req)
+bool
+McpRequestIsForm(Jsonb *req)
 {
-	Jsonb	   *params = request_params(req);
+	Jsonb	   *params = McpRequestParams(req);
 	char	   *mode = params ? JsonGetString(params, "mode") : NULL;
 
 	return mode == NULL || strcmp(mode, "form") == 0;
@@ -918,7 +800,7 @@ request_is_form(Jsonb *req)
 static Jsonb *
 input_responses(Jsonb *answer, const char *policy, Jsonb *answers)
 {
-	Jsonb	   *requests = input_requests(answer);
+	Jsonb	   *requests = McpInputRequests(answer);
 	Jsonb	   *out = JsonEmptyObject();
 	JsonbIterator *it;
 	JsonbValue	v;
@@ -928,8 +810,8 @@ input_responses(Jsonb *answer, const char *policy, Jsonb *answers)
 	while (JsonObjectNext(&it, &key, &v))
 	{
 		Jsonb	   *req = JsonValueToJsonb(&v);
-		Jsonb	   *params = request_params(req);
-		bool		accept = strcmp(policy, "accept_defaults") == 0 && request_is_form(req);
+		Jsonb	   *params = McpRequestParams(req);
+		bool		accept = strcmp(policy, "accept_defaults") == 0 && McpRequestIsForm(req);
 		Jsonb	   *resp;
 
 		if (strcmp(policy, "ask") == 0)
@@ -950,97 +832,6 @@ input_responses(Jsonb *answer, const char *policy, Jsonb *answers)
 }
 
 /*
- * mcp.elicitation ask: the input requests of the last answer that nobody
- * has answered yet park the run for a person, one at a time, as a Human
- * step waits (waiting_human, tuvl.people_queue): tuvl.submit() accepts
- * with the content, tuvl.reject() declines or cancels (run_control.c
- * records the answer in the step's records).  A request whose
- * elicitation_timeout (wait_ms; 0: none) passed unanswered is answered
- * "cancel", as a person who dismissed it.  Returns true with the run
- * parked in result; false once every request has its answer.
- */
-static bool
-await_person(RunState *run, const char *step_id, McpProgress *p, const char *url, const char *tool,
-			 int wait_ms, List *secrets, StepResult *result)
-{
-	Jsonb	   *requests = input_requests(p->input_required);
-	JsonbIterator *it;
-	JsonbValue	v;
-	char	   *key;
-	JsonObjBuilder b;
-
-	it = JsonbIteratorInit(&requests->root);
-	while (JsonObjectNext(&it, &key, &v))
-	{
-		Jsonb	   *req = JsonValueToJsonb(&v);
-		Jsonb	   *params = request_params(req);
-		TimestampTz until = 0;
-		Jsonb	   *info;
-
-		if (p->answers && JsonGetField(p->answers, key))
-			continue;
-		if (p->waits && JsonGetField(p->waits, key))
-			until = (TimestampTz) JsonGetInt(p->waits, key, 0);
-		else if (wait_ms > 0)
-		{
-			until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait_ms);
-			JsonObjStart(&b);
-			JsonObjAddString(&b, "op", "elicit_wait");
-			JsonObjAddString(&b, "request", key);
-			JsonObjAddInt(&b, "until_us", until);
-			EffectRecord(run, JsonObjEnd(&b));
-		}
-		if (until != 0 && GetCurrentTimestamp() >= until)
-		{
-			/* nobody answered in time: as a person who dismissed it */
-			JsonObjStart(&b);
-			JsonObjAddString(&b, "op", "elicitation");
-			JsonObjAddString(&b, "request", key);
-			JsonObjAddString(&b, "action", "cancel");
-			JsonObjAddString(&b, "by", "tuvl");
-			JsonObjAddBool(&b, "timed_out", true);
-			EffectRecord(run, JsonObjEnd(&b));
-			/* journaled as a person's answer, so that a replay serves it */
-			JsonObjStart(&b);
-			JsonObjAddString(&b, "action", "cancel");
-			JsonObjAddString(&b, "by", "tuvl");
-			JsonObjAddString(&b, "request", key);
-			JsonObjAddString(&b, "tool", tool);
-			JsonObjAddString(&b, "reason", psprintf("no answer within the elicitation_timeout of %s",
-													wait_ms % 1000 == 0 ? psprintf("%d s", wait_ms / 1000) :
-													psprintf("%d ms", wait_ms)));
-			JournalAdd(&run->step_events, "decision", step_id, "MCP", JsonObjEnd(&b));
-			p->answers = JsonSetKey(p->answers ? p->answers : JsonEmptyObject(), key,
-									JsonSetKey(JsonEmptyObject(), "action", JsonStringValue("cancel")));
-			continue;
-		}
-
-		/* what people_queue shows and tuvl.submit() checks the answer with */
-		JsonObjStart(&b);
-		JsonObjAddString(&b, "kind", "mcp_elicitation");
-		JsonObjAddString(&b, "server", HttpRedactUrl(url));
-		JsonObjAddString(&b, "tool", tool);
-		JsonObjAddString(&b, "request", key);
-		JsonObjAddString(&b, "mode", request_is_form(req) ? "form" : "url");
-		JsonObjAddString(&b, "message", params ? JsonGetString(params, "message") : NULL);
-		if (request_is_form(req))
-			JsonObjAddJsonb(&b, "form", params && JsonGetField(params, "requestedSchema") ?
-							JsonGetJsonb(params, "requestedSchema") :
-							JsonFromCString("{\"type\": \"object\"}"));
-		else
-			JsonObjAddString(&b, "url", params ? JsonGetString(params, "url") : NULL);
-		JsonObjAddInt(&b, "round", p->rounds);
-		if (until != 0)
-			StepSleepAddWake(&b, until);
-		info = SecretScrubJsonb(JsonObjEnd(&b), secrets);
-		result->park = RUN_WAITING_HUMAN;
-		result->park_info = info;
-		return true;
-	}
-	return false;
-}
-
-/*
  * The method of the first request the server sent on an event stream
  * (body), such as elicitation/create, or NULL: a message with an id and a
  * method, not a notification.
@@ -1052,37 +843,19 @@ stream_request_method(const char *body)
 	const char *p = body;
 
 	initStringInfo(&data);
-	for (;;)
+	while (next_event_data(&p, &data))
 	{
-		const char *eol = strpbrk(p, "\r\n");
-		size_t		len = eol ? (size_t) (eol - p) : strlen(p);
+		Jsonb	   *msg = JsonParseExternal(data.data, data.len, NULL);
 
-		if (len >= 5 && strncmp(p, "data:", 5) == 0)
-		{
-			const char *v = p + 5 + (p[5] == ' ');
-
-			if (data.len > 0)
-				appendStringInfoChar(&data, '\n');
-			appendBinaryStringInfo(&data, v, p + len - v);
-		}
-		if ((len == 0 || eol == NULL) && data.len > 0)
-		{
-			Jsonb	   *msg = JsonParseExternal(data.data, data.len, NULL);
-
-			if (msg && JsonIsObject(msg) && JsonGetField(msg, "id") && JsonGetString(msg, "method"))
-				return JsonGetString(msg, "method");
-			resetStringInfo(&data);
-		}
-		if (eol == NULL)
-			break;
-		p = eol + ((eol[0] == '\r' && eol[1] == '\n') ? 2 : 1);
+		if (msg && JsonIsObject(msg) && JsonGetField(msg, "id") && JsonGetString(msg, "method"))
+			return JsonGetString(msg, "method");
 	}
 	return NULL;
 }
 
 /*
  * A 2025-11-25 server that asks for input on the call's event stream
- * (elicitation/create: the stream was ended there, see next_request)
+ * (elicitation/create: the stream was ended there, see McpNextRequest)
  * waits for the answer on that stream, which cannot stay open while a run
  * waits for a person, nor be resumed after a crash: the call fails
  * clearly.  tuvl declares no elicitation capability on that revision, so a
@@ -1102,7 +875,6 @@ fail_if_stream_asks(Jsonb *r, const char *id)
 	method = stream_request_method(body);
 	if (method == NULL)
 		return;
-	ExecutorErrorType = "mcp_error";
 	ereport(ERROR,
 			(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 			 errmsg("MCP tools/call failed: the server asked for input (%s) on the call's event stream of a %s session",
@@ -1147,14 +919,11 @@ stream_resumable(Jsonb *r, const char *id, McpProgress *p)
 	if (last == NULL || *last == '\0' || strpbrk(last, "\r\n"))
 		return false;
 	if (++p->resumes > MCP_MAX_RESUMES)
-	{
-		ExecutorErrorType = "mcp_error";
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
 				 errmsg("MCP tools/call failed: the event stream ended %d times without the answer",
 						p->resumes),
 				 errdetail("tuvl resumes a call's stream at most %d times.", MCP_MAX_RESUMES)));
-	}
 	p->resume_id = last;
 	p->resume_ms = Max(0, Min(retry, 30000));
 	p->resume_rpc = id;
@@ -1191,7 +960,6 @@ task_created(Jsonb *answer, McpProgress *p)
 
 	if (type == NULL || strcmp(type, "task") != 0)
 		return false;
-	ExecutorErrorType = "mcp_error";
 	if (!p->can_ask)
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
@@ -1220,7 +988,6 @@ task_done(Jsonb *task, const char *tool, McpProgress *p, Jsonb **answer)
 	char	   *status = task ? JsonGetString(task, "status") : NULL;
 	char	   *message = task ? JsonGetString(task, "statusMessage") : NULL;
 
-	ExecutorErrorType = "mcp_error";
 	if (status == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_EXTERNAL_ROUTINE_EXCEPTION),
@@ -1339,9 +1106,9 @@ walk_after_call(Jsonb *r, int i, const char *op, const char *tool, McpProgress *
  * set to the result of tools/call when it arrived (the step is done);
  * raises for a failure.
  */
-static bool
-walk_effects(RunState *run, int first, int n, const char *url, const char *tool, McpProgress *p,
-			 Jsonb **answer)
+bool
+McpWalkEffects(RunState *run, int first, int n, const char *url, const char *tool, McpProgress *p,
+			   Jsonb **answer)
 {
 	for (int i = first; i < n; i++)
 	{
@@ -1354,7 +1121,7 @@ walk_effects(RunState *run, int first, int n, const char *url, const char *tool,
 			continue;
 		/* the token was refused: a person has to connect (again) */
 		if (p->oauth_url)
-			McpOAuthCheckRefused(r, p->oauth_url);
+			p->oauth_refused(r, p->oauth_url);
 		if (strcmp(op, "discover") == 0)
 		{
 			/* a server that cannot be reached fails here, not in initialize */
@@ -1424,6 +1191,7 @@ walk_effects(RunState *run, int first, int n, const char *url, const char *tool,
 				const char *elicitation = p->elicitation;
 				bool		can_ask = p->can_ask;
 				const char *oauth_url = p->oauth_url;
+				void		(*oauth_refused) (Jsonb *r, const char *url) = p->oauth_refused;
 
 				session_forget(url, p->session);
 				memset(p, 0, sizeof(McpProgress));
@@ -1431,6 +1199,7 @@ walk_effects(RunState *run, int first, int n, const char *url, const char *tool,
 				p->elicitation = elicitation;
 				p->can_ask = can_ask;
 				p->oauth_url = oauth_url;
+				p->oauth_refused = oauth_refused;
 				continue;
 			}
 			if (status < 200 || status >= 300)
@@ -1558,8 +1327,8 @@ end_session(const char *server, const char *session, const char *version, List *
  * does not keep (another run's was cached first, or the cache is full) is
  * ended now.
  */
-static void
-end_own_session(const char *url, McpProgress *p, const char *server, List *headers)
+void
+McpEndOwnSession(const char *url, McpProgress *p, const char *server, List *headers)
 {
 	McpSession *s;
 
@@ -1577,8 +1346,8 @@ end_own_session(const char *url, McpProgress *p, const char *server, List *heade
  * one for url already (opened by a run that started at the same time) or
  * holds MCP_MAX_SESSIONS: the step then uses its own and ends it.
  */
-static void
-sync_session_cache(const char *url, int n, McpProgress *p, const char *server, List *headers)
+void
+McpSyncSessionCache(const char *url, int n, McpProgress *p, const char *server, List *headers)
 {
 	McpSession *s;
 
@@ -1619,16 +1388,16 @@ sync_session_cache(const char *url, int n, McpProgress *p, const char *server, L
 }
 
 /* The next effect: initialize, notifications/initialized or tools/call. */
-static EffectRequest *
-next_request(const char *url, const char *tool, Jsonb *args, const char *id, McpProgress *p,
-			 int timeout_ms, List *extra)
+EffectRequest *
+McpNextRequest(const char *url, const char *tool, Jsonb *args, const char *id, McpProgress *p,
+			   int timeout_ms, List *extra)
 {
 	JsonObjBuilder b;
 	EffectRequest *req;
 
 	if (!p->discovered)
-		return stateless_request(url, "server/discover", NULL, NULL, id, "discover", timeout_ms, extra,
-								 false, false);
+		return McpStatelessRequest(url, "server/discover", NULL, NULL, id, "discover", timeout_ms, extra,
+								   false, false);
 	if (p->stateless)
 	{
 		Jsonb	   *responses = NULL;
@@ -1644,8 +1413,8 @@ next_request(const char *url, const char *tool, Jsonb *args, const char *id, Mcp
 			if (JsonGetField(p->input_required, "requestState"))
 				JsonObjAddJsonb(&b, "requestState", JsonGetJsonb(p->input_required, "requestState"));
 		}
-		req = stateless_request(url, "tools/call", JsonObjEnd(&b), tool, id, "call", timeout_ms, extra,
-								strcmp(p->elicitation, "ask") != 0 || p->can_ask, p->can_ask);
+		req = McpStatelessRequest(url, "tools/call", JsonObjEnd(&b), tool, id, "call", timeout_ms, extra,
+								  strcmp(p->elicitation, "ask") != 0 || p->can_ask, p->can_ask);
 		req->journal = JsonMerge(req->journal, JsonSetKey(JsonSetKey(JsonEmptyObject(), "tool",
 																	 JsonStringValue(tool)),
 														  "arguments", args));
@@ -1705,157 +1474,6 @@ next_request(const char *url, const char *tool, Jsonb *args, const char *id, Mcp
 																 JsonStringValue(tool)),
 													  "arguments", args));
 	return req;
-}
-
-/*
- * The call became task p->task_id: sleep until its next poll (parking the
- * run; a task_wait record holds the time), or poll it now with tasks/get.
- * A replay polls at once: the answers are the recording's.
- */
-static void
-poll_task(RunState *run, McpProgress *p, const char *url, const char *tool, int timeout_ms,
-		  List *extra, List *secrets, StepResult *result)
-{
-	TimestampTz now = GetCurrentTimestamp();
-	JsonObjBuilder b;
-	EffectRequest *req;
-	int			n;
-
-	if (p->task_until == 0 && !run->replay)
-	{
-		p->task_until = TimestampTzPlusMilliseconds(now, p->task_poll_ms);
-		JsonObjStart(&b);
-		JsonObjAddString(&b, "op", "task_wait");
-		JsonObjAddInt(&b, "until_us", p->task_until);
-		EffectRecord(run, JsonObjEnd(&b));
-	}
-	if (p->task_until > now && !run->replay)
-	{
-		JsonObjStart(&b);
-		JsonObjAddString(&b, "kind", "mcp_task");
-		JsonObjAddString(&b, "server", HttpRedactUrl(url));
-		JsonObjAddString(&b, "tool", tool);
-		JsonObjAddString(&b, "task", p->task_id);
-		StepSleepAddWake(&b, p->task_until);
-		result->park = RUN_SLEEPING;
-		result->park_info = SecretScrubJsonb(JsonObjEnd(&b), secrets);
-		return;
-	}
-	n = EffectCount(run);
-	req = stateless_request(url, "tasks/get",
-							JsonSetKey(JsonEmptyObject(), "taskId", JsonStringValue(p->task_id)),
-							NULL, EffectKey(run, n), "task_get", timeout_ms, extra, false, true);
-	req->journal = JsonSetKey(req->journal, "task", JsonStringValue(p->task_id));
-	req->secrets = secrets;
-	req->journal = SecretScrubJsonb(req->journal, secrets);
-	result->pending = true;
-	result->effect = req;
-}
-
-/*
- * The MCP step: see the file header.  A request's JSON-RPC id is its
- * effect's idempotency key, so ids never repeat within a session that
- * the runs of a worker share.
- */
-void
-StepExecuteMCP(RunState *run, const StepDef *step, Jsonb *ctx, StepResult *result)
-{
-	Jsonb	   *mcp = JsonGetJsonb(step->spec, "mcp");
-	char	   *url;
-	char	   *tool = JsonGetString(mcp, "tool");
-	JsonbValue *argv = JsonGetField(mcp, "arguments");
-	Jsonb	   *args;
-	Jsonb	   *answer;
-	int			n = EffectCount(run);
-	int			timeout_ms = tuvl_http_timeout;
-	McpProgress p;
-	SecretUse	use;
-	EffectRequest *req;
-	List	   *extra;
-	char	   *skey;
-	int			first = 0;		/* the step's first MCP message (after OAuth) */
-
-	SecretUseInit(&use, run);
-	ExecutorErrorType = "template_error";
-	url = TemplateRenderText(JsonGetString(mcp, "url"), ctx, &use.opts);
-	extra = render_headers(JsonGetField(mcp, "headers"), ctx, &use);
-	tool = TemplateRenderText(tool, ctx, &use.opts);
-	args = argv ? JsonValueToJsonb(TemplateRenderValue(argv, ctx, &use.opts)) : JsonEmptyObject();
-	if (run->tool_args)
-		args = agent_arguments(argv, args, run->tool_args);
-	(void) DurationFromJson(JsonGetField(mcp, "timeout"), &timeout_ms);
-	ExecutorErrorType = "mcp_error";
-	EffectCheckAllowed(url, use.values);
-	if (JsonGetField(mcp, "auth"))
-	{
-		/* OAuth first: discovery and a grant, or the token the role holds */
-		HttpHeader *bearer = NULL;
-
-		req = McpOAuthStep(run, JsonGetJsonb(mcp, "auth"), url, &use, timeout_ms, &bearer, &first);
-		if (req)
-		{
-			result->pending = true;
-			result->effect = req;
-			return;
-		}
-		ExecutorErrorType = "mcp_error";
-		extra = lappend(extra, bearer);
-	}
-	skey = session_key(url, extra);
-
-	/* walk what happened so far */
-	memset(&p, 0, sizeof(p));
-	p.elicitation = JsonGetString(mcp, "elicitation");
-	if (p.elicitation == NULL)
-		p.elicitation = "ask";
-	/* an agent's tool call cannot wait for a person */
-	p.can_ask = run->effect_call == 0 && run->tool_args == NULL;
-	p.oauth_url = JsonGetField(mcp, "auth") ? url : NULL;
-	if (walk_effects(run, first, n, skey, tool, &p, &answer))
-	{
-		if (p.learned)
-			revision_remember(url, p.stateless);
-		end_own_session(skey, &p, url, extra);
-		result->output = call_output(answer, tool);
-		result->output = SecretScrubJsonb(result->output, use.values);
-		result->has_output = true;
-		return;
-	}
-
-	/* what next */
-	if (p.learned)
-		revision_remember(url, p.stateless);
-	if (p.task_id)
-	{
-		/* a task: poll it with tasks/get, the run sleeping in between */
-		poll_task(run, &p, url, tool, timeout_ms, extra, use.values, result);
-		return;
-	}
-	if (p.input_required && strcmp(p.elicitation, "ask") == 0)
-	{
-		/* the server needs a person's answer: wait for it */
-		int			wait_ms = 0;
-
-		(void) DurationFromJson(JsonGetField(mcp, "elicitation_timeout"), &wait_ms);
-		if (await_person(run, step->id, &p, url, tool, wait_ms, use.values, result))
-			return;
-		n = EffectCount(run);	/* a timeout's answer was recorded */
-	}
-	sync_session_cache(skey, n - first, &p, url, extra);
-	if (n == first)
-	{
-		/* a cached session is a 2025 server's; else what the process knows */
-		int			known = p.session ? 0 : revision_known(url);
-
-		p.discovered = known >= 0;
-		p.stateless = known == 1;
-	}
-	/* the effect's idempotency key: no other request of any run repeats it */
-	req = next_request(url, tool, args, EffectKey(run, n), &p, timeout_ms, extra);
-	req->secrets = use.values;
-	req->journal = SecretScrubJsonb(req->journal, use.values);
-	result->pending = true;
-	result->effect = req;
 }
 
 static const char cache_sql[] =
@@ -1970,17 +1588,17 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 		hv.type = jbvBinary;
 		hv.val.binary.data = hdrs ? &hdrs->root : NULL;
 		hv.val.binary.len = hdrs ? VARSIZE(hdrs) : 0;
-		extra = hdrs ? render_headers(&hv, JsonEmptyObject(), &use) : NIL;
+		extra = hdrs ? McpRenderHeaders(&hv, JsonEmptyObject(), &use) : NIL;
 	}
 	/* which revision: server/discover, as a step asks */
-	req = stateless_request(url, "server/discover", NULL, NULL, "tuvl-list-0", "discover",
-							tuvl_http_timeout, list_copy(extra), false, false);
+	req = McpStatelessRequest(url, "server/discover", NULL, NULL, "tuvl-list-0", "discover",
+							  tuvl_http_timeout, list_copy(extra), false, false);
 	req->secrets = use.values;
 	r = EffectPerform(req);
 	if (JsonGetInt32(r, "status", 0) == 0)
 		fail_transport(r, "server/discover");
 	stateless = discover_offers_stateless(r, "tuvl-list-0");
-	revision_remember(url, stateless);
+	McpRevisionRemember(url, stateless);
 	session = NULL;
 	version = MCP_STATELESS_VERSION;
 	if (!stateless)
@@ -2017,8 +1635,8 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 			Jsonb	   *tools;
 
 			if (stateless)
-				req = stateless_request(url, "tools/list", params, NULL, psprintf("tuvl-list-%d", 2 + page),
-										"list", tuvl_http_timeout, list_copy(extra), false, false);
+				req = McpStatelessRequest(url, "tools/list", params, NULL, psprintf("tuvl-list-%d", 2 + page),
+										  "list", tuvl_http_timeout, list_copy(extra), false, false);
 			else
 				req = rpc_request(url, "tools/list", params, psprintf("tuvl-list-%d", 2 + page), session,
 								  version, "list", tuvl_http_timeout, list_copy(extra));
@@ -2051,133 +1669,3 @@ tuvl_mcp_list_tools(PG_FUNCTION_ARGS)
 		PG_RETURN_JSONB_P(all);
 	}
 }
-
-
-/* ---------------------------------------------------------------- validation */
-
-static const char *const mcp_keys[] = {"mcp", "rate_limit", NULL};
-
-/*
- * mcp.auth: { oauth: { grant, client_id, client_secret_secret, scopes } }
- * (docs/mcp.md#oauth).
- */
-static void
-check_mcp_auth(ValidateState *vs, JsonbValue *auth, const char *path)
-{
-	static const char *const auth_keys[] = {"oauth", NULL};
-	static const char *const oauth_keys[] = {"grant", "client_id", "client_secret_secret", "scopes",
-	NULL};
-	Jsonb	   *a;
-	Jsonb	   *o;
-	char	   *opath = psprintf("%s.oauth", path);
-	char	   *grant;
-	JsonbValue *v;
-
-	if (auth == NULL)
-		return;
-	if (!ValidateIsMapping(auth))
-	{
-		ValidateFinding(vs, "error", path,
-						"auth must be a mapping such as { oauth: { grant: client_credentials, client_id: my-client, client_secret_secret: my_secret } }");
-		return;
-	}
-	a = JsonValueToJsonb(auth);
-	ValidateUnknownKeys(vs, a, path, auth_keys, NULL);
-	v = JsonGetField(a, "oauth");
-	if (!ValidateIsMapping(v))
-	{
-		ValidateFinding(vs, "error", opath,
-						"oauth must be a mapping with grant (client_credentials or authorization_code)");
-		return;
-	}
-	o = JsonValueToJsonb(v);
-	ValidateUnknownKeys(vs, o, opath, oauth_keys, NULL);
-	grant = JsonGetString(o, "grant");
-	if (grant == NULL || (strcmp(grant, "client_credentials") != 0 &&
-						  strcmp(grant, "authorization_code") != 0))
-		ValidateFinding(vs, "error", psprintf("%s.grant", opath),
-						"grant must be client_credentials (a server-to-server client with a secret) or "
-						"authorization_code (a person connects with tuvl.mcp_connect())");
-	else if (strcmp(grant, "client_credentials") == 0 &&
-			 (JsonGetString(o, "client_id") == NULL || JsonGetString(o, "client_secret_secret") == NULL))
-		ValidateFinding(vs, "error", opath,
-						"the client_credentials grant needs client_id and client_secret_secret (the name of a secret holding the client's secret)");
-	v = JsonGetField(o, "client_id");
-	if (v && (v->type != jbvString || v->val.string.len == 0))
-		ValidateFinding(vs, "error", psprintf("%s.client_id", opath), "client_id must be a non-empty string");
-	v = JsonGetField(o, "client_secret_secret");
-	if (v && (v->type != jbvString || v->val.string.len == 0))
-		ValidateFinding(vs, "error", psprintf("%s.client_secret_secret", opath),
-						"client_secret_secret must be the name of a secret (tuvl.set_secret())");
-	v = JsonGetField(o, "scopes");
-	if (v)
-	{
-		Jsonb	   *sc = JsonValueToJsonb(v);
-		bool		ok = JB_ROOT_IS_ARRAY(sc) && !JB_ROOT_IS_SCALAR(sc);
-
-		for (int i = 0; ok && i < (int) JsonContainerSize(&sc->root); i++)
-		{
-			JsonbValue *e = getIthJsonbValueFromContainer(&sc->root, i);
-
-			ok = e->type == jbvString && e->val.string.len > 0 &&
-				memchr(e->val.string.val, ' ', e->val.string.len) == NULL;
-		}
-		if (!ok)
-			ValidateFinding(vs, "error", psprintf("%s.scopes", opath),
-							"scopes must be a list of scope names such as [mcp:read, mcp:write]");
-	}
-}
-
-/* The mcp mapping of an MCP step. */
-static void
-check_mcp_block(ValidateState *vs, Jsonb *mcp, const char *mpath)
-{
-	static const char *const mcp_keys[] = {"url", "tool", "arguments", "timeout", "headers",
-	"elicitation", "elicitation_timeout", "auth", NULL};
-	JsonbValue *args;
-	JsonbValue *elicit;
-
-	ValidateUnknownKeys(vs, mcp, mpath, mcp_keys, NULL);
-	elicit = JsonGetField(mcp, "elicitation");
-	if (elicit && (elicit->type != jbvString ||
-				   !((elicit->val.string.len == 3 &&
-					  strncmp(elicit->val.string.val, "ask", 3) == 0) ||
-					 (elicit->val.string.len == 15 &&
-					  strncmp(elicit->val.string.val, "accept_defaults", 15) == 0) ||
-					 (elicit->val.string.len == 7 &&
-					  strncmp(elicit->val.string.val, "decline", 7) == 0))))
-		ValidateFinding(vs, "error", psprintf("%s.elicitation", mpath),
-						"elicitation must be ask (the run waits for a person's answer, tuvl.submit() or "
-						"tuvl.reject()), accept_defaults (answer the server's questions with the "
-						"defaults of its schema) or decline");
-	ValidateDuration(vs, mcp, "elicitation_timeout", mpath);
-	if (JsonGetField(mcp, "headers") && !ValidateIsMapping(JsonGetField(mcp, "headers")))
-		ValidateFinding(vs, "error", psprintf("%s.headers", mpath),
-						"headers must be a mapping such as { Authorization: \"Bearer {{ secrets.mcp_token }}\" }");
-	ValidateScalarValues(vs, JsonGetField(mcp, "headers"), psprintf("%s.headers", mpath));
-	check_mcp_auth(vs, JsonGetField(mcp, "auth"), psprintf("%s.auth", mpath));
-	ValidateRequireString(vs, mcp, "url", mpath, "the mcp mapping");
-	ValidateRequireString(vs, mcp, "tool", mpath, "the mcp mapping");
-	ValidateDuration(vs, mcp, "timeout", mpath);
-	args = JsonGetField(mcp, "arguments");
-	if (args && !ValidateIsMapping(args) && args->type != jbvString)
-		ValidateFinding(vs, "error", psprintf("%s.arguments", mpath),
-						"arguments must be a mapping of the tool's parameters, or one template such as \"{{ args }}\"");
-}
-
-static void
-validate_mcp(ValidateState *vs, Jsonb *step, const char *path)
-{
-	ValidateStepMapping(vs, step, path, "mcp", check_mcp_block,
-						"an MCP step needs an mcp mapping with url and tool");
-}
-
-/* The MCP step's row of the step table (init.c). */
-const StepExecutor StepKindMCP = {
-	.kind = STEP_MCP,
-	.execute = StepExecuteMCP,
-	.tool_callable = true,
-	.keys = mcp_keys,
-	.validate = validate_mcp,
-	.rate_limited = true,
-};
