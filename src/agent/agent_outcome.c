@@ -141,21 +141,28 @@ AgentApplyOutcome(const char *text, List *values, StepResult *result)
 }
 
 /*
- * A guardrail stopped the step: it ends on guardrail_violation with
- * _last_error (why) and _last_error_type, and writes nothing else.
+ * The step ends on exit_name (its error type too) for why: it sets
+ * _last_error and _last_error_type, and writes nothing else.
  */
-void
-AgentViolation(StepResult *result, const char *why)
+static void
+end_on_exit(StepResult *result, char *exit_name, const char *why)
 {
 	JsonObjBuilder b;
 
 	JsonObjStart(&b);
 	JsonObjAddString(&b, "_last_error", why);
-	JsonObjAddString(&b, "_last_error_type", "guardrail_violation");
-	result->signal = "guardrail_violation";
+	JsonObjAddString(&b, "_last_error_type", exit_name);
+	result->signal = exit_name;
 	result->exit_error = pstrdup(why);
 	result->has_output = false;
 	result->context_merge = JsonObjEnd(&b);
+}
+
+/* A guardrail stopped the step: it ends on guardrail_violation. */
+void
+AgentViolation(StepResult *result, const char *why)
+{
+	end_on_exit(result, "guardrail_violation", why);
 }
 
 /*
@@ -495,13 +502,5 @@ AgentCostCheck(RunState *run, Jsonb *agent, LlmConfig *cfg, EffectRequest *req,
 void
 AgentBudgetExceeded(StepResult *result, const char *why)
 {
-	JsonObjBuilder b;
-
-	JsonObjStart(&b);
-	JsonObjAddString(&b, "_last_error", why);
-	JsonObjAddString(&b, "_last_error_type", "budget_exceeded");
-	result->signal = "budget_exceeded";
-	result->exit_error = pstrdup(why);
-	result->has_output = false;
-	result->context_merge = JsonObjEnd(&b);
+	end_on_exit(result, "budget_exceeded", why);
 }

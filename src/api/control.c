@@ -120,14 +120,9 @@ tuvl_resume_run(PG_FUNCTION_ARGS)
 Datum
 tuvl_abort_run(PG_FUNCTION_ARGS)
 {
-	TokenRequireScope("runs:control");
+	int64		run_id = ControlBeginCall(fcinfo);
 
-	if (PG_ARGISNULL(0))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("run_id must not be null")));
-	SPI_connect();
-	ControlAbortRun(PG_GETARG_INT64(0), PG_ARGISNULL(1) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(1)),
+	ControlAbortRun(run_id, PG_ARGISNULL(1) ? NULL : text_to_cstring(PG_GETARG_TEXT_PP(1)),
 					NULL);
 	SPI_finish();
 	PG_RETURN_VOID();

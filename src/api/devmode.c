@@ -135,15 +135,10 @@ tuvl_step_run(PG_FUNCTION_ARGS)
 	LockedRun	r;
 	List	   *events = NIL;
 	Jsonb	   *control;
+	int64		run_id = ControlBeginCall(fcinfo);
 
-	TokenRequireScope("runs:control");
-	if (PG_ARGISNULL(0))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("run_id must not be null")));
-	SPI_connect();
 	/* reports a run the caller may not control as missing */
-	ControlLockRun(PG_GETARG_INT64(0), &r, "step");
+	ControlLockRun(run_id, &r, "step");
 	ControlRequireStatus(&r, "step", allowed,
 						 "Only a paused run can be stepped: pause it, or set a breakpoint with tuvl.set_breakpoint().");
 	/* resumed, as tuvl.resume_run() does, and in step mode */

@@ -247,12 +247,17 @@ name_owner(UseKind kind, const char *name)
 	return owner;
 }
 
-/* grant_use()'s and revoke_use()'s arguments, checked; SPI connected. */
+/*
+ * grant_use()'s and revoke_use()'s start: the token's scope, SPI connected
+ * (the owner's lookup needs it), the arguments checked.
+ */
 static void
-use_arguments(FunctionCallInfo fcinfo, UseKind *kind, char **name, Oid *role)
+use_begin(FunctionCallInfo fcinfo, UseKind *kind, char **name, Oid *role)
 {
 	char	   *k;
 
+	TokenRequireScope("workflows:write");
+	SPI_connect();
 	if (PG_ARGISNULL(0) || PG_ARGISNULL(1) || PG_ARGISNULL(2))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -288,9 +293,7 @@ tuvl_grant_use(PG_FUNCTION_ARGS)
 	char	   *name;
 	Oid			role;
 
-	TokenRequireScope("workflows:write");
-	SPI_connect();
-	use_arguments(fcinfo, &kind, &name, &role);
+	use_begin(fcinfo, &kind, &name, &role);
 	SecurityExecArgs("INSERT INTO tuvl.use_grants (kind, name, grantee, granted_by) "
 					 "VALUES ($1, $2, $3::pg_catalog.oid::pg_catalog.regrole, $4::pg_catalog.oid::pg_catalog.regrole) "
 					 "ON CONFLICT (kind, name, grantee) DO NOTHING",
@@ -309,9 +312,7 @@ tuvl_revoke_use(PG_FUNCTION_ARGS)
 	char	   *name;
 	Oid			role;
 
-	TokenRequireScope("workflows:write");
-	SPI_connect();
-	use_arguments(fcinfo, &kind, &name, &role);
+	use_begin(fcinfo, &kind, &name, &role);
 	SecurityExecArgs("DELETE FROM tuvl.use_grants WHERE kind OPERATOR(pg_catalog.=) $1 "
 					 "  AND name OPERATOR(pg_catalog.=) $2 "
 					 "  AND grantee::pg_catalog.oid OPERATOR(pg_catalog.=) $3",

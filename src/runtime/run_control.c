@@ -43,8 +43,26 @@
 #include "runtime.h"
 #include "security.h"
 #include "spiutil.h"
+#include "tokens.h"
 #include "tuvl.h"
 #include "workflow.h"
+
+/*
+ * The start of an SQL function that controls the run given as its first
+ * argument: the token's runs:control scope, the argument not null, SPI
+ * connected.  Returns the run's id.
+ */
+int64
+ControlBeginCall(FunctionCallInfo fcinfo)
+{
+	TokenRequireScope("runs:control");
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("run_id must not be null")));
+	SPI_connect();
+	return PG_GETARG_INT64(0);
+}
 
 /*
  * Lock run id and check that the caller may control it: its principal,

@@ -8,6 +8,7 @@
 #ifndef TUVL_RUN_CONTROL_H
 #define TUVL_RUN_CONTROL_H
 
+#include "fmgr.h"
 #include "nodes/pg_list.h"
 #include "utils/jsonb.h"
 
@@ -65,6 +66,7 @@ typedef struct LockedRun
 	bool		hold_here;		/* queued for this backend: wake nobody */
 } LockedRun;
 
+extern int64 ControlBeginCall(FunctionCallInfo fcinfo);
 extern void ControlLockRun(int64 id, LockedRun *r, const char *action);
 extern void ControlRequireStatus(LockedRun *r, const char *action, const RunStatus *allowed,
 								 const char *hint);
