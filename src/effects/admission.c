@@ -18,6 +18,9 @@
  * Rules a change must not break:
  * - Everything here runs outside any transaction and never raises while
  *   the lock is held; the lock is the one LWLock of this file.
+ * - The clock is read once the lock is held (lock_and_now), never before:
+ *   a time read before waiting for the lock may be older than a bucket
+ *   that another process has since counted calls in.
  * - A call is granted in order: among the waiting tickets of a config,
  *   the highest priority first, then the role served longest ago (fair
  *   across roles), then the oldest run, then the longest waiting.  The
