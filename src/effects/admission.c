@@ -738,8 +738,8 @@ AdmissionDone(AdmitSpec *spec, int64 actual_tokens, int status, int retry_after_
 			 * later than we do (a busy machine delays them between the count
 			 * and the provider's clock).  Count one bucket longer than this
 			 * call was counted from now on, up to MAX_LATE_MS.  The calls
-			 * sent together meet their 429s together: they were counted
-			 * with the same late_ms, and raise it one bucket, not one each.
+			 * sent together meet their 429s together: they were counted with
+			 * the same late_ms, and raise it one bucket, not one each.
 			 */
 			if (c->rpm > 0 || c->tpm > 0)
 				c->late_ms = Max(c->late_ms, Min(t->late_ms + BUCKET_MS, MAX_LATE_MS));
