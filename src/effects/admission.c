@@ -18,6 +18,9 @@
  * Rules a change must not break:
  * - Everything here runs outside any transaction and never raises while
  *   the lock is held; the lock is the one LWLock of this file.
+ * - The clock is read once the lock is held (lock_and_now), never before:
+ *   a time read before waiting for the lock may be older than a bucket
+ *   that another process has since counted calls in.
  * - A call is granted in order: among the waiting tickets of a config,
  *   the highest priority first, then the role served longest ago (fair
  *   across roles), then the oldest run, then the longest waiting.  The
@@ -85,6 +88,7 @@ typedef struct AdmitTicket
 	int64		input;			/* of which the request's own estimate */
 	int64		bucket;			/* granted in */
 	bool		waited;			/* not granted when first asked */
+	int64		late_ms;		/* the config's late_ms when it was counted */
 } AdmitTicket;
 
 typedef struct AdmitConfig
@@ -396,6 +400,7 @@ grant_pass_inner(int ci, TimestampTz now)
 			c->toks[bi] += best->tokens;
 		}
 		best->state = TICKET_GRANTED;
+		best->late_ms = c->late_ms;
 		c->waiting--;
 		c->in_flight++;
 		c->admitted++;
@@ -428,15 +433,32 @@ ask_pass(int ci, TimestampTz now)
 	return grant_pass(ci, now);
 }
 
+/*
+ * Take the lock (exclusively) and read the clock: in that order, so that
+ * every holder of the lock sees a time no earlier than the one before it
+ * saw.  A time read before waiting for the lock can be a bucket older
+ * than a bucket another process has since counted calls in, and
+ * window_sums() takes a bucket newer than now for a leftover of a clock
+ * set back and empties it: those calls would no longer count, and as
+ * many more would be granted (on a loaded machine, with the short
+ * buckets of a short window, every few minutes).
+ */
+static TimestampTz
+lock_and_now(void)
+{
+	LWLockAcquire(admit->lock, LW_EXCLUSIVE);
+	return GetCurrentTimestamp();
+}
+
 /* Give back the tickets of this process when it exits. */
 static void
 release_mine(int code, Datum arg)
 {
-	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz now;
 
 	if (admit == NULL)
 		return;
-	LWLockAcquire(admit->lock, LW_EXCLUSIVE);
+	now = lock_and_now();
 	for (int i = 0; i < admit->high; i++)
 	{
 		AdmitTicket *t = &admit->tickets[i];
@@ -533,7 +555,7 @@ ticket_take(void)
 AdmitResult
 AdmissionAsk(AdmitSpec *spec, TimestampTz *retry_at)
 {
-	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz now;
 	AdmitResult result;
 
 	*retry_at = 0;
@@ -544,7 +566,7 @@ AdmissionAsk(AdmitSpec *spec, TimestampTz *retry_at)
 		before_shmem_exit(release_mine, (Datum) 0);
 		exit_registered = true;
 	}
-	LWLockAcquire(admit->lock, LW_EXCLUSIVE);
+	now = lock_and_now();
 	if (spec->ticket < 0)
 	{
 		int			ci = config_entry(spec, now);
@@ -608,8 +630,8 @@ AdmissionAsk(AdmitSpec *spec, TimestampTz *retry_at)
 bool
 AdmissionSent(AdmitSpec *spec, TimestampTz *retry_at)
 {
-	TimestampTz now = GetCurrentTimestamp();
-	int64		b = ms_of(now) / BUCKET_MS;
+	TimestampTz now;
+	int64		b;
 	AdmitTicket *t;
 	AdmitConfig *c;
 	bool		send = true;
@@ -617,7 +639,8 @@ AdmissionSent(AdmitSpec *spec, TimestampTz *retry_at)
 	*retry_at = 0;
 	if (admit == NULL || spec == NULL || spec->ticket < 0)
 		return true;
-	LWLockAcquire(admit->lock, LW_EXCLUSIVE);
+	now = lock_and_now();
+	b = ms_of(now) / BUCKET_MS;
 	t = &admit->tickets[spec->ticket];
 	c = &admit->configs[t->config];
 	if (t->state == TICKET_GRANTED && t->pid == MyProcPid)
@@ -645,17 +668,22 @@ AdmissionSent(AdmitSpec *spec, TimestampTz *retry_at)
 			*retry_at = grant_pass(t->config, now);
 			send = false;
 		}
-		else if (t->bucket < b)
+		else
 		{
-			if (c->bucket_no[ni] != b)
+			if (t->bucket < b)
 			{
-				c->bucket_no[ni] = b;
-				c->reqs[ni] = 0;
-				c->toks[ni] = 0;
+				if (c->bucket_no[ni] != b)
+				{
+					c->bucket_no[ni] = b;
+					c->reqs[ni] = 0;
+					c->toks[ni] = 0;
+				}
+				c->reqs[ni]++;
+				c->toks[ni] += t->tokens;
+				t->bucket = b;
 			}
-			c->reqs[ni]++;
-			c->toks[ni] += t->tokens;
-			t->bucket = b;
+			/* the late_ms its place in the window was judged with */
+			t->late_ms = c->late_ms;
 		}
 	}
 	LWLockRelease(admit->lock);
@@ -671,13 +699,13 @@ AdmissionSent(AdmitSpec *spec, TimestampTz *retry_at)
 void
 AdmissionDone(AdmitSpec *spec, int64 actual_tokens, int status, int retry_after_ms)
 {
-	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz now;
 	AdmitTicket *t;
 	AdmitConfig *c;
 
 	if (admit == NULL || spec == NULL || spec->ticket < 0)
 		return;
-	LWLockAcquire(admit->lock, LW_EXCLUSIVE);
+	now = lock_and_now();
 	t = &admit->tickets[spec->ticket];
 	spec->ticket = -1;
 	if (t->state == TICKET_FREE || t->pid != MyProcPid)
@@ -708,11 +736,13 @@ AdmissionDone(AdmitSpec *spec, int64 actual_tokens, int status, int retry_after_
 			/*
 			 * A 429 the window did not prevent: the provider counts our calls
 			 * later than we do (a busy machine delays them between the count
-			 * and the provider's clock).  Count one bucket longer from now
-			 * on, up to MAX_LATE_MS.
+			 * and the provider's clock).  Count one bucket longer than this
+			 * call was counted from now on, up to MAX_LATE_MS.  The calls
+			 * sent together meet their 429s together: they were counted with
+			 * the same late_ms, and raise it one bucket, not one each.
 			 */
 			if (c->rpm > 0 || c->tpm > 0)
-				c->late_ms = Min(c->late_ms + BUCKET_MS, MAX_LATE_MS);
+				c->late_ms = Max(c->late_ms, Min(t->late_ms + BUCKET_MS, MAX_LATE_MS));
 			if (until > from)
 			{
 				c->throttled_ms += (double) (until - from) / 1000.0;
@@ -777,7 +807,7 @@ List *
 AdmissionMetrics(void)
 {
 	List	   *rows = NIL;
-	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz now;
 	AdmitConfig *copy;
 	double		unlimited;
 	int			n;
@@ -790,6 +820,8 @@ AdmissionMetrics(void)
 	memcpy(copy, admit->configs, sizeof(AdmitConfig) * n);
 	unlimited = admit->unlimited;
 	LWLockRelease(admit->lock);
+	/* read after the copy: no bucket in it is newer than now */
+	now = GetCurrentTimestamp();
 	for (int i = 0; i < n; i++)
 	{
 		AdmitConfig *c = &copy[i];

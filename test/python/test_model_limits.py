@@ -11,6 +11,7 @@ scales every limit down with it.
 """
 import json
 import os
+import threading
 import time
 import uuid
 
@@ -164,6 +165,56 @@ def test_rpm_holds_over_any_window_across_workers(conn, window):
     assert metric(conn, "tuvl.llm.admission.wait_ms", model) > 1000
 
 
+def test_rpm_holds_when_many_processes_contend_for_admission(db, conn, conns, set_gucs):
+    """Both workers and a dozen tuvl.run() backends ask for one config at
+    once, at the shortest window (1 s: buckets of 10 ms), while hundreds
+    of calls of another config wait (every grant looks at them, under the
+    lock).  A process that read the clock before it waited for admission's
+    lock saw a bucket older than one another process had just counted calls
+    in, took that bucket for a leftover and emptied it: its calls no longer
+    counted, and as many more were sent (the clumps of 429s of
+    bench/flow_control.py)."""
+    set_gucs({"tuvl.model_limits_window": ("1s", "1s")})
+    model, hog = new_name(), new_name()
+    script(model, [{"text": "ok"}])
+    script(hog, [{"text": "ok"}])
+    q(conn, "SELECT tuvl.register_llm(%s)", (llm_yaml(model, "limits: { rpm: 60 }\n"),))
+    q(conn, "SELECT tuvl.register_llm(%s)", (llm_yaml(hog, "limits: { rpm: 1 }\n"),))
+    wf, hog_wf = new_name(), new_name()
+    q(conn, "SELECT tuvl.register_workflow(%s)", (completion_workflow(wf, model),))
+    q(conn, "SELECT tuvl.register_workflow(%s)", (completion_workflow(hog_wf, hog),))
+    q(conn, "SELECT tuvl.start_run(%s, jsonb_build_object('k', i)) FROM generate_series(1, 400) i", (hog_wf,))
+    sessions = [conns(db) for _ in range(12)]
+    failures = []
+
+    def run_some(c, base):
+        try:
+            for i in range(10):
+                q1(c, "SELECT tuvl.run(%s, %s::jsonb)", (wf, json.dumps({"k": base + i})))
+        except Exception as e:  # reported below: the assertion is the point
+            failures.append(repr(e))
+
+    try:
+        ids = [r[0] for r in q(conn, "SELECT tuvl.start_run(%s, jsonb_build_object('k', i)) "
+                                     "FROM generate_series(10000, 10479) i", (wf,))]
+        threads = [threading.Thread(target=run_some, args=(c, 1000 * n)) for n, c in enumerate(sessions)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+        assert failures == []
+        assert wait_all(conn, ids, timeout=120) == [("completed",)] * 480
+    finally:
+        q(conn, "SELECT tuvl.abort_run(id) FROM tuvl.runs WHERE workflow = %s "
+                "AND status IN ('queued', 'running')", (hog_wf,))
+    times = [r["t"] for r in sent(model)]
+    assert len(times) == 600
+    # 60 a window: tuvl counts each call for 1 s and a margin after it is
+    # sent; a burst of 60 goes out within ~0.3 s, so a narrower width than
+    # the window still catches any call too many, whatever the server's delays
+    assert max_in_window(times, 0.8) <= 60, sorted(times)
+
+
 def test_calls_are_admitted_paced_not_in_one_burst(conn):
     """At the default one-minute window a 120th is 500 ms, and rpm 120 gives
     each 500 ms an even share of 1 call: at most twice that, 2, are admitted
@@ -241,6 +292,34 @@ def test_a_429_pauses_the_config_for_every_run(conn):
     assert min(after) - refused_at >= 2.8, (refused_at, after)
     assert metric(conn, "tuvl.llm.rate_limited", model) == 1
     assert metric(conn, "tuvl.llm.throttled_ms", model) >= 2500
+
+
+def test_429s_of_calls_sent_together_lengthen_the_count_once(conn, set_gucs):
+    """A 429 the limits did not prevent makes tuvl count the config's calls a
+    120th of the window longer (up to a 40th).  Calls sent together meet
+    their 429s together: they raise it once, not once each, which took it
+    to its cap at the first clump and cost 2.5 % of the rate for good.
+    Here (a 24 s window: 200 ms a 120th) three calls sent together (two,
+    then one a bucket later, as paced) are all answered 429; their retries wait for the first call's place in the
+    window, counted 24 s, the 100 ms margin, the rest of its 200 ms bucket
+    and 200 ms more: not 600 ms more."""
+    set_gucs({"tuvl.model_limits_window": ("24s", "24s")})
+    model = new_name()
+    # each run's first request is refused (times counts per conversation),
+    # slowly: the three are sent before the first 429 is in
+    script(model, [{"text": "ok", "fault": "429", "retry_after": 1, "times": 1, "latency_ms": 800}])
+    q(conn, "SELECT tuvl.register_llm(%s)", (llm_yaml(model, "limits: { rpm: 3 }\n"),))
+    wf = new_name()
+    q(conn, "SELECT tuvl.register_workflow(%s)", (completion_workflow(wf, model).replace(
+        "agent: {", "agent: { retry: { on: [error], attempts: 3, backoff: 100ms },"),))
+    ids = start_many(conn, wf, 3)
+    assert wait_all(conn, ids, timeout=90) == [("completed",)] * 3
+    reqs = sorted(sent(model), key=lambda r: r["t"])
+    assert [r["status"] for r in reqs] == [429] * 3 + [200] * 3, reqs
+    gap = reqs[3]["t"] - reqs[0]["t"]
+    # 24.3 s at least, 24.5 s and a wake-up at most; 24.7 s with 600 ms more
+    assert 24.25 <= gap < 24.65, gap
+    assert metric(conn, "tuvl.llm.rate_limited", model) == 3
 
 
 def test_higher_priority_calls_start_first(conn, window):
