@@ -221,17 +221,19 @@ def test_a_server_without_http2_gets_the_connections_it_needs(tls, ca_trusted, c
 def test_a_server_allowing_few_streams_gets_more_connections(tls, ca_trusted, c):
     # 100 streams a connection (nghttp2's default, and Google's): a worker's
     # multiplexing shard (four connections to a host) carries 400 requests,
-    # and libcurl queues the rest until a stream is free, two seconds later
-    # here; a shard whose requests waited with none of them started gives
+    # and libcurl queues the rest until a stream is free, four seconds later
+    # here (long enough for a loaded machine's workers to claim them all);
+    # a shard whose requests waited with none of them started gives
     # them to shards of their own
     server = tls["h2_few"]
     server.reset()
-    workers = q1(c, "SELECT count(*) FROM tuvl.workers")
+    # (tuvl.workers lists every database's: this one's alone hold its runs)
+    workers = q1(c, "SELECT count(*) FROM tuvl.workers WHERE database = current_database()")
     held = int(q1(c, "SHOW tuvl.runs_per_worker"))
     assert held >= 500, held
     n = 1200
     ids = [r[0] for r in q(c, "SELECT tuvl.start_run('https_call', jsonb_build_object('url', %s::text)) "
-                              "FROM generate_series(1, %s)", (server.base + "/echo?ms=2000", n))]
+                              "FROM generate_series(1, %s)", (server.base + "/echo?ms=4000", n))]
     wait_until(lambda: q1(c, "SELECT count(*) FROM tuvl.runs WHERE id = ANY(%s) AND status IN "
                              "('completed', 'failed')", (ids,)) == n, 120, message="the runs to end")
     rows = q(c, "SELECT status, response ->> 'proto', response FROM tuvl.runs WHERE id = ANY(%s)", (ids,))
@@ -240,4 +242,5 @@ def test_a_server_allowing_few_streams_gets_more_connections(tls, ca_trusted, c)
     # held to 400 streams a worker, at most 800 would be in flight at once
     # (one worker: 400), where the workers hold 1,024
     assert stats["peak_in_flight"] > 400 * workers + 50, (stats, workers)
-    assert stats["connections"] <= 4 * (n // 400 + 2) * workers, stats
+    # a few connections per 400 requests, not one per request
+    assert stats["connections"] <= n // 8, stats
