@@ -34,8 +34,16 @@
  * remembered (H1_ORIGINS of them), its shard loses the bound and becomes
  * a plain one, and its later requests go to plain shards: a server
  * without HTTP/2 is held to H2_CONNECTIONS connections for its first
- * answer only.  Cleartext requests use the plain shards, HTTP/1.1, one
- * connection per request in flight, as with tuvl.http2 off.  TLS sessions and DNS
+ * answer only.  A server may allow fewer streams than H2_STREAMS (128 or
+ * 256 is common): libcurl then queues the transfers beyond them until a
+ * stream is free, a second later with a slow model.  So a multiplexing
+ * shard whose transfers waited H2_STALL_MS with none of them given a
+ * stream has found the server's bound: its streams in use per connection,
+ * times H2_CONNECTIONS, become the room of every multiplexing shard
+ * (h2_room, which only ever decreases), and its waiting transfers move to
+ * shards with room, on connections of their own.  Cleartext requests
+ * use the plain shards, HTTP/1.1, one connection per request in flight,
+ * as with tuvl.http2 off.  TLS sessions and DNS
  * answers are shared by every shard, so a new connection resumes a
  * session instead of a full handshake.  tuvl.http_ca_file adds a CA
  * bundle to the system's (libcurl keeps its compiled-in CA directory).
@@ -117,6 +125,7 @@ struct HttpTransfer
 	HttpList	list;			/* the list node is in */
 	dlist_node	node;
 	struct HttpShard *shard;	/* the multi handle it is added to, or NULL */
+	bool		sent;			/* on a connection (a stream) of its shard */
 };
 
 #define SHARD_TRANSFERS 256
@@ -126,6 +135,9 @@ struct HttpTransfer
 #define H2_CONNECTIONS 4
 #define H2_STREAMS 2048
 #define H2_SHARD_TRANSFERS (H2_CONNECTIONS * H2_STREAMS)
+/* a multiplexing shard none of whose waiting transfers got a stream for
+ * this long is full (see the header comment) */
+#define H2_STALL_MS 200
 /* HTTPS origins (scheme://host:port) known to answer over HTTP/1.x */
 #define H1_ORIGINS 64
 #define ORIGIN_LEN 256
@@ -137,6 +149,11 @@ typedef struct HttpShard
 	int			transfers;		/* added to multi and not removed */
 	bool		multiplexed;	/* for HTTPS, connections per host bounded */
 	TimestampTz deadline;		/* libcurl's timer; 0: none */
+	int			sent;			/* of its transfers, those on a connection */
+	int			sockets;		/* its sockets (connections) */
+	uint64		starts;			/* transfers that got a connection, ever */
+	uint64		stall_starts;	/* ... when stalled_since was set */
+	TimestampTz stalled_since;	/* transfers waiting, none started; 0: not */
 } HttpShard;
 
 /* TLS sessions and DNS answers, shared by every shard's transfers */
@@ -147,6 +164,8 @@ static int	n_h1_origins = 0;
 static HttpShard shards[MAX_SHARDS];
 static int	n_shards = 0;
 static int	max_shards = 1;		/* what the socket budget allows */
+static int	h2_room = H2_SHARD_TRANSFERS;	/* transfers a multiplexing shard
+											 * takes */
 static long sockets = 0;		/* connections at most (0: no limit) */
 static int	epfd = -1;
 static WaitEventSet *wait_set = NULL;
@@ -435,6 +454,8 @@ socket_cb(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
 	ev.data.u64 = EPOLL_DATA(shard, s);
 	if (what == CURL_POLL_REMOVE)
 	{
+		if (socketp != NULL)
+			shard->sockets--;
 		epoll_ctl(epfd, EPOLL_CTL_DEL, s, NULL);
 		curl_multi_assign(shard->multi, s, NULL);
 		return 0;
@@ -448,6 +469,7 @@ socket_cb(CURL *easy, curl_socket_t s, int what, void *userp, void *socketp)
 		if (epoll_ctl(epfd, EPOLL_CTL_ADD, s, &ev) != 0)
 			epoll_ctl(epfd, EPOLL_CTL_MOD, s, &ev);
 		curl_multi_assign(shard->multi, s, (void *) 1);
+		shard->sockets++;
 	}
 	else
 		epoll_ctl(epfd, EPOLL_CTL_MOD, s, &ev);
@@ -528,6 +550,10 @@ shard_add(bool multiplexed)
 	shard->transfers = 0;
 	shard->multiplexed = multiplexed;
 	shard->deadline = 0;
+	shard->sent = 0;
+	shard->sockets = 0;
+	shard->starts = shard->stall_starts = 0;
+	shard->stalled_since = 0;
 	if (sockets > 0)
 		curl_multi_setopt(shard->multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, sockets / max_shards);
 	curl_multi_setopt(shard->multi, CURLMOPT_MAX_HOST_CONNECTIONS,
@@ -597,7 +623,7 @@ shard_for_transfer(const char *url)
 {
 	bool		multiplexed = tuvl_http2 && pg_strncasecmp(url, "https://", 8) == 0 &&
 	!origin_is_h1(url);
-	int			room = multiplexed ? H2_SHARD_TRANSFERS : SHARD_TRANSFERS;
+	int			room = multiplexed ? h2_room : SHARD_TRANSFERS;
 	HttpShard  *least = NULL;
 
 	for (int i = 0; i < n_shards; i++)
@@ -629,6 +655,9 @@ transfer_remove(HttpTransfer *t)
 		return;
 	curl_multi_remove_handle(t->shard->multi, t->easy);
 	t->shard->transfers--;
+	if (t->sent)
+		t->shard->sent--;
+	t->sent = false;
 	t->shard = NULL;
 }
 
@@ -738,6 +767,21 @@ xstrdup(const char *s)
 	return r;
 }
 
+/* libcurl gave t a connection (a stream over HTTP/2) and sends it now. */
+static int
+prereq_cb(void *arg, char *primary_ip, char *local_ip, int primary_port, int local_port)
+{
+	HttpTransfer *t = arg;
+
+	if (t->shard != NULL && !t->sent)
+	{
+		t->sent = true;
+		t->shard->sent++;
+		t->shard->starts++;
+	}
+	return CURL_PREREQFUNC_OK;
+}
+
 /* A response body nobody reads. */
 static size_t
 discard_cb(char *ptr, size_t size, size_t nmemb, void *arg)
@@ -776,6 +820,8 @@ transfer_submit(HttpTransfer *t)
 	curl_easy_setopt(e, CURLOPT_HEADERDATA, t);
 	curl_easy_setopt(e, CURLOPT_ERRORBUFFER, t->errbuf);
 	curl_easy_setopt(e, CURLOPT_PRIVATE, t);
+	curl_easy_setopt(e, CURLOPT_PREREQFUNCTION, prereq_cb);
+	curl_easy_setopt(e, CURLOPT_PREREQDATA, t);
 	curl_easy_setopt(e, CURLOPT_USERAGENT, "tuvl/" TUVL_VERSION);
 	curl_easy_setopt(e, CURLOPT_ACCEPT_ENCODING, "");
 	curl_easy_setopt(e, CURLOPT_HTTPHEADER, t->hdrs);
@@ -908,8 +954,19 @@ HttpTimeoutMs(void)
 	long		ms;
 
 	for (int i = 0; i < n_shards; i++)
+	{
+		TimestampTz stall = shards[i].stalled_since;
+
 		if (shards[i].deadline != 0 && (first == 0 || shards[i].deadline < first))
 			first = shards[i].deadline;
+		/* when a stall becomes a full shard (unstall_shards) */
+		if (stall != 0)
+		{
+			stall += (TimestampTz) H2_STALL_MS * 1000;
+			if (first == 0 || stall < first)
+				first = stall;
+		}
+	}
 	if (first == 0)
 		return -1;
 	ms = (long) ((first - GetCurrentTimestamp()) / 1000);
@@ -1181,6 +1238,59 @@ drain_shard(HttpShard *shard)
 	}
 }
 
+/*
+ * A multiplexing shard has transfers waiting and none of them got a
+ * stream for H2_STALL_MS while libcurl was driven: the server's streams
+ * on its connections are taken.  Its streams in use per connection, times
+ * the connections a shard may have, become the room of every multiplexing
+ * shard (libcurl may not have opened them all yet: it opens one for
+ * waiting transfers when a transfer ends), and the transfers waiting in
+ * it (those that sent nothing) go to shards with room.
+ */
+static void
+unstall_shards(TimestampTz now)
+{
+	for (int i = 0; i < n_shards; i++)
+	{
+		HttpShard  *shard = &shards[i];
+		dlist_mutable_iter iter;
+
+		if (!shard->multiplexed || shard->transfers <= shard->sent)
+		{
+			shard->stalled_since = 0;
+			continue;
+		}
+		if (shard->stalled_since == 0 || shard->starts != shard->stall_starts)
+		{
+			shard->stalled_since = now;
+			shard->stall_starts = shard->starts;
+			continue;
+		}
+		if (now - shard->stalled_since < (TimestampTz) H2_STALL_MS * 1000)
+			continue;
+		shard->stalled_since = 0;
+		if (shard->sent == 0)
+			continue;			/* no stream yet: not a bound of streams */
+		/* the streams of a connection, times the connections a shard has */
+		h2_room = Min(h2_room, Max(1, shard->sent / Max(1, shard->sockets)) * H2_CONNECTIONS);
+		dlist_foreach_modify(iter, &in_flight)
+		{
+			HttpTransfer *w = dlist_container(HttpTransfer, node, iter.cur);
+			HttpShard  *to;
+
+			if (w->shard != shard || w->sent || w->done)
+				continue;
+			to = shard_for_transfer(w->url);
+			if (to == shard)
+				break;			/* no shard with room: they wait here */
+			transfer_remove(w);
+			w->shard = to;
+			to->transfers++;
+			curl_multi_add_handle(to->multi, w->easy);
+		}
+	}
+}
+
 /* Move finished transfers to the done list. */
 static void
 drain_messages(void)
@@ -1285,6 +1395,7 @@ HttpWait(long timeout_ms)
 			curl_multi_socket_action(shards[i].multi, CURL_SOCKET_TIMEOUT, 0, &running);
 		}
 	drain_messages();
+	unstall_shards(now);
 	resume_paused();
 	return latch;
 }

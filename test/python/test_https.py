@@ -7,7 +7,8 @@ accepts, the sessions resumed and the requests by protocol.  The tests
 check that tuvl.http_ca_file is trusted (and nothing unknown is), that
 HTTP/2 is used where offered and hundreds of concurrent requests share a
 few connections, that tuvl.http2 = off and a server without HTTP/2 give
-HTTP/1.1, and that a new connection resumes a TLS session.
+HTTP/1.1, that a new connection resumes a TLS session, and that a server
+allowing few streams per connection still gets every request at once.
 """
 import json
 import os
@@ -100,7 +101,8 @@ def tls(db):
     servers = [H2Server(d)]
     try:
         servers.append(H2Server(d, "--h1-only"))
-        yield {"dir": d, "ca": servers[0].ca, "h2": servers[0], "h1": servers[1]}
+        servers.append(H2Server(d, "--max-streams", "100"))
+        yield {"dir": d, "ca": servers[0].ca, "h2": servers[0], "h1": servers[1], "h2_few": servers[2]}
     finally:
         for server in servers:
             server.stop()
@@ -214,3 +216,31 @@ def test_a_server_without_http2_gets_the_connections_it_needs(tls, ca_trusted, c
     # held to four connections per worker, 200 one-second answers take 25 s
     assert stats["connections"] > 16, stats
     assert wall < 15, wall
+
+
+def test_a_server_allowing_few_streams_gets_more_connections(tls, ca_trusted, c):
+    # 100 streams a connection (nghttp2's default, and Google's): a worker's
+    # multiplexing shard (four connections to a host) carries 400 requests,
+    # and libcurl queues the rest until a stream is free, four seconds later
+    # here (long enough for a loaded machine's workers to claim them all);
+    # a shard whose requests waited with none of them started gives
+    # them to shards of their own
+    server = tls["h2_few"]
+    server.reset()
+    # (tuvl.workers lists every database's: this one's alone hold its runs)
+    workers = q1(c, "SELECT count(*) FROM tuvl.workers WHERE database = current_database()")
+    held = int(q1(c, "SHOW tuvl.runs_per_worker"))
+    assert held >= 500, held
+    n = 1200
+    ids = [r[0] for r in q(c, "SELECT tuvl.start_run('https_call', jsonb_build_object('url', %s::text)) "
+                              "FROM generate_series(1, %s)", (server.base + "/echo?ms=4000", n))]
+    wait_until(lambda: q1(c, "SELECT count(*) FROM tuvl.runs WHERE id = ANY(%s) AND status IN "
+                             "('completed', 'failed')", (ids,)) == n, 120, message="the runs to end")
+    rows = q(c, "SELECT status, response ->> 'proto', response FROM tuvl.runs WHERE id = ANY(%s)", (ids,))
+    assert all(r[:2] == ("completed", "h2") for r in rows), [r for r in rows if r[:2] != ("completed", "h2")][:3]
+    stats = server.stats()
+    # held to 400 streams a worker, at most 800 would be in flight at once
+    # (one worker: 400), where the workers hold 1,024
+    assert stats["peak_in_flight"] > 400 * workers + 50, (stats, workers)
+    # a few connections per 400 requests, not one per request
+    assert stats["connections"] <= n // 8, stats

@@ -3,14 +3,18 @@
 // (ALPN), for the tests of tuvl's TLS and HTTP/2 client (test_https.py).
 //
 //   node h2_server.js --port PORT --cert cert.pem --key key.pem [--h1-only]
+//                     [--max-streams N]
 //
 // GET or POST /echo answers {proto, connection, resumed, method, body}: the
 // protocol the request came over, the number of the TLS connection that
 // carried it (1, 2, ...) and whether that connection resumed a TLS session.
 // /close does the same and closes the connection after the answer (HTTP/1.1)
 // or the session (HTTP/2). GET /_stats answers {connections, resumed,
-// requests: {h2, "http/1.1"}} since the last POST /_reset. Prints "ready" on
-// stdout once listening. Node's standard library only.
+// requests: {h2, "http/1.1"}, peak_in_flight} since the last POST /_reset
+// (peak_in_flight: the most /echo requests waiting for their answer at
+// once). --max-streams N allows N concurrent streams per HTTP/2 connection
+// (SETTINGS_MAX_CONCURRENT_STREAMS; Node's default: no bound). Prints
+// "ready" on stdout once listening. Node's standard library only.
 'use strict';
 const fs = require('fs');
 const http2 = require('http2');
@@ -23,15 +27,22 @@ const opt = (name, dflt) => {
 };
 const port = Number(opt('--port', '0'));
 const h1only = args.includes('--h1-only');
+const maxStreams = opt('--max-streams', null);
 
 let stats;
-const reset = () => { stats = { connections: 0, resumed: 0, requests: { h2: 0, 'http/1.1': 0 } }; };
+let inFlight = 0;
+const reset = () => {
+  stats = { connections: 0, resumed: 0, requests: { h2: 0, 'http/1.1': 0 }, peak_in_flight: inFlight };
+};
 reset();
 
 // session tickets are on by default; one ticket key for the server's life
 const tls = { cert: fs.readFileSync(opt('--cert')), key: fs.readFileSync(opt('--key')) };
 // --h1-only: Node's https server, which offers HTTP/1.1 alone by ALPN
-const server = h1only ? https.createServer(tls) : http2.createSecureServer({ ...tls, allowHTTP1: true });
+const server = h1only ? https.createServer(tls) : http2.createSecureServer({
+  ...tls, allowHTTP1: true,
+  ...(maxStreams !== null ? { settings: { maxConcurrentStreams: Number(maxStreams) } } : {}),
+});
 
 server.on('secureConnection', (sock) => {
   stats.connections += 1;
@@ -59,13 +70,15 @@ server.on('request', (req, res) => {
     if (url.pathname === '/_reset') { reset(); return send(200, { ok: true }); }
     if (url.pathname === '/echo' || url.pathname === '/close') {
       stats.requests[proto] += 1;
-      const reply = () => send(200, {
+      inFlight += 1;
+      stats.peak_in_flight = Math.max(stats.peak_in_flight, inFlight);
+      const reply = () => (inFlight -= 1, send(200, {
         proto,
         connection: sock.tuvlConnection,
         resumed: sock.isSessionReused(),
         method: req.method,
         body: Buffer.concat(chunks).toString('utf8'),
-      }, url.pathname === '/close');
+      }, url.pathname === '/close'));
       const ms = Number(url.searchParams.get('ms') || 0);
       return ms > 0 ? setTimeout(reply, ms) : reply();
     }
