@@ -158,18 +158,24 @@ def test_a_relative_or_missing_ca_file(tls, c):
     assert "/nonexistent/tuvl-ca.pem" in response["error"], response
 
 
+def start_calls_and_wait(c, url, n):
+    """n runs of https_call to url, started in one statement and waited for; their ids."""
+    ids = [r[0] for r in q(c, "SELECT tuvl.start_run('https_call', jsonb_build_object('url', %s::text)) "
+                              "FROM generate_series(1, %s)", (url, n))]
+    wait_until(lambda: q1(c, "SELECT count(*) FROM tuvl.runs WHERE id = ANY(%s) AND status IN "
+                             "('completed', 'failed')", (ids,)) == n, 120, message="the runs to end")
+    return ids
+
+
 def test_hundreds_of_requests_in_flight_share_a_few_connections(tls, ca_trusted, c):
     server = tls["h2"]
     server.reset()
     n = 400
-    ids = [r[0] for r in q(c, "SELECT tuvl.start_run('https_call', jsonb_build_object('url', %s::text)) "
-                               "FROM generate_series(1, %s)", (server.base + "/echo?ms=300", n))]
-    wait_until(lambda: q1(c, "SELECT count(*) FROM tuvl.runs WHERE id = ANY(%s) AND status IN "
-                              "('completed', 'failed')", (ids,)) == n, 120, message="the runs to end")
+    ids = start_calls_and_wait(c, server.base + "/echo?ms=300", n)
     rows = q(c, "SELECT status, response ->> 'proto' FROM tuvl.runs WHERE id = ANY(%s)", (ids,))
     assert all(r == ("completed", "h2") for r in rows), [r for r in rows if r != ("completed", "h2")][:3]
     stats = server.stats()
-    workers = q1(c, "SELECT count(*) FROM tuvl.workers")
+    workers = q1(c, "SELECT count(*) FROM tuvl.workers WHERE database = current_database()")
     assert stats["requests"]["h2"] == n, stats
     # a handful per worker: the first handshake, a few more when the streams fill
     assert stats["connections"] <= 4 * max(workers, 1), (stats, workers)
@@ -232,10 +238,7 @@ def test_a_server_allowing_few_streams_gets_more_connections(tls, ca_trusted, c)
     held = int(q1(c, "SHOW tuvl.runs_per_worker"))
     assert held >= 500, held
     n = 1200
-    ids = [r[0] for r in q(c, "SELECT tuvl.start_run('https_call', jsonb_build_object('url', %s::text)) "
-                              "FROM generate_series(1, %s)", (server.base + "/echo?ms=4000", n))]
-    wait_until(lambda: q1(c, "SELECT count(*) FROM tuvl.runs WHERE id = ANY(%s) AND status IN "
-                             "('completed', 'failed')", (ids,)) == n, 120, message="the runs to end")
+    ids = start_calls_and_wait(c, server.base + "/echo?ms=4000", n)
     rows = q(c, "SELECT status, response ->> 'proto', response FROM tuvl.runs WHERE id = ANY(%s)", (ids,))
     assert all(r[:2] == ("completed", "h2") for r in rows), [r for r in rows if r[:2] != ("completed", "h2")][:3]
     stats = server.stats()
