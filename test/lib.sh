@@ -231,19 +231,19 @@ tuvl_asan_pg() {
 tuvl_asan_build() {
     local b=$TUVL_ASAN_DIR/tuvl
     tuvl_log "building tuvl with AddressSanitizer in $b"
-    mkdir -p "$b/src"
     # objects of other flags or another tree are built again
     if [ "$(cat "$b/.flags" 2>/dev/null)" != "$TUVL_ROOT $PG_CONFIG recover copy" ]; then
         rm -rf "$b"
         mkdir -p "$b"
         echo "$TUVL_ROOT $PG_CONFIG recover copy" >"$b/.flags"
     fi
+    mkdir -p "$b/src"
     # a copy of the sources, without the plain build's objects (through
     # VPATH, make would take those for up to date ones and link them
     # uninstrumented); mtimes are kept, so only what changed is built again
     find "$b/src" \( -name '*.c' -o -name '*.h' \) -delete
     (cd "$TUVL_ROOT" && tar cf - --exclude='*.o' --exclude='*.bc' --exclude='*.so' \
-        Makefile ./*.control README.md sql src) | (cd "$b" && tar xf -) || return 1
+        Makefile exports.map ./*.control README.md sql src) | (cd "$b" && tar xf -) || return 1
     make -s -C "$b" PG_CONFIG="$PG_CONFIG" COPT=-fsanitize-recover=address >/dev/null &&
         make -s -C "$b" PG_CONFIG="$PG_CONFIG" install >/dev/null &&
         # instrumented, or nothing checks tuvl's own memory accesses
