@@ -265,6 +265,7 @@ tuvl_revoke_token(PG_FUNCTION_ARGS)
 }
 
 /* The failure of authenticate(): the same, whatever failed. */
+pg_attribute_noreturn()
 static void
 bad_token(void)
 {
