@@ -18,7 +18,7 @@ import uuid
 import psycopg2
 import pytest
 
-from conftest import connect, kill_worker, q, q1, wait_run_finished, wait_until
+from conftest import connect, kill_worker, not_under_asan, q, q1, wait_run_finished, wait_until
 from llmutil import llm_server, script, sent
 
 LLM_URL = os.environ.get("TUVL_LLM_URL")
@@ -165,6 +165,7 @@ def test_rpm_holds_over_any_window_across_workers(conn, window):
     assert metric(conn, "tuvl.llm.admission.wait_ms", model) > 1000
 
 
+@not_under_asan
 def test_rpm_holds_when_many_processes_contend_for_admission(db, conn, conns, set_gucs):
     """Both workers and a dozen tuvl.run() backends ask for one config at
     once, at the shortest window (1 s: buckets of 10 ms), while hundreds
