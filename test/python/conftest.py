@@ -52,6 +52,18 @@ def connect(dbname="postgres", user=None, autocommit=True, **kw):
     return conn
 
 
+def register_workflows(db, *sources):
+    """Register each workflow source in db (as the superuser); returns db,
+    for module fixtures that only register what their tests run."""
+    conn = connect(db)
+    try:
+        for source in sources:
+            q(conn, "SELECT tuvl.register_workflow(%s)", (source,))
+    finally:
+        conn.close()
+    return db
+
+
 def q(conn, sql, params=None):
     """Execute and return every row (or None for statements without rows)."""
     with conn.cursor() as cur:

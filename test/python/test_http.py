@@ -20,8 +20,8 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
-from conftest import (SERVER_LOG, connect, journal_violations, q, q1, wait_for_server, wait_until,
-                      worker_pids)
+from conftest import (SERVER_LOG, connect, journal_violations, q, q1, register_workflows, wait_for_server,
+                      wait_until, worker_pids)
 from httputil import (HTTP_BASE, HTTP_PORT, clear_server_log, closed_port, event_gap, execute,
                       payloads, query_of, recording_server, requests_with, http_log,
                       unique)
@@ -150,11 +150,7 @@ ends:
 
 @pytest.fixture(scope="module")
 def wf(db):
-    conn = connect(db)
-    for source in WORKFLOWS:
-        q(conn, "SELECT tuvl.register_workflow(%s)", (source,))
-    conn.close()
-    return db
+    return register_workflows(db, *WORKFLOWS)
 
 
 @pytest.fixture(params=["sync", "worker"])

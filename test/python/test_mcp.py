@@ -28,7 +28,7 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
-from conftest import TMPDIR, connect, journal_violations, q, q1, wait_until
+from conftest import TMPDIR, connect, journal_violations, q, q1, register_workflows, wait_until
 from httputil import (MCP_PORT, MCP_URL, ScriptedMcpServer, execute, payloads,
                       pids_listening_on, port_open, unique, wait_port)
 
@@ -82,11 +82,7 @@ ends:
 
 @pytest.fixture(scope="module")
 def wf(db):
-    conn = connect(db)
-    for source in WORKFLOWS:
-        q(conn, "SELECT tuvl.register_workflow(%s)", (source,))
-    conn.close()
-    return db
+    return register_workflows(db, *WORKFLOWS)
 
 
 @pytest.fixture(params=["sync", "worker"])

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from conftest import connect, q
+from conftest import register_workflows
 from httputil import execute, payloads
 
 WORKFLOW = """
@@ -104,10 +104,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def wf(db):
-    conn = connect(db)
-    q(conn, "SELECT tuvl.register_workflow(%s)", (WORKFLOW,))
-    conn.close()
-    return db
+    return register_workflows(db, WORKFLOW)
 
 
 @pytest.mark.parametrize("mode", ["sync", "worker"])

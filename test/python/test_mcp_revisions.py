@@ -23,7 +23,7 @@ import urllib.request
 
 import pytest
 
-from conftest import connect, kill_worker, q, q1, wait_run_finished, wait_until
+from conftest import connect, kill_worker, q, q1, register_workflows, wait_run_finished, wait_until
 from httputil import MCP_URL, execute, payloads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -106,10 +106,7 @@ def only25():
 
 @pytest.fixture(scope="module")
 def wf(db):
-    conn = connect(db)
-    q(conn, "SELECT tuvl.register_workflow(%s)", (WORKFLOW,))
-    conn.close()
-    return db
+    return register_workflows(db, WORKFLOW)
 
 ELICIT = """
 name: mcp_rev_{policy}

@@ -18,7 +18,7 @@ import json
 import psycopg2
 import pytest
 
-from conftest import connect, kill_worker, q, q1, wait_run_finished, wait_until, worker_pids
+from conftest import connect, kill_worker, q, q1, register_workflows, wait_run_finished, wait_until, worker_pids
 from httputil import payloads
 from test_mcp_revisions import Stateless
 
@@ -45,10 +45,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def wf(db):
-    conn = connect(db)
-    q(conn, "SELECT tuvl.register_workflow(%s)", (WORKFLOW,))
-    conn.close()
-    return db
+    return register_workflows(db, WORKFLOW)
 
 
 def start(conn, server, args):
