@@ -175,7 +175,14 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid):
-    """user + system CPU time of a process, or None."""
+    """user + system CPU time of a process, or None: the scheduler's count in
+    nanoseconds (/proc/PID/schedstat), else /proc/PID/stat's clock ticks
+    (10 ms each, too coarse for a batch of 100 agents: 0.15 CPU s)."""
+    try:
+        with open("/proc/%d/schedstat" % pid) as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, TypeError, ValueError, IndexError):
+        pass
     try:
         with open("/proc/%d/stat" % pid) as f:
             fields = f.read().rsplit(")", 1)[1].split()
