@@ -29,6 +29,15 @@
  * exactly once.  A transition typically takes the model's answer, runs
  * the SQL tools it asked for and sends the next request.
  *
+ * Replaying every turn at every transition would make a turn's cost grow
+ * with the turns before it, so the process that holds the run keeps the
+ * loop as it stood at the top of its latest turn (AgentResume, in the
+ * RunState, made current only when the transition that made it commits):
+ * the next transition of the same step entry resumes there and replays
+ * only the records after it.  Replaying the records before gives exactly
+ * that state again, which is what a run reclaimed after a crash, or one
+ * taken by another worker, does.
+ *
  * Tools run through the same executor table as steps, on a copy of the
  * context with the model's arguments merged in.  The step's own routes
  * are ignored; its signal and output go back to the model.  What the
@@ -48,6 +57,7 @@
 
 #include "access/xact.h"
 #include "catalog/pg_type.h"
+#include "common/hashfn.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
@@ -144,6 +154,35 @@ typedef struct AgentLoop
 	MemoryContext keep;			/* outlives replayed turns: watch, call_sigs */
 	TimestampTz call_started;	/* when the tool call in progress started */
 } AgentLoop;
+
+/*
+ * The loop at the top of a turn, kept between transitions: what the turns
+ * before it left that a turn reads.  One chunk: the struct, then the
+ * conversation's text, then copies of ctx and merge when a tool changed
+ * them.  Valid for the step entry (step, entry_seq) it was made in, while
+ * the step's records up to cursor are the same and the step is given the
+ * same context (ctx_hash).
+ */
+typedef struct AgentResume
+{
+	char		step_id[NAMEDATALEN];
+	int			entry_seq;
+	uint64		ctx_hash;		/* of the context the step was given */
+	int			iteration;
+	int			cursor;
+	int64		tokens_used;
+	double		cost_used;
+	int64		last_output;
+	int			call_no;
+	bool		answer_is_error;
+	TimestampTz call_started;
+	int			tool_errors;
+	int			turn_tokens;
+	int			msgs_len;
+	char	   *msgs;			/* in the chunk */
+	Jsonb	   *ctx;			/* in the chunk, or NULL: the step's own */
+	Jsonb	   *merge;			/* in the chunk, or NULL */
+} AgentResume;
 
 typedef enum ToolStatus
 {
@@ -1873,6 +1912,106 @@ agent_turn(AgentLoop *l)
 	return true;
 }
 
+/* ---------------------------------------------------------------- resuming */
+
+static uint64
+ctx_hash(Jsonb *ctx)
+{
+	return ctx ? hash_bytes_extended((const unsigned char *) ctx, VARSIZE(ctx), 0) : 0;
+}
+
+/*
+ * Keep the loop as it stands at the top of a turn that acts (every record
+ * consumed), for the step's next transition: staged in the RunState,
+ * current once this transition commits.  Not for a replay (tuvl.replay()
+ * drives its own RunState once) nor under a supervisor, whose watch keeps
+ * more than this.
+ */
+static void
+keep_turn(AgentLoop *l, Jsonb *given_ctx)
+{
+	RunState   *run = l->run;
+	Jsonb	   *ctx = l->ctx != given_ctx ? l->ctx : NULL;
+	Size		ctx_len = ctx ? MAXALIGN(VARSIZE(ctx)) : 0;
+	Size		merge_len = l->merge ? MAXALIGN(VARSIZE(l->merge)) : 0;
+	Size		head = MAXALIGN(sizeof(AgentResume));
+	AgentResume *r;
+	char	   *p;
+
+	if (run->replay || l->supervised || l->iteration < 2 ||
+		strlen(l->step->id) >= NAMEDATALEN)
+		return;
+	if (run->next_agent_resume)
+		pfree(run->next_agent_resume);
+	p = MemoryContextAlloc(run->cxt, head + ctx_len + merge_len + MAXALIGN(l->msgs.len + 1));
+	r = (AgentResume *) p;
+	memset(r, 0, sizeof(AgentResume));
+	strlcpy(r->step_id, l->step->id, NAMEDATALEN);
+	r->entry_seq = run->entry_seq;
+	r->ctx_hash = ctx_hash(given_ctx);
+	r->iteration = l->iteration;
+	r->cursor = l->cursor;
+	r->tokens_used = l->tokens_used;
+	r->cost_used = l->cost_used;
+	r->last_output = l->last_output;
+	r->call_no = l->call_no;
+	r->answer_is_error = l->answer_is_error;
+	r->call_started = l->call_started;
+	r->tool_errors = l->watch.tool_errors;
+	r->turn_tokens = l->watch.turn_tokens;
+	p += head;
+	if (ctx)
+	{
+		r->ctx = (Jsonb *) p;
+		memcpy(p, ctx, VARSIZE(ctx));
+		p += ctx_len;
+	}
+	if (l->merge)
+	{
+		r->merge = (Jsonb *) p;
+		memcpy(p, l->merge, VARSIZE(l->merge));
+		p += merge_len;
+	}
+	r->msgs = p;
+	r->msgs_len = l->msgs.len;
+	memcpy(p, l->msgs.data, l->msgs.len + 1);
+	run->next_agent_resume = r;
+}
+
+/*
+ * Resume the loop where the step's previous transition kept it, when it
+ * kept it for this step entry; returns the turn to go on with, or 0 when
+ * the turns must be replayed from the first.
+ */
+static int
+resume_turn(AgentLoop *l)
+{
+	RunState   *run = l->run;
+	AgentResume *r = run->agent_resume;
+
+	if (r == NULL || run->replay || l->supervised ||
+		r->entry_seq != run->entry_seq || strcmp(r->step_id, l->step->id) != 0 ||
+		r->cursor > EffectCount(run) || r->iteration > l->max_iterations ||
+		r->ctx_hash != ctx_hash(l->ctx))
+		return 0;
+	resetStringInfo(&l->msgs);
+	appendBinaryStringInfo(&l->msgs, r->msgs, r->msgs_len);
+	l->cursor = r->cursor;
+	l->tokens_used = r->tokens_used;
+	l->cost_used = r->cost_used;
+	l->last_output = r->last_output;
+	l->call_no = r->call_no;
+	l->answer_is_error = r->answer_is_error;
+	l->call_started = r->call_started;
+	l->watch.tool_errors = r->tool_errors;
+	l->watch.turn_tokens = r->turn_tokens;
+	if (r->ctx)
+		l->ctx = JsonCopyTo(r->ctx, CurrentMemoryContext);
+	if (r->merge)
+		l->merge = JsonCopyTo(r->merge, CurrentMemoryContext);
+	return r->iteration;
+}
+
 /* ---------------------------------------------------------------- the loop */
 
 void
@@ -1882,6 +2021,7 @@ StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 	Jsonb	   *budget;
 	MemoryContext turncxt;
 	UseReferrer by;
+	int			first;
 
 	memset(&l, 0, sizeof(l));
 	l.run = run;
@@ -1905,6 +2045,8 @@ StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 						 &by);
 	ExecutorErrorType = "error";
 	build_tools(&l);
+	first = resume_turn(&l);
+	if (first == 0)
 	{
 		char	   *why = opening_messages(&l);
 
@@ -1915,6 +2057,7 @@ StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 		}
 		if (result->pending)
 			return;				/* a judge's verdict on the input first */
+		first = 1;
 	}
 
 	/*
@@ -1925,13 +2068,18 @@ StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 	 */
 	turncxt = AllocSetContextCreate(CurrentMemoryContext, "tuvl agent turn",
 									ALLOCSET_DEFAULT_SIZES);
-	for (l.iteration = 1; l.iteration <= l.max_iterations; l.iteration++)
+	for (l.iteration = first; l.iteration <= l.max_iterations; l.iteration++)
 	{
 		bool		replaying = l.cursor < EffectCount(run);
 		Jsonb	   *ctx_before = l.ctx;
 		Jsonb	   *merge_before = l.merge;
-		MemoryContext loopcxt = MemoryContextSwitchTo(replaying ? turncxt : CurrentMemoryContext);
-		bool		go_on = agent_turn(&l);
+		MemoryContext loopcxt;
+		bool		go_on;
+
+		if (!replaying)
+			keep_turn(&l, ctx);
+		loopcxt = MemoryContextSwitchTo(replaying ? turncxt : CurrentMemoryContext);
+		go_on = agent_turn(&l);
 
 		MemoryContextSwitchTo(loopcxt);
 		if (!go_on)

@@ -1376,6 +1376,9 @@ RunAdvance(RunState *run)
 		run->next_llm_prev_step = NULL;
 	}
 	RunKeepJsonb(run, &run->next_llm_prev_request, NULL);
+	if (run->next_agent_resume)
+		pfree(run->next_agent_resume);
+	run->next_agent_resume = NULL;
 	run->working_effects = NULL;
 	run->effects_added = NIL;
 	run->working_judged = NULL;
@@ -1525,6 +1528,14 @@ RunApplyTransition(RunState *run)
 		run->llm_prev_request = run->next_llm_prev_request;
 		run->next_llm_prev_step = NULL;
 		run->next_llm_prev_request = NULL;
+	}
+	/* a transition that kept no agent_resume leaves the older one, still true */
+	if (run->next_agent_resume || run->next_step_state == NULL)
+	{
+		if (run->agent_resume)
+			pfree(run->agent_resume);
+		run->agent_resume = run->next_agent_resume;
+		run->next_agent_resume = NULL;
 	}
 	pfree(run->context);
 	run->context = run->next_context;

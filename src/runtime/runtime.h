@@ -102,9 +102,18 @@ typedef struct RunState
 	char	   *llm_prev_step;
 	Jsonb	   *llm_prev_request;
 
+	/*
+	 * An agent step's loop as it stood at the top of its latest turn
+	 * (agent_loop.c), so that the step's next transition resumes there
+	 * instead of replaying every turn before it: one palloc'd chunk in cxt,
+	 * or NULL.  Staged like the fields below.
+	 */
+	void	   *agent_resume;
+
 	/* staged by RunAdvance, applied by RunApplyTransition */
 	char	   *next_llm_prev_step;
 	Jsonb	   *next_llm_prev_request;
+	void	   *next_agent_resume;
 	Jsonb	   *next_context;
 	Jsonb	   *next_step_state;
 	Jsonb	   *next_control;
