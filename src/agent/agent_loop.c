@@ -129,7 +129,7 @@ typedef struct AgentLoop
 	LlmConfig  *cfg;
 	List	   *tools;			/* AgentTool */
 	Jsonb	   *specs;			/* [{name, description, parameters}] */
-	StringInfoData msgs;		/* the conversation: array elements */
+	JsonArrayBuilder msgs;		/* the conversation, a message at a time */
 	List	   *values;			/* outcome.enum, or NIL */
 	int			max_iterations;
 	int			max_tool_calls; /* per model answer */
@@ -158,7 +158,7 @@ typedef struct AgentLoop
 /*
  * The loop at the top of a turn, kept between transitions: what the turns
  * before it left that a turn reads.  One chunk: the struct, then the
- * conversation's text, then copies of ctx and merge when a tool changed
+ * conversation, then copies of ctx and merge when a tool changed
  * them.  Valid for the step entry (step, entry_seq) it was made in, while
  * the step's records up to cursor are the same and the step is given the
  * same context (ctx_hash).
@@ -178,8 +178,7 @@ typedef struct AgentResume
 	TimestampTz call_started;
 	int			tool_errors;
 	int			turn_tokens;
-	int			msgs_len;
-	char	   *msgs;			/* in the chunk */
+	Jsonb	   *msgs;			/* the conversation, in the chunk */
 	Jsonb	   *ctx;			/* in the chunk, or NULL: the step's own */
 	Jsonb	   *merge;			/* in the chunk, or NULL */
 } AgentResume;
@@ -242,36 +241,37 @@ progress(AgentLoop *l, Jsonb *fields)
 /* ---------------------------------------------------------------- messages */
 
 static void
+add_message_with(AgentLoop *l, const char *role, const char *content, Jsonb *tool_calls,
+				 const char *tool_call_id, bool is_error, Jsonb *thinking)
+{
+	JsonObjBuilder b;
+
+	JsonObjStart(&b);
+	JsonObjAddString(&b, "role", role);
+	JsonObjAddString(&b, "content", content);	/* NULL: null */
+	if (tool_calls)
+		JsonObjAddJsonb(&b, "tool_calls", tool_calls);
+	if (tool_call_id)
+		JsonObjAddString(&b, "tool_call_id", tool_call_id);
+	if (is_error)
+		JsonObjAddBool(&b, "is_error", true);
+	/* Anthropic's thinking blocks, to be sent back with the tool calls */
+	if (thinking)
+		JsonObjAddJsonb(&b, "thinking", thinking);
+	JsonArrayBuildAdd(&l->msgs, JsonObjEnd(&b));
+}
+
+static void
 add_message(AgentLoop *l, const char *role, const char *content, Jsonb *tool_calls,
 			const char *tool_call_id, bool is_error)
 {
-	StringInfo	buf = &l->msgs;
-
-	if (buf->len > 0)
-		appendStringInfoString(buf, ", ");
-	appendStringInfoString(buf, "{\"role\": ");
-	escape_json(buf, role);
-	appendStringInfoString(buf, ", \"content\": ");
-	if (content)
-		escape_json(buf, content);
-	else
-		appendStringInfoString(buf, "null");
-	if (tool_calls)
-		appendStringInfo(buf, ", \"tool_calls\": %s", JsonText(tool_calls));
-	if (tool_call_id)
-	{
-		appendStringInfoString(buf, ", \"tool_call_id\": ");
-		escape_json(buf, tool_call_id);
-	}
-	if (is_error)
-		appendStringInfoString(buf, ", \"is_error\": true");
-	appendStringInfoChar(buf, '}');
+	add_message_with(l, role, content, tool_calls, tool_call_id, is_error, NULL);
 }
 
 static Jsonb *
 messages_jsonb(AgentLoop *l)
 {
-	return JsonFromCString(psprintf("[%s]", l->msgs.data));
+	return JsonArrayBuildCopy(&l->msgs);
 }
 
 /* The text of a steering or skill entry: inline, or an artifact's body. */
@@ -1846,14 +1846,8 @@ agent_turn(AgentLoop *l)
 		if (TraceEnabled(l->run))
 			trace_iteration(l, &reply, ncalls);
 	}
-	add_message(l, "assistant", reply.text, ncalls > 0 ? reply.tool_calls : NULL, NULL, false);
-	if (reply.thinking)
-	{
-		/* Anthropic's thinking blocks, to be sent back with the tool calls */
-		l->msgs.len--;
-		l->msgs.data[l->msgs.len] = '\0';
-		appendStringInfo(&l->msgs, ", \"thinking\": %s}", JsonText(reply.thinking));
-	}
+	add_message_with(l, "assistant", reply.text, ncalls > 0 ? reply.tool_calls : NULL, NULL, false,
+					 reply.thinking);
 	if (ncalls == 0)
 	{
 		finalize(l, reply.text);
@@ -1935,6 +1929,7 @@ keep_turn(AgentLoop *l, Jsonb *given_ctx)
 	Size		ctx_len = ctx ? MAXALIGN(VARSIZE(ctx)) : 0;
 	Size		merge_len = l->merge ? MAXALIGN(VARSIZE(l->merge)) : 0;
 	Size		head = MAXALIGN(sizeof(AgentResume));
+	Jsonb	   *msgs;
 	AgentResume *r;
 	char	   *p;
 
@@ -1943,7 +1938,8 @@ keep_turn(AgentLoop *l, Jsonb *given_ctx)
 		return;
 	if (run->next_agent_resume)
 		pfree(run->next_agent_resume);
-	p = MemoryContextAlloc(run->cxt, head + ctx_len + merge_len + MAXALIGN(l->msgs.len + 1));
+	msgs = messages_jsonb(l);
+	p = MemoryContextAlloc(run->cxt, head + ctx_len + merge_len + VARSIZE(msgs));
 	r = (AgentResume *) p;
 	memset(r, 0, sizeof(AgentResume));
 	strlcpy(r->step_id, l->step->id, NAMEDATALEN);
@@ -1972,9 +1968,9 @@ keep_turn(AgentLoop *l, Jsonb *given_ctx)
 		memcpy(p, l->merge, VARSIZE(l->merge));
 		p += merge_len;
 	}
-	r->msgs = p;
-	r->msgs_len = l->msgs.len;
-	memcpy(p, l->msgs.data, l->msgs.len + 1);
+	r->msgs = (Jsonb *) p;
+	memcpy(p, msgs, VARSIZE(msgs));
+	pfree(msgs);
 	run->next_agent_resume = r;
 }
 
@@ -1994,8 +1990,7 @@ resume_turn(AgentLoop *l)
 		r->cursor > EffectCount(run) || r->iteration > l->max_iterations ||
 		r->ctx_hash != ctx_hash(l->ctx))
 		return 0;
-	resetStringInfo(&l->msgs);
-	appendBinaryStringInfo(&l->msgs, r->msgs, r->msgs_len);
+	JsonArrayBuildStart(&l->msgs, r->msgs);
 	l->cursor = r->cursor;
 	l->tokens_used = r->tokens_used;
 	l->cost_used = r->cost_used;
@@ -2037,7 +2032,7 @@ StepExecuteAutonomous(RunState *run, const StepDef *step, Jsonb *ctx, StepResult
 	l.keep = CurrentMemoryContext;
 	l.last_output = -1;
 	l.supervised = SupervisorPresent(run);
-	initStringInfo(&l.msgs);
+	JsonArrayBuildStart(&l.msgs, NULL);
 
 	ExecutorErrorType = "llm_error";
 	WorkflowReferrer(run->wf, &by);

@@ -607,6 +607,30 @@ JsonArrayBuildEnd(JsonArrayBuilder *ab)
 }
 
 /*
+ * The array built so far, as a new jsonb in the current memory context;
+ * the builder goes on (one copy of its bytes).
+ */
+Jsonb *
+JsonArrayBuildCopy(JsonArrayBuilder *ab)
+{
+	int			head = VARHDRSZ + sizeof(uint32) + sizeof(JEntry) * ab->n;
+	Jsonb	   *res;
+
+	if ((int64) head - VARHDRSZ + ab->data.len > JENTRY_OFFLENMASK)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("total size of jsonb array elements exceeds the maximum of %u bytes",
+						JENTRY_OFFLENMASK)));
+	res = palloc(head + ab->data.len);
+	SET_VARSIZE(res, head + ab->data.len);
+	res->root.header = (uint32) ab->n | JB_FARRAY;
+	if (ab->n > 0)
+		memcpy(res->root.children, ab->entries, sizeof(JEntry) * ab->n);
+	memcpy((char *) res + head, ab->data.data, ab->data.len);
+	return res;
+}
+
+/*
  * arr (a JSON array, or NULL for an empty one) with elem appended: a copy
  * of arr's bytes and elem's, the elements are not unpacked.
  */

@@ -76,5 +76,6 @@ extern void JsonArrayBuildStart(JsonArrayBuilder *ab, Jsonb *prefix);
 extern void JsonArrayBuildAdd(JsonArrayBuilder *ab, Jsonb *elem);
 extern int64 JsonArrayBuildSize(JsonArrayBuilder *ab, int64 extra);
 extern Jsonb *JsonArrayBuildEnd(JsonArrayBuilder *ab);
+extern Jsonb *JsonArrayBuildCopy(JsonArrayBuilder *ab);
 
 #endif							/* TUVL_JSONUTIL_H */
