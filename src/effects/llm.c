@@ -1249,9 +1249,19 @@ LlmTurnPayloadAs(Jsonb *result, int *tokens, int position, const char *request_k
 	return JsonObjEnd(&b);
 }
 
-/* The result as kept in step_state: without the request body. */
+/*
+ * The result as kept in step_state: without the request body (the
+ * journal's llm_turn has it), and, for an answer, without its headers,
+ * which only an error's retry reads (LlmParseResult); a provider's run to
+ * a kilobyte, and step_state is written again at every turn.
+ */
 Jsonb *
 LlmStripRequest(Jsonb *result)
 {
-	return JsonRemoveKey(result, "request");
+	int			status = JsonGetInt32(result, "status", 0);
+
+	result = JsonRemoveKey(result, "request");
+	if (status >= 200 && status < 300 && JsonGetField(result, "headers"))
+		result = JsonRemoveKey(result, "headers");
+	return result;
 }

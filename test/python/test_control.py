@@ -781,6 +781,10 @@ def test_a_tool_marked_approval_waits_for_decide(conn, as_role, approved):
     assert row["lease_owner"] is None and row["lease_expires_at"] is None
     assert calls(conn, tag) == [], "the tool waits for the decision"
     assert len(sent(name)) == 1
+    # step_state keeps the model's answer, not its request or headers (the journal has them)
+    kept = row["step_state"]["effects"][0]
+    assert kept["op"] == "llm" and kept["status"] == 200 and kept["body"]["choices"], kept
+    assert "headers" not in kept and "request" not in kept, kept
     asked, checkpoint = events(conn, run_id)[-2:]
     request = {"call": 1, "call_id": "call_0_0", "tool": "refund", "iteration": 1,
                "arguments": {"tag": tag, "amount": 30}}
