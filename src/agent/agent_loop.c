@@ -130,6 +130,7 @@ typedef struct AgentLoop
 	List	   *tools;			/* AgentTool */
 	Jsonb	   *specs;			/* [{name, description, parameters}] */
 	JsonArrayBuilder msgs;		/* the conversation, a message at a time */
+	LlmWireCache wire;			/* its first messages as last sent */
 	List	   *values;			/* outcome.enum, or NIL */
 	int			max_iterations;
 	int			max_tool_calls; /* per model answer */
@@ -179,6 +180,9 @@ typedef struct AgentResume
 	int			tool_errors;
 	int			turn_tokens;
 	Jsonb	   *msgs;			/* the conversation, in the chunk */
+	Jsonb	   *wire;			/* LlmWireCache's messages, in the chunk, or
+								 * NULL */
+	int			wire_count;
 	Jsonb	   *ctx;			/* in the chunk, or NULL: the step's own */
 	Jsonb	   *merge;			/* in the chunk, or NULL */
 } AgentResume;
@@ -1112,8 +1116,8 @@ model_turn(AgentLoop *l, LlmReply *reply)
 			/* a retry (its delay too) stops for an abort or a pause */
 			if (attempts > 0 && !retry_checkpoint(l))
 				return false;
-			req = LlmBuildRequest(l->run, l->cfg, messages_jsonb(l), l->specs,
-								  AgentAnswerSchema(l->values), -1);
+			req = LlmBuildRequestReusing(l->run, l->cfg, messages_jsonb(l), l->specs,
+										 AgentAnswerSchema(l->values), -1, &l->wire);
 			{
 				/* the cost caps: a call that would pass one is not sent */
 				char	   *why = AgentCostCheck(run, l->agent, l->cfg, req, l->cost_used,
@@ -1928,6 +1932,7 @@ keep_turn(AgentLoop *l, Jsonb *given_ctx)
 	Jsonb	   *ctx = l->ctx != given_ctx ? l->ctx : NULL;
 	Size		ctx_len = ctx ? MAXALIGN(VARSIZE(ctx)) : 0;
 	Size		merge_len = l->merge ? MAXALIGN(VARSIZE(l->merge)) : 0;
+	Size		wire_len = l->wire.messages ? MAXALIGN(VARSIZE(l->wire.messages)) : 0;
 	Size		head = MAXALIGN(sizeof(AgentResume));
 	Jsonb	   *msgs;
 	AgentResume *r;
@@ -1939,7 +1944,7 @@ keep_turn(AgentLoop *l, Jsonb *given_ctx)
 	if (run->next_agent_resume)
 		pfree(run->next_agent_resume);
 	msgs = messages_jsonb(l);
-	p = MemoryContextAlloc(run->cxt, head + ctx_len + merge_len + VARSIZE(msgs));
+	p = MemoryContextAlloc(run->cxt, head + ctx_len + merge_len + wire_len + VARSIZE(msgs));
 	r = (AgentResume *) p;
 	memset(r, 0, sizeof(AgentResume));
 	strlcpy(r->step_id, l->step->id, NAMEDATALEN);
@@ -1968,6 +1973,13 @@ keep_turn(AgentLoop *l, Jsonb *given_ctx)
 		memcpy(p, l->merge, VARSIZE(l->merge));
 		p += merge_len;
 	}
+	if (l->wire.messages)
+	{
+		r->wire = (Jsonb *) p;
+		r->wire_count = l->wire.count;
+		memcpy(p, l->wire.messages, VARSIZE(l->wire.messages));
+		p += wire_len;
+	}
 	r->msgs = (Jsonb *) p;
 	memcpy(p, msgs, VARSIZE(msgs));
 	pfree(msgs);
@@ -1991,6 +2003,11 @@ resume_turn(AgentLoop *l)
 		r->ctx_hash != ctx_hash(l->ctx))
 		return 0;
 	JsonArrayBuildStart(&l->msgs, r->msgs);
+	if (r->wire)
+	{
+		l->wire.messages = JsonCopyTo(r->wire, CurrentMemoryContext);
+		l->wire.count = r->wire_count;
+	}
 	l->cursor = r->cursor;
 	l->tokens_used = r->tokens_used;
 	l->cost_used = r->cost_used;

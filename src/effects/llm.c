@@ -117,9 +117,13 @@ append_params(StringInfo buf, Jsonb *params, const char *skip)
 	}
 }
 
-/* OpenAI: messages pass through, tool calls in their function form. */
+/*
+ * OpenAI: messages pass through, tool calls in their function form.
+ * starts, when not NULL, gets where each message's text begins in the
+ * body, and starts[n] where the array closes.
+ */
 static char *
-openai_body(LlmConfig *cfg, Jsonb *messages, Jsonb *tools)
+openai_body(LlmConfig *cfg, Jsonb *messages, Jsonb *tools, int *starts)
 {
 	StringInfoData buf;
 	int			n = JsonArraySize(messages);
@@ -136,6 +140,8 @@ openai_body(LlmConfig *cfg, Jsonb *messages, Jsonb *tools)
 
 		if (i > 0)
 			appendStringInfoString(&buf, ", ");
+		if (starts)
+			starts[i] = buf.len;
 		appendStringInfoString(&buf, "{\"role\": ");
 		escape_json(&buf, role);
 		if (strcmp(role, "assistant") == 0 && JsonArraySize(calls) > 0)
@@ -166,6 +172,8 @@ openai_body(LlmConfig *cfg, Jsonb *messages, Jsonb *tools)
 			append_str(&buf, "tool_call_id", JsonGetText(m, "tool_call_id"));
 		appendStringInfoChar(&buf, '}');
 	}
+	if (starts)
+		starts[n] = buf.len;
 	appendStringInfoChar(&buf, ']');
 	if (JsonArraySize(tools) > 0)
 	{
@@ -600,12 +608,81 @@ EffectRequest *
 LlmBuildRequest(RunState *run, LlmConfig *cfg, Jsonb *messages, Jsonb *tools, Jsonb *answer_schema,
 				int timeout_ms)
 {
+	return LlmBuildRequestReusing(run, cfg, messages, tools, answer_schema, timeout_ms, NULL);
+}
+
+/* A conversation shorter than this is parsed whole: no cache to keep. */
+#define LLM_WIRE_CACHE_MIN 8
+
+/*
+ * The journal form of an OpenAI body (what JsonFromCString of its scrubbed
+ * text gives) without parsing the messages cache has: the body around the
+ * messages, then the messages after cache->count, are parsed, and the
+ * array is cache's with those appended.  Secrets are scrubbed from each
+ * piece (they cannot span the boundaries, which lie between JSON values).
+ * cache gets the whole array.
+ */
+static Jsonb *
+request_reusing(const char *body, const int *starts, int n, LlmWireCache *cache, List *secrets)
+{
+	int			k = cache->messages && cache->count <= n ? cache->count : 0;
+	int			body_len = strlen(body);
+	StringInfoData text;
+	Jsonb	   *shell;
+	Jsonb	   *fresh;
+	JsonArrayBuilder ab;
+	JsonObjBuilder b;
+	JsonbIterator *it;
+	JsonbValue	v;
+	char	   *key;
+
+	initStringInfo(&text);
+	appendBinaryStringInfo(&text, body, starts[0]);
+	appendBinaryStringInfo(&text, body + starts[n], body_len - starts[n]);
+	shell = JsonFromCString(SecretScrub(text.data, secrets));
+	resetStringInfo(&text);
+	appendStringInfoChar(&text, '[');
+	appendBinaryStringInfo(&text, body + starts[k], starts[n] - starts[k]);
+	appendStringInfoChar(&text, ']');
+	fresh = JsonFromCString(SecretScrub(text.data, secrets));
+	pfree(text.data);
+
+	JsonArrayBuildStart(&ab, k > 0 ? cache->messages : NULL);
+	for (int i = 0; i < JsonArraySize(fresh); i++)
+		JsonArrayBuildAdd(&ab, JsonArrayAt(fresh, i));
+	cache->messages = JsonArrayBuildEnd(&ab);
+	cache->count = n;
+
+	JsonObjStart(&b);
+	it = JsonbIteratorInit(&shell->root);
+	while (JsonObjectNext(&it, &key, &v))
+	{
+		if (strcmp(key, "messages") == 0)
+			JsonObjAddJsonb(&b, key, cache->messages);
+		else
+			JsonObjAddValue(&b, key, &v);
+	}
+	return JsonObjEnd(&b);
+}
+
+/*
+ * LlmBuildRequest, given (in cache) the journal form of this
+ * conversation's first messages as its previous request sent them: an
+ * OpenAI request then parses only the messages after those, and cache
+ * gets its messages for the next one.  cache may be NULL.
+ */
+EffectRequest *
+LlmBuildRequestReusing(RunState *run, LlmConfig *cfg, Jsonb *messages, Jsonb *tools,
+					   Jsonb *answer_schema, int timeout_ms, LlmWireCache *cache)
+{
 	EffectRequest *req = palloc0(sizeof(EffectRequest));
 	SecretUse	use;
 	const char *key = NULL;
 	bool		anthropic = strcmp(cfg->provider, "anthropic") == 0;
 	bool		responses = strcmp(cfg->provider, "openai_responses") == 0;
 	char	   *body;
+	int		   *starts = NULL;
+	int			nmsgs = JsonArraySize(messages);
 	JsonObjBuilder b;
 
 	/*
@@ -618,8 +695,10 @@ LlmBuildRequest(RunState *run, LlmConfig *cfg, Jsonb *messages, Jsonb *tools, Js
 	use.author = cfg->owner;
 	if (cfg->api_key_secret)
 		key = use.opts.secret_hook(cfg->api_key_secret, use.opts.secret_arg);
+	if (cache && !anthropic && !responses && nmsgs >= LLM_WIRE_CACHE_MIN)
+		starts = palloc(sizeof(int) * (nmsgs + 1));
 	body = anthropic ? anthropic_body(cfg, messages, tools) :
-		responses ? responses_body(cfg, messages, tools) : openai_body(cfg, messages, tools);
+		responses ? responses_body(cfg, messages, tools) : openai_body(cfg, messages, tools, starts);
 	body = with_answer_schema(cfg, body, answer_schema);
 	req->http.method = "POST";
 	req->http.url = join_url(cfg->base_url, anthropic ? "/messages" :
@@ -652,7 +731,8 @@ LlmBuildRequest(RunState *run, LlmConfig *cfg, Jsonb *messages, Jsonb *tools, Js
 	JsonObjAddString(&b, "config", cfg->name);
 	JsonObjAddInt(&b, "config_version", cfg->version);
 	/* scrubbed as text, then parsed once (SecretScrubJsonb would parse twice) */
-	JsonObjAddJsonb(&b, "request", JsonFromCString(SecretScrub(body, use.values)));
+	JsonObjAddJsonb(&b, "request", starts ? request_reusing(body, starts, nmsgs, cache, use.values)
+					: JsonFromCString(SecretScrub(body, use.values)));
 	if (cfg->has_price)
 		JsonObjAddJsonb(&b, "price", price_jsonb(cfg));
 	req->tag = JsonObjEnd(&b);

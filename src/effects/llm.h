@@ -69,6 +69,21 @@ struct UseReferrer;
 extern LlmConfig *LlmConfigFor(RunState *run, const char *name, const struct UseReferrer *by);
 extern EffectRequest *LlmBuildRequest(RunState *run, LlmConfig *cfg, Jsonb *messages, Jsonb *tools,
 									  Jsonb *answer_schema, int timeout_ms);
+
+/*
+ * The journal form of a conversation's first count messages as an
+ * earlier request sent them (LlmBuildRequestReusing), so that the next
+ * request of the same conversation parses only its new messages.
+ */
+typedef struct LlmWireCache
+{
+	Jsonb	   *messages;		/* NULL: none yet */
+	int			count;
+} LlmWireCache;
+
+extern EffectRequest *LlmBuildRequestReusing(RunState *run, LlmConfig *cfg, Jsonb *messages,
+											 Jsonb *tools, Jsonb *answer_schema, int timeout_ms,
+											 LlmWireCache *cache);
 extern Jsonb *LlmEnumAnswerSchema(const char *key, const char *const *values, int nvalues,
 								  const char *other, const char *other_type);
 extern void LlmParseResult(LlmConfig *cfg, Jsonb *result, LlmReply *reply);
