@@ -200,6 +200,7 @@ static AgentTool *find_tool(AgentLoop *l, const char *name);
 static void agent_exit(AgentLoop *l, const char *signal, const char *error_type,
 					   const char *message);
 static void apply_delta(AgentLoop *l, Jsonb *delta);
+static void keep_wire(AgentLoop *l);
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -1118,6 +1119,7 @@ model_turn(AgentLoop *l, LlmReply *reply)
 				return false;
 			req = LlmBuildRequestReusing(l->run, l->cfg, messages_jsonb(l), l->specs,
 										 AgentAnswerSchema(l->values), -1, &l->wire);
+			keep_wire(l);
 			{
 				/* the cost caps: a call that would pass one is not sent */
 				char	   *why = AgentCostCheck(run, l->agent, l->cfg, req, l->cost_used,
@@ -1919,6 +1921,36 @@ ctx_hash(Jsonb *ctx)
 }
 
 /*
+ * Stage f (its scalars) with copies of ctx, merge, wire and msgs as the
+ * run's next AgentResume, in one chunk of the run's memory, replacing the
+ * staged one (the pointers may be into it).
+ */
+static void
+stage_resume(RunState *run, const AgentResume *f, Jsonb *ctx, Jsonb *merge, Jsonb *wire,
+			 Jsonb *msgs)
+{
+	Size		head = MAXALIGN(sizeof(AgentResume));
+	Size		ctx_len = ctx ? MAXALIGN(VARSIZE(ctx)) : 0;
+	Size		merge_len = merge ? MAXALIGN(VARSIZE(merge)) : 0;
+	Size		wire_len = wire ? MAXALIGN(VARSIZE(wire)) : 0;
+	char	   *p = MemoryContextAlloc(run->cxt, head + ctx_len + merge_len + wire_len + VARSIZE(msgs));
+	AgentResume *r = (AgentResume *) p;
+
+	*r = *f;
+	p += head;
+	r->ctx = ctx ? memcpy(p, ctx, VARSIZE(ctx)) : NULL;
+	p += ctx_len;
+	r->merge = merge ? memcpy(p, merge, VARSIZE(merge)) : NULL;
+	p += merge_len;
+	r->wire = wire ? memcpy(p, wire, VARSIZE(wire)) : NULL;
+	p += wire_len;
+	r->msgs = memcpy(p, msgs, VARSIZE(msgs));
+	if (run->next_agent_resume)
+		pfree(run->next_agent_resume);
+	run->next_agent_resume = r;
+}
+
+/*
  * Keep the loop as it stands at the top of a turn that acts (every record
  * consumed), for the step's next transition: staged in the RunState,
  * current once this transition commits.  Not for a replay (tuvl.replay()
@@ -1929,61 +1961,49 @@ static void
 keep_turn(AgentLoop *l, Jsonb *given_ctx)
 {
 	RunState   *run = l->run;
-	Jsonb	   *ctx = l->ctx != given_ctx ? l->ctx : NULL;
-	Size		ctx_len = ctx ? MAXALIGN(VARSIZE(ctx)) : 0;
-	Size		merge_len = l->merge ? MAXALIGN(VARSIZE(l->merge)) : 0;
-	Size		wire_len = l->wire.messages ? MAXALIGN(VARSIZE(l->wire.messages)) : 0;
-	Size		head = MAXALIGN(sizeof(AgentResume));
+	AgentResume f;
 	Jsonb	   *msgs;
-	AgentResume *r;
-	char	   *p;
 
 	if (run->replay || l->supervised || l->iteration < 2 ||
 		strlen(l->step->id) >= NAMEDATALEN)
 		return;
-	if (run->next_agent_resume)
-		pfree(run->next_agent_resume);
+	memset(&f, 0, sizeof(AgentResume));
+	strlcpy(f.step_id, l->step->id, NAMEDATALEN);
+	f.entry_seq = run->entry_seq;
+	f.ctx_hash = ctx_hash(given_ctx);
+	f.iteration = l->iteration;
+	f.cursor = l->cursor;
+	f.tokens_used = l->tokens_used;
+	f.cost_used = l->cost_used;
+	f.last_output = l->last_output;
+	f.call_no = l->call_no;
+	f.answer_is_error = l->answer_is_error;
+	f.call_started = l->call_started;
+	f.tool_errors = l->watch.tool_errors;
+	f.turn_tokens = l->watch.turn_tokens;
+	f.wire_count = l->wire.count;
 	msgs = messages_jsonb(l);
-	p = MemoryContextAlloc(run->cxt, head + ctx_len + merge_len + wire_len + VARSIZE(msgs));
-	r = (AgentResume *) p;
-	memset(r, 0, sizeof(AgentResume));
-	strlcpy(r->step_id, l->step->id, NAMEDATALEN);
-	r->entry_seq = run->entry_seq;
-	r->ctx_hash = ctx_hash(given_ctx);
-	r->iteration = l->iteration;
-	r->cursor = l->cursor;
-	r->tokens_used = l->tokens_used;
-	r->cost_used = l->cost_used;
-	r->last_output = l->last_output;
-	r->call_no = l->call_no;
-	r->answer_is_error = l->answer_is_error;
-	r->call_started = l->call_started;
-	r->tool_errors = l->watch.tool_errors;
-	r->turn_tokens = l->watch.turn_tokens;
-	p += head;
-	if (ctx)
-	{
-		r->ctx = (Jsonb *) p;
-		memcpy(p, ctx, VARSIZE(ctx));
-		p += ctx_len;
-	}
-	if (l->merge)
-	{
-		r->merge = (Jsonb *) p;
-		memcpy(p, l->merge, VARSIZE(l->merge));
-		p += merge_len;
-	}
-	if (l->wire.messages)
-	{
-		r->wire = (Jsonb *) p;
-		r->wire_count = l->wire.count;
-		memcpy(p, l->wire.messages, VARSIZE(l->wire.messages));
-		p += wire_len;
-	}
-	r->msgs = (Jsonb *) p;
-	memcpy(p, msgs, VARSIZE(msgs));
+	stage_resume(run, &f, l->ctx != given_ctx ? l->ctx : NULL, l->merge, l->wire.messages, msgs);
 	pfree(msgs);
-	run->next_agent_resume = r;
+}
+
+/*
+ * The request this turn built sent the messages now in l->wire: the turn
+ * kept at its top gets them, since every later request of the
+ * conversation starts with the same messages.
+ */
+static void
+keep_wire(AgentLoop *l)
+{
+	AgentResume *r = l->run->next_agent_resume;
+	AgentResume f;
+
+	if (r == NULL || l->wire.messages == NULL || r->iteration != l->iteration ||
+		r->wire_count == l->wire.count)
+		return;
+	f = *r;
+	f.wire_count = l->wire.count;
+	stage_resume(l->run, &f, r->ctx, r->merge, l->wire.messages, r->msgs);
 }
 
 /*
