@@ -20,6 +20,7 @@
 #include "utils/builtins.h"
 #include "utils/fmgrprotos.h"
 #include "utils/jsonb.h"
+#include "utils/memutils.h"
 #include "utils/numeric.h"
 
 #include "jsonutil.h"
@@ -652,109 +653,322 @@ JsonRemoveKey(Jsonb *obj, const char *key)
 											  CStringGetTextDatum(key)));
 }
 
+/* --------------------------------------------------------------- objects
+ *
+ * A JsonObjBuilder writes an object in jsonb's own format, as a
+ * JsonArrayBuilder writes an array: no value is unpacked into JsonbValues
+ * (PostgreSQL 15's pushJsonbValue unpacks a container value scalar by
+ * scalar, and JsonbValueToJsonb converts the tree back).  Each entry is a
+ * key's bytes and its value's jsonb encoding: a string's bytes, a
+ * numeric's varlena, nothing for a bool or null, a container's bytes as
+ * they are.  JsonObjEnd orders the entries as jsonb orders keys (by
+ * length, then bytewise), keeps the last value added for a key added more
+ * than once (as pushJsonbValue does), and writes the header (count |
+ * JB_FOBJECT), the keys' JEntries, the values' JEntries, the keys' bytes
+ * and the values' bytes, a numeric or container after padding to a 4-byte
+ * boundary counted in its length; of the 2n JEntries, in that order, every
+ * JB_OFFSET_STRIDE'th holds its end offset instead of its length
+ * (convertJsonbObject, jsonb_util.c).  The result is byte for byte what
+ * pushJsonbValue and JsonbValueToJsonb make of the same calls.
+ */
+
+/* pushJsonbValue's limit on an object's pairs (JSONB_MAX_PAIRS) */
+#define OBJ_MAX_PAIRS (Min(MaxAllocSize / sizeof(JsonbPair), JB_CMASK))
+#define OBJ_INITIAL_BYTES 256
+
 void
 JsonObjStart(JsonObjBuilder *b)
 {
-	b->state = NULL;
-	pushJsonbValue(&b->state, WJB_BEGIN_OBJECT, NULL);
+	b->bytes.data = palloc(OBJ_INITIAL_BYTES);
+	b->bytes.maxlen = OBJ_INITIAL_BYTES;
+	b->bytes.len = 0;
+	b->bytes.cursor = 0;
+	b->bytes.data[0] = '\0';
+	b->entries = NULL;
+	b->n = 0;
+	b->max = 0;
+}
+
+/*
+ * Add key with a value of type (a JENTRY_IS* value) whose len bytes are at
+ * ext (not copied: they must live until JsonObjEnd) or, with ext NULL, at
+ * copy (copied now).
+ */
+static void
+obj_add(JsonObjBuilder *b, const char *key, uint32 type, const char *ext,
+		const char *copy, int len, bool aligned)
+{
+	JsonObjEntry *e;
+	int			klen = strlen(key);
+
+	if (b->n >= b->max)
+	{
+		if ((size_t) b->n >= OBJ_MAX_PAIRS)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("number of jsonb object pairs exceeds the maximum allowed (%zu)",
+							OBJ_MAX_PAIRS)));
+		b->max = Max(b->max * 2, 8);
+		b->entries = b->entries ? repalloc(b->entries, sizeof(JsonObjEntry) * b->max)
+			: palloc(sizeof(JsonObjEntry) * b->max);
+	}
+	e = &b->entries[b->n];
+	e->key_off = b->bytes.len;
+	e->key_len = klen;
+	appendBinaryStringInfo(&b->bytes, key, klen);
+	e->order = b->n++;
+	e->type = type;
+	e->ext = ext;
+	e->val_len = len;
+	e->aligned = aligned;
+	e->val_off = b->bytes.len;
+	if (ext == NULL && len > 0)
+		appendBinaryStringInfo(&b->bytes, copy, len);
+}
+
+/*
+ * Add a container (len bytes at c) as the value; a raw scalar's container
+ * adds its scalar, as pushJsonbValue does.  Not copied.
+ */
+static void
+obj_add_container(JsonObjBuilder *b, const char *key, JsonbContainer *c, int len)
+{
+	if (JsonContainerIsScalar(c))
+	{
+		/* [header, one JEntry, its data from an aligned start] */
+		JEntry		je = c->children[0];
+		uint32		type = je & JENTRY_TYPEMASK;
+
+		obj_add(b, key, type, (char *) &c->children[1], NULL, JBE_OFFLENFLD(je),
+				type == JENTRY_ISNUMERIC);
+		return;
+	}
+	obj_add(b, key, JENTRY_ISCONTAINER, (char *) c, NULL, len, true);
 }
 
 static void
-push_key(JsonObjBuilder *b, const char *key)
+obj_add_jsonb(JsonObjBuilder *b, const char *key, Jsonb *val)
 {
-	JsonbValue	k;
+	if (val == NULL)
+		obj_add(b, key, JENTRY_ISNULL, NULL, NULL, 0, false);
+	else
+		obj_add_container(b, key, &val->root, VARSIZE(val) - VARHDRSZ);
+}
 
-	/* copied, as JsonObjAddString's values are */
-	k.type = jbvString;
-	k.val.string.val = pstrdup(key);
-	k.val.string.len = strlen(key);
-	pushJsonbValue(&b->state, WJB_KEY, &k);
+static void
+obj_add_value(JsonObjBuilder *b, const char *key, JsonbValue *val)
+{
+	JsonbParseState *state = NULL;
+
+	if (val == NULL)
+	{
+		obj_add(b, key, JENTRY_ISNULL, NULL, NULL, 0, false);
+		return;
+	}
+	switch (val->type)
+	{
+		case jbvNull:
+			obj_add(b, key, JENTRY_ISNULL, NULL, NULL, 0, false);
+			break;
+		case jbvBool:
+			obj_add(b, key, val->val.boolean ? JENTRY_ISBOOL_TRUE : JENTRY_ISBOOL_FALSE,
+					NULL, NULL, 0, false);
+			break;
+		case jbvString:
+			obj_add(b, key, JENTRY_ISSTRING, val->val.string.len > 0 ? val->val.string.val : NULL,
+					NULL, val->val.string.len, false);
+			break;
+		case jbvNumeric:
+			obj_add(b, key, JENTRY_ISNUMERIC, (char *) val->val.numeric, NULL,
+					VARSIZE_ANY(val->val.numeric), true);
+			break;
+		case jbvBinary:
+			obj_add_container(b, key, val->val.binary.data, val->val.binary.len);
+			break;
+		case jbvArray:
+		case jbvObject:
+			/* a tree in memory: pushed as the old builder pushed it */
+			obj_add_jsonb(b, key, JsonbValueToJsonb(pushJsonbValue(&state, WJB_ELEM, val)));
+			break;
+		default:
+			/* any other scalar (a datetime): through its raw-scalar jsonb */
+			obj_add_jsonb(b, key, JsonbValueToJsonb(val));
+			break;
+	}
 }
 
 void
 JsonObjAddString(JsonObjBuilder *b, const char *key, const char *val)
 {
-	JsonbValue	v;
-
-	if (val == NULL)
-	{
-		JsonObjAddNull(b, key);
-		return;
-	}
-
 	/*
-	 * Copied: the builder keeps pointers until JsonObjEnd, and a caller's
+	 * Copied: the builder keeps its entries until JsonObjEnd, and a caller's
 	 * string may be gone by then (a buffer on its stack).
 	 */
-	v.type = jbvString;
-	v.val.string.val = pstrdup(val);
-	v.val.string.len = strlen(val);
-	JsonObjAddValue(b, key, &v);
+	if (val == NULL)
+		obj_add(b, key, JENTRY_ISNULL, NULL, NULL, 0, false);
+	else
+		obj_add(b, key, JENTRY_ISSTRING, NULL, val, strlen(val), false);
 }
 
 void
 JsonObjAddInt(JsonObjBuilder *b, const char *key, int64 val)
 {
-	JsonbValue	v;
+	Numeric		num = int64_to_numeric(val);
 
-	v.type = jbvNumeric;
-	v.val.numeric = int64_to_numeric(val);
-	JsonObjAddValue(b, key, &v);
+	obj_add(b, key, JENTRY_ISNUMERIC, (char *) num, NULL, VARSIZE_ANY(num), true);
 }
 
 void
 JsonObjAddBool(JsonObjBuilder *b, const char *key, bool val)
 {
-	JsonbValue	v;
-
-	v.type = jbvBool;
-	v.val.boolean = val;
-	JsonObjAddValue(b, key, &v);
+	obj_add(b, key, val ? JENTRY_ISBOOL_TRUE : JENTRY_ISBOOL_FALSE, NULL, NULL, 0, false);
 }
 
 void
 JsonObjAddNull(JsonObjBuilder *b, const char *key)
 {
-	JsonObjAddValue(b, key, NULL);
+	obj_add(b, key, JENTRY_ISNULL, NULL, NULL, 0, false);
 }
 
 /*
  * Add a value found in another Jsonb (JsonGetField), or a scalar; NULL
- * adds a JSON null.  Not copied until the end.
+ * adds a JSON null.  The key is copied, the value's data is not: it must
+ * live until JsonObjEnd.
  */
 void
 JsonObjAddValue(JsonObjBuilder *b, const char *key, JsonbValue *val)
 {
-	JsonbValue	null;
-
-	if (val == NULL)
-	{
-		null.type = jbvNull;
-		val = &null;
-	}
-	push_key(b, key);
-	pushJsonbValue(&b->state, WJB_VALUE, val);
+	obj_add_value(b, key, val);
 }
 
-/* Embed an already built jsonb (scalar, object or array) as a value. */
+/*
+ * Embed an already built jsonb (scalar, object or array) as a value; NULL
+ * adds a JSON null.  Not copied until JsonObjEnd.
+ */
 void
 JsonObjAddJsonb(JsonObjBuilder *b, const char *key, Jsonb *val)
 {
-	if (val == NULL)
-	{
-		JsonObjAddNull(b, key);
-		return;
-	}
-	push_key(b, key);
-	push_jsonb(&b->state, WJB_VALUE, val);
+	obj_add_jsonb(b, key, val);
 }
 
+/*
+ * jsonb's order of keys (lengthCompareJsonbPair): shorter first, then
+ * bytewise; of equal keys the one added last first.  arg: the builder's
+ * bytes.
+ */
+static int
+obj_entry_cmp(const void *a, const void *b, void *arg)
+{
+	const JsonObjEntry *ea = (const JsonObjEntry *) a;
+	const JsonObjEntry *eb = (const JsonObjEntry *) b;
+	const char *bytes = (const char *) arg;
+	int			res;
+
+	if (ea->key_len != eb->key_len)
+		return ea->key_len > eb->key_len ? 1 : -1;
+	res = memcmp(bytes + ea->key_off, bytes + eb->key_off, ea->key_len);
+	if (res != 0)
+		return res;
+	return ea->order > eb->order ? -1 : 1;
+}
+
+static bool
+obj_same_key(const JsonObjEntry *a, const JsonObjEntry *b, const char *bytes)
+{
+	return a->key_len == b->key_len &&
+		memcmp(bytes + a->key_off, bytes + b->key_off, a->key_len) == 0;
+}
+
+/*
+ * The object, allocated in CurrentMemoryContext.  The builder is used up.
+ * Raises when the object exceeds jsonb's limits (the total size of its
+ * keys and values).
+ */
 Jsonb *
 JsonObjEnd(JsonObjBuilder *b)
 {
-	JsonbValue *res = pushJsonbValue(&b->state, WJB_END_OBJECT, NULL);
+	JsonObjEntry *e = b->entries;
+	const char *bytes = b->bytes.data;
+	int			n = b->n;
+	int			m = 0;
+	int64		datalen = 0;
+	int64		head;
+	uint32		off;
+	JEntry	   *je;
+	char	   *data;
+	Jsonb	   *res;
 
-	return JsonbValueToJsonb(res);
+	/* sort (unless already in order, the common case) and keep the last */
+	if (n > 1)
+	{
+		int			i;
+
+		for (i = 1; i < n; i++)
+			if (obj_entry_cmp(&e[i - 1], &e[i], (void *) bytes) > 0)
+				break;
+		if (i < n)
+			qsort_arg(e, n, sizeof(JsonObjEntry), obj_entry_cmp, (void *) bytes);
+	}
+	for (int i = 0; i < n; i++)
+	{
+		if (m > 0 && obj_same_key(&e[m - 1], &e[i], bytes))
+			continue;
+		if (m != i)
+			e[m] = e[i];
+		m++;
+	}
+
+	/* the data's size: keys, then values after their padding */
+	for (int i = 0; i < m; i++)
+		datalen += e[i].key_len;
+	for (int i = 0; i < m; i++)
+	{
+		if (e[i].aligned)
+			datalen = INTALIGN(datalen);
+		datalen += e[i].val_len;
+	}
+	head = sizeof(uint32) + (int64) sizeof(JEntry) * 2 * m;
+	if (head + datalen > JENTRY_OFFLENMASK)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("total size of jsonb object elements exceeds the maximum of %u bytes",
+						JENTRY_OFFLENMASK)));
+
+	res = palloc(VARHDRSZ + head + datalen);
+	SET_VARSIZE(res, VARHDRSZ + head + datalen);
+	res->root.header = (uint32) m | JB_FOBJECT;
+	je = res->root.children;
+	data = (char *) &je[2 * m];
+	off = 0;
+	for (int i = 0; i < m; i++)
+	{
+		memcpy(data + off, bytes + e[i].key_off, e[i].key_len);
+		off += e[i].key_len;
+		je[i] = JENTRY_ISSTRING |
+			(i % JB_OFFSET_STRIDE == 0 ? JENTRY_HAS_OFF | off : (uint32) e[i].key_len);
+	}
+	for (int i = 0; i < m; i++)
+	{
+		int			idx = m + i;
+		uint32		pad = e[i].aligned ? INTALIGN(off) - off : 0;
+		const char *src = e[i].ext ? e[i].ext : bytes + e[i].val_off;
+
+		if (pad > 0)
+			memset(data + off, 0, pad);
+		if (e[i].val_len > 0)
+			memcpy(data + off + pad, src, e[i].val_len);
+		off += pad + e[i].val_len;
+		je[idx] = e[i].type |
+			(idx % JB_OFFSET_STRIDE == 0 ? JENTRY_HAS_OFF | off : pad + e[i].val_len);
+	}
+	Assert(off == datalen);
+
+	pfree(b->bytes.data);
+	if (b->entries)
+		pfree(b->entries);
+	b->bytes.data = NULL;
+	b->entries = NULL;
+	return res;
 }
 
 /*

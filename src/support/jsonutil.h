@@ -43,11 +43,32 @@ extern Jsonb *JsonArrayAt(Jsonb *j, int i);
 extern char *JsonText(Jsonb *j);
 
 /*
- * A tiny builder for flat objects: JsonObjStart, JsonObjAdd*, JsonObjEnd.
+ * A builder for objects, written in jsonb's format (no JsonbValue tree):
+ * JsonObjStart, JsonObjAdd*, JsonObjEnd.  An entry's key and its value's
+ * bytes are as jsonb stores them; keys, strings and numbers the builder
+ * made are copied into bytes, a Jsonb's or a JsonbValue's data is pointed
+ * to (it must live until JsonObjEnd).
  */
+typedef struct JsonObjEntry
+{
+	int			key_off;		/* the key's bytes in the builder's bytes */
+	int			key_len;
+	int			order;			/* position among the entries added */
+	uint32		type;			/* JENTRY_IS* of the value */
+	const char *ext;			/* the value's bytes outside the builder, or
+								 * NULL: they are at val_off in bytes */
+	int			val_off;
+	int			val_len;
+	bool		aligned;		/* starts at a 4-byte boundary (numeric,
+								 * container) */
+} JsonObjEntry;
+
 typedef struct JsonObjBuilder
 {
-	JsonbParseState *state;
+	StringInfoData bytes;		/* keys and values copied at Add time */
+	JsonObjEntry *entries;
+	int			n;
+	int			max;
 } JsonObjBuilder;
 
 extern void JsonObjStart(JsonObjBuilder *b);
