@@ -814,6 +814,15 @@ transfer_submit(HttpTransfer *t)
 					 tuvl_http2 && pg_strncasecmp(t->url, "https://", 8) == 0 ? 1L : 0L);
 	/* libcurl's receive buffer, 16 kB by default, per transfer in flight */
 	curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 8192L);
+
+	/*
+	 * and its send buffer, 64 kB by default: libcurl 7.88 mallocs it for
+	 * every request whose body goes out in DATA frames (HTTP/2) or through
+	 * TLS (HTTP/1.1), and frees it only when the transfer is done, so it is
+	 * held through the model's whole answer time.  16 kB is libcurl's least;
+	 * a larger body goes out in more writes.
+	 */
+	curl_easy_setopt(e, CURLOPT_UPLOAD_BUFFERSIZE, 16384L);
 	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, write_cb);
 	curl_easy_setopt(e, CURLOPT_WRITEDATA, t);
 	curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, header_cb);

@@ -8,7 +8,9 @@ check that tuvl.http_ca_file is trusted (and nothing unknown is), that
 HTTP/2 is used where offered and hundreds of concurrent requests share a
 few connections, that tuvl.http2 = off and a server without HTTP/2 give
 HTTP/1.1, that a new connection resumes a TLS session, and that a server
-allowing few streams per connection still gets every request at once.
+allowing few streams per connection still gets every request at once,
+and that requests in flight grow a worker's heap by their own state, not
+by libcurl's buffers.
 """
 import json
 import os
@@ -247,3 +249,74 @@ def test_a_server_allowing_few_streams_gets_more_connections(tls, ca_trusted, c)
     assert stats["peak_in_flight"] > 400 * workers + 50, (stats, workers)
     # a few connections per 400 requests, not one per request
     assert stats["connections"] <= n // 8, stats
+
+
+POST_WORKFLOW = """
+name: https_post
+steps:
+  - id: call
+    kind: APICall
+    http: { method: POST, url: "{{ url }}", body: { messages: "{{ text }}" }, timeout: 30s }
+    output: res
+    routes: { default: done, error: oops }
+ends:
+  - { id: done, status: completed, response: { proto: "{{ res.body.proto }}" } }
+  - { id: oops, status: failed, response: { error: "{{ _last_error }}" } }
+"""
+
+
+def heap_kb(pid):
+    """The size of pid's heap (glibc's main arena: the [heap] mappings), kB."""
+    total = 0
+    in_heap = False
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            if line.startswith("Size:"):
+                total += int(line.split()[1]) if in_heap else 0
+            elif not line[:1].isupper():
+                in_heap = line.rstrip().endswith("[heap]")
+    return total
+
+
+def test_requests_in_flight_keep_small_send_buffers(tls, ca_trusted, c):
+    # libcurl mallocs a send buffer (64 kB by default) for every HTTP/2
+    # request with a body and holds it until the answer: a worker asks for
+    # libcurl's least, 16 kB (http.c)
+    server = tls["h2"]
+    q(c, "SELECT tuvl.register_workflow(%s)", (POST_WORKFLOW,))
+    # fresh workers, their heaps not grown by earlier tests
+    mine = ("SELECT pid FROM tuvl.worker_status() WHERE pid IS NOT NULL AND database = "
+            "(SELECT oid FROM pg_database WHERE datname = current_database())")
+    old = {r[0] for r in q(c, mine)}
+    assert old, "no worker for this database"
+    for pid in old:
+        q(c, "SELECT pg_terminate_backend(%s)", (pid,))
+    workers = wait_until(lambda: (lambda now: now if len(now) == len(old) and not now & old else None)(
+        {r[0] for r in q(c, mine)}), 30, message="new workers")
+    text = "x" * 600
+
+    def start(n, ms):
+        return [r[0] for r in q(c, "SELECT tuvl.start_run('https_post', jsonb_build_object('url', %s::text, "
+                                   "'text', %s::text)) FROM generate_series(1, %s)",
+                                (server.base + "/echo?ms=%d" % ms, text, n))]
+
+    def wait_ended(ids):
+        wait_until(lambda: q1(c, "SELECT count(*) FROM tuvl.runs WHERE id = ANY(%s) AND status IN "
+                                 "('completed', 'failed')", (ids,)) == len(ids), 120, message="the runs to end")
+        assert q1(c, "SELECT count(*) FROM tuvl.runs WHERE id = ANY(%s) AND status = 'completed' "
+                     "AND response ->> 'proto' = 'h2'", (ids,)) == len(ids)
+
+    # a first batch: TLS, its CA store and the connections set up in each worker
+    wait_ended(start(100, 200))
+    before = {pid: heap_kb(pid) for pid in workers}
+    n = 600
+    ids = start(n, 5000)
+    in_flight = wait_until(lambda: (lambda v: v if v and v >= n else None)(
+        q1(c, "SELECT sum(transfers_in_flight) FROM tuvl.worker_status() WHERE pid = ANY(%s)", (list(workers),))),
+        30, interval=0.05, message="%d requests in flight" % n)
+    grown = sum(heap_kb(pid) - before[pid] for pid in workers)
+    wait_ended(ids)
+    per_request = grown / in_flight
+    # measured: 76 kB with libcurl's 64 kB send buffer, 37 kB with 16 kB
+    assert per_request < 48, "the workers' heaps grew %d kB for %d requests in flight: %.1f kB each" % (
+        grown, in_flight, per_request)
