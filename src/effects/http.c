@@ -59,6 +59,7 @@
  */
 #include "postgres.h"
 
+#include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -684,7 +685,9 @@ transfer_remove(HttpTransfer *t)
  * default), blocks go to the heap.  Every block starts with a header that
  * says where it is; a block libcurl allocated before these functions were
  * installed has no header of ours and goes to free() (the check reads the
- * 16 bytes before it, glibc's own header).
+ * 16 bytes before it, glibc's own header).  libcurl's resolver thread
+ * allocates too (its answers, small blocks): only the process's own thread
+ * maps blocks and keeps them, so the kept lists need no lock.
  */
 #define CURL_MAPPED_MIN 8192
 #define CURL_MAPPED_PAGES 16	/* larger mappings are not kept */
@@ -707,6 +710,7 @@ static long mappings = 0;		/* libcurl's blocks mapped apart, kept ones
 								 * included */
 static long max_mappings = 0;
 static CurlMemHeader *kept[CURL_MAPPED_PAGES + 1];	/* by pages */
+static pthread_t curl_mem_thread;	/* the process's own: it maps and keeps */
 
 /* Half of vm.max_map_count (65,530 by default): the rest is the process's. */
 static long
@@ -737,6 +741,8 @@ curl_mem_map(size_t len)
 	size_t		pages = len / page_size;
 	CurlMemHeader *hdr;
 
+	if (!pthread_equal(pthread_self(), curl_mem_thread))
+		return NULL;
 	if (pages <= CURL_MAPPED_PAGES && kept[pages] != NULL)
 	{
 		hdr = kept[pages];
@@ -759,6 +765,12 @@ curl_mem_unmap(CurlMemHeader *hdr)
 {
 	size_t		pages = hdr->h.len / page_size;
 
+	if (!pthread_equal(pthread_self(), curl_mem_thread))
+	{
+		/* not counted off: the count stays on the safe side */
+		munmap(hdr, hdr->h.len);
+		return;
+	}
 	if (pages <= CURL_MAPPED_PAGES)
 	{
 		hdr->h.next = kept[pages];
@@ -891,6 +903,7 @@ engine_init(void)
 	{
 		page_size = (size_t) sysconf(_SC_PAGESIZE);
 		max_mappings = mappings_allowed();
+		curl_mem_thread = pthread_self();
 		if (curl_global_init_mem(CURL_GLOBAL_DEFAULT, curl_mem_malloc, curl_mem_free,
 								 curl_mem_realloc, curl_mem_strdup,
 								 curl_mem_calloc) != CURLE_OK)
