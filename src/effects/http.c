@@ -59,7 +59,9 @@
  */
 #include "postgres.h"
 
+#include <pthread.h>
 #include <sys/epoll.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 #include <curl/curl.h>
@@ -661,6 +663,234 @@ transfer_remove(HttpTransfer *t)
 	t->shard = NULL;
 }
 
+/* ---- libcurl's memory ----
+ *
+ * libcurl 7.88 mallocs a send buffer of CURLOPT_UPLOAD_BUFFERSIZE (16 kB
+ * at least) for every request whose body it sends itself (over HTTP/2, or
+ * HTTP/1.1 over TLS) and frees it when the transfer is done (over an
+ * HTTP/2 connection that other streams still use, not even then: the handle
+ * keeps it for its next request), so it is held through the server's whole
+ * answer time; and a receive buffer of CURLOPT_BUFFERSIZE for every handle.  A request touches only as much of
+ * them as its body or its answer, but in glibc's heap, where a busy
+ * worker's memory is freed and reused all the time, every page of them
+ * ends up resident: at thousands of requests in flight, most of a worker's
+ * memory.  So libcurl's blocks of CURL_MAPPED_MIN bytes or more live in
+ * mappings of their own, apart from the heap, where a page nobody touched
+ * costs nothing.  A freed mapping is kept for the next block of its size
+ * (mapping and unmapping a block for every request cost a turn a tenth
+ * more CPU here: 35 us of page faults and system calls), so it holds only
+ * the pages its blocks touched, until the worker is idle and
+ * HttpReleaseMemory unmaps them.  Once the mappings reach half the
+ * kernel's vm.max_map_count (two a request in flight at most: 32,765 by
+ * default), blocks go to the heap.  Every block starts with a header that
+ * says where it is; a block libcurl allocated before these functions were
+ * installed has no header of ours and goes to free() (the check reads the
+ * 16 bytes before it, glibc's own header).  libcurl's resolver thread
+ * allocates too (its answers, small blocks): only the process's own thread
+ * maps blocks and keeps them, so the kept lists need no lock.
+ */
+#define CURL_MAPPED_MIN 8192
+#define CURL_MAPPED_PAGES 16	/* larger mappings are not kept */
+#define CURL_MEM_HEAP UINT64CONST(0x7475766c68656170)	/* "tuvlheap" */
+#define CURL_MEM_MAPPED UINT64CONST(0x7475766c6d6d6170) /* "tuvlmmap" */
+
+typedef union CurlMemHeader
+{
+	struct
+	{
+		size_t		len;		/* of the mapping; 0 in the heap */
+		uint64		magic;		/* CURL_MEM_*, xor the header's address */
+		union CurlMemHeader *next;	/* free, kept: the next of its size */
+	}			h;
+	max_align_t align;
+} CurlMemHeader;
+
+static size_t page_size = 0;
+static long mappings = 0;		/* libcurl's blocks mapped apart, kept ones
+								 * included */
+static long max_mappings = 0;
+static CurlMemHeader *kept[CURL_MAPPED_PAGES + 1];	/* by pages */
+static pthread_t curl_mem_thread;	/* the process's own: it maps and keeps */
+
+/* Half of vm.max_map_count (65,530 by default): the rest is the process's. */
+static long
+mappings_allowed(void)
+{
+	FILE	   *f = fopen("/proc/sys/vm/max_map_count", "r");
+	long		n = 0;
+
+	if (f != NULL)
+	{
+		if (fscanf(f, "%ld", &n) != 1)
+			n = 0;
+		fclose(f);
+	}
+	return n > 0 ? n / 2 : 32765;
+}
+
+static inline uint64
+curl_mem_magic(CurlMemHeader *hdr, uint64 kind)
+{
+	return kind ^ (uint64) (uintptr_t) hdr;
+}
+
+/* A mapped block of len bytes (a multiple of the page size), or NULL. */
+static CurlMemHeader *
+curl_mem_map(size_t len)
+{
+	size_t		pages = len / page_size;
+	CurlMemHeader *hdr;
+
+	if (!pthread_equal(pthread_self(), curl_mem_thread))
+		return NULL;
+	if (pages <= CURL_MAPPED_PAGES && kept[pages] != NULL)
+	{
+		hdr = kept[pages];
+		kept[pages] = hdr->h.next;
+		return hdr;
+	}
+	if (mappings >= max_mappings)
+		return NULL;
+	hdr = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (hdr == MAP_FAILED)
+		return NULL;
+	mappings++;
+	hdr->h.len = len;
+	hdr->h.magic = curl_mem_magic(hdr, CURL_MEM_MAPPED);
+	return hdr;
+}
+
+static void
+curl_mem_unmap(CurlMemHeader *hdr)
+{
+	size_t		pages = hdr->h.len / page_size;
+
+	if (!pthread_equal(pthread_self(), curl_mem_thread))
+	{
+		/* not counted off: the count stays on the safe side */
+		munmap(hdr, hdr->h.len);
+		return;
+	}
+	if (pages <= CURL_MAPPED_PAGES)
+	{
+		hdr->h.next = kept[pages];
+		kept[pages] = hdr;
+		return;
+	}
+	munmap(hdr, hdr->h.len);
+	mappings--;
+}
+
+static void *
+curl_mem_malloc(size_t size)
+{
+	CurlMemHeader *hdr;
+	size_t		len;
+
+	if (size > SIZE_MAX - 2 * page_size)
+		return NULL;
+	len = size + sizeof(CurlMemHeader);
+	if (size >= CURL_MAPPED_MIN && (hdr = curl_mem_map(TYPEALIGN(page_size, len))) != NULL)
+		return hdr + 1;
+	hdr = malloc(len);
+	if (hdr == NULL)
+		return NULL;
+	hdr->h.len = 0;
+	hdr->h.magic = curl_mem_magic(hdr, CURL_MEM_HEAP);
+	return hdr + 1;
+}
+
+/* p's header, or NULL when p was allocated without one */
+static CurlMemHeader *
+curl_mem_header(void *p)
+{
+	CurlMemHeader *hdr = (CurlMemHeader *) p - 1;
+
+	if (hdr->h.magic == curl_mem_magic(hdr, hdr->h.len ? CURL_MEM_MAPPED : CURL_MEM_HEAP))
+		return hdr;
+	return NULL;
+}
+
+static void
+curl_mem_free(void *p)
+{
+	CurlMemHeader *hdr;
+
+	if (p == NULL)
+		return;
+	hdr = curl_mem_header(p);
+	if (hdr == NULL)
+		free(p);
+	else if (hdr->h.len == 0)
+	{
+		hdr->h.magic = 0;
+		free(hdr);
+	}
+	else
+		curl_mem_unmap(hdr);
+}
+
+static void *
+curl_mem_realloc(void *p, size_t size)
+{
+	CurlMemHeader *hdr;
+	CurlMemHeader *nhdr;
+	void	   *np;
+
+	if (p == NULL)
+		return curl_mem_malloc(size);
+	if (size > SIZE_MAX - 2 * page_size)
+		return NULL;
+	hdr = curl_mem_header(p);
+	if (hdr == NULL)
+		return realloc(p, size);
+	if (hdr->h.len == 0)
+	{
+		/* a heap block stays in the heap */
+		hdr->h.magic = 0;
+		nhdr = realloc(hdr, size + sizeof(CurlMemHeader));
+		if (nhdr == NULL)
+		{
+			hdr->h.magic = curl_mem_magic(hdr, CURL_MEM_HEAP);
+			return NULL;
+		}
+		nhdr->h.magic = curl_mem_magic(nhdr, CURL_MEM_HEAP);
+		return nhdr + 1;
+	}
+	if (size + sizeof(CurlMemHeader) <= hdr->h.len)
+		return p;
+	np = curl_mem_malloc(size);
+	if (np == NULL)
+		return NULL;
+	memcpy(np, p, hdr->h.len - sizeof(CurlMemHeader));
+	curl_mem_unmap(hdr);
+	return np;
+}
+
+static char *
+curl_mem_strdup(const char *s)
+{
+	size_t		n = strlen(s) + 1;
+	char	   *r = curl_mem_malloc(n);
+
+	if (r != NULL)
+		memcpy(r, s, n);
+	return r;
+}
+
+static void *
+curl_mem_calloc(size_t nmemb, size_t size)
+{
+	void	   *p;
+
+	if (size != 0 && nmemb > SIZE_MAX / size)
+		return NULL;
+	p = curl_mem_malloc(nmemb * size);
+	if (p != NULL)
+		memset(p, 0, nmemb * size);
+	return p;
+}
+
 /* Create the first shard, the epoll set and the wait set once. */
 static void
 engine_init(void)
@@ -671,7 +901,12 @@ engine_init(void)
 		return;
 	if (!global_done)
 	{
-		if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+		page_size = (size_t) sysconf(_SC_PAGESIZE);
+		max_mappings = mappings_allowed();
+		curl_mem_thread = pthread_self();
+		if (curl_global_init_mem(CURL_GLOBAL_DEFAULT, curl_mem_malloc, curl_mem_free,
+								 curl_mem_realloc, curl_mem_strdup,
+								 curl_mem_calloc) != CURLE_OK)
 			elog(ERROR, "could not initialize libcurl");
 		global_done = true;
 	}
@@ -728,6 +963,31 @@ easy_put(CURL *e)
 		easy_pool[n_easy_pool++] = e;
 	else
 		curl_easy_cleanup(e);
+}
+
+/*
+ * Give back the easy handles kept for the next transfers (with their
+ * buffers: libcurl keeps a handle's send buffer for its next request when
+ * the transfer ended on an HTTP/2 connection still in use) and the mappings
+ * kept for libcurl's next blocks.  An idle worker does, with glibc's
+ * malloc_trim.
+ */
+void
+HttpReleaseMemory(void)
+{
+	while (n_easy_pool > 0)
+		curl_easy_cleanup(easy_pool[--n_easy_pool]);
+	for (int pages = 0; pages <= CURL_MAPPED_PAGES; pages++)
+	{
+		while (kept[pages] != NULL)
+		{
+			CurlMemHeader *hdr = kept[pages];
+
+			kept[pages] = hdr->h.next;
+			munmap(hdr, hdr->h.len);
+			mappings--;
+		}
+	}
 }
 
 static void
@@ -814,6 +1074,15 @@ transfer_submit(HttpTransfer *t)
 					 tuvl_http2 && pg_strncasecmp(t->url, "https://", 8) == 0 ? 1L : 0L);
 	/* libcurl's receive buffer, 16 kB by default, per transfer in flight */
 	curl_easy_setopt(e, CURLOPT_BUFFERSIZE, 8192L);
+
+	/*
+	 * and its send buffer, 64 kB by default: libcurl 7.88 mallocs it for
+	 * every request whose body goes out in DATA frames (HTTP/2) or through
+	 * TLS (HTTP/1.1), and frees it only when the transfer is done, so it is
+	 * held through the model's whole answer time.  16 kB is libcurl's least;
+	 * a larger body goes out in more writes.
+	 */
+	curl_easy_setopt(e, CURLOPT_UPLOAD_BUFFERSIZE, 16384L);
 	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, write_cb);
 	curl_easy_setopt(e, CURLOPT_WRITEDATA, t);
 	curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, header_cb);

@@ -64,6 +64,7 @@ extern long HttpSendAtExit(const char *method, const char *url, List *headers, l
 extern HttpResult *HttpPerform(const HttpRequest *req, List *secrets);
 extern const char *HttpResultHeader(HttpResult *res, const char *name);
 extern void HttpSetMemoryBudget(size_t bytes);
+extern void HttpReleaseMemory(void);
 extern size_t HttpBufferedBytes(void);
 extern char *HttpRedactUrl(const char *url);
 

@@ -361,17 +361,19 @@ maintenance(bool renew)
 
 	/*
 	 * Idle after a burst: a worker whose heap the burst left in pieces starts
-	 * afresh; otherwise it gives the memory malloc keeps cached back to the
-	 * system, so a worker's footprint follows its load.
+	 * afresh; otherwise it gives the memory malloc and libcurl's buffers
+	 * (http.c) keep cached back to the system, so a worker's footprint
+	 * follows its load.
 	 */
-#ifdef __GLIBC__
 	if (held == NIL && !trimmed)
 	{
+#ifdef __GLIBC__
 		exit_when_fragmented();
 		malloc_trim(0);
+#endif
+		HttpReleaseMemory();
 		trimmed = true;
 	}
-#endif
 }
 
 /* ---------------------------------------------------------------- memory
