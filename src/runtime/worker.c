@@ -1312,6 +1312,17 @@ start_due_sends(TimestampTz *next_send)
 		PG_TRY();
 		{
 			run->transfer = HttpStart(&run->send->http, run->send->secrets, run);
+
+			/*
+			 * The transfer sends its own copy of the body: the run's goes,
+			 * rather than be held through the server's answer time (a request
+			 * is started once; its length stays, for the cost estimates).
+			 */
+			if (run->transfer && run->send->http.body && !run->send->http.body_borrowed)
+			{
+				pfree((char *) run->send->http.body);
+				run->send->http.body = NULL;
+			}
 		}
 		PG_CATCH();
 		{
