@@ -94,6 +94,7 @@
 #define AGENT_MAX_TOOL_RESULT_CHARS 8000
 #define AGENT_DEFAULT_MAX_ITERATIONS 8
 #define AGENT_DEFAULT_MAX_TOOL_CALLS 128
+#define AGENT_RESUME_MIN_ITERATION 4	/* keep_turn */
 
 static const char agent_instruction[] =
 "You are an autonomous agent working on one step of a workflow. Use the tools "
@@ -1953,9 +1954,11 @@ stage_resume(RunState *run, const AgentResume *f, Jsonb *ctx, Jsonb *merge, Json
 /*
  * Keep the loop as it stands at the top of a turn that acts (every record
  * consumed), for the step's next transition: staged in the RunState,
- * current once this transition commits.  Not for a replay (tuvl.replay()
- * drives its own RunState once) nor under a supervisor, whose watch keeps
- * more than this.
+ * current once this transition commits.  Not before the fourth turn: the
+ * kept conversation would cost a run in flight more memory than replaying
+ * two or three turns costs CPU.  Not for a replay (tuvl.replay() drives
+ * its own RunState once) nor under a supervisor, whose watch keeps more
+ * than this.
  */
 static void
 keep_turn(AgentLoop *l, Jsonb *given_ctx)
@@ -1964,7 +1967,7 @@ keep_turn(AgentLoop *l, Jsonb *given_ctx)
 	AgentResume f;
 	Jsonb	   *msgs;
 
-	if (run->replay || l->supervised || l->iteration < 2 ||
+	if (run->replay || l->supervised || l->iteration < AGENT_RESUME_MIN_ITERATION ||
 		strlen(l->step->id) >= NAMEDATALEN)
 		return;
 	memset(&f, 0, sizeof(AgentResume));
