@@ -25,7 +25,7 @@ import psycopg2
 import psycopg2.errors
 import pytest
 
-from conftest import connect, q, q1, wait_until
+from conftest import connect, not_under_asan, q, q1, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -287,6 +287,7 @@ def mapped_kb(pid):
     return heap, anon
 
 
+@not_under_asan
 def test_requests_in_flight_keep_libcurls_buffers_out_of_the_heap(tls, ca_trusted, c):
     # libcurl mallocs a send buffer (64 kB by default, 16 kB asked) for
     # every HTTP/2 request with a body, held until its answer, and a receive
