@@ -579,27 +579,46 @@ JsonArrayBuildSize(JsonArrayBuilder *ab, int64 extra)
 }
 
 /*
- * The array: the header and the JEntries go in front of the data, in the
- * data's own buffer (no second copy).  The builder is used up.
+ * The size of the array's header and JEntries (checked against jsonb's
+ * limit), which go in front of its data.
  */
-Jsonb *
-JsonArrayBuildEnd(JsonArrayBuilder *ab)
+static int
+array_head(JsonArrayBuilder *ab)
 {
 	int			head = VARHDRSZ + sizeof(uint32) + sizeof(JEntry) * ab->n;
-	Jsonb	   *res;
 
 	if ((int64) head - VARHDRSZ + ab->data.len > JENTRY_OFFLENMASK)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 				 errmsg("total size of jsonb array elements exceeds the maximum of %u bytes",
 						JENTRY_OFFLENMASK)));
-	enlargeStringInfo(&ab->data, head);
-	memmove(ab->data.data + head, ab->data.data, ab->data.len);
-	res = (Jsonb *) ab->data.data;
+	return head;
+}
+
+/* Write the array's varlena header, its header and its JEntries at res. */
+static void
+array_write_head(JsonArrayBuilder *ab, Jsonb *res, int head)
+{
 	SET_VARSIZE(res, head + ab->data.len);
 	res->root.header = (uint32) ab->n | JB_FARRAY;
 	if (ab->n > 0)
 		memcpy(res->root.children, ab->entries, sizeof(JEntry) * ab->n);
+}
+
+/*
+ * The array: the header and the JEntries go in front of the data, in the
+ * data's own buffer (no second copy).  The builder is used up.
+ */
+Jsonb *
+JsonArrayBuildEnd(JsonArrayBuilder *ab)
+{
+	int			head = array_head(ab);
+	Jsonb	   *res;
+
+	enlargeStringInfo(&ab->data, head);
+	memmove(ab->data.data + head, ab->data.data, ab->data.len);
+	res = (Jsonb *) ab->data.data;
+	array_write_head(ab, res, head);
 	if (ab->entries)
 		pfree(ab->entries);
 	ab->entries = NULL;
@@ -614,19 +633,10 @@ JsonArrayBuildEnd(JsonArrayBuilder *ab)
 Jsonb *
 JsonArrayBuildCopy(JsonArrayBuilder *ab)
 {
-	int			head = VARHDRSZ + sizeof(uint32) + sizeof(JEntry) * ab->n;
-	Jsonb	   *res;
+	int			head = array_head(ab);
+	Jsonb	   *res = palloc(head + ab->data.len);
 
-	if ((int64) head - VARHDRSZ + ab->data.len > JENTRY_OFFLENMASK)
-		ereport(ERROR,
-				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("total size of jsonb array elements exceeds the maximum of %u bytes",
-						JENTRY_OFFLENMASK)));
-	res = palloc(head + ab->data.len);
-	SET_VARSIZE(res, head + ab->data.len);
-	res->root.header = (uint32) ab->n | JB_FARRAY;
-	if (ab->n > 0)
-		memcpy(res->root.children, ab->entries, sizeof(JEntry) * ab->n);
+	array_write_head(ab, res, head);
 	memcpy((char *) res + head, ab->data.data, ab->data.len);
 	return res;
 }
