@@ -204,7 +204,7 @@ find_skipped(QueueClaim *claims, int nq, ClaimedPos *taken, int ntaken)
 	 * one plan for any arrays: an index scan of runs_queued_fair_idx, at any
 	 * size
 	 */
-	n = SpiExecGeneric(skipped_sql, 5, types, values, NULL, SPI_OK_SELECT);
+	n = SpiExecIndexed(skipped_sql, 5, types, values, NULL, SPI_OK_SELECT);
 	for (uint64 i = 0; i < n; i++)
 	{
 		HeapTuple	tup = SPI_tuptable->vals[i];
@@ -286,7 +286,7 @@ discover_principals(void)
 	if (!QueueNeedsDiscovery(&overflow_gen))
 		return;
 	values[0] = Int32GetDatum(MAX_CLAIM_PRINCIPALS);
-	n = SpiExecGeneric(principals_sql, 1, types, values, NULL, SPI_OK_SELECT);
+	n = SpiExecIndexed(principals_sql, 1, types, values, NULL, SPI_OK_SELECT);
 	for (uint64 i = 0; i < n; i++)
 	{
 		bool		isnull;

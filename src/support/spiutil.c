@@ -108,38 +108,27 @@ SpiExec(const char *sql, int nargs, const Oid *argtypes,
 }
 
 /*
- * SpiExec for a statement whose plan does not depend on its parameters'
- * values but whose custom plans the plan cache would keep choosing (its
- * arrays' lengths change the estimates, not the plan): always the generic
- * plan, planned once.  Only for plans that stay right whatever the size
- * of the tables (the plan is made once, maybe while they are empty, and
- * kept until an ANALYZE invalidates it).  A given sql always goes through
- * one of the two.
- */
-uint64
-SpiExecGeneric(const char *sql, int nargs, const Oid *argtypes,
-			   Datum *values, const char *nulls, int expected)
-{
-	return exec_plan(plan_for(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN),
-					 values, nulls, expected);
-}
-
-/*
- * SpiExecGeneric for a statement whose generic plan must reach its rows
- * through an index whatever the statistics say: planned (and planned
- * again, after an invalidation) with enable_seqscan off.  Made while the
- * table is empty or small, a generic plan would otherwise scan it
- * sequentially, and go on doing so after it grew, until an ANALYZE.
+ * SpiExec for a statement whose generic plan must reach its rows through
+ * an index, in that index's order, whatever the statistics say:
+ * planned (and planned again, after an invalidation) with enable_seqscan,
+ * enable_bitmapscan and enable_sort off.  Made while the table is empty or
+ * small, a generic plan would otherwise scan it sequentially, or take a
+ * queue's rows from any index whose leading column the statement names
+ * and sort them all for its LIMIT (the claim, through runs_status_idx
+ * rather than runs_queued_fair_idx: every queued run read for every
+ * claim), and go on doing so after the table grew, until an ANALYZE.
  */
 uint64
 SpiExecIndexed(const char *sql, int nargs, const Oid *argtypes,
 			   Datum *values, const char *nulls, int expected)
 {
+	static const char *const off[] = {"enable_seqscan", "enable_bitmapscan", "enable_sort"};
 	int			nestlevel = NewGUCNestLevel();
 	uint64		n;
 
-	(void) set_config_option("enable_seqscan", "off", PGC_USERSET, PGC_S_SESSION,
-							 GUC_ACTION_SAVE, true, 0, false);
+	for (int i = 0; i < (int) lengthof(off); i++)
+		(void) set_config_option(off[i], "off", PGC_USERSET, PGC_S_SESSION,
+								 GUC_ACTION_SAVE, true, 0, false);
 	n = exec_plan(plan_for(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN),
 				  values, nulls, expected);
 	AtEOXact_GUC(true, nestlevel);

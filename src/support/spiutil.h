@@ -15,8 +15,6 @@
 extern SPIPlanPtr SpiPlan(const char *sql, int nargs, const Oid *argtypes);
 extern uint64 SpiExec(const char *sql, int nargs, const Oid *argtypes,
 					  Datum *values, const char *nulls, int expected);
-extern uint64 SpiExecGeneric(const char *sql, int nargs, const Oid *argtypes,
-							 Datum *values, const char *nulls, int expected);
 extern uint64 SpiExecIndexed(const char *sql, int nargs, const Oid *argtypes,
 							 Datum *values, const char *nulls, int expected);
 extern Jsonb *SpiReturnJsonb(Jsonb *result);

@@ -406,6 +406,60 @@ def test_claims_find_runs_by_index_after_the_queue_grew(fresh_databases):
         conn.close()
 
 
+def test_claims_take_the_queue_in_its_index_order_after_an_analyze(fresh_databases):
+    """The claim's plan made from statistics of a table of finished runs
+    (an ANALYZE replans it) must still read the queue in the order of its
+    own index, runs_queued_fair_idx, and stop at its LIMIT: through
+    runs_status_idx, whose leading column the claim names too, it reads
+    every queued run of the role and sorts them for every claim, so that a
+    batch of n runs costs n * n / (runs per claim) index entries."""
+    name = fresh_databases("tuvl_claim_order")
+    conn = connect(name)
+    try:
+        q(conn, "CREATE EXTENSION tuvl")
+        wait_until(lambda: pool_names(name) == EXPECTED_NAMES, 10, message="two workers")
+        one_step_workflow(conn, "claim_order", "'{}'")
+        n = 3000
+        conn.autocommit = False
+        last = q(conn, "SELECT max(tuvl.start_run('claim_order')) FROM generate_series(1, %s)", (n,))[0][0]
+        conn.commit()
+        conn.autocommit = True
+        assert q1(conn, "SELECT tuvl.wait(%s, '60 s')", (last,)) == "completed"
+        # statistics of a table of finished runs, none queued; the workers'
+        # cached plans are made again at their next claim
+        q(conn, "ANALYZE tuvl.runs")
+        first = q1(conn, "SELECT tuvl.start_run('claim_order')")
+        assert q1(conn, "SELECT tuvl.wait(%s, '10 s')", (first,)) == "completed"
+
+        def reads():
+            return q(conn, "SELECT i.indexrelid::regclass::text, i.idx_tup_read FROM pg_stat_all_indexes i "
+                           "WHERE i.indexrelid IN ('tuvl.runs_status_idx'::regclass, "
+                           "                       'tuvl.runs_queued_fair_idx'::regclass)")
+
+        time.sleep(1.1)
+        before = dict(reads())
+        conn.autocommit = False
+        last = q(conn, "SELECT max(tuvl.start_run('claim_order')) FROM generate_series(1, %s)", (n,))[0][0]
+        conn.commit()
+        conn.autocommit = True
+        assert q1(conn, "SELECT tuvl.wait(%s, '60 s')", (last,)) == "completed"
+        time.sleep(1.1)
+        after = {}
+        for _ in range(30):
+            after = dict(reads())
+            if after["tuvl.runs_queued_fair_idx"] - before["tuvl.runs_queued_fair_idx"] >= n:
+                break
+            time.sleep(0.2)
+        status = after["tuvl.runs_status_idx"] - before["tuvl.runs_status_idx"]
+        queue = after["tuvl.runs_queued_fair_idx"] - before["tuvl.runs_queued_fair_idx"]
+        report(f"{n} runs claimed after an ANALYZE: {queue} entries of runs_queued_fair_idx read, "
+               f"{status} of runs_status_idx")
+        assert queue >= n, "the claims did not read the queue's index"
+        assert status < n, f"the claims read the queue through runs_status_idx ({status} entries)"
+    finally:
+        conn.close()
+
+
 def test_a_busy_worker_reports_what_it_does_in_pg_stat_activity(db):
     conn = connect(db)
     try:
