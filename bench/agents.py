@@ -344,8 +344,11 @@ def phase(db, ms, n, server_pid, sample=True, timeout=600, guarded=False):
     polls = 0
     while True:
         polls += 1
-        cur.execute("SELECT EXISTS (SELECT 1 FROM tuvl.runs WHERE status = 'queued' AND workflow = %s) "
-                    "OR EXISTS (SELECT 1 FROM tuvl.runs WHERE status = 'running' AND workflow = %s)",
+        # by the runs in flight, not every run of the workflow (common.wait_runs_done)
+        cur.execute("SELECT EXISTS (SELECT 1 FROM tuvl.runs WHERE status = 'queued' "
+                    "                 AND workflow OPERATOR(pg_catalog.||) '' = %s) "
+                    "OR EXISTS (SELECT 1 FROM tuvl.runs WHERE status = ANY ('{running,compensating}') "
+                    "                 AND workflow OPERATOR(pg_catalog.||) '' = %s)",
                     (workflow, workflow))
         if not cur.fetchone()[0]:
             break
