@@ -204,7 +204,7 @@ find_skipped(QueueClaim *claims, int nq, ClaimedPos *taken, int ntaken)
 	 * one plan for any arrays: an index scan of runs_queued_fair_idx, at any
 	 * size
 	 */
-	n = SpiExecIndexed(skipped_sql, 5, types, values, NULL, SPI_OK_SELECT);
+	n = SpiExecOrdered(skipped_sql, 5, types, values, NULL, SPI_OK_SELECT);
 	for (uint64 i = 0; i < n; i++)
 	{
 		HeapTuple	tup = SPI_tuptable->vals[i];
@@ -286,7 +286,7 @@ discover_principals(void)
 	if (!QueueNeedsDiscovery(&overflow_gen))
 		return;
 	values[0] = Int32GetDatum(MAX_CLAIM_PRINCIPALS);
-	n = SpiExecIndexed(principals_sql, 1, types, values, NULL, SPI_OK_SELECT);
+	n = SpiExecOrdered(principals_sql, 1, types, values, NULL, SPI_OK_SELECT);
 	for (uint64 i = 0; i < n; i++)
 	{
 		bool		isnull;
@@ -396,7 +396,7 @@ LeaseClaim(MemoryContext runs_cxt, int max_runs, int64 epoch, int lease_ms, bool
 	 * until the next ANALYZE.  (Planning it at every claim cost 3 % of a
 	 * worker's time at 5,000 one-step runs a second.)
 	 */
-	n = SpiExecIndexed(claim_sql, 8, types, values, NULL, SPI_OK_UPDATE_RETURNING);
+	n = SpiExecOrdered(claim_sql, 8, types, values, NULL, SPI_OK_UPDATE_RETURNING);
 	SecurityRestore(&frame);
 	tt = SPI_tuptable;
 	taken = palloc(sizeof(ClaimedPos) * Max(n, 1));

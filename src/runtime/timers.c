@@ -32,8 +32,9 @@
  * The due runs of one status: each status has a partial index on wake_at
  * of its own, whose predicate this query repeats, so that even the plan
  * made while the table was small probes the index rather than scanning the
- * runs; and the plan is made without sequential scans (SpiExecIndexed),
- * or the UPDATE would find the ids it got by scanning the table.  The
+ * runs; and the plan is made without sequential scans or sorts
+ * (SpiExecOrdered), or the UPDATE would find the ids it got by scanning
+ * the table, or take them from runs_status_idx and sort them by wake_at.  The
  * sleeping runs' query also returns what each waited for before the
  * UPDATE clears it (waiting, the step's awaiting object) and its key: the
  * resumed event says why it woke.
@@ -179,7 +180,7 @@ wake_reason(SPITupleTable *tt, uint64 i, const char *step)
 static int
 wake(const char *wake_sql, bool human)
 {
-	uint64		n = SpiExecIndexed(wake_sql, 0, NULL, NULL, NULL, SPI_OK_UPDATE_RETURNING);
+	uint64		n = SpiExecOrdered(wake_sql, 0, NULL, NULL, NULL, SPI_OK_UPDATE_RETURNING);
 	SPITupleTable *tt = SPI_tuptable;
 
 	for (uint64 i = 0; i < n; i++)

@@ -107,32 +107,54 @@ SpiExec(const char *sql, int nargs, const Oid *argtypes,
 	return exec_plan(SpiPlan(sql, nargs, argtypes), values, nulls, expected);
 }
 
-/*
- * SpiExec for a statement whose generic plan must reach its rows through
- * an index, in that index's order, whatever the statistics say:
- * planned (and planned again, after an invalidation) with enable_seqscan,
- * enable_bitmapscan and enable_sort off.  Made while the table is empty or
- * small, a generic plan would otherwise scan it sequentially, or take a
- * queue's rows from any index whose leading column the statement names
- * and sort them all for its LIMIT (the claim, through runs_status_idx
- * rather than runs_queued_fair_idx: every queued run read for every
- * claim), and go on doing so after the table grew, until an ANALYZE.
- */
-uint64
-SpiExecIndexed(const char *sql, int nargs, const Oid *argtypes,
-			   Datum *values, const char *nulls, int expected)
+/* Execute sql's generic plan, planned with the planner settings in off set to off. */
+static uint64
+exec_generic_with(const char *sql, int nargs, const Oid *argtypes, Datum *values,
+				  const char *nulls, int expected, const char *const *off, int noff)
 {
-	static const char *const off[] = {"enable_seqscan", "enable_bitmapscan", "enable_sort"};
 	int			nestlevel = NewGUCNestLevel();
 	uint64		n;
 
-	for (int i = 0; i < (int) lengthof(off); i++)
+	for (int i = 0; i < noff; i++)
 		(void) set_config_option(off[i], "off", PGC_USERSET, PGC_S_SESSION,
 								 GUC_ACTION_SAVE, true, 0, false);
 	n = exec_plan(plan_for(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN),
 				  values, nulls, expected);
 	AtEOXact_GUC(true, nestlevel);
 	return n;
+}
+
+/*
+ * SpiExec for a statement whose generic plan must reach its rows through
+ * an index whatever the statistics say: planned (and planned again, after
+ * an invalidation) with enable_seqscan off.  Made while the table is empty
+ * or small, a generic plan would otherwise scan it sequentially, and go on
+ * doing so after it grew, until an ANALYZE.
+ */
+uint64
+SpiExecIndexed(const char *sql, int nargs, const Oid *argtypes,
+			   Datum *values, const char *nulls, int expected)
+{
+	static const char *const off[] = {"enable_seqscan"};
+
+	return exec_generic_with(sql, nargs, argtypes, values, nulls, expected, off, lengthof(off));
+}
+
+/*
+ * SpiExecIndexed for a statement that takes a queue's rows in the order of
+ * the queue's index up to a LIMIT: planned with enable_sort off as well.
+ * Otherwise a plan made from statistics that show few rows queued may take
+ * them from any index whose leading column the statement names and sort
+ * them all for the LIMIT: the claim, through runs_status_idx rather than
+ * runs_queued_fair_idx, read every queued run of the role for every claim.
+ */
+uint64
+SpiExecOrdered(const char *sql, int nargs, const Oid *argtypes,
+			   Datum *values, const char *nulls, int expected)
+{
+	static const char *const off[] = {"enable_seqscan", "enable_sort"};
+
+	return exec_generic_with(sql, nargs, argtypes, values, nulls, expected, off, lengthof(off));
 }
 
 /*
