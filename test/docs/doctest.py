@@ -159,6 +159,8 @@ def norm(line):
     line = PSQL_PREFIX.sub("", line)
     line = HTTP_DATE.sub("<date>", line)
     line = re.sub(r"Python/[\d.]+", "Python/<version>", line)
+    # a process id of any length: after the counter wraps, a backend's is short
+    line = re.sub(r"\bPID \d+", "PID <n>", line)
     line = re.sub(r'"(latency_ms|delay_ms)": \d+', r'"\1": <ms>', line)
     for pat, rep in ((TS, "<ts>"), (INTERVAL, "<dur>"), (UUID, "<uuid>"), (HEX, "<hex>"), (DURATION, "<dur>"),
                      (BIG, "<n>")):
