@@ -351,6 +351,15 @@ $$)""")
         conn.close()
 
 
+def queue_and_finish(conn, workflow, n):
+    """n runs of workflow queued in one transaction, waited for until the last completed."""
+    conn.autocommit = False
+    last = q(conn, "SELECT max(tuvl.start_run(%s)) FROM generate_series(1, %s)", (workflow, n))[0][0]
+    conn.commit()
+    conn.autocommit = True
+    assert q1(conn, "SELECT tuvl.wait(%s, '60 s')", (last,)) == "completed"
+
+
 def test_claims_find_runs_by_index_after_the_queue_grew(fresh_databases):
     """The plans of the claim and of the maintenance's UPDATEs by id are made
     once per worker, at its first claim and maintenance, here while tuvl.runs
@@ -383,11 +392,7 @@ def test_claims_find_runs_by_index_after_the_queue_grew(fresh_databases):
         time.sleep(1.1)
         read0, upd0, queue0 = scans()
         n = 2000
-        conn.autocommit = False
-        last = q(conn, "SELECT max(tuvl.start_run('claim_plan')) FROM generate_series(1, %s)", (n,))[0][0]
-        conn.commit()
-        conn.autocommit = True
-        assert q1(conn, "SELECT tuvl.wait(%s, '60 s')", (last,)) == "completed"
+        queue_and_finish(conn, "claim_plan", n)
         # every run is claimed once and checkpointed once at least: wait until the
         # workers reported all those updates (and so the claims before them)
         time.sleep(1.1)
@@ -420,11 +425,7 @@ def test_claims_take_the_queue_in_its_index_order_after_an_analyze(fresh_databas
         wait_until(lambda: pool_names(name) == EXPECTED_NAMES, 10, message="two workers")
         one_step_workflow(conn, "claim_order", "'{}'")
         n = 3000
-        conn.autocommit = False
-        last = q(conn, "SELECT max(tuvl.start_run('claim_order')) FROM generate_series(1, %s)", (n,))[0][0]
-        conn.commit()
-        conn.autocommit = True
-        assert q1(conn, "SELECT tuvl.wait(%s, '60 s')", (last,)) == "completed"
+        queue_and_finish(conn, "claim_order", n)
         # statistics of a table of finished runs, none queued; the workers'
         # cached plans are made again at their next claim
         q(conn, "ANALYZE tuvl.runs")
@@ -438,11 +439,7 @@ def test_claims_take_the_queue_in_its_index_order_after_an_analyze(fresh_databas
 
         time.sleep(1.1)
         before = dict(reads())
-        conn.autocommit = False
-        last = q(conn, "SELECT max(tuvl.start_run('claim_order')) FROM generate_series(1, %s)", (n,))[0][0]
-        conn.commit()
-        conn.autocommit = True
-        assert q1(conn, "SELECT tuvl.wait(%s, '60 s')", (last,)) == "completed"
+        queue_and_finish(conn, "claim_order", n)
         time.sleep(1.1)
         after = {}
         for _ in range(30):
