@@ -1107,20 +1107,51 @@ GRANT EXECUTE ON FUNCTION tuvl.reject(bigint, text) TO tuvl_user;
  * the filters index ranges in the list's order (by id, or by creation
  * time when the filter has a time):
  *
- *   runs_principal_idx  a role's runs, newest first (a role whose runs are
- *                       all old: 1.0 s to reach them through the primary
- *                       key, 18 ms with it)
- *   runs_status_idx     a status's runs (and a role's of that status),
- *                       newest first, and counts by status (index-only)
- *   runs_created_idx    a time's runs, newest first
+ *   runs_principal_idx  a role's ended runs, newest first (a role whose
+ *                       runs are all old: 1.0 s to reach them through the
+ *                       primary key, 18 ms with it)
+ *   runs_status_idx     an end status's runs (and a role's of that
+ *                       status), newest first, and counts by status
+ *                       (index-only)
+ *   runs_created_idx    a time's ended runs, newest first
+ *   runs_active_idx     the runs in flight, newest first
+ *
+ * The first three hold ended runs only, whose rows no longer change: a
+ * run enters each once, when it ends, rather than at its insert and at
+ * every update that is not HOT (the claim, and each version that finds no
+ * room on its page), which cost 200 of the 1,180 bytes of WAL a step made
+ * (bench/wal.py).  The runs in flight are the fourth's; the console reads
+ * the two sets as two ranges of a UNION ALL, each in the list's order.
  *
  * On an existing database of many runs, building them takes a while (10 s
  * for 1,000,000 runs on a small machine) and blocks writes to tuvl.runs
  * meanwhile; ALTER EXTENSION tuvl UPDATE is best run when it is quiet.
  */
-CREATE INDEX runs_principal_idx ON tuvl.runs (principal_id, id);
-CREATE INDEX runs_status_idx ON tuvl.runs (status, principal_id, id) INCLUDE (created_at);
-CREATE INDEX runs_created_idx ON tuvl.runs (created_at, id) INCLUDE (status, principal_id);
+CREATE INDEX runs_principal_idx ON tuvl.runs (principal_id, id)
+    WHERE status = ANY ('{completed,failed,aborted,compensated}'::text[]);
+CREATE INDEX runs_status_idx ON tuvl.runs (status, principal_id, id) INCLUDE (created_at)
+    WHERE status = ANY ('{completed,failed,aborted,compensated}'::text[]);
+CREATE INDEX runs_created_idx ON tuvl.runs (created_at, id) INCLUDE (status, principal_id)
+    WHERE status = ANY ('{completed,failed,aborted,compensated}'::text[]);
+CREATE INDEX runs_active_idx ON tuvl.runs (id)
+    WHERE status <> ALL ('{completed,failed,aborted,compensated}'::text[]);
+
+/*
+ * Room on every page of tuvl.runs for the next versions of its rows, as
+ * 0.2.0 meant with a fillfactor of 50: measured, not enough.  A run's row
+ * is small when it is queued (about 120 bytes) and grows with its context,
+ * so half a page took some 32 of them, and the runs a claim took together
+ * got their new versions on the same pages in the same transactions,
+ * while the other worker's snapshot kept the versions before them: about
+ * one of a run's four steps moved its row to another page, entering every
+ * index (bench/wal.py, 10,000
+ * five-step runs: 0.56 updates a step not HOT at 50, 0.41 at 20, which is
+ * the claim and the end alone; 1,050 bytes a step against 980).  A fifth
+ * of each page at insert costs little room in the end: 10,000 ended runs
+ * took 1,304 pages against 1,077 at 50, whose moved versions leave holes;
+ * 10,000 queued runs 770 against 313 until they run.
+ */
+ALTER TABLE tuvl.runs SET (fillfactor = 20);
 
 /* ------------------------------------------------------------------ performance: agent turns (issue 43, session 5) */
 

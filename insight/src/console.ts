@@ -143,6 +143,13 @@ export interface ConsoleRunFilter {
  * NULL fold away and the planner chooses among the primary key,
  * runs_status_idx, runs_workflow_idx and runs_created_idx by the
  * values it is given.
+ *
+ * Those three indexes hold ended runs only (a run enters them once, when
+ * it ends, not at every write of its row while it runs: the WAL of a
+ * step), and runs_active_idx the runs in flight: the list reads the ended
+ * runs and the runs in flight as two branches of a UNION ALL, each in the
+ * list's order up to the limit, each branch's condition the predicate of
+ * its indexes (see from()), and takes the first of both.
  */
 const FILTERS = `
     ($1::text IS NULL OR r.workflow OPERATOR(pg_catalog.=) $1)
@@ -182,6 +189,34 @@ function order(f: ConsoleRunFilter): { where: string; by: string } {
         : { where: WINDOW_WHERE, by: "r.id DESC" };
 }
 
+/* the ended statuses, as the predicates of the console's indexes name them (sql/tuvl--0.2.0--0.3.0.sql) */
+const ENDED_SQL = "'{completed,failed,aborted,compensated}'::pg_catalog.text[]";
+const ENDED_WHERE = `r.status OPERATOR(pg_catalog.=) ANY (${ENDED_SQL})`;
+const ACTIVE_WHERE = `r.status OPERATOR(pg_catalog.<>) ALL (${ENDED_SQL})`;
+
+/* the list's columns; a text search reads the input and the response too */
+const LIST_COLUMNS = `r.id, r.workflow, r.workflow_version, r.status, r.current_step, r.end_name, r.key, r.principal,
+    r.parent_run_id, r.created_at, r.started_at, r.finished_at, r.last_seq`;
+const TEXT_COLUMNS = `${LIST_COLUMNS}, r.input, r.response`;
+
+/*
+ * The runs the filter selects, the first limit of them in the list's
+ * order, as a derived table r of columns: the ended runs and the runs in
+ * flight, each a branch in that order up to the limit (the branch whose
+ * statuses the filter leaves out is not there).  Each branch states the
+ * predicate of its indexes, so that the planner may use them whatever
+ * else the filter says.
+ */
+function from(f: ConsoleRunFilter, columns: string, limit: string): string {
+    const o = order(f);
+    const ended = f.status === undefined || f.status.some((s) => ops.FINAL.has(s));
+    const active = f.status === undefined || f.status.some((s) => !ops.FINAL.has(s));
+    const branch = (which: string) => `(SELECT ${columns} FROM tuvl.runs r WHERE ${o.where} AND ${which}
+                                        ORDER BY ${o.by} LIMIT ${limit})`;
+    const branches = [...(ended ? [branch(ENDED_WHERE)] : []), ...(active ? [branch(ACTIVE_WHERE)] : [])];
+    return `(${branches.join(" UNION ALL ")}) r`;
+}
+
 /* counts by status stop at this many runs of a status */
 export const COUNT_CAP = 50_000;
 
@@ -209,7 +244,8 @@ export async function consoleTextWindowEnd(q: Q, f: ConsoleRunFilter): Promise<n
     const o = order(f);
     const [w] = await q<{ last: number | null }>(
         `SELECT (pg_catalog.array_agg(x.id ORDER BY x.n DESC))[1] AS last
-         FROM (SELECT r.id, pg_catalog.row_number() OVER (ORDER BY ${o.by}) AS n FROM tuvl.runs r WHERE ${o.where}
+         FROM (SELECT r.id, pg_catalog.row_number() OVER (ORDER BY ${o.by}) AS n
+               FROM ${from(f, "r.id, r.created_at", String(TEXT_WINDOW))}
                ORDER BY ${o.by} LIMIT ${TEXT_WINDOW}) x
          HAVING pg_catalog.count(*) OPERATOR(pg_catalog.=) ${TEXT_WINDOW}`, params(f, own, f.before ?? null, null));
     return w?.last ?? null;
@@ -223,16 +259,14 @@ export async function consoleRuns(q: Q, f: ConsoleRunFilter): Promise<Row[]> {
      * otherwise read every run's input and response.
      */
     const o = order(f);
-    if (f.text === undefined)
-        return q(`SELECT r.id, r.workflow, r.workflow_version AS version, r.status, r.current_step AS step,
-                         r.end_name AS "end", r.key, r.principal, r.parent_run_id, r.created_at, r.started_at,
-                         r.finished_at, r.last_seq
-                  FROM tuvl.runs r WHERE ${o.where}
-                  ORDER BY ${o.by} LIMIT $8`, params(f, own, f.before ?? null, f.limit));
-    return q(`SELECT r.id, r.workflow, r.workflow_version AS version, r.status, r.current_step AS step,
+    const columns = `r.id, r.workflow, r.workflow_version AS version, r.status, r.current_step AS step,
                      r.end_name AS "end", r.key, r.principal, r.parent_run_id, r.created_at, r.started_at,
-                     r.finished_at, r.last_seq
-              FROM (SELECT r.* FROM tuvl.runs r WHERE ${o.where}
+                     r.finished_at, r.last_seq`;
+    if (f.text === undefined)
+        return q(`SELECT ${columns} FROM ${from(f, LIST_COLUMNS, "$8")}
+                  ORDER BY ${o.by} LIMIT $8`, params(f, own, f.before ?? null, f.limit));
+    return q(`SELECT ${columns}
+              FROM (SELECT r.* FROM ${from(f, TEXT_COLUMNS, String(TEXT_WINDOW))}
                     ORDER BY ${o.by} LIMIT ${TEXT_WINDOW}) r
               WHERE ${TEXT_WHERE}
               ORDER BY ${o.by} LIMIT $8`, params(f, own, f.before ?? null, f.limit));
@@ -262,7 +296,7 @@ export async function consoleCounts(q: Q, f: ConsoleRunFilter): Promise<Counts> 
     if (f.text !== undefined) {
         const rows = await q<{ status: string; n: number }>(
             `SELECT r.status, pg_catalog.count(*) AS n
-             FROM (SELECT r.status, r.input, r.response FROM tuvl.runs r WHERE ${order(f).where}
+             FROM (SELECT r.status, r.input, r.response FROM ${from(f, TEXT_COLUMNS, String(TEXT_WINDOW))}
                    ORDER BY ${order(f).by} LIMIT ${TEXT_WINDOW}) r
              WHERE ${TEXT_WHERE}
              GROUP BY r.status`, params(f, own, null, null));
@@ -270,10 +304,12 @@ export async function consoleCounts(q: Q, f: ConsoleRunFilter): Promise<Counts> 
         return { counts, capped: [], cap: COUNT_CAP, window: TEXT_WINDOW };
     }
     const statuses = f.status ?? ops.STATUSES;
-    const branches = statuses.map((_s, i) => `
+    /* each branch states the predicate of the indexes that hold its status */
+    const branches = statuses.map((s, i) => `
         SELECT $${10 + i}::text AS status,
                (SELECT pg_catalog.count(*) FROM (SELECT FROM tuvl.runs r
-                                                  WHERE r.status OPERATOR(pg_catalog.=) $${10 + i}::text AND ${FILTERS}
+                                                  WHERE r.status OPERATOR(pg_catalog.=) $${10 + i}::text
+                                                    AND ${ops.FINAL.has(s) ? ENDED_WHERE : ACTIVE_WHERE} AND ${FILTERS}
                                                   LIMIT $8) x) AS n`);
     const rows = await q<{ status: string; n: number }>(
         `SELECT c.status, c.n FROM (${branches.join(" UNION ALL ")}) c

@@ -457,6 +457,57 @@ def test_claims_take_the_queue_in_its_index_order_after_an_analyze(fresh_databas
         conn.close()
 
 
+def test_checkpoints_find_their_run_by_its_id_whatever_the_plan_saw(fresh_databases):
+    """The checkpoint's fenced UPDATE (WHERE id = $1 AND attempt = $2 AND
+    status = $3) is planned once per worker, here at its first transition,
+    while tuvl.runs holds a run or two.  On so small a table an index that
+    has the status and the id but not as its first two columns (0.3.0's
+    runs_status_idx, before it held ended runs only) costs the same as the
+    primary key, and through it every checkpoint reads the entries of every
+    run of its status: n runs in flight cost n * n entries.  The
+    checkpoints must take their runs by the primary key, and read no other
+    index of tuvl.runs but the queue's and the leases' (the claims and the
+    lease renewals) more than once a run."""
+    name = fresh_databases("tuvl_fence_plan")
+    conn = connect(name)
+    try:
+        q(conn, "CREATE EXTENSION tuvl")
+        wait_until(lambda: pool_names(name) == EXPECTED_NAMES, 10, message="two workers")
+        q(conn, "CREATE FUNCTION public.fence_step(ctx jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT '{}'::jsonb $$")
+        q(conn, """SELECT tuvl.register_workflow($$
+name: fence_plan
+steps:
+  - { id: a, kind: Functional, function: public.fence_step }
+  - { id: b, kind: Functional, function: public.fence_step }
+  - { id: c, kind: Functional, function: public.fence_step }
+ends:
+  - { id: done, status: completed }
+$$)""")
+        # each worker's first transitions, on a table of one or two rows
+        for _ in range(4):
+            first = q1(conn, "SELECT tuvl.start_run('fence_plan')")
+            assert q1(conn, "SELECT tuvl.wait(%s, '10 s')", (first,)) == "completed"
+
+        def reads():
+            return dict(q(conn, "SELECT i.indexrelid::regclass::text, i.idx_tup_read FROM pg_stat_all_indexes i "
+                                "WHERE i.relid = 'tuvl.runs'::regclass"))
+
+        time.sleep(2.5)  # the workers flush their statistics at most once a second
+        before = reads()
+        n = 2000
+        queue_and_finish(conn, "fence_plan", n)
+        time.sleep(2.5)
+        read = {k: v - before[k] for k, v in reads().items()}
+        others = {k: v for k, v in read.items()
+                  if k not in ("tuvl.runs_pkey", "tuvl.runs_queued_fair_idx", "tuvl.runs_leased_idx") and v}
+        report(f"{n} three-step runs after plans made on an empty table: {read['tuvl.runs_pkey']} entries of "
+               f"runs_pkey read, of the other indexes {others or 'none'}")
+        assert read["tuvl.runs_pkey"] >= 3 * n, "the checkpoints did not find their runs by the primary key"
+        assert sum(others.values()) < n, f"the checkpoints read other indexes: {others}"
+    finally:
+        conn.close()
+
+
 def test_a_busy_worker_reports_what_it_does_in_pg_stat_activity(db):
     conn = connect(db)
     try:
