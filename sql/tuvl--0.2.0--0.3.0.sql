@@ -1148,8 +1148,10 @@ CREATE INDEX runs_active_idx ON tuvl.runs (id)
  * five-step runs: 0.56 updates a step not HOT at 50, 0.41 at 20, which is
  * the claim and the end alone; 1,050 bytes a step against 980).  A fifth
  * of each page at insert costs little room in the end: 10,000 ended runs
- * took 1,304 pages against 1,077 at 50, whose moved versions leave holes;
- * 10,000 queued runs 770 against 313 until they run.
+ * took 1,304 pages against 1,077 at 50, whose moved versions leave holes
+ * (one-step runs, whose rows stay small: 770 against 527); 10,000 queued
+ * runs 770 against 313 until they run.  docs/operations.md says how to
+ * trade the WAL for room.
  */
 ALTER TABLE tuvl.runs SET (fillfactor = 20);
 
