@@ -558,6 +558,25 @@ describe("console", () => {
             assert.equal(failed.runs.length, 6);
             assert.ok(failed.runs.every((r) => r.status === "failed"));
             assert.deepEqual((await get(bobToken, "/api/console/runs?key=bk20000")).runs.map((r) => r.key), ["bk20000"]);
+            /*
+             * A page where a run in flight meets ended runs (the console reads
+             * the two from different indexes): the ids SQL gives, in its order.
+             */
+            const { rows: [{ id: pausedId }] } = await admin.query(
+                "SELECT id FROM tuvl.runs WHERE principal = 'con_bob' AND status = 'paused' ORDER BY id LIMIT 1 OFFSET 1");
+            const around = await get(bobToken, `/api/console/runs?limit=20&before=${Number(pausedId) + 5}`);
+            const { rows: sqlOrder } = await admin.query(
+                "SELECT id FROM tuvl.runs WHERE principal = 'con_bob' AND id < $1 ORDER BY id DESC LIMIT 20", [Number(pausedId) + 5]);
+            assert.deepEqual(around.runs.map((r) => Number(r.id)), sqlOrder.map((r) => Number(r.id)));
+            assert.deepEqual(around.runs.filter((r) => r.status === "paused").map((r) => Number(r.id)), [Number(pausedId)]);
+            /* and by time */
+            const byTime = await get(bobToken, `/api/console/runs?limit=20&before=${Number(pausedId) + 5}&from=2000-01-01T00:00:00Z`);
+            const { rows: sqlByTime } = await admin.query(
+                `SELECT id FROM tuvl.runs WHERE principal = 'con_bob'
+                   AND (created_at, id) < (SELECT created_at, id FROM tuvl.runs WHERE id = $1)
+                 ORDER BY created_at DESC, id DESC LIMIT 20`, [Number(pausedId) + 5]);
+            assert.deepEqual(byTime.runs.map((r) => Number(r.id)), sqlByTime.map((r) => Number(r.id)));
+            assert.ok(byTime.runs.some((r) => r.status === "paused"), "the page by time holds the run in flight");
             /* a time: newest first by creation time (ids 50,001 to 50,010 are older than 1 to 50,000), page after page */
             const { rows: [{ lo, hi }] } = await admin.query(
                 "SELECT min(created_at) AS lo, max(created_at) + interval '1 ms' AS hi FROM tuvl.runs WHERE principal = 'con_bob'");
