@@ -236,7 +236,18 @@ def test_children_stay_on_their_parents_partition(cluster):
 
 def test_control_people_and_views_through_the_router(cluster):
     r = connect(ROUTER, ROLES[0])
-    ask = [q1(r, "SELECT tuvl_router.start_run('r_ask')") for _ in range(6)]
+    # three runs on each partition: keys the hash sends there (a run without
+    # a key goes to a random one, and six of them all went to one partition
+    # once in 32 tries)
+    keys = {0: [], 1: []}
+    k = 0
+    while min(len(v) for v in keys.values()) < 3:
+        part = q1(r, "SELECT tuvl_router.partition_of_key('r_ask', %s) & 1", (f"a{k}",))
+        if len(keys[part]) < 3:
+            keys[part].append(f"a{k}")
+        k += 1
+    ask = [q1(r, "SELECT tuvl_router.start_run('r_ask', '{}', %s)", (key,))
+           for pair in zip(keys[0], keys[1]) for key in pair]
     for i in ask:
         wait_status(r, i, "waiting_human")
     queue = q(r, "SELECT run_id, partition FROM tuvl_router.people_queue")
