@@ -200,14 +200,23 @@ def compare(expected, actual, errors_only):
         # "..." inside a line: the page shortened it
         return re.fullmatch(".*?".join(re.escape(part) for part in w.split("...")), h) is not None
 
-    i = 0
-    for w in want:
-        while i < len(have) and not matches(w, have[i]):
+    def in_order(want, have):
+        i = 0
+        for w in want:
+            while i < len(have) and not matches(w, have[i]):
+                i += 1
+            if i == len(have):
+                return f"the page shows {w!r}, which psql did not print (in this order)"
             i += 1
-        if i == len(have):
-            return f"the page shows {w!r}, which psql did not print (in this order)"
-        i += 1
-    return None
+        return None
+
+    # psql prints a notification when it next looks, after whichever command
+    # was running when it arrived: notifications keep their order among
+    # themselves, not their place among the results.
+    def note(line):
+        return line.startswith("Asynchronous notification ")
+    return (in_order([w for w in want if not note(w)], [h for h in have if not note(h)])
+            or in_order([w for w in want if note(w)], [h for h in have if note(h)]))
 
 
 # ---------------------------------------------------------------------------
