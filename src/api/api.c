@@ -138,7 +138,7 @@ sync_schedule(const char *name, Jsonb *def)
 	}
 	PG_CATCH();
 	{
-		ErrorData  *edata = SpiSubxactAbort(&sub);
+		ErrorData  *edata = SpiSubxactAbortFinding(&sub);
 
 		if (edata->sqlerrcode == ERRCODE_INSUFFICIENT_PRIVILEGE)
 			ereport(WARNING,
@@ -231,7 +231,7 @@ parse_for_validate(const char *source, Jsonb **positions, List **findings)
 	}
 	PG_CATCH();
 	{
-		ErrorData  *edata = SpiSubxactAbort(&sub);
+		ErrorData  *edata = SpiSubxactAbortFinding(&sub);
 		Finding    *f = palloc(sizeof(Finding));
 
 		f->severity = "error";

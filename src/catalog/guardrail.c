@@ -149,7 +149,7 @@ check_pattern(const char *name, int i, Jsonb *check)
 	}
 	PG_CATCH();
 	{
-		ErrorData  *edata = SpiSubxactAbort(&sub);
+		ErrorData  *edata = SpiSubxactAbortFinding(&sub);
 
 		bad_check(name, i, psprintf("pattern %s: %s", pattern, edata->message),
 				  "Patterns are PostgreSQL regular expressions, as with the ~ operator.");

@@ -1315,7 +1315,9 @@ end_session(const char *server, const char *session, const char *version, List *
 	}
 	PG_CATCH();
 	{
-		/* not allowed any more, out of memory: the server expires it */
+		/* not allowed any more: the server expires it; a cancel goes on */
+		if (ERRCODE_TO_CATEGORY(geterrcode()) == ERRCODE_OPERATOR_INTERVENTION)
+			PG_RE_THROW();
 		MemoryContextSwitchTo(cxt);
 		FlushErrorState();
 	}

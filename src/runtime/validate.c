@@ -1572,7 +1572,7 @@ check_template_inputs(ValidateState *vs, Jsonb *def, JsonbValue *steps, int nste
 	}
 	PG_CATCH();
 	{
-		(void) SpiSubxactAbort(&sub);
+		(void) SpiSubxactAbortFinding(&sub);
 	}
 	PG_END_TRY();
 }

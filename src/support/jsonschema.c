@@ -706,7 +706,7 @@ check_pattern(JsonbValue *val, StringInfo path, List **out)
 	}
 	PG_CATCH();
 	{
-		ErrorData  *edata = SpiSubxactAbort(&sub);
+		ErrorData  *edata = SpiSubxactAbortFinding(&sub);
 
 		add_finding(out, path, "pattern", psprintf("pattern %s: %s", value_to_text(val),
 												   edata->message));

@@ -219,3 +219,22 @@ SpiSubxactAbort(SpiSubxact *sub)
 	CurrentResourceOwner = sub->owner;
 	return edata;
 }
+
+/*
+ * SpiSubxactAbort for a caller that reports the error as a finding or a
+ * warning and goes on: an error that is not about what it was checking,
+ * a cancel (statement_timeout, pg_cancel_backend), a shutdown, or memory
+ * or disk running out, is raised again once the subtransaction is rolled
+ * back.  Reported instead, it would let the statement run on.
+ */
+ErrorData *
+SpiSubxactAbortFinding(SpiSubxact *sub)
+{
+	ErrorData  *edata = SpiSubxactAbort(sub);
+	int			category = ERRCODE_TO_CATEGORY(edata->sqlerrcode);
+
+	if (category == ERRCODE_OPERATOR_INTERVENTION ||
+		category == ERRCODE_INSUFFICIENT_RESOURCES)
+		ReThrowError(edata);
+	return edata;
+}

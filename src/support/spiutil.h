@@ -37,5 +37,6 @@ typedef struct SpiSubxact
 extern void SpiSubxactBegin(SpiSubxact *sub);
 extern void SpiSubxactCommit(SpiSubxact *sub);
 extern ErrorData *SpiSubxactAbort(SpiSubxact *sub);
+extern ErrorData *SpiSubxactAbortFinding(SpiSubxact *sub);
 
 #endif							/* TUVL_SPIUTIL_H */

@@ -25,6 +25,16 @@ def pool_names(dbname):
     return sorted(r[1] for r in worker_rows(dbname))
 
 
+def tuvl_database(fresh_databases, name):
+    """A new database with the extension, once its two workers run: a
+    connection to it (the caller closes it)."""
+    name = fresh_databases(name)
+    conn = connect(name)
+    q(conn, "CREATE EXTENSION tuvl")
+    wait_until(lambda: pool_names(name) == EXPECTED_NAMES, 10, message="two workers")
+    return conn
+
+
 def one_step_workflow(conn, name, result):
     """Register workflow name: one Functional step, public.<name>, returning result (SQL)."""
     q(conn, f"CREATE FUNCTION public.{name}(ctx jsonb) RETURNS jsonb LANGUAGE sql "
@@ -369,11 +379,8 @@ def test_claims_find_runs_by_index_after_the_queue_grew(fresh_databases):
     until the next ANALYZE).  It also reports how many entries of the queue's
     index the claims read: each run's about once when the two workers' claims
     do not overlap (bench/fairness.py measures what that is worth)."""
-    name = fresh_databases("tuvl_claim_plan")
-    conn = connect(name)
+    conn = tuvl_database(fresh_databases, "tuvl_claim_plan")
     try:
-        q(conn, "CREATE EXTENSION tuvl")
-        wait_until(lambda: pool_names(name) == EXPECTED_NAMES, 10, message="two workers")
         # so that this test's own lookups by id do not count
         q(conn, "SET enable_seqscan = off")
         one_step_workflow(conn, "claim_plan", "'{}'")
@@ -418,11 +425,8 @@ def test_claims_take_the_queue_in_its_index_order_after_an_analyze(fresh_databas
     runs_status_idx, whose leading column the claim names too, it reads
     every queued run of the role and sorts them for every claim, so that a
     batch of n runs costs n * n / (runs per claim) index entries."""
-    name = fresh_databases("tuvl_claim_order")
-    conn = connect(name)
+    conn = tuvl_database(fresh_databases, "tuvl_claim_order")
     try:
-        q(conn, "CREATE EXTENSION tuvl")
-        wait_until(lambda: pool_names(name) == EXPECTED_NAMES, 10, message="two workers")
         one_step_workflow(conn, "claim_order", "'{}'")
         n = 3000
         queue_and_finish(conn, "claim_order", n)
@@ -468,11 +472,8 @@ def test_checkpoints_find_their_run_by_its_id_whatever_the_plan_saw(fresh_databa
     checkpoints must take their runs by the primary key, and read no other
     index of tuvl.runs but the queue's and the leases' (the claims and the
     lease renewals) more than once a run."""
-    name = fresh_databases("tuvl_fence_plan")
-    conn = connect(name)
+    conn = tuvl_database(fresh_databases, "tuvl_fence_plan")
     try:
-        q(conn, "CREATE EXTENSION tuvl")
-        wait_until(lambda: pool_names(name) == EXPECTED_NAMES, 10, message="two workers")
         q(conn, "CREATE FUNCTION public.fence_step(ctx jsonb) RETURNS jsonb LANGUAGE sql AS $$ SELECT '{}'::jsonb $$")
         q(conn, """SELECT tuvl.register_workflow($$
 name: fence_plan
