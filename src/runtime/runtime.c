@@ -219,8 +219,7 @@ render_response(EndDef *end, Jsonb *context, char **error)
 		ErrorData  *e;
 
 		/* a cancel or a deadline is not the template's fault */
-		if (ERRCODE_TO_CATEGORY(geterrcode()) == ERRCODE_OPERATOR_INTERVENTION ||
-			ERRCODE_TO_CATEGORY(geterrcode()) == ERRCODE_INSUFFICIENT_RESOURCES)
+		if (SpiErrorStopsStatement(geterrcode()))
 			PG_RE_THROW();
 		MemoryContextSwitchTo(oldcxt);
 		e = CopyErrorData();

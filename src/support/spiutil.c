@@ -221,20 +221,31 @@ SpiSubxactAbort(SpiSubxact *sub)
 }
 
 /*
+ * An error that is not about what was being checked or rendered but stops
+ * the statement: a cancel (statement_timeout, pg_cancel_backend, a step's
+ * deadline), a shutdown, or memory or disk running out.  Reported as a
+ * finding or a failure instead, it would let the statement run on.
+ */
+bool
+SpiErrorStopsStatement(int sqlerrcode)
+{
+	int			category = ERRCODE_TO_CATEGORY(sqlerrcode);
+
+	return category == ERRCODE_OPERATOR_INTERVENTION ||
+		category == ERRCODE_INSUFFICIENT_RESOURCES;
+}
+
+/*
  * SpiSubxactAbort for a caller that reports the error as a finding or a
- * warning and goes on: an error that is not about what it was checking,
- * a cancel (statement_timeout, pg_cancel_backend), a shutdown, or memory
- * or disk running out, is raised again once the subtransaction is rolled
- * back.  Reported instead, it would let the statement run on.
+ * warning and goes on: an error that stops the statement is raised again
+ * once the subtransaction is rolled back.
  */
 ErrorData *
 SpiSubxactAbortFinding(SpiSubxact *sub)
 {
 	ErrorData  *edata = SpiSubxactAbort(sub);
-	int			category = ERRCODE_TO_CATEGORY(edata->sqlerrcode);
 
-	if (category == ERRCODE_OPERATOR_INTERVENTION ||
-		category == ERRCODE_INSUFFICIENT_RESOURCES)
+	if (SpiErrorStopsStatement(edata->sqlerrcode))
 		ReThrowError(edata);
 	return edata;
 }

@@ -38,5 +38,6 @@ extern void SpiSubxactBegin(SpiSubxact *sub);
 extern void SpiSubxactCommit(SpiSubxact *sub);
 extern ErrorData *SpiSubxactAbort(SpiSubxact *sub);
 extern ErrorData *SpiSubxactAbortFinding(SpiSubxact *sub);
+extern bool SpiErrorStopsStatement(int sqlerrcode);
 
 #endif							/* TUVL_SPIUTIL_H */
