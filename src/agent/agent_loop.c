@@ -1596,6 +1596,39 @@ serve_finished_call(AgentLoop *l, int call, char **content)
 }
 
 /*
+ * How args break the tool's input schema, or NULL when they fit.  The
+ * schema is an MCP server's, checked by nobody: a pattern in it that the
+ * regex engine refuses is the call's error, not the run's, so the
+ * validation runs in a subtransaction (a server's tool is a network call
+ * anyway).
+ */
+static char *
+input_schema_mismatch(AgentTool *tool, Jsonb *args)
+{
+	JsonSchemaError *volatile e = NULL;
+	char	   *volatile problem = NULL;
+	SpiSubxact	sub;
+
+	SpiSubxactBegin(&sub);
+	PG_TRY();
+	{
+		e = JsonSchemaValidate(tool->input_schema, args);
+		SpiSubxactCommit(&sub);
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata = SpiSubxactAbortFinding(&sub);
+
+		problem = psprintf("the tool's input schema cannot be applied: %s", edata->message);
+	}
+	PG_END_TRY();
+	if (e)
+		problem = psprintf("the arguments do not match the tool's input schema: %s: %s",
+						   e->path, e->message);
+	return problem;
+}
+
+/*
  * Answer a call that cannot run (arguments that are not an object, an
  * unknown tool, a step that is no tool) with an error; returns true when
  * it did.
@@ -1634,13 +1667,11 @@ refuse_tool_call(AgentLoop *l, int call, const char *id, const char *name, Agent
 	}
 	if (tool->input_schema)
 	{
-		JsonSchemaError *e = JsonSchemaValidate(tool->input_schema, args);
+		char	   *problem = input_schema_mismatch(tool, args);
 
-		if (e)
+		if (problem)
 		{
-			tool_done(l, call, id, name, tool->step->kind_name, "error", NULL,
-					  psprintf("the arguments do not match the tool's input schema: %s: %s",
-							   e->path, e->message),
+			tool_done(l, call, id, name, tool->step->kind_name, "error", NULL, problem,
 					  NULL, content);
 			return true;
 		}

@@ -141,6 +141,11 @@ check_pattern(const char *name, int i, Jsonb *check)
 
 	if (pattern == NULL)
 		bad_check(name, i, "pattern must be a string", NULL);
+	if (strlen(pattern) > JSON_SCHEMA_MAX_PATTERN_LEN)
+		bad_check(name, i, psprintf("pattern \"%.*s...\" is %zu bytes long; the limit is %d",
+									pg_mbcliplen(pattern, strlen(pattern), 64), pattern,
+									strlen(pattern), JSON_SCHEMA_MAX_PATTERN_LEN),
+				  "A regex_deny alternation can be split into several regex_deny checks.");
 	SpiSubxactBegin(&sub);
 	PG_TRY();
 	{

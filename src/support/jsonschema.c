@@ -588,11 +588,22 @@ validate_node(JsonbValue *schema, JsonbValue *inst, StringInfo path, int depth, 
 										   "string length ", path->data)))
 					err = validate_bound(sc, "maxLength", false, nchars,
 										 "string length ", path->data);
-				if (err == NULL && get_keyword(sc, "pattern", &kw) && kw.type == jbvString &&
-					!pattern_matches(inst, &kw))
-					err = make_error(path->data, "pattern",
-									 psprintf("string %s does not match pattern %s",
-											  value_to_text(inst), value_to_text(&kw)));
+				if (err == NULL && get_keyword(sc, "pattern", &kw) && kw.type == jbvString)
+				{
+					/*
+					 * JsonSchemaCheck refuses a pattern this long, but nobody
+					 * checked an MCP server's schema.
+					 */
+					if (kw.val.string.len > JSON_SCHEMA_MAX_PATTERN_LEN)
+						err = make_error(path->data, "pattern",
+										 psprintf("pattern %s is %d bytes long; the limit is %d",
+												  value_to_text(&kw), kw.val.string.len,
+												  JSON_SCHEMA_MAX_PATTERN_LEN));
+					else if (!pattern_matches(inst, &kw))
+						err = make_error(path->data, "pattern",
+										 psprintf("string %s does not match pattern %s",
+												  value_to_text(inst), value_to_text(&kw)));
+				}
 				break;
 			}
 		case JSK_OBJECT:
@@ -691,6 +702,14 @@ check_pattern(JsonbValue *val, StringInfo path, List **out)
 	{
 		add_finding(out, path, "pattern", psprintf("pattern must be a string, got %s",
 												   JsonbTypeName(val)));
+		return;
+	}
+	if (val->val.string.len > JSON_SCHEMA_MAX_PATTERN_LEN)
+	{
+		add_finding(out, path, "pattern",
+					psprintf("pattern %s is %d bytes long; the limit is %d",
+							 value_to_text(val), val->val.string.len,
+							 JSON_SCHEMA_MAX_PATTERN_LEN));
 		return;
 	}
 	SpiSubxactBegin(&sub);

@@ -49,4 +49,12 @@ extern void JsonSchemaValidateOrError(Jsonb *schema, Jsonb *instance,
  */
 extern List *JsonSchemaCheck(Jsonb *schema, const char *basepath);
 
+/*
+ * The longest regular expression tuvl compiles, in bytes: a JSON Schema
+ * "pattern" or a guardrail's.  PostgreSQL's regex engine refuses a pattern
+ * that is too complex, but only after memory that grows with the
+ * square of a long literal's length (a 32 kB one reserves half a gigabyte).
+ */
+#define JSON_SCHEMA_MAX_PATTERN_LEN 8192
+
 #endif							/* JSONSCHEMA_H */

@@ -617,6 +617,16 @@ def seed_hostile():
           b"  - { id: b, kind: Router, on: x, routes: { default: a } }\nends: []\n")
     write("validate", "hostile-wrong-types",
           b"name: [1]\ntrigger: 5\nsteps: {a: 1}\nends: x\nhooks: [1, null, {}]\nguardrails: 3\n")
+    # a pattern the regex engine would reserve gigabytes for before calling
+    # it too complex (found by fuzzing validate): refused by its length
+    long_pattern = "^(web|" + "k" * 113_000 + "mail)$"
+    write("validate", "hostile-long-pattern",
+          "name: w\ntrigger:\n  input:\n    type: object\n    properties:\n"
+          f"      channel: {{ anyOf: [{{ type: string, pattern: '{long_pattern}' }}] }}\n"
+          "steps:\n  - { id: a, kind: Functional, function: pg_catalog.jsonb_strip_nulls }\n")
+    write("schema", "hostile-long-pattern",
+          json.dumps({"type": "object", "properties": {"s": {"type": "string", "pattern": long_pattern}}})
+          + '\0{"s": "webmail"}')
     write("validate", "hostile-durations",
           b"name: w\ntrigger: {sync_timeout: 99999999999999999h}\nsteps:\n"
           b"  - { id: s, kind: Sleep, for: -1s, timeout: 1e9d, routes: { default: done } }\n"

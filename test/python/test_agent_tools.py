@@ -197,3 +197,32 @@ def test_an_mcp_server_entry_with_no_listed_tools_fails_clearly(conn, provider):
     res = execute(conn, name)
     assert res["end"] == "oops", res
     assert res["response"]["error"] == (f'agent.tools[0] of step "triage" offers no tool: no tools of {url} are known'), res
+
+
+@pytest.mark.skipif(not MCP_URL, reason="TUVL_MCP_URL is not set")
+@pytest.mark.parametrize("pattern, answer", [
+    ("^(web|" + "k" * 113000 + ")$", "is 113008 bytes long; the limit is 8192"),
+    ("([0-9]", "the tool's input schema cannot be applied: invalid regular expression: "
+               "parentheses () not balanced"),
+], ids=["too-long", "does-not-compile"])
+def test_a_servers_pattern_tuvl_cannot_compile_answers_the_call_with_the_error(conn, provider, pattern, answer):
+    """A server's inputSchema is not checked when it is listed: a pattern too
+    long to compile safely (the regex engine reserves memory growing with the
+    square of a long one) or one that does not compile answers the model's
+    call with the error, and the server is never called; the run goes on."""
+    q(conn, "SELECT tuvl.mcp_list_tools(%s)", (MCP_URL,))
+    schema = {"type": "object", "required": ["a", "b"],
+              "properties": {"a": {"type": "integer"}, "b": {"type": "integer"},
+                             "tag": {"type": "string", "pattern": pattern}}}
+    q(conn, "UPDATE tuvl.mcp_tools SET input_schema = %s WHERE url = %s AND name = 'get-sum'",
+      (json.dumps(schema), MCP_URL))
+    entry = ("srv", f'{{ mcp: "{MCP_URL}", allow: [get-sum] }}')
+    turns = [calls(call("get-sum", a=2, b=3, tag="web")), final("could not")]
+    name = make_agent(conn, provider, turns, [entry])
+    res = execute(conn, name)
+    assert (res["end"], res["response"]) == ("done", "could not"), res
+    (_, first) = tool_answers(provider, sent(name)[1]["body"])[-1]
+    assert answer in json.dumps(first), first
+    mcp_calls = [e for e in events(conn, res["run_id"], "tool_call") if "call_id" not in e[3]
+                 and (e[3].get("request") or {}).get("rpc") == "tools/call"]
+    assert mcp_calls == [], mcp_calls

@@ -1348,6 +1348,10 @@ name: bad_guard
 type: guardrail
 checks: [{ check: regex_deny, pattern: '([0-9]' }]
 $$);
+-- a pattern longer than 8192 bytes is refused before it is compiled
+SELECT tuvl.register_artifact('name: bad_guard
+type: guardrail
+checks: [{ check: regex_deny, pattern: ''(card|' || repeat('k', 8190) || ')'' }]');
 SELECT tuvl.register_artifact($$
 name: bad_guard
 type: guardrail
@@ -1426,6 +1430,18 @@ trigger:
 steps:
   - { id: a, kind: Functional, function: pg_catalog.jsonb_strip_nulls }
 $$);
+-- 8192 bytes is the longest pattern; the regex engine never sees a longer one
+SELECT severity, path, left(message, 40), right(message, 40) FROM tuvl.validate(format($$
+name: long_patterns
+trigger:
+  input:
+    type: object
+    properties:
+      fits: { type: string, pattern: '%s' }
+      long: { type: string, pattern: '%s' }
+steps:
+  - { id: a, kind: Functional, function: pg_catalog.jsonb_strip_nulls }
+$$, '^(web|' || repeat('k', 8184) || ')$', '^(web|' || repeat('k', 113000) || ')$'));
 SELECT tuvl.register_workflow($$
 name: schema_runs
 trigger:
