@@ -131,6 +131,7 @@ typedef struct RunState
 	bool		solo;			/* its next transition runs alone (a worker
 								 * found its step slow) */
 	bool		advanced;		/* worker.c: made a transition this batch */
+	bool		unstarted;		/* worker.c: claimed, no transition made since */
 	TimestampTz retry_at;		/* worker.c: a transition that waited too long
 								 * for a lock is made again then (0: ready) */
 	int			lock_waits;		/* ... how many times in a row */

@@ -159,7 +159,10 @@ static void
 hold_runs(List *runs)
 {
 	MemoryContext old = MemoryContextSwitchTo(runs_cxt);
+	ListCell   *lc;
 
+	foreach(lc, runs)
+		((RunState *) lfirst(lc))->unstarted = true;
 	held = list_concat(held, runs);
 	MemoryContextSwitchTo(old);
 	TuvlShmem->slots[my_slot].nheld = list_length(held);
@@ -469,12 +472,19 @@ static int
 claim_room(void)
 {
 	int			ready = 0;
+	int			unstarted = 0;
 	ListCell   *lc;
 
 	foreach(lc, held)
 	{
-		if (run_ready(lfirst(lc)))
+		RunState   *run = lfirst(lc);
+
+		if (run_ready(run))
+		{
 			ready++;
+			if (run->unstarted)
+				unstarted++;
+		}
 	}
 
 	/*
@@ -482,9 +492,21 @@ claim_room(void)
 	 * claim is a transaction too, and many small ones cost throughput. New
 	 * runs were queued: claim a few whatever this worker has ready, so that
 	 * another role's new run waits for no more than this batch.
+	 *
+	 * Most held runs wait for the network (a model, an API): their answers
+	 * alone can keep a batch ready, and the queue would wait for them to
+	 * drain while the runs it holds could already be waiting too.  Then a
+	 * worker claims as long as less than a batch of the runs it claimed has
+	 * yet to start, and every other batch starts those first; but only while
+	 * it holds less than three quarters of tuvl.max_worker_memory. Nearer the
+	 * limit, the held runs would be more of those ready and fewer of those
+	 * waiting: there, the answers go first.
 	 */
 	return Min(Min(tuvl_runs_per_worker - list_length(held), MAX_CLAIM),
-			   Max(ready < MAX_STEPS_PER_COMMIT ? MAX_READY - ready : 0,
+			   Max(Max(ready < MAX_STEPS_PER_COMMIT ? MAX_READY - ready : 0,
+					   list_length(held) - ready > ready && unstarted < MAX_STEPS_PER_COMMIT &&
+					   held_bytes() + (int64) HttpBufferedBytes() < worker_memory_limit() / 4 * 3
+					   ? MAX_READY - unstarted : 0),
 				   (woken || (MyTuvlSlot->woken && OidIsValid(MyTuvlSlot->woken_by)))
 				   ? CONTENDED_STEPS : 0));
 }
@@ -831,6 +853,7 @@ apply_advanced(List *advanced)
 		RunState   *run = lfirst(lc);
 
 		run->advanced = true;
+		run->unstarted = false;
 		run->lock_waits = 0;
 		run->retry_at = 0;
 		switch (DriveNextAfter(run))
@@ -878,6 +901,9 @@ apply_advanced(List *advanced)
 	TuvlShmem->slots[my_slot].nheld = list_length(held);
 }
 
+/* whether this batch takes the runs not yet started first */
+static bool unstarted_first = false;
+
 /*
  * Advance up to MAX_STEPS_PER_COMMIT ready runs of one principal by one
  * transition each, in one transaction of about tuvl.max_batch_time: a
@@ -913,15 +939,25 @@ advance_batch(void)
 	if (!OidIsValid(principal))
 		return 0;
 	max_steps = contended ? CONTENDED_STEPS : MAX_STEPS_PER_COMMIT;
-	foreach(lc, held)
-	{
-		RunState   *run = lfirst(lc);
 
-		if (!run_ready(run) || run->solo || run->principal != principal)
-			continue;
-		batch = lappend(batch, run);
-		if (list_length(batch) >= max_steps)
-			break;
+	/*
+	 * Every other batch takes the runs claimed and not yet started first (see
+	 * claim_room), then the others in the order they were last advanced.
+	 */
+	unstarted_first = !unstarted_first;
+	for (int pass = unstarted_first ? 0 : 1; pass < 2 && list_length(batch) < max_steps; pass++)
+	{
+		foreach(lc, held)
+		{
+			RunState   *run = lfirst(lc);
+
+			if (!run_ready(run) || run->solo || run->principal != principal ||
+				(unstarted_first && (pass == 0) != run->unstarted))
+				continue;
+			batch = lappend(batch, run);
+			if (list_length(batch) >= max_steps)
+				break;
+		}
 	}
 	last_principal = principal;
 	if (batch == NIL)
