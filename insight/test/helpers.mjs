@@ -167,8 +167,8 @@ function readmeWorkflow() {
 async function setupDatabase() {
     const admin = new pg.Client({ database: "postgres", application_name: "insight test" });
     await admin.connect();
-    await admin.query(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '${DB}' AND pid <> pg_backend_pid()`);
-    await admin.query(`DROP DATABASE IF EXISTS ${DB}`);
+    /* one a run before left behind: FORCE ends its sessions and workers */
+    await admin.query(`DROP DATABASE IF EXISTS ${DB} WITH (FORCE)`);
     await admin.query(`CREATE DATABASE ${DB}`);
     await admin.query(`DO $$ BEGIN
         IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'insight_auth') THEN CREATE ROLE insight_auth LOGIN NOINHERIT; END IF;
@@ -245,12 +245,27 @@ export const URL_ = server.url;
 /* Leave the cluster as it was: the suites that run after this one make roles of these names too. */
 after(async () => {
     await server.stop();
+    /*
+     * The extension first, so that its workers leave the database and the
+     * launcher starts none again; a terminated worker would be back before
+     * a plain DROP DATABASE.  Every client is ended whatever fails: an open
+     * one would keep the test runner from exiting.
+     */
+    const owner = new pg.Client({ database: DB, application_name: "insight test" });
+    try {
+        await owner.connect();
+        await owner.query("DROP EXTENSION IF EXISTS tuvl CASCADE");
+    } catch { /* DROP DATABASE ... WITH (FORCE) below cleans up anyway */ } finally {
+        await owner.end().catch(() => {});
+    }
     const admin = new pg.Client({ database: "postgres", application_name: "insight test" });
     await admin.connect();
-    await admin.query(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '${DB}' AND pid <> pg_backend_pid()`);
-    await admin.query(`DROP DATABASE IF EXISTS ${DB}`);
-    await admin.query("DROP ROLE IF EXISTS shop_app, insight_alice, insight_bob, insight_carol, insight_nobody, insight_auth");
-    await admin.end();
+    try {
+        await admin.query(`DROP DATABASE IF EXISTS ${DB} WITH (FORCE)`);
+        await admin.query("DROP ROLE IF EXISTS shop_app, insight_alice, insight_bob, insight_carol, insight_nobody, insight_auth");
+    } finally {
+        await admin.end();
+    }
 });
 
 /* A request to the server; the answer's status, headers and JSON (or text). */
