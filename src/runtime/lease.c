@@ -487,9 +487,11 @@ returned(int64 id, uint64 n)
 
 /*
  * Renew the leases of runs; returns the runs whose lease was lost (the
- * caller drops them).  The held statuses are a parameter (see
- * StatusHeldParam): as a constant, a generic plan joined every held
- * run of every worker with every run renewed, quadratic in the runs held.
+ * caller drops them).  Planned at each renewal (SpiExecReplanned), for the
+ * runs renewed and the table as they are then: a generic plan made on an
+ * empty table scanned the whole of it at every renewal, and one whose
+ * held statuses were a constant joined every held run of every worker
+ * with every run renewed, quadratic in the runs held.
  */
 List *
 LeaseRenew(List *runs, int lease_ms)
@@ -524,7 +526,7 @@ LeaseRenew(List *runs, int lease_ms)
 	values[2] = IntervalPGetDatum(lease);
 	values[3] = StatusHeldParam();
 	SecurityAsOwner(&frame);
-	kept = SpiExec(renew_sql, 4, types, values, NULL, SPI_OK_UPDATE_RETURNING);
+	kept = SpiExecReplanned(renew_sql, 4, types, values, NULL, SPI_OK_UPDATE_RETURNING);
 	SecurityRestore(&frame);
 	if (kept == (uint64) n)
 		return NIL;
@@ -535,7 +537,7 @@ LeaseRenew(List *runs, int lease_ms)
 		uint64		held;
 
 		SecurityAsOwner(&frame);
-		held = SpiExec(still_held_sql, 3, check_types, check_values, NULL, SPI_OK_SELECT);
+		held = SpiExecReplanned(still_held_sql, 3, check_types, check_values, NULL, SPI_OK_SELECT);
 		SecurityRestore(&frame);
 		foreach(lc, runs)
 		{
@@ -587,7 +589,7 @@ LeaseRelease(int n, const int64 *ids, const int32 *attempts, bool *released)
 	values[1] = PointerGetDatum(construct_array(atd, n, INT4OID, 4, true, TYPALIGN_INT));
 	values[2] = StatusHeldParam();
 	SecurityAsOwner(&frame);
-	done = SpiExec(release_sql, 3, types, values, NULL, SPI_OK_UPDATE_RETURNING);
+	done = SpiExecReplanned(release_sql, 3, types, values, NULL, SPI_OK_UPDATE_RETURNING);
 	QueueNoteReturnedAtCommit();
 	SecurityRestore(&frame);
 	if (released)
@@ -600,7 +602,7 @@ LeaseRelease(int n, const int64 *ids, const int32 *attempts, bool *released)
 		{
 			/* the rest: still ours (locked by a session), or no longer ours */
 			SecurityAsOwner(&frame);
-			held = SpiExec(still_held_sql, 3, types, values, NULL, SPI_OK_SELECT);
+			held = SpiExecReplanned(still_held_sql, 3, types, values, NULL, SPI_OK_SELECT);
 			SecurityRestore(&frame);
 			for (int i = 0; i < n; i++)
 				released[i] = !returned(ids[i], held);
@@ -637,7 +639,7 @@ LeaseReclaim(void)
 	uint64		n;
 
 	SecurityAsOwner(&frame);
-	n = SpiExecIndexed(reclaim_sql, 0, NULL, NULL, NULL, SPI_OK_UPDATE_RETURNING);
+	n = SpiExecReplanned(reclaim_sql, 0, NULL, NULL, NULL, SPI_OK_UPDATE_RETURNING);
 	QueueNoteReturnedAtCommit();
 	SecurityRestore(&frame);
 	return n;

@@ -30,14 +30,15 @@
 
 /*
  * The due runs of one status: each status has a partial index on wake_at
- * of its own, whose predicate this query repeats, so that even the plan
- * made while the table was small probes the index rather than scanning the
- * runs; and the plan is made without sequential scans or sorts
- * (SpiExecOrdered), or the UPDATE would find the ids it got by scanning
- * the table, or take them from runs_status_idx and sort them by wake_at.  The
- * sleeping runs' query also returns what each waited for before the
- * UPDATE clears it (waiting, the step's awaiting object) and its key: the
- * resumed event says why it woke.
+ * of its own, whose predicate this query repeats.  These statements run
+ * each second in each worker, so they are planned at each execution
+ * (SpiExecReplanned): a plan kept from when tuvl.runs was empty read the
+ * whole table every second (the sleeping runs' UPDATE walked the primary
+ * key as a nested loop's outer side; the approvals and the pauses scanned
+ * the table), up to a fifth of a busy worker's CPU.  The sleeping runs'
+ * query also returns what each waited for before the UPDATE clears it
+ * (waiting, the step's awaiting object) and its key: the resumed event
+ * says why it woke.
  */
 static const char wake_sleeping_sql[] =
 "WITH due AS MATERIALIZED ( "
@@ -68,13 +69,13 @@ static const char wake_human_sql[] =
 static int
 reject_late_approvals(void)
 {
-	uint64		n = SpiExec("SELECT w.id, (w.step_state OPERATOR(pg_catalog.->) 'awaiting' "
-							"    OPERATOR(pg_catalog.->>) 'timeout_ms')::pg_catalog.int4 "
-							"FROM tuvl.runs w "
-							"WHERE w.status OPERATOR(pg_catalog.=) 'waiting_approval' AND w.wake_at IS NOT NULL "
-							"  AND w.wake_at OPERATOR(pg_catalog.<=) pg_catalog.now() "
-							"ORDER BY w.wake_at LIMIT 100 FOR UPDATE SKIP LOCKED",
-							0, NULL, NULL, NULL, SPI_OK_SELECT);
+	uint64		n = SpiExecReplanned("SELECT w.id, (w.step_state OPERATOR(pg_catalog.->) 'awaiting' "
+									 "    OPERATOR(pg_catalog.->>) 'timeout_ms')::pg_catalog.int4 "
+									 "FROM tuvl.runs w "
+									 "WHERE w.status OPERATOR(pg_catalog.=) 'waiting_approval' AND w.wake_at IS NOT NULL "
+									 "  AND w.wake_at OPERATOR(pg_catalog.<=) pg_catalog.now() "
+									 "ORDER BY w.wake_at LIMIT 100 FOR UPDATE SKIP LOCKED",
+									 0, NULL, NULL, NULL, SPI_OK_SELECT);
 	SPITupleTable *tt = SPI_tuptable;
 	int64	   *ids = palloc(sizeof(int64) * Max(n, 1));
 	int		   *ms = palloc(sizeof(int) * Max(n, 1));
@@ -180,7 +181,7 @@ wake_reason(SPITupleTable *tt, uint64 i, const char *step)
 static int
 wake(const char *wake_sql, bool human)
 {
-	uint64		n = SpiExecOrdered(wake_sql, 0, NULL, NULL, NULL, SPI_OK_UPDATE_RETURNING);
+	uint64		n = SpiExecReplanned(wake_sql, 0, NULL, NULL, NULL, SPI_OK_UPDATE_RETURNING);
 	SPITupleTable *tt = SPI_tuptable;
 
 	for (uint64 i = 0; i < n; i++)
@@ -251,19 +252,19 @@ TimersExpirePauses(void)
 
 	values[0] = Int32GetDatum(tuvl_agent_pause_max);
 	SecurityAsOwner(&frame);
-	n = SpiExec("UPDATE tuvl.runs SET status = 'queued', last_seq = last_seq OPERATOR(pg_catalog.+) 1, "
-				"  control = (control OPERATOR(pg_catalog.-) '{paused_at,pause_max,pause}'::pg_catalog.text[]) "
-				"    OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object('abort', "
-				"      pg_catalog.jsonb_build_object('reason', "
-				"        pg_catalog.format('paused longer than tuvl.agent_pause_max (%s s)', $1), "
-				"        'by', 'tuvl')) "
-				"WHERE status OPERATOR(pg_catalog.=) 'paused' "
-				"  AND (control OPERATOR(pg_catalog.->>) 'pause_max')::pg_catalog.bool "
-				"  AND (control OPERATOR(pg_catalog.->>) 'paused_at')::pg_catalog.timestamptz "
-				"      OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) "
-				"      pg_catalog.make_interval(secs => $1::pg_catalog.float8)) "
-				"RETURNING id, last_seq OPERATOR(pg_catalog.-) 1, current_step, principal_id, priority",
-				1, types, values, NULL, SPI_OK_UPDATE_RETURNING);
+	n = SpiExecReplanned("UPDATE tuvl.runs SET status = 'queued', last_seq = last_seq OPERATOR(pg_catalog.+) 1, "
+						 "  control = (control OPERATOR(pg_catalog.-) '{paused_at,pause_max,pause}'::pg_catalog.text[]) "
+						 "    OPERATOR(pg_catalog.||) pg_catalog.jsonb_build_object('abort', "
+						 "      pg_catalog.jsonb_build_object('reason', "
+						 "        pg_catalog.format('paused longer than tuvl.agent_pause_max (%s s)', $1), "
+						 "        'by', 'tuvl')) "
+						 "WHERE status OPERATOR(pg_catalog.=) 'paused' "
+						 "  AND (control OPERATOR(pg_catalog.->>) 'pause_max')::pg_catalog.bool "
+						 "  AND (control OPERATOR(pg_catalog.->>) 'paused_at')::pg_catalog.timestamptz "
+						 "      OPERATOR(pg_catalog.<) (pg_catalog.now() OPERATOR(pg_catalog.-) "
+						 "      pg_catalog.make_interval(secs => $1::pg_catalog.float8)) "
+						 "RETURNING id, last_seq OPERATOR(pg_catalog.-) 1, current_step, principal_id, priority",
+						 1, types, values, NULL, SPI_OK_UPDATE_RETURNING);
 	if (n > 0)
 	{
 		SPITupleTable *tt = SPI_tuptable;

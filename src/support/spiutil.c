@@ -158,6 +158,42 @@ SpiExecOrdered(const char *sql, int nargs, const Oid *argtypes,
 }
 
 /*
+ * SpiExec for a statement a worker runs on a clock (its maintenance, each
+ * second, and the renewal of its leases), not once per run: planned again
+ * at every execution, so that its plan follows the size tuvl.runs has
+ * now.  A kept plan made while the table was empty (a fresh database, or
+ * one whose runs were purged and vacuumed) stays until the next ANALYZE,
+ * and read the whole table each time: a sequential scan, or, with
+ * sequential scans off, the whole primary key as a nested loop's outer
+ * side.  Planned afresh, the planner scales the statistics it has to the
+ * pages the table has at that moment.  Sequential and bitmap scans stay
+ * off: these statements read a partial index, and only a plain index
+ * scan marks the entries of dead row versions it meets as dead, so that
+ * the next second's scan skips them (a bitmap scan of runs_leased_idx
+ * read every run that was ever held since the last vacuum, each second).
+ * The planning, a fraction of a millisecond, is paid once a second, not
+ * per run.
+ */
+uint64
+SpiExecReplanned(const char *sql, int nargs, const Oid *argtypes,
+				 Datum *values, const char *nulls, int expected)
+{
+	static const char *const off[] = {"enable_seqscan", "enable_bitmapscan"};
+	int			nestlevel = NewGUCNestLevel();
+	int			rc;
+
+	for (int i = 0; i < (int) lengthof(off); i++)
+		(void) set_config_option(off[i], "off", PGC_USERSET, PGC_S_SESSION,
+								 GUC_ACTION_SAVE, true, 0, false);
+	rc = SPI_execute_with_args(sql, nargs, (Oid *) argtypes, values, nulls, false, 0);
+	AtEOXact_GUC(true, nestlevel);
+	if (rc != expected)
+		elog(ERROR, "internal query returned %s, expected %s",
+			 SPI_result_code_string(rc), SPI_result_code_string(expected));
+	return SPI_processed;
+}
+
+/*
  * The value of column (1-based) in the first row the last statement
  * returned: false when there was no row or the value is NULL.
  */

@@ -17,6 +17,8 @@ extern uint64 SpiExec(const char *sql, int nargs, const Oid *argtypes,
 					  Datum *values, const char *nulls, int expected);
 extern uint64 SpiExecIndexed(const char *sql, int nargs, const Oid *argtypes,
 							 Datum *values, const char *nulls, int expected);
+extern uint64 SpiExecReplanned(const char *sql, int nargs, const Oid *argtypes,
+							   Datum *values, const char *nulls, int expected);
 extern uint64 SpiExecOrdered(const char *sql, int nargs, const Oid *argtypes,
 							 Datum *values, const char *nulls, int expected);
 extern Jsonb *SpiReturnJsonb(Jsonb *result);

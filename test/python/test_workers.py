@@ -461,6 +461,52 @@ def test_claims_take_the_queue_in_its_index_order_after_an_analyze(fresh_databas
         conn.close()
 
 
+def test_idle_maintenance_reads_no_runs_of_a_table_purged_then_refilled(fresh_databases):
+    """Each worker's maintenance runs once a second: it wakes the due
+    sleeping runs, Human steps and approvals past their timeout, aborts
+    agents paused too long and requeues the runs of dead holders.  Each of
+    those statements finds its rows through a partial index; with nothing
+    due each is a probe.  Planned once and kept, a plan made while tuvl.runs
+    was empty (a fresh database, or runs purged and vacuumed, as here)
+    read the whole table each second until the next ANALYZE: 50,000 runs
+    cost a fifth of a busy worker's CPU.  After the table grew to n ended
+    runs, idle workers must read almost nothing of it."""
+    conn = tuvl_database(fresh_databases, "tuvl_maintenance_plan")
+    try:
+        # so that this test's own lookups by id do not count
+        q(conn, "SET enable_seqscan = off")
+        # no ANALYZE comes to the rescue while the test runs
+        q(conn, "ALTER TABLE tuvl.runs SET (autovacuum_enabled = off)")
+        # the statistics of a purged table: no rows on no pages
+        q(conn, "VACUUM tuvl.runs")
+        assert q1(conn, "SELECT reltuples FROM pg_class WHERE oid = 'tuvl.runs'::regclass") == 0
+        one_step_workflow(conn, "maintenance_plan", "'{}'")
+        # each worker's maintenance runs (and plans) on the empty table
+        time.sleep(2.2)
+        n = 3000
+        queue_and_finish(conn, "maintenance_plan", n)
+
+        def reads():
+            return q1(conn, "SELECT t.seq_tup_read + (SELECT sum(i.idx_tup_read) FROM pg_stat_all_indexes i "
+                            "                          WHERE i.relid = t.relid) "
+                            "FROM pg_stat_all_tables t WHERE t.relid = 'tuvl.runs'::regclass")
+
+        # the workers' statistics reach the server at their commits, at most
+        # once a second; the first maintenance after the batch may read the
+        # index entries of the runs it held once
+        time.sleep(2.2)
+        before = reads()
+        time.sleep(3.0)
+        read = reads() - before
+        report(f"two idle workers over 3 s with {n} ended runs, plans made on an empty table: "
+               f"{read} rows and index entries of tuvl.runs read")
+        assert q1(conn, "SELECT count(*) FROM tuvl.runs WHERE status = 'completed'") == n
+        # a scan of the table per statement and second reads n rows each time
+        assert read < n, f"the idle workers' maintenance read tuvl.runs whole ({read} rows and entries in 3 s)"
+    finally:
+        conn.close()
+
+
 def test_checkpoints_find_their_run_by_its_id_whatever_the_plan_saw(fresh_databases):
     """The checkpoint's fenced UPDATE (WHERE id = $1 AND attempt = $2 AND
     status = $3) is planned once per worker, here at its first transition,
