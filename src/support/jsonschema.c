@@ -220,6 +220,19 @@ value_to_text(JsonbValue *v)
 	return s;
 }
 
+/*
+ * Why a pattern longer than JSON_SCHEMA_MAX_PATTERN_LEN is refused, for
+ * the check of a schema and for the validator (which meets schemas nobody
+ * checked) alike: the pattern is shown clipped.
+ */
+static char *
+pattern_too_long(JsonbValue *pattern)
+{
+	return psprintf("pattern %s is %d bytes long; the limit is %d",
+					value_to_text(pattern), pattern->val.string.len,
+					JSON_SCHEMA_MAX_PATTERN_LEN);
+}
+
 /* Append a key to a path: ".key" for identifiers, else ["key"] escaped. */
 static void
 append_key(StringInfo path, const char *key, int len)
@@ -595,10 +608,7 @@ validate_node(JsonbValue *schema, JsonbValue *inst, StringInfo path, int depth, 
 					 * checked an MCP server's schema.
 					 */
 					if (kw.val.string.len > JSON_SCHEMA_MAX_PATTERN_LEN)
-						err = make_error(path->data, "pattern",
-										 psprintf("pattern %s is %d bytes long; the limit is %d",
-												  value_to_text(&kw), kw.val.string.len,
-												  JSON_SCHEMA_MAX_PATTERN_LEN));
+						err = make_error(path->data, "pattern", pattern_too_long(&kw));
 					else if (!pattern_matches(inst, &kw))
 						err = make_error(path->data, "pattern",
 										 psprintf("string %s does not match pattern %s",
@@ -706,10 +716,7 @@ check_pattern(JsonbValue *val, StringInfo path, List **out)
 	}
 	if (val->val.string.len > JSON_SCHEMA_MAX_PATTERN_LEN)
 	{
-		add_finding(out, path, "pattern",
-					psprintf("pattern %s is %d bytes long; the limit is %d",
-							 value_to_text(val), val->val.string.len,
-							 JSON_SCHEMA_MAX_PATTERN_LEN));
+		add_finding(out, path, "pattern", pattern_too_long(val));
 		return;
 	}
 	SpiSubxactBegin(&sub);
