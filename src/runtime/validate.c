@@ -365,13 +365,20 @@ ValidateUse(ValidateState *vs, UseKind kind, const char *name, int version, cons
 	Oid			owner;
 	char	   *user;
 	char	   *pin_key = UsePinKey(kind, name, version);
+	MemoryContext cxt = CurrentMemoryContext;
 
 	SPI_connect();
 	owner = UseContentOwner(kind, name, version);
 	if (!OidIsValid(owner))
 	{
+		/*
+		 * The suggestion is made in SPI's memory, gone at SPI_finish: the
+		 * finding (and register_workflow's hint) keeps a copy.
+		 */
 		const char *suggestion = UseSuggest(kind, name);
 
+		if (suggestion)
+			suggestion = MemoryContextStrdup(cxt, suggestion);
 		SPI_finish();
 		add_unknown(vs, path, suggestion,
 					psprintf("%s \"%s\" does not exist", UseKindWhat(kind), name),

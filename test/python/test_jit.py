@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from conftest import UNDER_ASAN, connect, q, q1, wait_until, worker_pids
+from conftest import ASAN_NO_JIT_REASON, UNDER_ASAN, connect, q, q1, wait_until, worker_pids
 
 ROLE = "tuvl_jit_user"
 
@@ -86,7 +86,7 @@ def run_all(conn, workflow, n):
 
 
 # test/run asan's PostgreSQL is built without LLVM: nothing to compile there
-@pytest.mark.skipif(UNDER_ASAN, reason="the AddressSanitizer build of PostgreSQL has no JIT (no LLVM)")
+@pytest.mark.skipif(UNDER_ASAN, reason=ASAN_NO_JIT_REASON)
 def test_workers_compile_a_steps_sql_but_never_their_own_statements(user_db, set_gucs):
     admin = connect("postgres")
     assert q1(admin, "SELECT pg_catalog.pg_jit_available()"), "this server cannot JIT-compile (llvmjit missing)"
