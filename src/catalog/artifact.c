@@ -432,8 +432,9 @@ run_artifacts(RunState *run)
 		SpiValue(1, &d))
 		pins = JsonCopyTo(DatumGetJsonbP(d), run->cxt);
 	SPI_finish();
+	/* kept with the run (a row from before artifacts has none) */
 	if (pins == NULL)
-		pins = JsonEmptyObject();
+		pins = JsonCopyTo(JsonEmptyObject(), run->cxt);
 	run->artifacts = pins;
 	return pins;
 }

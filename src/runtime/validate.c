@@ -451,6 +451,7 @@ check_http_path_free(ValidateState *vs, const char *path)
 	char	   *name = JsonGetString(vs->definition, "name");
 	Datum		d;
 	char	   *other = NULL;
+	MemoryContext cxt = CurrentMemoryContext;
 
 	SPI_connect();
 	if (SecurityExecArgs("SELECT w.name FROM tuvl.workflows w "
@@ -460,7 +461,7 @@ check_http_path_free(ValidateState *vs, const char *path)
 						 "                                        WHERE x.name OPERATOR(pg_catalog.=) w.name) "
 						 "LIMIT 1", SPI_OK_SELECT, 2, types, CStringGetTextDatum(path),
 						 CStringGetTextDatum(name ? name : "")) == 1 && SpiValue(1, &d))
-		other = TextDatumGetCString(d);
+		other = MemoryContextStrdup(cxt, TextDatumGetCString(d));	/* past SPI_finish */
 	SPI_finish();
 	if (other)
 		ValidateFinding(vs, "error", "trigger.http.path",
@@ -646,23 +647,27 @@ check_judge_models(ValidateState *vs, Jsonb *definition, const char *ref, const 
 		Jsonb	   *check = JsonArrayAt(checks, i);
 		char	   *model = JsonGetString(check, "model");
 		Oid			owner;
+		bool		allowed = false;
 
 		if (strcmp(JsonGetString(check, "check"), "llm_judge") != 0)
 			continue;
 		if (model == NULL)
 			model = "default";
+		/* findings are made outside SPI, whose memory SPI_finish frees */
 		SPI_connect();
 		owner = UseContentOwner(USE_LLM, model, 0);
+		if (OidIsValid(owner))
+			allowed = UseAllowed(USE_LLM, model, owner, guardrail_owner);
+		SPI_finish();
 		if (!OidIsValid(owner))
 			ValidateFinding(vs, "error", path,
 							"check %d (llm_judge) of guardrail %s asks model \"%s\", which does not exist; register it with tuvl.register_llm() first",
 							i + 1, ref, model);
-		else if (!UseAllowed(USE_LLM, model, owner, guardrail_owner))
+		else if (!allowed)
 			ValidateFinding(vs, "error", path,
 							"check %d (llm_judge) of guardrail %s asks model \"%s\" of role \"%s\", which has not granted its use to the guardrail's owner \"%s\"",
 							i + 1, ref, model, GetUserNameFromId(owner, false),
 							GetUserNameFromId(guardrail_owner, false));
-		SPI_finish();
 	}
 }
 

@@ -350,3 +350,55 @@ def test_permission_denied_for_a_tuvl_function_names_the_role_to_grant(roles):
              f"GRANT USAGE ON SCHEMA e44 TO {NOBODY}")
     e = error_of(conn, "SELECT e44.private_f()")
     assert e.pgcode == "42501" and e.diag.message_hint is None
+
+
+def test_findings_made_while_validation_reads_the_catalog_outlive_the_read(roles):
+    """Validation reads the catalog through SPI, whose memory SPI_finish
+    frees: a finding about what it read must be made (or copied) outside
+    it.  A guardrail's two llm_judge checks name models that do not exist
+    (the second check's read reuses the memory of the first's), and a
+    workflow asks for an HTTP path another workflow serves; each finding
+    must name what it found, intact."""
+    conn = connect(roles, user=USER)
+    missing = [new_name("gone_model"), new_name("gone_model")]
+    for m in missing:
+        q(conn, "SELECT tuvl.register_llm(%s)",
+          (f"name: {m}\nprovider: openai\nbase_url: http://127.0.0.1:9/v1\nmodel: m\n",))
+    guard = new_name("guard")
+    q(conn, "SELECT tuvl.register_artifact(%s)",
+      (f"name: {guard}\ntype: guardrail\nchecks:\n"
+       + "".join(f"  - {{ check: llm_judge, model: {m}, prompt: 'Polite?' }}\n" for m in missing),))
+    # the judges' configs are gone since (removed by hand: tuvl has no drop)
+    admin = connect(roles)
+    q(admin, "DELETE FROM tuvl.llms WHERE name = ANY(%s)", (missing,))
+    q(admin, "DELETE FROM tuvl.llm_versions WHERE name = ANY(%s)", (missing,))
+    admin.close()
+    llm = new_name("model")
+    q(conn, "SELECT tuvl.register_llm(%s)",
+      (f"name: {llm}\nprovider: openai\nbase_url: http://127.0.0.1:9/v1\nmodel: m\n",))
+    source = f"""
+name: {new_name()}
+steps:
+  - id: a
+    kind: Agent
+    mode: completion
+    agent:
+      model: {llm}
+      prompt: hi
+      guardrails:
+        output: [artifact://{guard}@1, artifact://{guard}@1]
+"""
+    rows = findings(conn, source)
+    for i, m in enumerate(missing):
+        assert any(f'check {i + 1} (llm_judge) of guardrail artifact://{guard}@1 asks model "{m}", '
+                   "which does not exist" in msg for _, _, msg in rows), rows
+    path = "/" + new_name("hook")
+    served = new_name("served")
+    q(conn, "SELECT tuvl.register_workflow(%s)",
+      (f"name: {served}\ntrigger:\n  http: {{ path: {path} }}\n"
+       "steps:\n  - { id: r, kind: Router, on: x, routes: { default: done } }\n"
+       "ends:\n  - { id: done, status: completed }\n",))
+    rows = findings(conn, f"name: {new_name()}\ntrigger:\n  http: {{ path: {path} }}\n"
+                          "steps:\n  - { id: r, kind: Router, on: x, routes: { default: done } }\n"
+                          "ends:\n  - { id: done, status: completed }\n")
+    assert any(f'path {path} is served by workflow "{served}" already' in msg for _, _, msg in rows), rows
