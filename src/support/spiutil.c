@@ -107,17 +107,29 @@ SpiExec(const char *sql, int nargs, const Oid *argtypes,
 	return exec_plan(SpiPlan(sql, nargs, argtypes), values, nulls, expected);
 }
 
+/*
+ * Set the planner settings in off to off, at a new GUC nest level, which
+ * the caller ends with AtEOXact_GUC(true, level) (an error ends it too).
+ */
+static int
+planner_without(const char *const *off, int noff)
+{
+	int			nestlevel = NewGUCNestLevel();
+
+	for (int i = 0; i < noff; i++)
+		(void) set_config_option(off[i], "off", PGC_USERSET, PGC_S_SESSION,
+								 GUC_ACTION_SAVE, true, 0, false);
+	return nestlevel;
+}
+
 /* Execute sql's generic plan, planned with the planner settings in off set to off. */
 static uint64
 exec_generic_with(const char *sql, int nargs, const Oid *argtypes, Datum *values,
 				  const char *nulls, int expected, const char *const *off, int noff)
 {
-	int			nestlevel = NewGUCNestLevel();
+	int			nestlevel = planner_without(off, noff);
 	uint64		n;
 
-	for (int i = 0; i < noff; i++)
-		(void) set_config_option(off[i], "off", PGC_USERSET, PGC_S_SESSION,
-								 GUC_ACTION_SAVE, true, 0, false);
 	n = exec_plan(plan_for(sql, nargs, argtypes, CURSOR_OPT_GENERIC_PLAN),
 				  values, nulls, expected);
 	AtEOXact_GUC(true, nestlevel);
@@ -179,12 +191,9 @@ SpiExecReplanned(const char *sql, int nargs, const Oid *argtypes,
 				 Datum *values, const char *nulls, int expected)
 {
 	static const char *const off[] = {"enable_seqscan", "enable_bitmapscan"};
-	int			nestlevel = NewGUCNestLevel();
+	int			nestlevel = planner_without(off, lengthof(off));
 	int			rc;
 
-	for (int i = 0; i < (int) lengthof(off); i++)
-		(void) set_config_option(off[i], "off", PGC_USERSET, PGC_S_SESSION,
-								 GUC_ACTION_SAVE, true, 0, false);
 	rc = SPI_execute_with_args(sql, nargs, (Oid *) argtypes, values, nulls, false, 0);
 	AtEOXact_GUC(true, nestlevel);
 	if (rc != expected)

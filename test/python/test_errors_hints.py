@@ -90,6 +90,12 @@ def test_an_empty_secret_is_refused(db):
     q(conn, "SELECT tuvl.set_secret('e44_full', 'v')")
 
 
+def register_model(conn, name):
+    """An LLM config of that name (its server is never asked)."""
+    q(conn, "SELECT tuvl.register_llm(%s)",
+      (f"name: {name}\nprovider: openai\nbase_url: http://127.0.0.1:9/v1\nmodel: m\n",))
+
+
 def findings(conn, source):
     return q(conn, "SELECT severity, path, message FROM tuvl.validate(%s)", (source,))
 
@@ -131,8 +137,7 @@ def test_did_you_mean_a_workflow_and_a_model_config(roles):
     e = error_of(conn, "SELECT tuvl.start_run('zzzzzzzzzzzzzzzzzzzzzz')")
     assert e.diag.message_hint == "Register it first with tuvl.register_workflow()."
     llm = new_name("model")
-    q(conn, "SELECT tuvl.register_llm(%s)",
-      (f"name: {llm}\nprovider: openai\nbase_url: http://127.0.0.1:9/v1\nmodel: m\n",))
+    register_model(conn, llm)
     source = f"""
 name: {new_name()}
 steps:
@@ -362,8 +367,7 @@ def test_findings_made_while_validation_reads_the_catalog_outlive_the_read(roles
     conn = connect(roles, user=USER)
     missing = [new_name("gone_model"), new_name("gone_model")]
     for m in missing:
-        q(conn, "SELECT tuvl.register_llm(%s)",
-          (f"name: {m}\nprovider: openai\nbase_url: http://127.0.0.1:9/v1\nmodel: m\n",))
+        register_model(conn, m)
     guard = new_name("guard")
     q(conn, "SELECT tuvl.register_artifact(%s)",
       (f"name: {guard}\ntype: guardrail\nchecks:\n"
@@ -374,8 +378,7 @@ def test_findings_made_while_validation_reads_the_catalog_outlive_the_read(roles
     q(admin, "DELETE FROM tuvl.llm_versions WHERE name = ANY(%s)", (missing,))
     admin.close()
     llm = new_name("model")
-    q(conn, "SELECT tuvl.register_llm(%s)",
-      (f"name: {llm}\nprovider: openai\nbase_url: http://127.0.0.1:9/v1\nmodel: m\n",))
+    register_model(conn, llm)
     source = f"""
 name: {new_name()}
 steps:
@@ -394,11 +397,11 @@ steps:
                    "which does not exist" in msg for _, _, msg in rows), rows
     path = "/" + new_name("hook")
     served = new_name("served")
-    q(conn, "SELECT tuvl.register_workflow(%s)",
-      (f"name: {served}\ntrigger:\n  http: {{ path: {path} }}\n"
-       "steps:\n  - { id: r, kind: Router, on: x, routes: { default: done } }\n"
-       "ends:\n  - { id: done, status: completed }\n",))
-    rows = findings(conn, f"name: {new_name()}\ntrigger:\n  http: {{ path: {path} }}\n"
-                          "steps:\n  - { id: r, kind: Router, on: x, routes: { default: done } }\n"
-                          "ends:\n  - { id: done, status: completed }\n")
+    def served_at(name):
+        return (f"name: {name}\ntrigger:\n  http: {{ path: {path} }}\n"
+                "steps:\n  - { id: r, kind: Router, on: x, routes: { default: done } }\n"
+                "ends:\n  - { id: done, status: completed }\n")
+
+    q(conn, "SELECT tuvl.register_workflow(%s)", (served_at(served),))
+    rows = findings(conn, served_at(new_name()))
     assert any(f'path {path} is served by workflow "{served}" already' in msg for _, _, msg in rows), rows
